@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Prepares this host to run codemode's sandboxes, idempotently, as root on Debian:
+#   1. Docker Engine from the distribution, started without systemd, runsc registered;
+#   2. gVisor's runsc, built static from source through the Go module proxy;
+#   3. the sandbox image (python3, bash, nodejs), built locally with debootstrap.
+# Every step is skipped when its result is already there. Safe to run after an
+# unclean stop: stale pid files and a dead containerd are cleared first.
+set -euo pipefail
+
+IMAGE="${DOCKER_IMAGE_NAME:-codemode-sandbox:bookworm}"
+RUNSC_VERSION="${RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}"
+STATE_DIR="${CODEMODE_STATE_DIR:-/var/lib/codemode}"
+DOCKERD_LOG="$STATE_DIR/dockerd.log"
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+[ "$(id -u)" = 0 ] || { log "must run as root"; exit 1; }
+mkdir -p "$STATE_DIR"
+
+apt_updated=
+apt_install() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ -z "$apt_updated" ]; then
+    log "apt-get update"
+    apt-get update -qq
+    apt_updated=1
+  fi
+  log "apt-get install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# --- 1. packages -----------------------------------------------------------
+apt_install docker.io debootstrap ca-certificates iproute2 wabt
+
+# --- 2. runsc ----------------------------------------------------------------
+runsc_ok() {
+  [ -x /usr/local/bin/runsc ] && /usr/local/bin/runsc --version >/dev/null 2>&1 &&
+    ! LC_ALL=C file -b /usr/local/bin/runsc 2>/dev/null | grep -q 'dynamically linked'
+}
+if ! runsc_ok; then
+  log "building runsc $RUNSC_VERSION (static; a few minutes on first run)"
+  gobin=$(mktemp -d)
+  CGO_ENABLED=0 GOBIN="$gobin" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
+  install -m 0755 "$gobin/runsc" /usr/local/bin/runsc
+  rm -rf "$gobin"
+fi
+
+# --- 3. dockerd --------------------------------------------------------------
+mkdir -p /etc/docker
+want_daemon_json='{"runtimes": {"runsc": {"path": "/usr/local/bin/runsc"}}, "bridge": "none", "iptables": false}'
+daemon_changed=
+if [ ! -f /etc/docker/daemon.json ] || [ "$(cat /etc/docker/daemon.json)" != "$want_daemon_json" ]; then
+  printf '%s\n' "$want_daemon_json" >/etc/docker/daemon.json
+  daemon_changed=1
+fi
+
+docker_up() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+if docker_up; then
+  if [ -n "$daemon_changed" ] || ! docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q runsc; then
+    log "reloading dockerd configuration"
+    kill -HUP "$(cat /var/run/docker.pid)"
+    for _ in $(seq 1 50); do
+      docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q runsc && break
+      sleep 0.1
+    done
+  fi
+else
+  log "starting dockerd"
+  # A previous run may have been killed: clear what would stop a new start.
+  for pidfile in /var/run/docker.pid /run/docker/containerd/containerd.pid /run/containerd/containerd.pid; do
+    if [ -f "$pidfile" ]; then
+      pid=$(cat "$pidfile" 2>/dev/null || true)
+      if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill "$pid" 2>/dev/null || true; sleep 1; kill -9 "$pid" 2>/dev/null || true; fi
+      rm -f "$pidfile"
+    fi
+  done
+  pkill -x dockerd 2>/dev/null || true
+  pkill -x containerd 2>/dev/null || true
+  rm -f /var/run/docker.sock
+  nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+  for _ in $(seq 1 300); do
+    docker_up && break
+    sleep 0.2
+  done
+  docker_up || { log "dockerd did not come up; see $DOCKERD_LOG"; tail -20 "$DOCKERD_LOG" >&2; exit 1; }
+fi
+docker info --format '{{json .Runtimes}}' | grep -q runsc || { log "dockerd has no runsc runtime"; exit 1; }
+
+# --- 4. sandbox image --------------------------------------------------------
+if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+  case "$IMAGE" in
+  codemode-sandbox:*)
+    # The mirror comes from this machine's own apt configuration.
+    mirror=$(
+      { grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}'
+        grep -hE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '{print $2}'
+      } | grep -v -- '-security' | grep -E '/debian/?$' | head -1
+    )
+    [ -n "$mirror" ] || { log "no Debian mirror found in /etc/apt sources"; exit 1; }
+    root=$(mktemp -d "$STATE_DIR/rootfs.XXXXXX")
+    log "building sandbox image $IMAGE with debootstrap (a few minutes on first run)"
+    debootstrap --variant=minbase --include=python3,nodejs bookworm "$root" "$mirror" >"$STATE_DIR/debootstrap.log" 2>&1 ||
+      { log "debootstrap failed; see $STATE_DIR/debootstrap.log"; tail -20 "$STATE_DIR/debootstrap.log" >&2; exit 1; }
+    # Keep the image small: no package caches or docs are needed to run code.
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc "$root"/usr/share/man
+    tar -C "$root" -c . | docker import -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8' - "$IMAGE" >/dev/null
+    rm -rf "$root"
+    ;;
+  *)
+    log "image $IMAGE is not present locally; pulling it"
+    docker pull "$IMAGE" || { log "pull of $IMAGE failed; with no registry, unset DOCKER_IMAGE_NAME to build codemode-sandbox:bookworm locally"; exit 1; }
+    ;;
+  esac
+fi
+log "ready: dockerd $(docker version --format '{{.Server.Version}}'), runsc $(/usr/local/bin/runsc --version | head -1 | awk '{print $3}'), image $IMAGE"

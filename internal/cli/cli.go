@@ -1,0 +1,112 @@
+// Package cli holds what the codemode binaries share at start-up: flags that
+// also read environment variables, the slog logger, and signal handling.
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// Flags is a flag set whose flags may each also be set by an environment
+// variable. A flag given on the command line wins over its variable.
+type Flags struct {
+	*flag.FlagSet
+	env map[string]string // flag name -> variable
+}
+
+// NewFlags returns an empty flag set for the program name that writes usage
+// and errors to w.
+func NewFlags(name string, w io.Writer) *Flags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(w)
+	return &Flags{FlagSet: fs, env: map[string]string{}}
+}
+
+// Env ties the already defined flag name to the environment variable env and
+// notes the variable in the flag's usage.
+func (f *Flags) Env(name, env string) {
+	fl := f.Lookup(name)
+	if fl == nil {
+		panic("cli: no flag " + name)
+	}
+	f.env[name] = env
+	fl.Usage += " (env " + env + ")"
+}
+
+// Parse parses args, then applies environment variables (read with getenv)
+// to the flags not given on the command line.
+func (f *Flags) Parse(args []string, getenv func(string) string) error {
+	if err := f.FlagSet.Parse(args); err != nil {
+		return err
+	}
+	if f.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", f.Args())
+	}
+	given := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	for name, env := range f.env {
+		if given[name] {
+			continue
+		}
+		if v := getenv(env); v != "" {
+			if err := f.Set(name, v); err != nil {
+				return fmt.Errorf("%s=%q: %w", env, v, err)
+			}
+		}
+	}
+	return nil
+}
+
+// LogFlags defines --log-format and --log-level on f.
+func LogFlags(f *Flags) (format, level *string) {
+	format = f.String("log-format", "text", "log format: text or json")
+	level = f.String("log-level", "info", "log level: debug, info, warn or error")
+	f.Env("log-format", "LOG_FORMAT")
+	f.Env("log-level", "LOG_LEVEL")
+	return format, level
+}
+
+// NewLogger returns a logger writing to w in format ("text" or "json") at
+// level ("debug", "info", "warn", "error").
+func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch strings.ToLower(format) {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("log format %q: want text or json", format)
+	}
+}
+
+// SignalContext returns a context that is done on SIGINT or SIGTERM.
+func SignalContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+}
+
+// Main runs a binary's Run function with the process's arguments, standard
+// streams and environment, and exits non-zero if it fails.
+func Main(run func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error) {
+	ctx, stop := SignalContext(context.Background())
+	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if err == flag.ErrHelp {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,38 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"net/http"
+	"time"
+)
+
+// NewClient returns an HTTP client that speaks HTTP/2 without TLS (h2c) to
+// plain http:// addresses, as gRPC between codemode's services needs. It
+// keeps connections open and is safe for concurrent use.
+func NewClient() *http.Client {
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	return &http.Client{
+		Transport: &http.Transport{
+			Protocols: &protocols,
+			DialContext: (&net.Dialer{
+				Timeout:   5 * time.Second,
+				KeepAlive: 30 * time.Second,
+			}).DialContext,
+			ForceAttemptHTTP2: true,
+			TLSClientConfig:   &tls.Config{MinVersion: tls.VersionTLS12},
+			HTTP2: &http.HTTP2Config{
+				PingTimeout:     15 * time.Second,
+				SendPingTimeout: 30 * time.Second,
+			},
+		},
+	}
+}
+
+// Listen opens a TCP listener on addr, honouring ctx while it binds.
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	return lc.Listen(ctx, "tcp", addr)
+}

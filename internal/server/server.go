@@ -1,0 +1,162 @@
+// Package server serves one or more Connect services on a single port, so that
+// gRPC, gRPC-Web and Connect (JSON and binary) clients all reach the same
+// address. It adds what every codemode service needs: HTTP/2 without TLS (h2c),
+// gRPC health checks, gRPC server reflection, protovalidate on every request,
+// CORS for browsers, a ReadHeaderTimeout, and graceful shutdown.
+//
+// A Server is configured before Serve and must not be changed afterwards.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/cors"
+	"connectrpc.com/grpchealth"
+	"connectrpc.com/grpcreflect"
+	"connectrpc.com/validate"
+)
+
+// Defaults for the HTTP server.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultShutdownTimeout   = 10 * time.Second
+)
+
+// Server is an HTTP server for Connect services.
+type Server struct {
+	logger   *slog.Logger
+	mux      *http.ServeMux
+	services []string
+	health   *grpchealth.StaticChecker
+	opts     []connect.HandlerOption
+
+	// ShutdownTimeout bounds how long Serve waits for in-flight requests once
+	// its context is done. Streams still open then are cut.
+	ShutdownTimeout time.Duration
+}
+
+// New returns a Server that logs to logger. Every handler made with its
+// HandlerOptions validates requests with protovalidate.
+func New(logger *slog.Logger) *Server {
+	return &Server{
+		logger:          logger,
+		mux:             http.NewServeMux(),
+		health:          grpchealth.NewStaticChecker(),
+		opts:            []connect.HandlerOption{connect.WithInterceptors(validate.NewInterceptor())},
+		ShutdownTimeout: DefaultShutdownTimeout,
+	}
+}
+
+// HandlerOptions returns the options every Connect handler of this server
+// should be built with, followed by extra.
+func (s *Server) HandlerOptions(extra ...connect.HandlerOption) []connect.HandlerOption {
+	return append(append([]connect.HandlerOption(nil), s.opts...), extra...)
+}
+
+// HandleService mounts a generated Connect handler and registers the
+// service for health checks and reflection.
+func (s *Server) HandleService(path string, h http.Handler) {
+	s.mux.Handle(path, h)
+	name := strings.Trim(path, "/")
+	s.services = append(s.services, name)
+	s.health.SetStatus(name, grpchealth.StatusServing)
+}
+
+// Handle mounts a plain HTTP handler (MCP, the web page, seed-compatible
+// endpoints) next to the Connect services.
+func (s *Server) Handle(pattern string, h http.Handler) {
+	s.mux.Handle(pattern, h)
+}
+
+// SetServing sets the health status of every registered service and of the
+// server as a whole ("" in gRPC health terms).
+func (s *Server) SetServing(serving bool) {
+	st := grpchealth.StatusNotServing
+	if serving {
+		st = grpchealth.StatusServing
+	}
+	s.health.SetStatus("", st)
+	for _, name := range s.services {
+		s.health.SetStatus(name, st)
+	}
+}
+
+// Handler returns the server's complete HTTP handler: services, health,
+// reflection, and CORS for browsers on other origins.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", s.mux)
+	mux.Handle(grpchealth.NewHandler(s.health))
+	names := append([]string{grpchealth.HealthV1ServiceName}, s.services...)
+	reflector := grpcreflect.NewStaticReflector(names...)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	return withCORS(mux)
+}
+
+// Serve serves on ln until ctx is done, then shuts down gracefully: it stops
+// accepting, lets in-flight requests finish for up to ShutdownTimeout, and
+// returns nil. It returns an error only when serving fails.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		Protocols:         &protocols,
+		ReadHeaderTimeout: DefaultReadHeaderTimeout,
+		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	s.SetServing(true)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	s.logger.Info("listening", "addr", ln.Addr().String(), "services", s.services)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	s.SetServing(false)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(shutdownCtx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		s.logger.Warn("shutdown timed out; closing open connections")
+		err = srv.Close()
+	}
+	if e := <-errc; e != nil && !errors.Is(e, http.ErrServerClosed) {
+		err = errors.Join(err, e)
+	}
+	return err
+}
+
+func withCORS(h http.Handler) http.Handler {
+	methods := strings.Join(cors.AllowedMethods(), ", ")
+	allowed := strings.Join(append(cors.AllowedHeaders(), "Authorization", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID"), ", ")
+	exposed := strings.Join(append(cors.ExposedHeaders(), "Mcp-Session-Id"), ", ")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if origin := r.Header.Get("Origin"); origin != "" {
+			hdr := w.Header()
+			hdr.Set("Access-Control-Allow-Origin", origin)
+			hdr.Add("Vary", "Origin")
+			hdr.Set("Access-Control-Expose-Headers", exposed)
+			if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+				hdr.Set("Access-Control-Allow-Methods", methods)
+				hdr.Set("Access-Control-Allow-Headers", allowed)
+				hdr.Set("Access-Control-Max-Age", "7200")
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
