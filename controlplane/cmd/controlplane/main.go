@@ -1,0 +1,9 @@
+// Command controlplane routes runs to agents. See --help.
+package main
+
+import (
+	"github.com/codemode-go/codemode/controlplane/internal/controlplane"
+	"github.com/codemode-go/codemode/internal/cli"
+)
+
+func main() { cli.Main(controlplane.Run) }

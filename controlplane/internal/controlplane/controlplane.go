@@ -1,0 +1,121 @@
+// Package controlplane is the control plane's program: configuration, the
+// ControlPlaneService, and the original coderunner's POST /run and GET
+// /status, all on one port.
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/codemode-go/codemode/controlplane/internal/router"
+	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
+	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// Config is the control plane's configuration.
+type Config struct {
+	// Addr to listen on for gRPC, gRPC-Web, Connect and the seed endpoints.
+	Addr string
+	// Agents are the agents' addresses, host:port.
+	Agents []string
+	// PollInterval is how often agents' status is read.
+	PollInterval time.Duration
+}
+
+// Defaults.
+const (
+	DefaultAddr         = ":8080"
+	DefaultAgents       = "127.0.0.1:30031"
+	DefaultPollInterval = 500 * time.Millisecond
+)
+
+// Validate reports whether the configuration can be used.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Addr == "" {
+		errs = append(errs, errors.New("addr is empty"))
+	}
+	if len(c.Agents) == 0 {
+		errs = append(errs, errors.New("no agents: set REMOTE_HOSTS or --agents"))
+	}
+	for _, a := range c.Agents {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("agent address %q: %w", a, err))
+		}
+	}
+	if c.PollInterval <= 0 {
+		errs = append(errs, errors.New("poll interval must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// ParseAgents splits the seed's REMOTE_HOSTS form, host:port;host:port
+// (commas work too), dropping empty entries.
+func ParseAgents(s string) []string {
+	var out []string
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == ',' }) {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Run is the controlplane program.
+func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) error {
+	fs := cli.NewFlags("controlplane", stderr)
+	addr := fs.String("addr", DefaultAddr, "address to serve gRPC, gRPC-Web, Connect, POST /run and GET /status on")
+	fs.Env("addr", "CONTROLPLANE_ADDR")
+	agents := fs.String("agents", DefaultAgents, "agents as host:port;host:port")
+	fs.Env("agents", "REMOTE_HOSTS")
+	poll := fs.Duration("poll-interval", DefaultPollInterval, "how often to read each agent's status")
+	fs.Env("poll-interval", "POLL_INTERVAL")
+	logFormat, logLevel := cli.LogFlags(fs)
+	if err := fs.Parse(args, os.Getenv); err != nil {
+		return err
+	}
+	logger, err := cli.NewLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		return err
+	}
+	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	ln, err := server.Listen(ctx, cfg.Addr)
+	if err != nil {
+		return err
+	}
+	return Serve(ctx, cfg, ln, logger.With("component", "controlplane"))
+}
+
+// Serve serves the control plane on ln until ctx is done.
+func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
+	r, err := router.New(router.Config{
+		Addresses:    cfg.Agents,
+		PollInterval: cfg.PollInterval,
+		HTTPClient:   server.NewClient(),
+		Logger:       logger,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	r.Start(ctx)
+	defer r.Close()
+	svc := NewService(r, logger)
+	srv := server.New(logger)
+	srv.HandleService(controlplanev1connect.NewControlPlaneServiceHandler(svc, srv.HandlerOptions()...))
+	srv.Handle("/run", http.HandlerFunc(svc.handleRun))
+	srv.Handle("/status", http.HandlerFunc(svc.handleStatus))
+	return srv.Serve(ctx, ln)
+}

@@ -1,0 +1,316 @@
+// Package router knows the agents of one control plane and chooses which of
+// them takes each run: only healthy agents whose labels match the run's
+// route, the one with the most free capacity first, and always the same
+// agent for the same session.
+//
+// A Router polls every agent's Status in the background between Start and
+// Close. All methods are safe for concurrent use.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
+	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
+)
+
+// ErrNoAgent is returned by Pick when no healthy agent matches the route.
+var ErrNoAgent = errors.New("no healthy agent matches the route")
+
+// Agent is one agent as the router tracks it.
+type Agent struct {
+	// Address is host:port.
+	Address string
+	// Client calls the agent.
+	Client agentv1connect.AgentServiceClient
+
+	mu       sync.Mutex
+	status   *agentv1.AgentStatus
+	healthy  bool
+	lastErr  string
+	inFlight int
+}
+
+// Snapshot is an agent's state at one moment.
+type Snapshot struct {
+	Address  string
+	Healthy  bool
+	Status   *agentv1.AgentStatus
+	InFlight int
+	Error    string
+}
+
+func (a *Agent) snapshot() Snapshot {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return Snapshot{Address: a.Address, Healthy: a.healthy, Status: a.status, InFlight: a.inFlight, Error: a.lastErr}
+}
+
+// score is the agent's free capacity as the router sees it: what the agent
+// reported less the runs this router sent since.
+func (a *Agent) score() (int, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.healthy || a.status == nil {
+		return 0, false
+	}
+	return int(a.status.GetFree()) - a.inFlight, true
+}
+
+func (a *Agent) matches(labels map[string]string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	have := a.status.GetLabels()
+	for k, v := range labels {
+		if got, ok := have[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Acquire counts a run as sent to the agent until the returned function is called.
+func (a *Agent) Acquire() (release func()) {
+	a.mu.Lock()
+	a.inFlight++
+	a.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			a.inFlight--
+			a.mu.Unlock()
+		})
+	}
+}
+
+// MarkDown records that a call to the agent failed for transport reasons,
+// so that it is not picked until its next successful status check.
+func (a *Agent) MarkDown(err error) {
+	a.mu.Lock()
+	a.healthy = false
+	a.lastErr = err.Error()
+	a.mu.Unlock()
+}
+
+// Config configures a Router.
+type Config struct {
+	// Addresses of the agents, host:port.
+	Addresses []string
+	// PollInterval is how often each agent's status is read.
+	PollInterval time.Duration
+	// HTTPClient reaches the agents; it must speak h2c.
+	HTTPClient *http.Client
+	// ClientOptions are passed to every agent client.
+	ClientOptions []connect.ClientOption
+	Logger        *slog.Logger
+}
+
+// Router chooses agents.
+type Router struct {
+	agents []*Agent
+	poll   time.Duration
+	logger *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*Agent // session id -> agent holding it
+	next     int               // rotates ties
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// New returns a router over the configured agents. It does not contact them
+// until Start or Refresh.
+func New(cfg Config) (*Router, error) {
+	if len(cfg.Addresses) == 0 {
+		return nil, errors.New("no agent addresses")
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Router{
+		poll:     cfg.PollInterval,
+		logger:   cfg.Logger,
+		sessions: map[string]*Agent{},
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	seen := map[string]bool{}
+	for _, addr := range cfg.Addresses {
+		addr = strings.TrimSpace(addr)
+		if addr == "" || seen[addr] {
+			continue
+		}
+		seen[addr] = true
+		base := addr
+		if !strings.Contains(base, "://") {
+			base = "http://" + base
+		}
+		r.agents = append(r.agents, &Agent{
+			Address: addr,
+			Client:  agentv1connect.NewAgentServiceClient(cfg.HTTPClient, base, cfg.ClientOptions...),
+		})
+	}
+	return r, nil
+}
+
+// Start polls the agents until Close: once now, synchronously, then every
+// PollInterval in the background.
+func (r *Router) Start(ctx context.Context) {
+	r.Refresh(ctx)
+	go func() {
+		defer close(r.done)
+		t := time.NewTicker(r.poll)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.stop:
+				return
+			case <-t.C:
+				r.Refresh(ctx)
+			}
+		}
+	}()
+}
+
+// Close stops polling.
+func (r *Router) Close() {
+	close(r.stop)
+	<-r.done
+}
+
+// Refresh reads every agent's status now, concurrently.
+func (r *Router) Refresh(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, a := range r.agents {
+		wg.Go(func() { r.refresh(ctx, a) })
+	}
+	wg.Wait()
+}
+
+func (r *Router) refresh(ctx context.Context, a *Agent) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second+r.poll)
+	defer cancel()
+	res, err := a.Client.Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	was := a.healthy
+	if err != nil {
+		a.healthy = false
+		a.lastErr = err.Error()
+	} else {
+		a.status = res.Msg.GetStatus()
+		a.healthy = a.status.GetReady()
+		a.lastErr = ""
+		if !a.healthy {
+			a.lastErr = "agent reports not ready"
+		}
+	}
+	if was != a.healthy {
+		r.logger.Info("agent health changed", "agent", a.Address, "healthy", a.healthy, "error", a.lastErr)
+	}
+}
+
+// Agents returns a snapshot of every agent.
+func (r *Router) Agents() []Snapshot {
+	out := make([]Snapshot, 0, len(r.agents))
+	for _, a := range r.agents {
+		out = append(out, a.snapshot())
+	}
+	return out
+}
+
+// Pick returns the healthy agent matching labels with the most free
+// capacity, skipping those in exclude. Among equals it rotates.
+func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, error) {
+	var best []*Agent
+	bestScore := 0
+	for _, a := range r.agents {
+		if slices.Contains(exclude, a) || !a.matches(labels) {
+			continue
+		}
+		s, ok := a.score()
+		if !ok {
+			continue
+		}
+		switch {
+		case len(best) == 0 || s > bestScore:
+			best, bestScore = []*Agent{a}, s
+		case s == bestScore:
+			best = append(best, a)
+		}
+	}
+	if len(best) == 0 {
+		return nil, ErrNoAgent
+	}
+	r.mu.Lock()
+	r.next++
+	a := best[r.next%len(best)]
+	r.mu.Unlock()
+	return a, nil
+}
+
+// Session returns the agent that holds session id, if the router knows it.
+func (r *Router) Session(id string) (*Agent, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a, ok := r.sessions[id]
+	return a, ok
+}
+
+// PickSession returns the agent holding session id, or picks one for the
+// route and binds the session to it, atomically, so that concurrent first
+// runs of a new session land on the same agent.
+func (r *Router) PickSession(id string, labels map[string]string) (*Agent, error) {
+	r.mu.Lock()
+	a, ok := r.sessions[id]
+	r.mu.Unlock()
+	if ok {
+		return a, nil
+	}
+	picked, err := r.Pick(labels)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if a, ok := r.sessions[id]; ok {
+		return a, nil
+	}
+	r.sessions[id] = picked
+	return picked, nil
+}
+
+// Bind records that agent a holds session id.
+func (r *Router) Bind(id string, a *Agent) {
+	r.mu.Lock()
+	r.sessions[id] = a
+	r.mu.Unlock()
+}
+
+// Unbind forgets session id.
+func (r *Router) Unbind(id string) {
+	r.mu.Lock()
+	delete(r.sessions, id)
+	r.mu.Unlock()
+}
+
+// All returns every agent, healthy or not.
+func (r *Router) All() []*Agent { return slices.Clone(r.agents) }
+
+// String describes the agent for logs.
+func (a *Agent) String() string { return fmt.Sprintf("agent %s", a.Address) }
