@@ -100,7 +100,7 @@ if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
       { grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}'
         grep -hE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '{print $2}'
       } | grep -v -- '-security' | grep -E '/debian/?$' | head -1
-    )
+    ) || true # a missing sources file must not end the script under pipefail
     [ -n "$mirror" ] || { log "no Debian mirror found in /etc/apt sources"; exit 1; }
     root=$(mktemp -d "$STATE_DIR/rootfs.XXXXXX")
     log "building sandbox image $IMAGE with debootstrap (a few minutes on first run)"
