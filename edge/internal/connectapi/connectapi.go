@@ -1,0 +1,121 @@
+// Package connectapi serves codemode's public ExecutionService (gRPC,
+// gRPC-Web and Connect) as a thin adapter over the edge's execution.Service.
+package connectapi
+
+import (
+	"context"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/codemode-go/codemode/edge/internal/execution"
+	"github.com/codemode-go/codemode/edge/internal/tenant"
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+)
+
+// Handler implements ExecutionService.
+type Handler struct {
+	svc     *execution.Service
+	tenants *tenant.Resolver
+}
+
+var _ edgev1connect.ExecutionServiceHandler = (*Handler)(nil)
+
+// New returns a Handler over svc that tells tenants apart with tenants.
+func New(svc *execution.Service, tenants *tenant.Resolver) *Handler {
+	return &Handler{svc: svc, tenants: tenants}
+}
+
+func (h *Handler) call(req connect.AnyRequest, ex *executionv1.Execution) (execution.Call, error) {
+	t, err := h.tenants.Resolve(req.Header())
+	if err != nil {
+		return execution.Call{}, connect.NewError(connect.CodeUnauthenticated, err)
+	}
+	return execution.Call{
+		Execution: ex,
+		Tenant:    t,
+		Door:      req.Peer().Protocol,
+		RequestID: req.Header().Get("X-Request-Id"),
+	}, nil
+}
+
+// executionRequest is what ExecuteRequest and ExecuteStreamRequest share.
+type executionRequest interface {
+	GetLanguage() string
+	GetCode() string
+	GetSessionId() string
+	GetTimeout() *durationpb.Duration
+	GetStdin() []byte
+	GetFiles() []*executionv1.File
+	GetLimits() *executionv1.Limits
+}
+
+func toExecution(m executionRequest) *executionv1.Execution {
+	return &executionv1.Execution{
+		Language: m.GetLanguage(), Code: m.GetCode(), SessionId: m.GetSessionId(), Timeout: m.GetTimeout(),
+		Stdin: m.GetStdin(), Files: m.GetFiles(), Limits: m.GetLimits(),
+	}
+}
+
+// Execute implements ExecutionService.
+func (h *Handler) Execute(ctx context.Context, req *connect.Request[edgev1.ExecuteRequest]) (*connect.Response[edgev1.ExecuteResponse], error) {
+	call, err := h.call(req, toExecution(req.Msg))
+	if err != nil {
+		return nil, err
+	}
+	res, err := h.svc.Execute(ctx, call)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.ExecuteResponse{Result: res}), nil
+}
+
+// ExecuteStream implements ExecutionService.
+func (h *Handler) ExecuteStream(ctx context.Context, req *connect.Request[edgev1.ExecuteStreamRequest], stream *connect.ServerStream[edgev1.ExecuteStreamResponse]) error {
+	call, err := h.call(req, toExecution(req.Msg))
+	if err != nil {
+		return err
+	}
+	return h.svc.ExecuteStream(ctx, call, func(ev *executionv1.Event) error {
+		return stream.Send(&edgev1.ExecuteStreamResponse{Event: ev})
+	})
+}
+
+// CreateSession implements ExecutionService.
+func (h *Handler) CreateSession(ctx context.Context, req *connect.Request[edgev1.CreateSessionRequest]) (*connect.Response[edgev1.CreateSessionResponse], error) {
+	t, err := h.tenants.Resolve(req.Header())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnauthenticated, err)
+	}
+	sess, err := h.svc.CreateSession(ctx, t, req.Msg.GetLanguage(), req.Msg.GetIdleTimeout().AsDuration())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.CreateSessionResponse{Session: sess}), nil
+}
+
+// CloseSession implements ExecutionService.
+func (h *Handler) CloseSession(ctx context.Context, req *connect.Request[edgev1.CloseSessionRequest]) (*connect.Response[edgev1.CloseSessionResponse], error) {
+	t, err := h.tenants.Resolve(req.Header())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnauthenticated, err)
+	}
+	if err := h.svc.CloseSession(ctx, t, req.Msg.GetSessionId()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.CloseSessionResponse{}), nil
+}
+
+// ListLanguages implements ExecutionService.
+func (h *Handler) ListLanguages(ctx context.Context, req *connect.Request[edgev1.ListLanguagesRequest]) (*connect.Response[edgev1.ListLanguagesResponse], error) {
+	if _, err := h.tenants.Resolve(req.Header()); err != nil {
+		return nil, connect.NewError(connect.CodeUnauthenticated, err)
+	}
+	langs, err := h.svc.Languages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.ListLanguagesResponse{Languages: langs}), nil
+}

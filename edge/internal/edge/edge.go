@@ -1,0 +1,111 @@
+// Package edge is the edge's program: codemode's public door. On one port it
+// serves the ExecutionService (gRPC, gRPC-Web, Connect), MCP at /mcp and
+// /mcp-no-code-execute, and the web playground, all over one execution path
+// that forwards to the control plane.
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/codemode-go/codemode/edge/internal/connectapi"
+	"github.com/codemode-go/codemode/edge/internal/execution"
+	"github.com/codemode-go/codemode/edge/internal/mcpserver"
+	"github.com/codemode-go/codemode/edge/internal/tenant"
+	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// Version is reported to MCP clients.
+const Version = "0.1.0"
+
+// Config is the edge's configuration.
+type Config struct {
+	// Addr to listen on.
+	Addr string
+	// ControlPlane is the control plane's base URL, e.g. http://127.0.0.1:8080.
+	ControlPlane string
+	// APIKeys is a JSON file mapping API keys to tenant names; empty: no
+	// authentication, every caller is the tenant "anonymous".
+	APIKeys string
+}
+
+// Defaults.
+const (
+	DefaultAddr         = ":8000"
+	DefaultControlPlane = "http://127.0.0.1:8080"
+)
+
+// Validate reports whether the configuration can be used.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Addr == "" {
+		errs = append(errs, errors.New("addr is empty"))
+	}
+	u, err := url.Parse(c.ControlPlane)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("control plane URL: %w", err))
+	case u.Scheme != "http" || u.Host == "":
+		errs = append(errs, fmt.Errorf("control plane URL %q: want http://host:port", c.ControlPlane))
+	}
+	return errors.Join(errs...)
+}
+
+// Run is the edge program.
+func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) error {
+	fs := cli.NewFlags("edge", stderr)
+	addr := fs.String("addr", DefaultAddr, "address to serve the API, MCP and the web page on")
+	fs.Env("addr", "EDGE_ADDR")
+	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port)")
+	fs.Env("controlplane", "CODE_EXECUTION_HOST")
+	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names; empty for no authentication")
+	fs.Env("api-keys", "CODEMODE_API_KEYS")
+	logFormat, logLevel := cli.LogFlags(fs)
+	if err := fs.Parse(args, os.Getenv); err != nil {
+		return err
+	}
+	logger, err := cli.NewLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		return err
+	}
+	cfg := Config{Addr: *addr, ControlPlane: *cp, APIKeys: *keys}
+	if !strings.Contains(cfg.ControlPlane, "://") {
+		cfg.ControlPlane = "http://" + cfg.ControlPlane
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	ln, err := server.Listen(ctx, cfg.Addr)
+	if err != nil {
+		return err
+	}
+	return Serve(ctx, cfg, ln, logger.With("component", "edge"))
+}
+
+// Serve serves the edge on ln until ctx is done.
+func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
+	tenants, err := tenant.Load(cfg.APIKeys)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	cp := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), strings.TrimRight(cfg.ControlPlane, "/"))
+	svc := execution.New(cp, logger)
+
+	srv := server.New(logger)
+	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions()...))
+	withCode, withoutCode := mcpserver.Handlers(mcpserver.Config{Service: svc, Tenants: tenants, Logger: logger.With("component", "mcp"), Version: Version})
+	srv.Handle("/mcp", withCode)
+	srv.Handle("/mcp-no-code-execute", withoutCode)
+	return srv.Serve(ctx, ln)
+}
