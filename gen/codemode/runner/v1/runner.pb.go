@@ -29,6 +29,71 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type Error_Code int32
+
+const (
+	// Unspecified: an internal failure of the runner or the sandbox.
+	Error_CODE_UNSPECIFIED Error_Code = 0
+	// The request is malformed: unknown language, bad path.
+	Error_CODE_INVALID_ARGUMENT Error_Code = 1
+	// The file or directory does not exist.
+	Error_CODE_NOT_FOUND Error_Code = 2
+	// A size limit was hit: file too large, workspace full.
+	Error_CODE_RESOURCE_EXHAUSTED Error_Code = 3
+	// Another request is still being served.
+	Error_CODE_BUSY Error_Code = 4
+	// The path exists but is not what the request needs (a directory where a
+	// file was expected, a symbolic link that leaves the workspace).
+	Error_CODE_FAILED_PRECONDITION Error_Code = 5
+)
+
+// Enum value maps for Error_Code.
+var (
+	Error_Code_name = map[int32]string{
+		0: "CODE_UNSPECIFIED",
+		1: "CODE_INVALID_ARGUMENT",
+		2: "CODE_NOT_FOUND",
+		3: "CODE_RESOURCE_EXHAUSTED",
+		4: "CODE_BUSY",
+		5: "CODE_FAILED_PRECONDITION",
+	}
+	Error_Code_value = map[string]int32{
+		"CODE_UNSPECIFIED":         0,
+		"CODE_INVALID_ARGUMENT":    1,
+		"CODE_NOT_FOUND":           2,
+		"CODE_RESOURCE_EXHAUSTED":  3,
+		"CODE_BUSY":                4,
+		"CODE_FAILED_PRECONDITION": 5,
+	}
+)
+
+func (x Error_Code) Enum() *Error_Code {
+	p := new(Error_Code)
+	*p = x
+	return p
+}
+
+func (x Error_Code) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Error_Code) Descriptor() protoreflect.EnumDescriptor {
+	return file_codemode_runner_v1_runner_proto_enumTypes[0].Descriptor()
+}
+
+func (Error_Code) Type() protoreflect.EnumType {
+	return &file_codemode_runner_v1_runner_proto_enumTypes[0]
+}
+
+func (x Error_Code) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Error_Code.Descriptor instead.
+func (Error_Code) EnumDescriptor() ([]byte, []int) {
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{11, 0}
+}
+
 // Request is one message from the agent to the runner.
 type Request struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -353,6 +418,7 @@ func (x *File) GetMode() uint32 {
 	return 0
 }
 
+// Cancel has no answer of its own: the run it names ends with its Exit.
 type Cancel struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RunId         uint64                 `protobuf:"varint,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
@@ -824,7 +890,11 @@ type Exit struct {
 	Truncated bool                 `protobuf:"varint,3,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	Duration  *durationpb.Duration `protobuf:"bytes,4,opt,name=duration,proto3" json:"duration,omitempty"`
 	// The program was killed for lack of memory (seen by the runner).
-	OomKilled     bool `protobuf:"varint,5,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	OomKilled bool `protobuf:"varint,5,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	// The run was stateful and its interpreter state (variables, imports,
+	// working directory) was lost, for example because the interpreter was
+	// killed at the timeout; the next stateful run starts afresh.
+	StateLost     bool `protobuf:"varint,6,opt,name=state_lost,json=stateLost,proto3" json:"state_lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -894,9 +964,19 @@ func (x *Exit) GetOomKilled() bool {
 	return false
 }
 
+func (x *Exit) GetStateLost() bool {
+	if x != nil {
+		return x.StateLost
+	}
+	return false
+}
+
 type Error struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Message       string                 `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Message string                 `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	// What kind of failure this is, so that the agent can tell its caller what
+	// to do.
+	Code          Error_Code `protobuf:"varint,2,opt,name=code,proto3,enum=codemode.runner.v1.Error_Code" json:"code,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -938,6 +1018,13 @@ func (x *Error) GetMessage() string {
 	return ""
 }
 
+func (x *Error) GetCode() Error_Code {
+	if x != nil {
+		return x.Code
+	}
+	return Error_CODE_UNSPECIFIED
+}
+
 type Done struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -975,8 +1062,11 @@ func (*Done) Descriptor() ([]byte, []int) {
 }
 
 type FileList struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Files         []*FileInfo            `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries of the directory, sorted by path; not recursive.
+	Files []*FileInfo `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	// The directory had more entries than the runner lists at once.
+	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1018,12 +1108,20 @@ func (x *FileList) GetFiles() []*FileInfo {
 	return nil
 }
 
+func (x *FileList) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 type FileInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
-	Dir           bool                   `protobuf:"varint,3,opt,name=dir,proto3" json:"dir,omitempty"`
-	Mode          uint32                 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path relative to /workspace.
+	Path          string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Size          uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Dir           bool   `protobuf:"varint,3,opt,name=dir,proto3" json:"dir,omitempty"`
+	Mode          uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1139,19 +1237,30 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\bversions\x18\x01 \x03(\v2'.codemode.runner.v1.Ready.VersionsEntryR\bversions\x1a;\n" +
 	"\rVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xab\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xca\x01\n" +
 	"\x04Exit\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x1b\n" +
 	"\ttimed_out\x18\x02 \x01(\bR\btimedOut\x12\x1c\n" +
 	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x125\n" +
 	"\bduration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x05 \x01(\bR\toomKilled\"!\n" +
+	"oom_killed\x18\x05 \x01(\bR\toomKilled\x12\x1d\n" +
+	"\n" +
+	"state_lost\x18\x06 \x01(\bR\tstateLost\"\xed\x01\n" +
 	"\x05Error\x12\x18\n" +
-	"\amessage\x18\x01 \x01(\tR\amessage\"\x06\n" +
-	"\x04Done\">\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\x122\n" +
+	"\x04code\x18\x02 \x01(\x0e2\x1e.codemode.runner.v1.Error.CodeR\x04code\"\x95\x01\n" +
+	"\x04Code\x12\x14\n" +
+	"\x10CODE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15CODE_INVALID_ARGUMENT\x10\x01\x12\x12\n" +
+	"\x0eCODE_NOT_FOUND\x10\x02\x12\x1b\n" +
+	"\x17CODE_RESOURCE_EXHAUSTED\x10\x03\x12\r\n" +
+	"\tCODE_BUSY\x10\x04\x12\x1c\n" +
+	"\x18CODE_FAILED_PRECONDITION\x10\x05\"\x06\n" +
+	"\x04Done\"\\\n" +
 	"\bFileList\x122\n" +
-	"\x05files\x18\x01 \x03(\v2\x1c.codemode.runner.v1.FileInfoR\x05files\"X\n" +
+	"\x05files\x18\x01 \x03(\v2\x1c.codemode.runner.v1.FileInfoR\x05files\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"X\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x10\n" +
@@ -1171,50 +1280,53 @@ func file_codemode_runner_v1_runner_proto_rawDescGZIP() []byte {
 	return file_codemode_runner_v1_runner_proto_rawDescData
 }
 
+var file_codemode_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_codemode_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_codemode_runner_v1_runner_proto_goTypes = []any{
-	(*Request)(nil),             // 0: codemode.runner.v1.Request
-	(*Run)(nil),                 // 1: codemode.runner.v1.Run
-	(*File)(nil),                // 2: codemode.runner.v1.File
-	(*Cancel)(nil),              // 3: codemode.runner.v1.Cancel
-	(*Reset)(nil),               // 4: codemode.runner.v1.Reset
-	(*WriteFile)(nil),           // 5: codemode.runner.v1.WriteFile
-	(*ReadFile)(nil),            // 6: codemode.runner.v1.ReadFile
-	(*ListFiles)(nil),           // 7: codemode.runner.v1.ListFiles
-	(*Event)(nil),               // 8: codemode.runner.v1.Event
-	(*Ready)(nil),               // 9: codemode.runner.v1.Ready
-	(*Exit)(nil),                // 10: codemode.runner.v1.Exit
-	(*Error)(nil),               // 11: codemode.runner.v1.Error
-	(*Done)(nil),                // 12: codemode.runner.v1.Done
-	(*FileList)(nil),            // 13: codemode.runner.v1.FileList
-	(*FileInfo)(nil),            // 14: codemode.runner.v1.FileInfo
-	nil,                         // 15: codemode.runner.v1.Ready.VersionsEntry
-	(*durationpb.Duration)(nil), // 16: google.protobuf.Duration
+	(Error_Code)(0),             // 0: codemode.runner.v1.Error.Code
+	(*Request)(nil),             // 1: codemode.runner.v1.Request
+	(*Run)(nil),                 // 2: codemode.runner.v1.Run
+	(*File)(nil),                // 3: codemode.runner.v1.File
+	(*Cancel)(nil),              // 4: codemode.runner.v1.Cancel
+	(*Reset)(nil),               // 5: codemode.runner.v1.Reset
+	(*WriteFile)(nil),           // 6: codemode.runner.v1.WriteFile
+	(*ReadFile)(nil),            // 7: codemode.runner.v1.ReadFile
+	(*ListFiles)(nil),           // 8: codemode.runner.v1.ListFiles
+	(*Event)(nil),               // 9: codemode.runner.v1.Event
+	(*Ready)(nil),               // 10: codemode.runner.v1.Ready
+	(*Exit)(nil),                // 11: codemode.runner.v1.Exit
+	(*Error)(nil),               // 12: codemode.runner.v1.Error
+	(*Done)(nil),                // 13: codemode.runner.v1.Done
+	(*FileList)(nil),            // 14: codemode.runner.v1.FileList
+	(*FileInfo)(nil),            // 15: codemode.runner.v1.FileInfo
+	nil,                         // 16: codemode.runner.v1.Ready.VersionsEntry
+	(*durationpb.Duration)(nil), // 17: google.protobuf.Duration
 }
 var file_codemode_runner_v1_runner_proto_depIdxs = []int32{
-	1,  // 0: codemode.runner.v1.Request.run:type_name -> codemode.runner.v1.Run
-	3,  // 1: codemode.runner.v1.Request.cancel:type_name -> codemode.runner.v1.Cancel
-	4,  // 2: codemode.runner.v1.Request.reset:type_name -> codemode.runner.v1.Reset
-	5,  // 3: codemode.runner.v1.Request.write_file:type_name -> codemode.runner.v1.WriteFile
-	6,  // 4: codemode.runner.v1.Request.read_file:type_name -> codemode.runner.v1.ReadFile
-	7,  // 5: codemode.runner.v1.Request.list_files:type_name -> codemode.runner.v1.ListFiles
-	16, // 6: codemode.runner.v1.Run.timeout:type_name -> google.protobuf.Duration
-	2,  // 7: codemode.runner.v1.Run.files:type_name -> codemode.runner.v1.File
-	2,  // 8: codemode.runner.v1.WriteFile.file:type_name -> codemode.runner.v1.File
-	9,  // 9: codemode.runner.v1.Event.ready:type_name -> codemode.runner.v1.Ready
-	10, // 10: codemode.runner.v1.Event.exit:type_name -> codemode.runner.v1.Exit
-	11, // 11: codemode.runner.v1.Event.error:type_name -> codemode.runner.v1.Error
-	12, // 12: codemode.runner.v1.Event.done:type_name -> codemode.runner.v1.Done
-	2,  // 13: codemode.runner.v1.Event.file:type_name -> codemode.runner.v1.File
-	13, // 14: codemode.runner.v1.Event.file_list:type_name -> codemode.runner.v1.FileList
-	15, // 15: codemode.runner.v1.Ready.versions:type_name -> codemode.runner.v1.Ready.VersionsEntry
-	16, // 16: codemode.runner.v1.Exit.duration:type_name -> google.protobuf.Duration
-	14, // 17: codemode.runner.v1.FileList.files:type_name -> codemode.runner.v1.FileInfo
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	2,  // 0: codemode.runner.v1.Request.run:type_name -> codemode.runner.v1.Run
+	4,  // 1: codemode.runner.v1.Request.cancel:type_name -> codemode.runner.v1.Cancel
+	5,  // 2: codemode.runner.v1.Request.reset:type_name -> codemode.runner.v1.Reset
+	6,  // 3: codemode.runner.v1.Request.write_file:type_name -> codemode.runner.v1.WriteFile
+	7,  // 4: codemode.runner.v1.Request.read_file:type_name -> codemode.runner.v1.ReadFile
+	8,  // 5: codemode.runner.v1.Request.list_files:type_name -> codemode.runner.v1.ListFiles
+	17, // 6: codemode.runner.v1.Run.timeout:type_name -> google.protobuf.Duration
+	3,  // 7: codemode.runner.v1.Run.files:type_name -> codemode.runner.v1.File
+	3,  // 8: codemode.runner.v1.WriteFile.file:type_name -> codemode.runner.v1.File
+	10, // 9: codemode.runner.v1.Event.ready:type_name -> codemode.runner.v1.Ready
+	11, // 10: codemode.runner.v1.Event.exit:type_name -> codemode.runner.v1.Exit
+	12, // 11: codemode.runner.v1.Event.error:type_name -> codemode.runner.v1.Error
+	13, // 12: codemode.runner.v1.Event.done:type_name -> codemode.runner.v1.Done
+	3,  // 13: codemode.runner.v1.Event.file:type_name -> codemode.runner.v1.File
+	14, // 14: codemode.runner.v1.Event.file_list:type_name -> codemode.runner.v1.FileList
+	16, // 15: codemode.runner.v1.Ready.versions:type_name -> codemode.runner.v1.Ready.VersionsEntry
+	17, // 16: codemode.runner.v1.Exit.duration:type_name -> google.protobuf.Duration
+	0,  // 17: codemode.runner.v1.Error.code:type_name -> codemode.runner.v1.Error.Code
+	15, // 18: codemode.runner.v1.FileList.files:type_name -> codemode.runner.v1.FileInfo
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_codemode_runner_v1_runner_proto_init() }
@@ -1245,13 +1357,14 @@ func file_codemode_runner_v1_runner_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_runner_v1_runner_proto_rawDesc), len(file_codemode_runner_v1_runner_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_codemode_runner_v1_runner_proto_goTypes,
 		DependencyIndexes: file_codemode_runner_v1_runner_proto_depIdxs,
+		EnumInfos:         file_codemode_runner_v1_runner_proto_enumTypes,
 		MessageInfos:      file_codemode_runner_v1_runner_proto_msgTypes,
 	}.Build()
 	File_codemode_runner_v1_runner_proto = out.File
