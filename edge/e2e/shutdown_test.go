@@ -1,0 +1,43 @@
+package e2e
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestShutdownLeavesNoSandbox stops a stack with SIGTERM and looks for any
+// container its agent made.
+func TestShutdownLeavesNoSandbox(t *testing.T) {
+	t.Parallel()
+	if binDir == "" {
+		t.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	const name = "e2e-shutdown"
+	s, err := StartStack(name, "--min-active", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countSandboxes(t, name); n == 0 {
+		t.Errorf("agent %s has no sandbox before shutdown: the test would prove nothing", name)
+	}
+	for _, p := range []*Process{s.Edge, s.ControlPlane, s.Agent} {
+		if err := p.Stop(30 * time.Second); err != nil {
+			t.Errorf("stop %s: %v", p.Name, err)
+		}
+	}
+	if n := countSandboxes(t, name); n != 0 {
+		t.Fatalf("%d codemode containers of agent %s remain after SIGTERM\n%s", n, name, s.Logs())
+	}
+}
+
+func countSandboxes(t *testing.T, agent string) int {
+	t.Helper()
+	out, err := exec.CommandContext(t.Context(), "docker", "ps", "-aq", "--filter", "label=codemode.sandbox=1",
+		"--filter", "label=codemode.agent="+agent).Output()
+	if err != nil {
+		t.Fatalf("docker ps: %v", err)
+	}
+	return len(strings.Fields(string(out)))
+}

@@ -1,0 +1,300 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
+	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// binDir holds the binaries built once for the whole test run.
+var binDir string
+
+// shared is the stack most tests use, started on first use.
+var (
+	sharedOnce  sync.Once
+	sharedStack *Stack
+	sharedErr   error
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		if err := dockerReachable(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: skipping: no Docker daemon reachable (%v); run 'make setup'\n", err)
+			return m.Run() // tests skip themselves
+		}
+		dir, err := os.MkdirTemp("", "codemode-e2e-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		binDir = dir
+		if err := build(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: build:", err)
+			return 1
+		}
+		code := m.Run()
+		if sharedStack != nil {
+			sharedStack.Stop()
+		}
+		return code
+	}()
+	os.Exit(code)
+}
+
+func dockerReachable() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "docker", "info", "--format", "{{json .Runtimes}}").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("docker info: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	if !strings.Contains(string(out), "runsc") {
+		return errors.New("docker has no runsc runtime")
+	}
+	return nil
+}
+
+func moduleRoot() string {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		panic(err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// build compiles the three services and the in-sandbox runner into dir.
+func build(dir string) error {
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./edge/cmd/edge", "./controlplane/cmd/controlplane", "./agent/cmd/agent", "./agent/cmd/runner")
+	cmd.Dir = moduleRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%w: %s", err, out)
+	}
+	return nil
+}
+
+// Process is one running binary.
+type Process struct {
+	Name string
+	Addr string // where it listens, host:port
+	cmd  *exec.Cmd
+	logs *logBuffer
+	done chan struct{}
+	err  error
+}
+
+type logBuffer struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (b *logBuffer) add(s string) {
+	b.mu.Lock()
+	b.lines = append(b.lines, s)
+	b.mu.Unlock()
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Join(b.lines, "\n")
+}
+
+// start runs binary name with args, JSON logs, and waits until it logs the
+// address it listens on.
+func start(name string, env []string, args ...string) (*Process, error) {
+	cmd := exec.Command(filepath.Join(binDir, name), append(args, "--log-format=json", "--log-level=debug")...)
+	cmd.Env = append(os.Environ(), env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	p := &Process{Name: name, cmd: cmd, logs: &logBuffer{}, done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			p.logs.add(line)
+			var rec struct {
+				Msg  string `json:"msg"`
+				Addr string `json:"addr"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
+				select {
+				case addrc <- rec.Addr:
+				default:
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+	}()
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	select {
+	case p.Addr = <-addrc:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("%s exited before listening: %v\n%s", name, p.err, p.logs)
+	case <-time.After(2 * time.Minute):
+		p.Kill()
+		return nil, fmt.Errorf("%s did not listen within 2m\n%s", name, p.logs)
+	}
+}
+
+// URL is the process's base URL.
+func (p *Process) URL() string { return "http://" + p.Addr }
+
+// Stop sends SIGTERM and waits for the process to exit, killing it after timeout.
+func (p *Process) Stop(timeout time.Duration) error {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(timeout):
+		p.Kill()
+		return fmt.Errorf("%s did not exit within %s of SIGTERM", p.Name, timeout)
+	}
+}
+
+// Kill kills the process and waits for it.
+func (p *Process) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Stack is an agent, a control plane and an edge wired together.
+type Stack struct {
+	Agent, ControlPlane, Edge *Process
+	AgentName                 string
+}
+
+// StartStack starts a stack whose agent has the given name and extra flags.
+func StartStack(agentName string, agentArgs ...string) (*Stack, error) {
+	s := &Stack{AgentName: agentName}
+	var err error
+	s.Agent, err = start("agent", nil, append([]string{"--addr", "127.0.0.1:0", "--name", agentName, "--runner", filepath.Join(binDir, "runner")}, agentArgs...)...)
+	if err != nil {
+		return nil, err
+	}
+	s.ControlPlane, err = start("controlplane", []string{"REMOTE_HOSTS=" + s.Agent.Addr}, "--addr", "127.0.0.1:0", "--poll-interval", "200ms")
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	s.Edge, err = start("edge", []string{"CODE_EXECUTION_HOST=" + s.ControlPlane.URL()}, "--addr", "127.0.0.1:0")
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	if err := s.waitAgentHealthy(2 * time.Minute); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// waitAgentHealthy waits until the control plane reports the agent ready.
+func (s *Stack) waitAgentHealthy(timeout time.Duration) error {
+	cp := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), s.ControlPlane.URL())
+	deadline := time.Now().Add(timeout)
+	for {
+		res, err := cp.ListAgents(context.Background(), connect.NewRequest(&cpv1.ListAgentsRequest{}))
+		if err == nil && len(res.Msg.GetAgents()) > 0 && res.Msg.GetAgents()[0].GetHealthy() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent not healthy after %s (last: %v %v)\nagent logs:\n%s", timeout, res, err, s.Agent.logs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Stop stops the edge, the control plane and the agent, in that order.
+func (s *Stack) Stop() {
+	for _, p := range []*Process{s.Edge, s.ControlPlane, s.Agent} {
+		if p != nil {
+			_ = p.Stop(30 * time.Second)
+		}
+	}
+}
+
+// Logs returns every process's logs, for failure messages.
+func (s *Stack) Logs() string {
+	var b strings.Builder
+	for _, p := range []*Process{s.Agent, s.ControlPlane, s.Edge} {
+		if p != nil {
+			fmt.Fprintf(&b, "--- %s ---\n%s\n", p.Name, p.logs)
+		}
+	}
+	return b.String()
+}
+
+// shared returns the stack shared by most tests, or skips the test when
+// there is no Docker daemon.
+func shared(t *testing.T) *Stack {
+	t.Helper()
+	if binDir == "" {
+		t.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	sharedOnce.Do(func() {
+		sharedStack, sharedErr = StartStack("e2e-shared", "--min-active", "2")
+	})
+	if sharedErr != nil {
+		t.Fatalf("start stack: %v", sharedErr)
+	}
+	return sharedStack
+}
+
+// httpClient speaks HTTP/1.1 and h2c.
+var httpClient = server.NewClient()
+
+// postJSON posts body to url and decodes the JSON answer into out.
+func postJSON(t *testing.T, url, body string, out any) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("decode %s answer %q: %v", url, b, err)
+		}
+	}
+	return res.StatusCode
+}
