@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"net/http"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -92,22 +93,24 @@ func TestStreamOverEveryProtocol(t *testing.T) {
 	}
 }
 
-// TestGRPCurlWithReflection calls the edge the way grpcurl users do: plain
-// gRPC with the schema taken from server reflection.
-func TestGRPCurlWithReflection(t *testing.T) {
+// TestBufCurlWithReflection calls the edge the way grpcurl and buf curl
+// users do: plain gRPC over h2c, with the schema taken from server reflection.
+func TestBufCurlWithReflection(t *testing.T) {
 	t.Parallel()
 	s := shared(t)
-	grpcurl, err := exec.LookPath("grpcurl")
-	if err != nil {
-		t.Skip("grpcurl is not installed")
+	buf := strings.Fields(os.Getenv("BUF"))
+	if len(buf) == 0 {
+		buf = []string{"npx", "--yes", "@bufbuild/buf@1.75.0"}
 	}
-	out, err := exec.CommandContext(t.Context(), grpcurl, "-plaintext", "-d", `{"language":"python","code":"print(6*7)"}`,
-		s.Edge.Addr, "codemode.edge.v1.ExecutionService/Execute").CombinedOutput()
+	args := append(buf[1:], "curl", "--protocol", "grpc", "--http2-prior-knowledge",
+		"--data", `{"language":"python","code":"print(6*7)"}`,
+		s.Edge.URL()+"/codemode.edge.v1.ExecutionService/Execute")
+	out, err := exec.CommandContext(t.Context(), buf[0], args...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("grpcurl: %v\n%s", err, out)
+		t.Fatalf("buf curl: %v\n%s", err, out)
 	}
 	if !strings.Contains(string(out), `"stdout": "42\n"`) {
-		t.Fatalf("grpcurl output %s lacks stdout 42", out)
+		t.Fatalf("buf curl output %s lacks stdout 42", out)
 	}
 }
 

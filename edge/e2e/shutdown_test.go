@@ -19,8 +19,13 @@ func TestShutdownLeavesNoSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := countSandboxes(t, name); n == 0 {
-		t.Errorf("agent %s has no sandbox before shutdown: the test would prove nothing", name)
+	// The pool fills in the background: wait for a sandbox to exist, or the
+	// test would prove nothing.
+	for deadline := time.Now().Add(time.Minute); countSandboxes(t, name) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("agent %s made no sandbox within a minute\n%s", name, s.Logs())
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	for _, p := range []*Process{s.Edge, s.ControlPlane, s.Agent} {
 		if err := p.Stop(30 * time.Second); err != nil {
