@@ -1,0 +1,64 @@
+// Package wire is the contract between the agent and the runner that lives
+// inside each sandbox: the framing of codemode.runner.v1 messages on the
+// sandbox's attached stdin and stdout, the agent-side [Client], and the
+// constants both sides must agree on (where the runner binary is mounted, the
+// capabilities the container keeps, the uid user code runs as).
+//
+// # Framing
+//
+// Each message is a frame: a 4-byte big-endian length followed by that many
+// bytes of a serialized protobuf message. The agent writes
+// [runnerv1.Request] frames to the container's stdin; the runner writes
+// [runnerv1.Event] frames to its stdout and nothing else (its diagnostics go
+// to stderr). No frame is larger than [MaxFrameSize]. The container runs
+// without a TTY, so the Docker attach stream multiplexes stdout and stderr;
+// the agent demultiplexes it and hands the stdout side to [NewClient].
+//
+// # Protocol
+//
+// The runner sends a Ready event (id 0) once it can take requests. Every
+// request carries an id chosen by the agent, unique on the stream, and every
+// event that answers it carries the same id. The runner serves one request at
+// a time: a Run answers with any number of stdout and stderr chunks and then
+// exactly one Exit or Error; a Reset, WriteFile, ReadFile or ListFiles answers
+// with exactly one Done, File, FileList or Error. A Cancel has no answer of its
+// own: the run it names ends soon with its Exit. A request that arrives while
+// another is being served (other than Cancel) is answered with an Error of
+// code BUSY.
+package wire
+
+// RunnerPath is where the agent bind-mounts the runner binary (read-only)
+// inside every sandbox, and the sandbox's entrypoint.
+const RunnerPath = "/opt/codemode/runner"
+
+// RunnerCapabilities are the only capabilities the sandbox container keeps
+// (cap-drop ALL, then cap-add these). The runner runs as root and needs them
+// to start user code as [UserUID] (SETUID, SETGID), to kill every process of
+// that uid (KILL), and to manage files that user code owns in /workspace,
+// /tmp and /dev/shm (CHOWN, DAC_OVERRIDE, FOWNER). User code runs under
+// another uid, so it holds none of them.
+//
+// Treat it as a constant: callers must not modify it.
+var RunnerCapabilities = []string{
+	"CAP_CHOWN",
+	"CAP_DAC_OVERRIDE",
+	"CAP_FOWNER",
+	"CAP_KILL",
+	"CAP_SETGID",
+	"CAP_SETUID",
+}
+
+// UserUID and UserGID are the uid and gid that user code runs as ("nobody"
+// and "nogroup" in the Debian image). The runner itself runs as uid 0.
+const (
+	UserUID = 65534
+	UserGID = 65534
+)
+
+// Workspace is the working directory of user code and the directory that
+// file paths in requests are relative to. The agent mounts a tmpfs there.
+const Workspace = "/workspace"
+
+// MaxFileSize is the largest file content that WriteFile takes, that a Run
+// may carry per file, and that ReadFile returns.
+const MaxFileSize = 4 << 20
