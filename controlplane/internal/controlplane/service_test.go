@@ -1,0 +1,344 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
+	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
+	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
+	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// stubAgent stands in for an agent in routing tests: routing depends only on
+// what agents report and whether they answer, not on sandboxes, which the
+// agent's and the end-to-end tests cover with the real thing.
+type stubAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+	name   string
+	free   atomic.Int32
+	labels map[string]string
+	ran    atomic.Int32
+	refuse atomic.Bool // answer Execute with unavailable
+
+	mu       sync.Mutex
+	sessions map[string]bool
+}
+
+func (a *stubAgent) Status(context.Context, *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
+	return connect.NewResponse(&agentv1.StatusResponse{Status: &agentv1.AgentStatus{
+		Name: a.name, Labels: a.labels, Free: a.free.Load(), Capacity: 8, Ready: true, Runtime: "runsc",
+		Languages: []*executionv1.Language{{Name: "python", Version: "3.11"}, {Name: a.name + "-lang"}},
+	}}), nil
+}
+
+func (a *stubAgent) Execute(_ context.Context, req *connect.Request[agentv1.ExecuteRequest]) (*connect.Response[agentv1.ExecuteResponse], error) {
+	if a.refuse.Load() {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("engine away"))
+	}
+	a.ran.Add(1)
+	if sid := req.Msg.GetExecution().GetSessionId(); sid != "" {
+		a.mu.Lock()
+		a.sessions[sid] = true
+		a.mu.Unlock()
+	}
+	return connect.NewResponse(&agentv1.ExecuteResponse{Result: &executionv1.Result{Stdout: a.name, Agent: a.name}}), nil
+}
+
+func (a *stubAgent) ExecuteStream(_ context.Context, req *connect.Request[agentv1.ExecuteStreamRequest], st *connect.ServerStream[agentv1.ExecuteStreamResponse]) error {
+	a.ran.Add(1)
+	for _, ev := range []*executionv1.Event{
+		{Event: &executionv1.Event_Stdout{Stdout: a.name}},
+		{Event: &executionv1.Event_Result{Result: &executionv1.Result{Agent: a.name}}},
+	} {
+		if err := st.Send(&agentv1.ExecuteStreamResponse{Event: ev}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *stubAgent) CloseSession(_ context.Context, req *connect.Request[agentv1.CloseSessionRequest]) (*connect.Response[agentv1.CloseSessionResponse], error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.sessions[req.Msg.GetSessionId()] {
+		return nil, connect.NewError(connect.CodeNotFound, errors.New("no such session"))
+	}
+	delete(a.sessions, req.Msg.GetSessionId())
+	return connect.NewResponse(&agentv1.CloseSessionResponse{}), nil
+}
+
+// serveAgent serves a on loopback until the test ends; stop ends it early.
+func serveAgent(t *testing.T, a *stubAgent) (addr string, stop func()) {
+	t.Helper()
+	a.sessions = map[string]bool{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(slog.New(slog.DiscardHandler))
+	srv.ShutdownTimeout = time.Second
+	srv.HandleService(agentv1connect.NewAgentServiceHandler(a, srv.HandlerOptions()...))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ctx, ln) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return ln.Addr().String(), stop
+}
+
+// startControlPlane serves a control plane over agents and returns its URL.
+func startControlPlane(t *testing.T, agents ...string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, Config{Addr: ln.Addr().String(), Agents: agents, PollInterval: 20 * time.Millisecond}, ln, slog.New(slog.DiscardHandler))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+func execute(t *testing.T, c controlplanev1connect.ControlPlaneServiceClient, sid string, labels map[string]string) (string, error) {
+	t.Helper()
+	res, err := c.Execute(t.Context(), connect.NewRequest(&cpv1.ExecuteRequest{
+		Execution: &executionv1.Execution{Language: "python", Code: "print(1)", SessionId: sid},
+		Route:     &cpv1.Route{Labels: labels},
+	}))
+	if err != nil {
+		return "", err
+	}
+	return res.Msg.GetResult().GetAgent(), nil
+}
+
+func TestRouting(t *testing.T) {
+	t.Parallel()
+	busy := &stubAgent{name: "busy", labels: map[string]string{"pool": "general"}}
+	busy.free.Store(1)
+	idle := &stubAgent{name: "idle", labels: map[string]string{"pool": "general"}}
+	idle.free.Store(6)
+	gpu := &stubAgent{name: "gpu", labels: map[string]string{"pool": "gpu"}}
+	gpu.free.Store(2)
+	var addrs []string
+	for _, a := range []*stubAgent{busy, idle, gpu} {
+		addr, _ := serveAgent(t, a)
+		addrs = append(addrs, addr)
+	}
+	c := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), startControlPlane(t, addrs...))
+
+	t.Run("most free capacity wins", func(t *testing.T) {
+		got, err := execute(t, c, "", map[string]string{"pool": "general"})
+		if err != nil || got != "idle" {
+			t.Fatalf("got %q, %v; want idle", got, err)
+		}
+	})
+	t.Run("labels restrict", func(t *testing.T) {
+		got, err := execute(t, c, "", map[string]string{"pool": "gpu"})
+		if err != nil || got != "gpu" {
+			t.Fatalf("got %q, %v; want gpu", got, err)
+		}
+	})
+	t.Run("no agent with the labels", func(t *testing.T) {
+		_, err := execute(t, c, "", map[string]string{"pool": "tpu"})
+		if connect.CodeOf(err) != connect.CodeUnavailable {
+			t.Fatalf("got %v, want unavailable", err)
+		}
+	})
+	t.Run("session affinity", func(t *testing.T) {
+		first, err := execute(t, c, "sess-1", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 5 {
+			got, err := execute(t, c, "sess-1", nil)
+			if err != nil || got != first {
+				t.Fatalf("run %d went to %q (%v), want %q", i, got, err, first)
+			}
+		}
+	})
+	t.Run("languages are the union", func(t *testing.T) {
+		res, err := c.ListLanguages(t.Context(), connect.NewRequest(&cpv1.ListLanguagesRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, l := range res.Msg.GetLanguages() {
+			names = append(names, l.GetName())
+		}
+		if got := strings.Join(names, ","); got != "busy-lang,gpu-lang,idle-lang,python" {
+			t.Fatalf("languages %s", got)
+		}
+	})
+	t.Run("close session found on any agent", func(t *testing.T) {
+		if _, err := execute(t, c, "sess-2", nil); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.CloseSession(t.Context(), connect.NewRequest(&cpv1.CloseSessionRequest{SessionId: "sess-2"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.CloseSession(t.Context(), connect.NewRequest(&cpv1.CloseSessionRequest{SessionId: "sess-2"}))
+		if connect.CodeOf(err) != connect.CodeNotFound {
+			t.Fatalf("second close: %v, want not_found", err)
+		}
+	})
+}
+
+func TestLoadSpreadsAcrossEqualAgents(t *testing.T) {
+	t.Parallel()
+	a := &stubAgent{name: "a"}
+	b := &stubAgent{name: "b"}
+	a.free.Store(4)
+	b.free.Store(4)
+	addrA, _ := serveAgent(t, a)
+	addrB, _ := serveAgent(t, b)
+	c := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), startControlPlane(t, addrA, addrB))
+	for range 20 {
+		if _, err := execute(t, c, "", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.ran.Load() < 5 || b.ran.Load() < 5 {
+		t.Fatalf("runs a=%d b=%d: want both used", a.ran.Load(), b.ran.Load())
+	}
+}
+
+func TestFailover(t *testing.T) {
+	t.Parallel()
+	refusing := &stubAgent{name: "refusing"}
+	refusing.free.Store(8)
+	refusing.refuse.Store(true)
+	crashed := &stubAgent{name: "crashed"}
+	crashed.free.Store(8)
+	good := &stubAgent{name: "good"}
+	good.free.Store(1)
+	addrR, _ := serveAgent(t, refusing)
+	addrC, stopC := serveAgent(t, crashed)
+	addrG, _ := serveAgent(t, good)
+	c := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), startControlPlane(t, addrR, addrC, addrG))
+	// Wait for the first poll to see all three, then crash one.
+	waitHealthy(t, c, 3)
+	stopC()
+	for i := range 5 {
+		got, err := execute(t, c, "", nil)
+		if err != nil || got != "good" {
+			t.Fatalf("run %d: %q, %v; want good", i, got, err)
+		}
+	}
+	// A stream that has not started may go elsewhere too.
+	st, err := c.ExecuteStream(t.Context(), connect.NewRequest(&cpv1.ExecuteStreamRequest{
+		Execution: &executionv1.Execution{Language: "python", Code: "print(1)"},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	for st.Receive() {
+		out += st.Msg().GetEvent().GetStdout()
+	}
+	if st.Err() != nil || out == "" {
+		t.Fatalf("stream: %q %v", out, st.Err())
+	}
+}
+
+func waitHealthy(t *testing.T, c controlplanev1connect.ControlPlaneServiceClient, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		res, err := c.ListAgents(t.Context(), connect.NewRequest(&cpv1.ListAgentsRequest{}))
+		healthy := 0
+		if err == nil {
+			for _, a := range res.Msg.GetAgents() {
+				if a.GetHealthy() {
+					healthy++
+				}
+			}
+		}
+		if healthy == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d agents healthy", healthy, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestSeedEndpoints(t *testing.T) {
+	t.Parallel()
+	a := &stubAgent{name: "a"}
+	a.free.Store(2)
+	addr, _ := serveAgent(t, a)
+	url := startControlPlane(t, addr)
+	cases := []struct {
+		name, method, path, body string
+		wantCode                 int
+		wantBody                 string
+	}{
+		{"run", "POST", "/run", `{"code":"print(1)","language":"python","sessionId":""}`, 200, `"output":"a"`},
+		{"run upper-case language", "POST", "/run", `{"code":"print(1)","language":"Python"}`, 200, `"output":"a"`},
+		{"unknown language", "POST", "/run", `{"code":"x","language":"cobol"}`, 400, "language"},
+		{"empty code", "POST", "/run", `{"code":"","language":"python"}`, 400, "code"},
+		{"bad json", "POST", "/run", `{"code":`, 400, "invalid JSON"},
+		{"wrong method", "GET", "/run", "", 405, "POST"},
+		{"status", "GET", "/status", "", 200, `"healthyAgents":1`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			req, _ := http.NewRequestWithContext(t.Context(), tc.method, url+tc.path, strings.NewReader(tc.body))
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			var b strings.Builder
+			_, _ = fmt.Fprint(&b, readAll(res))
+			if res.StatusCode != tc.wantCode || !strings.Contains(b.String(), tc.wantBody) {
+				t.Fatalf("HTTP %d %s, want %d containing %s", res.StatusCode, b.String(), tc.wantCode, tc.wantBody)
+			}
+		})
+	}
+}
+
+func readAll(res *http.Response) string {
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := res.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			return b.String()
+		}
+	}
+}
+
+func TestParseAgents(t *testing.T) {
+	t.Parallel()
+	got := ParseAgents(" a:1;b:2;; c:3 ,d:4")
+	if strings.Join(got, " ") != "a:1 b:2 c:3 d:4" {
+		t.Fatalf("got %q", got)
+	}
+}
