@@ -103,6 +103,17 @@ func (a *Agent) MarkDown(err error) {
 	a.mu.Unlock()
 }
 
+// binding is a session's agent and when the router last routed to it.
+type binding struct {
+	agent *Agent
+	used  time.Time
+}
+
+// SessionTTL is how long the router remembers a session no run has used.
+// It is longer than any session's idle timeout, after which the agent has
+// closed the session anyway.
+const SessionTTL = 25 * time.Hour
+
 // Config configures a Router.
 type Config struct {
 	// Addresses of the agents, host:port.
@@ -123,8 +134,8 @@ type Router struct {
 	logger *slog.Logger
 
 	mu       sync.Mutex
-	sessions map[string]*Agent // session id -> agent holding it
-	next     int               // rotates ties
+	sessions map[string]binding // session id -> agent holding it
+	next     int                // rotates ties
 
 	stop chan struct{}
 	done chan struct{}
@@ -145,7 +156,7 @@ func New(cfg Config) (*Router, error) {
 	r := &Router{
 		poll:     cfg.PollInterval,
 		logger:   cfg.Logger,
-		sessions: map[string]*Agent{},
+		sessions: map[string]binding{},
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -180,8 +191,9 @@ func (r *Router) Start(ctx context.Context) {
 			select {
 			case <-r.stop:
 				return
-			case <-t.C:
+			case now := <-t.C:
 				r.Refresh(ctx)
+				r.forget(now.Add(-SessionTTL))
 			}
 		}
 	}()
@@ -268,19 +280,35 @@ func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, erro
 func (r *Router) Session(id string) (*Agent, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	a, ok := r.sessions[id]
-	return a, ok
+	b, ok := r.sessions[id]
+	return b.agent, ok
+}
+
+// forget drops sessions last used before cutoff.
+func (r *Router) forget(cutoff time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, b := range r.sessions {
+		if b.used.Before(cutoff) {
+			delete(r.sessions, id)
+		}
+	}
 }
 
 // PickSession returns the agent holding session id, or picks one for the
 // route and binds the session to it, atomically, so that concurrent first
 // runs of a new session land on the same agent.
 func (r *Router) PickSession(id string, labels map[string]string) (*Agent, error) {
+	now := time.Now()
 	r.mu.Lock()
-	a, ok := r.sessions[id]
+	b, ok := r.sessions[id]
+	if ok {
+		b.used = now
+		r.sessions[id] = b
+	}
 	r.mu.Unlock()
 	if ok {
-		return a, nil
+		return b.agent, nil
 	}
 	picked, err := r.Pick(labels)
 	if err != nil {
@@ -288,17 +316,17 @@ func (r *Router) PickSession(id string, labels map[string]string) (*Agent, error
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if a, ok := r.sessions[id]; ok {
-		return a, nil
+	if b, ok := r.sessions[id]; ok {
+		return b.agent, nil
 	}
-	r.sessions[id] = picked
+	r.sessions[id] = binding{agent: picked, used: now}
 	return picked, nil
 }
 
 // Bind records that agent a holds session id.
 func (r *Router) Bind(id string, a *Agent) {
 	r.mu.Lock()
-	r.sessions[id] = a
+	r.sessions[id] = binding{agent: a, used: time.Now()}
 	r.mu.Unlock()
 }
 

@@ -1,0 +1,80 @@
+package router
+
+import (
+	"testing"
+	"time"
+
+	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
+)
+
+func newTestRouter(t *testing.T, free ...int32) *Router {
+	t.Helper()
+	var addrs []string
+	for i := range free {
+		addrs = append(addrs, "127.0.0.1:"+string(rune('1'+i))+"0000")
+	}
+	r, err := New(Config{Addresses: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range r.agents {
+		a.status = &agentv1.AgentStatus{Free: free[i], Ready: true}
+		a.healthy = true
+	}
+	return r
+}
+
+func TestPickCountsInFlight(t *testing.T) {
+	t.Parallel()
+	r := newTestRouter(t, 3, 2)
+	first, err := r.Pick(nil)
+	if err != nil || first != r.agents[0] {
+		t.Fatalf("first pick %v %v, want the agent with 3 free", first, err)
+	}
+	// Two runs in flight on the first agent leave it 1 free: the second wins.
+	release1 := first.Acquire()
+	release2 := first.Acquire()
+	if got, _ := r.Pick(nil); got != r.agents[1] {
+		t.Fatalf("with 2 in flight picked %v, want the second agent", got)
+	}
+	release1()
+	release2()
+	release2() // releasing twice must not count twice
+	if got, _ := r.Pick(nil); got != r.agents[0] {
+		t.Fatalf("after release picked %v, want the first agent", got)
+	}
+}
+
+func TestPickSkipsUnhealthyAndExcluded(t *testing.T) {
+	t.Parallel()
+	r := newTestRouter(t, 5, 1)
+	r.agents[0].MarkDown(errTest)
+	if got, _ := r.Pick(nil); got != r.agents[1] {
+		t.Fatalf("picked %v, want the healthy agent", got)
+	}
+	if _, err := r.Pick(nil, r.agents[1]); err != ErrNoAgent {
+		t.Fatalf("got %v, want ErrNoAgent", err)
+	}
+}
+
+func TestSessionsAreForgottenAfterTTL(t *testing.T) {
+	t.Parallel()
+	r := newTestRouter(t, 1)
+	if _, err := r.PickSession("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	r.forget(time.Now().Add(-time.Hour))
+	if _, ok := r.Session("s1"); !ok {
+		t.Fatal("a session used just now was forgotten")
+	}
+	r.forget(time.Now().Add(time.Second))
+	if _, ok := r.Session("s1"); ok {
+		t.Fatal("a session unused past the cutoff is still remembered")
+	}
+}
+
+type testError string
+
+func (e testError) Error() string { return string(e) }
+
+const errTest = testError("connection refused")
