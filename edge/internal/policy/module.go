@@ -1,0 +1,459 @@
+package policy
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+	"github.com/tetratelabs/wazero/sys"
+)
+
+// ABI v1 export names; see policies/ABI.md.
+const (
+	abiVersion       = 1
+	exportVersion    = "codemode_abi_version"
+	exportBuffer     = "codemode_buffer"
+	exportInit       = "codemode_init"
+	exportRequest    = "codemode_request"
+	exportResult     = "codemode_result"
+	exportMemory     = "memory"
+	maxDecisionBytes = 16 << 20
+	initDeadline     = 2 * time.Second
+)
+
+// Errors of a policy call. Each makes the call count as failed.
+var (
+	errTimeout      = errors.New("policy call passed its deadline")
+	errTrap         = errors.New("policy trapped")
+	errMalformed    = errors.New("malformed decision")
+	errUnavailable  = errors.New("no policy instance available")
+	errInputTooBig  = errors.New("input too large for policy")
+	errInvalid      = errors.New("invalid decision")
+	errModuleClosed = errors.New("policy module closed")
+)
+
+// counters count one module's outcomes; see policyv1.PolicyCounters.
+type counters struct {
+	allowed, denied, traps, timeouts, invalid, failedOpen, replaced, unavailable atomic.Uint64
+}
+
+// module is one loaded policy: its runtime, its compiled code and its pool.
+// The runtime is its own so that its memory cap is its own.
+type module struct {
+	cfg    PolicyConfig
+	sha256 string
+	logger *slog.Logger
+
+	rt       wazero.Runtime
+	compiled wazero.CompiledModule
+	config   []byte
+	evaluate string // export called per evaluation
+
+	pool     chan *instance
+	done     chan struct{} // closed when the module closes: stops replacements
+	replacer sync.WaitGroup
+	counters counters
+}
+
+// instance is one instantiated module, used by one call at a time.
+type instance struct {
+	mod      api.Module
+	mem      api.Memory
+	buffer   api.Function
+	evaluate api.Function
+	bufPtr   uint32
+	bufCap   uint32
+	stack    [1]uint64
+	stderr   *capWriter
+}
+
+// loadModule reads, checks, compiles and warms one policy.
+func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.CompilationCache, logger *slog.Logger) (_ *module, err error) {
+	path := cfg.resolve(dir)
+	code, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read module: %w", err)
+	}
+	sum := sha256.Sum256(code)
+	digest := hex.EncodeToString(sum[:])
+	if digest != cfg.SHA256 {
+		return nil, fmt.Errorf("module digest mismatch: file has sha256 %s, config pins %s", digest, cfg.SHA256)
+	}
+	m := &module{
+		cfg:    cfg,
+		sha256: digest,
+		logger: logger.With("policy", cfg.Name),
+		config: cfg.configBytes(),
+		done:   make(chan struct{}),
+	}
+	m.evaluate = exportRequest
+	if cfg.Phase == PhaseResult {
+		m.evaluate = exportResult
+	}
+	rc := wazero.NewRuntimeConfigCompiler().
+		WithCompilationCache(cache).
+		WithCloseOnContextDone(true).
+		WithMemoryLimitPages(cfg.MemoryLimitPages)
+	m.rt = wazero.NewRuntimeWithConfig(ctx, rc)
+	defer func() {
+		if err != nil {
+			m.close(context.WithoutCancel(ctx))
+		}
+	}()
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, m.rt); err != nil {
+		return nil, fmt.Errorf("instantiate wasi: %w", err)
+	}
+	if m.compiled, err = m.rt.CompileModule(ctx, code); err != nil {
+		return nil, fmt.Errorf("compile module: %w", err)
+	}
+	if err := m.checkExports(); err != nil {
+		return nil, err
+	}
+	size := cfg.PoolSize
+	if size == 0 {
+		size = min(runtime.GOMAXPROCS(0), 8)
+	}
+	m.pool = make(chan *instance, size)
+	for range size {
+		inst, err := m.instantiate(ctx)
+		if err != nil {
+			return nil, err
+		}
+		m.pool <- inst
+	}
+	return m, nil
+}
+
+// checkExports checks the exports' presence and signatures before any
+// instance exists.
+func (m *module) checkExports() error {
+	fns := m.compiled.ExportedFunctions()
+	want := []struct {
+		name            string
+		params, results []api.ValueType
+		optional        bool
+	}{
+		{exportVersion, nil, []api.ValueType{api.ValueTypeI32}, false},
+		{exportBuffer, []api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}, false},
+		{exportInit, []api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI64}, true},
+		{m.evaluate, []api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI64}, false},
+	}
+	for _, w := range want {
+		fn, ok := fns[w.name]
+		if !ok {
+			if w.optional {
+				continue
+			}
+			return fmt.Errorf("module does not export %s (not an ABI v1 policy for phase %s)", w.name, m.cfg.Phase)
+		}
+		if !sameTypes(fn.ParamTypes(), w.params) || !sameTypes(fn.ResultTypes(), w.results) {
+			return fmt.Errorf("export %s has the wrong signature", w.name)
+		}
+	}
+	if _, ok := m.compiled.ExportedMemories()[exportMemory]; !ok {
+		return fmt.Errorf("module does not export its memory as %q", exportMemory)
+	}
+	if m.cfg.Config != "" || m.cfg.ConfigBase64 != "" {
+		if _, ok := fns[exportInit]; !ok {
+			return fmt.Errorf("config given but module does not export %s", exportInit)
+		}
+	}
+	return nil
+}
+
+func sameTypes(a, b []api.ValueType) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// instantiate makes one instance: start functions, version check, init.
+func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
+	stderr := &capWriter{max: 4096}
+	mc := wazero.NewModuleConfig().
+		WithName("").
+		WithStartFunctions("_initialize", "_start").
+		WithStderr(stderr).
+		WithSysWalltime().
+		WithSysNanotime().
+		WithRandSource(rand.Reader)
+	ctx, cancel := context.WithTimeout(ctx, initDeadline)
+	defer cancel()
+	mod, err := m.rt.InstantiateModule(ctx, m.compiled, mc)
+	if err != nil {
+		return nil, fmt.Errorf("instantiate module: %w%s", err, stderr.suffix())
+	}
+	defer func() {
+		if err != nil {
+			_ = mod.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	inst := &instance{
+		mod:      mod,
+		mem:      mod.Memory(),
+		buffer:   mod.ExportedFunction(exportBuffer),
+		evaluate: mod.ExportedFunction(m.evaluate),
+		stderr:   stderr,
+	}
+	if inst.mem == nil {
+		return nil, errors.New("module has no memory")
+	}
+	v, err := mod.ExportedFunction(exportVersion).Call(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("call %s: %w", exportVersion, err)
+	}
+	if uint32(v[0]) != abiVersion {
+		return nil, fmt.Errorf("module implements policy ABI version %d, host implements %d", uint32(v[0]), abiVersion)
+	}
+	if initFn := mod.ExportedFunction(exportInit); initFn != nil {
+		if err := inst.write(ctx, m.config); err != nil {
+			return nil, fmt.Errorf("write config: %w", err)
+		}
+		inst.stack[0] = uint64(len(m.config))
+		if err := initFn.CallWithStack(ctx, inst.stack[:]); err != nil {
+			return nil, fmt.Errorf("call %s: %w%s", exportInit, err, stderr.suffix())
+		}
+		if msg, err := inst.read(inst.stack[0]); err != nil {
+			return nil, fmt.Errorf("read init answer: %w", err)
+		} else if len(msg) > 0 {
+			return nil, fmt.Errorf("policy init: %s", truncate(string(msg), 512))
+		}
+	}
+	return inst, nil
+}
+
+// write copies b into the guest's input buffer, asking for a bigger one
+// when needed.
+func (inst *instance) write(ctx context.Context, b []byte) error {
+	if uint32(len(b)) > inst.bufCap || inst.bufCap == 0 {
+		inst.stack[0] = uint64(len(b))
+		if err := inst.buffer.CallWithStack(ctx, inst.stack[:]); err != nil {
+			return fmt.Errorf("call %s: %w", exportBuffer, err)
+		}
+		inst.bufPtr, inst.bufCap = uint32(inst.stack[0]), uint32(len(b))
+		if uint64(inst.bufPtr)+uint64(inst.bufCap) > uint64(inst.mem.Size()) {
+			return fmt.Errorf("%s returned a buffer outside memory", exportBuffer)
+		}
+	}
+	if !inst.mem.Write(inst.bufPtr, b) {
+		return errors.New("input buffer outside memory")
+	}
+	return nil
+}
+
+// read returns a view of the guest's answer at the packed address.
+func (inst *instance) read(packed uint64) ([]byte, error) {
+	ptr, n := uint32(packed>>32), uint32(packed)
+	if n == 0 {
+		return nil, nil
+	}
+	if n > maxDecisionBytes {
+		return nil, fmt.Errorf("%w: %d bytes", errMalformed, n)
+	}
+	b, ok := inst.mem.Read(ptr, n)
+	if !ok {
+		return nil, fmt.Errorf("%w: answer outside memory", errMalformed)
+	}
+	return b, nil
+}
+
+// call runs one evaluation on a pooled instance and hands the answer's bytes
+// to decode, which must not keep them. Any error discards the instance.
+func (m *module) call(ctx context.Context, input []byte, decode func([]byte) error) error {
+	if len(input) > m.cfg.MaxInputBytes {
+		m.counters.unavailable.Add(1)
+		return fmt.Errorf("%w: %d bytes, limit %d", errInputTooBig, len(input), m.cfg.MaxInputBytes)
+	}
+	inst, err := m.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Duration(m.cfg.Deadline))
+	err = m.run(cctx, inst, input, decode)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			m.classify(err)
+		}
+		m.discard(inst, err)
+		return err
+	}
+	m.pool <- inst
+	return nil
+}
+
+func (m *module) run(ctx context.Context, inst *instance, input []byte, decode func([]byte) error) error {
+	if err := inst.write(ctx, input); err != nil {
+		return callError(ctx, err, inst)
+	}
+	inst.stack[0] = uint64(len(input))
+	if err := inst.evaluate.CallWithStack(ctx, inst.stack[:]); err != nil {
+		return callError(ctx, err, inst)
+	}
+	b, err := inst.read(inst.stack[0])
+	if err != nil {
+		return err
+	}
+	if err := decode(b); err != nil {
+		return fmt.Errorf("%w: %w", errMalformed, err)
+	}
+	return nil
+}
+
+// callError tells a timeout from a trap.
+func callError(ctx context.Context, err error, inst *instance) error {
+	var exit *sys.ExitError
+	if errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded ||
+		errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", errTimeout, err)
+	}
+	return fmt.Errorf("%w: %w%s", errTrap, err, inst.stderr.suffix())
+}
+
+func (m *module) classify(err error) {
+	switch {
+	case errors.Is(err, errTimeout):
+		m.counters.timeouts.Add(1)
+	case errors.Is(err, errMalformed):
+		m.counters.invalid.Add(1)
+	case errors.Is(err, errUnavailable):
+		m.counters.unavailable.Add(1)
+	default:
+		m.counters.traps.Add(1)
+	}
+}
+
+// acquire takes an instance from the pool, waiting at most the call
+// deadline for one to come back or be replaced.
+func (m *module) acquire(ctx context.Context) (*instance, error) {
+	select {
+	case inst := <-m.pool:
+		return inst, nil
+	default:
+	}
+	t := time.NewTimer(time.Duration(m.cfg.Deadline) + 250*time.Millisecond)
+	defer t.Stop()
+	select {
+	case inst := <-m.pool:
+		return inst, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-m.done:
+		return nil, errModuleClosed
+	case <-t.C:
+		m.counters.unavailable.Add(1)
+		return nil, errUnavailable
+	}
+}
+
+// discard closes a failed instance and makes a replacement in the background.
+func (m *module) discard(inst *instance, cause error) {
+	m.logger.Warn("policy instance discarded", "error", cause)
+	_ = inst.mod.Close(context.Background())
+	m.counters.replaced.Add(1)
+	m.replacer.Add(1)
+	go m.replace()
+}
+
+// replace instantiates a new instance into the pool, retrying with backoff
+// until it succeeds or the module closes.
+func (m *module) replace() {
+	defer m.replacer.Done()
+	backoff := 50 * time.Millisecond
+	for {
+		select {
+		case <-m.done:
+			return
+		default:
+		}
+		inst, err := m.instantiate(context.Background())
+		if err == nil {
+			select {
+			case <-m.done:
+				_ = inst.mod.Close(context.Background())
+			default:
+				m.pool <- inst
+			}
+			return
+		}
+		m.logger.Error("replace policy instance", "error", err)
+		select {
+		case <-m.done:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// close stops replacements and closes every instance and the runtime. The
+// caller makes sure no call is in flight.
+func (m *module) close(ctx context.Context) {
+	close(m.done)
+	m.replacer.Wait()
+	if m.pool != nil {
+	drain:
+		for {
+			select {
+			case inst := <-m.pool:
+				_ = inst.mod.Close(ctx)
+			default:
+				break drain
+			}
+		}
+	}
+	if err := m.rt.Close(ctx); err != nil {
+		m.logger.Warn("close policy runtime", "error", err)
+	}
+}
+
+// capWriter keeps the first max bytes written to it: a guest's stderr, for
+// the log when it traps.
+type capWriter struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (w *capWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if room := w.max - len(w.b); room > 0 {
+		w.b = append(w.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (w *capWriter) suffix() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.b) == 0 {
+		return ""
+	}
+	return " (stderr: " + truncate(string(w.b), 512) + ")"
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

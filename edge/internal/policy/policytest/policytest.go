@@ -1,0 +1,147 @@
+// Package policytest builds the policy examples (policies/examples) and the
+// edge's hostile test modules (edge/internal/policy/testdata) from source,
+// once per test binary, for tests of the policy host and of the edge.
+//
+// Go policies are built with GOOS=wasip1 GOARCH=wasm -buildmode=c-shared
+// (the go command's build cache makes repeated builds cheap); WAT modules
+// with wat2wasm, which must be on PATH (Debian package wabt).
+package policytest
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// GoExamples are the Go example policies, by directory name.
+var GoExamples = []string{"languages", "patterns", "limits", "routes", "prelude", "redact"}
+
+// Modules are built modules by name: the examples by their directory name
+// ("tenantblock" is the WAT one), the test modules by file name without
+// extension ("loop", "trap", "fixed", ..., and "gohostile").
+type Modules struct {
+	Dir   string
+	paths map[string]string
+}
+
+// Path returns the built module's path; it fails the test if there is none.
+func (m *Modules) Path(t testing.TB, name string) string {
+	t.Helper()
+	p, ok := m.paths[name]
+	if !ok {
+		t.Fatalf("policytest: no module %q", name)
+	}
+	return p
+}
+
+var (
+	once     sync.Once
+	modules  *Modules
+	buildErr error
+)
+
+// Build builds every module once per process and returns them.
+func Build(t testing.TB) *Modules {
+	t.Helper()
+	once.Do(func() { modules, buildErr = build() })
+	if buildErr != nil {
+		t.Fatalf("policytest: %v", buildErr)
+	}
+	return modules
+}
+
+// Main runs the tests and removes the built modules.
+func Main(m *testing.M) {
+	code := m.Run()
+	if modules != nil {
+		_ = os.RemoveAll(modules.Dir)
+	}
+	os.Exit(code)
+}
+
+func root() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find module root: %w", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
+}
+
+func build() (*Modules, error) {
+	top, err := root()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "codemode-policies-")
+	if err != nil {
+		return nil, err
+	}
+	m := &Modules{Dir: dir, paths: make(map[string]string)}
+	type job struct{ name, pkg, wat string }
+	var jobs []job
+	for _, n := range GoExamples {
+		jobs = append(jobs, job{name: n, pkg: "./policies/examples/" + n})
+	}
+	jobs = append(jobs,
+		job{name: "gohostile", pkg: "./edge/internal/policy/testdata/gohostile"},
+		job{name: "protocodec", pkg: "./policies/sdk/internal/protocodec"},
+		job{name: "handcodec", pkg: "./policies/sdk/internal/handcodec"},
+		job{name: "tenantblock", wat: filepath.Join(top, "policies/examples/tenantblock/tenantblock.wat")},
+	)
+	wats, _ := filepath.Glob(filepath.Join(top, "edge/internal/policy/testdata/*.wat"))
+	for _, w := range wats {
+		jobs = append(jobs, job{name: strings.TrimSuffix(filepath.Base(w), ".wat"), wat: w})
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []string
+	)
+	sem := make(chan struct{}, 2)
+	for _, j := range jobs {
+		out := filepath.Join(dir, j.name+".wasm")
+		m.paths[j.name] = out
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			var cmd *exec.Cmd
+			if j.wat != "" {
+				cmd = exec.Command("wat2wasm", j.wat, "-o", out)
+			} else {
+				cmd = exec.Command("go", "build", "-buildmode=c-shared", "-o", out, j.pkg)
+				cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+			}
+			cmd.Dir = top
+			if b, err := cmd.CombinedOutput(); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Sprintf("build %s: %v\n%s", j.name, err, b))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("%s", strings.Join(errs, "\n"))
+	}
+	return m, nil
+}
+
+// Digest returns the hex sha256 of the file at path.
+func Digest(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,27 @@
+// Command gohostile is a request-phase policy for tests that misbehaves on
+// request: code "panic" panics, "loop" spins forever, "alloc" allocates until
+// memory runs out; anything else is allowed.
+package main
+
+import "github.com/codemode-go/codemode/policies/sdk"
+
+var sink [][]byte
+
+func init() {
+	sdk.HandleRequest(func(in *sdk.RequestInput) sdk.RequestDecision {
+		switch in.Execution.Code {
+		case "panic":
+			panic("gohostile: asked to panic")
+		case "loop":
+			for {
+			}
+		case "alloc":
+			for {
+				sink = append(sink, make([]byte, 1<<20))
+			}
+		}
+		return sdk.Allow()
+	})
+}
+
+func main() {}

@@ -1,0 +1,8 @@
+;; loop spins forever in every evaluation.
+(module
+  (memory (export "memory") 1)
+  (func (export "codemode_abi_version") (result i32) (i32.const 1))
+  (func (export "codemode_buffer") (param i32) (result i32) (i32.const 1024))
+  (func (export "codemode_request") (param i32) (result i64)
+    (loop $forever (br $forever))
+    (i64.const 0)))

@@ -1,0 +1,6 @@
+;; trap hits unreachable in every evaluation.
+(module
+  (memory (export "memory") 1)
+  (func (export "codemode_abi_version") (result i32) (i32.const 1))
+  (func (export "codemode_buffer") (param i32) (result i32) (i32.const 1024))
+  (func (export "codemode_request") (param i32) (result i64) unreachable))

@@ -1,0 +1,243 @@
+package sdk
+
+// Unmarshal decodes the protobuf bytes of a codemode.policy.v1.RequestInput
+// into in, replacing its contents. The result does not alias b.
+func (in *RequestInput) Unmarshal(b []byte) error {
+	*in = RequestInput{}
+	r := reader{b: b}
+	for {
+		num, typ, ok := r.next()
+		if !ok {
+			break
+		}
+		switch num {
+		case 1:
+			s := r.sub(typ)
+			in.Execution.unmarshal(&s)
+			if s.err != nil {
+				r.fail()
+			}
+		case 2:
+			in.Tenant = r.str(typ)
+		case 3:
+			in.Door = r.str(typ)
+		case 4:
+			in.RequestID = r.str(typ)
+		case 5:
+			r.mapEntry(typ, &in.Annotations)
+		default:
+			r.skip(typ)
+		}
+	}
+	return r.err
+}
+
+func (e *Execution) unmarshal(r *reader) {
+	for {
+		num, typ, ok := r.next()
+		if !ok {
+			return
+		}
+		switch num {
+		case 1:
+			e.Language = r.str(typ)
+		case 2:
+			e.Code = r.str(typ)
+		case 3:
+			e.SessionID = r.str(typ)
+		case 4:
+			e.Timeout = r.duration(typ)
+		case 5:
+			e.Stdin = r.byteSlice(typ)
+		case 6:
+			s := r.sub(typ)
+			var f File
+			for {
+				n, t, ok := s.next()
+				if !ok {
+					break
+				}
+				switch n {
+				case 1:
+					f.Path = s.str(t)
+				case 2:
+					f.Content = s.byteSlice(t)
+				default:
+					s.skip(t)
+				}
+			}
+			if s.err != nil {
+				r.fail()
+				return
+			}
+			e.Files = append(e.Files, f)
+		case 7:
+			s := r.sub(typ)
+			for {
+				n, t, ok := s.next()
+				if !ok {
+					break
+				}
+				switch n {
+				case 1:
+					e.MemoryBytes = s.uint(t)
+				case 2:
+					e.OutputBytes = s.uint(t)
+				default:
+					s.skip(t)
+				}
+			}
+			if s.err != nil {
+				r.fail()
+				return
+			}
+		default:
+			r.skip(typ)
+		}
+	}
+}
+
+// Unmarshal decodes the protobuf bytes of a codemode.policy.v1.ResultInput
+// into in, replacing its contents. The result does not alias b.
+func (in *ResultInput) Unmarshal(b []byte) error {
+	*in = ResultInput{}
+	r := reader{b: b}
+	for {
+		num, typ, ok := r.next()
+		if !ok {
+			break
+		}
+		switch num {
+		case 1:
+			s := r.sub(typ)
+			in.Result.unmarshal(&s)
+			if s.err != nil {
+				r.fail()
+			}
+		case 2:
+			in.Tenant = r.str(typ)
+		case 3:
+			in.Door = r.str(typ)
+		case 4:
+			in.RequestID = r.str(typ)
+		case 5:
+			in.Language = r.str(typ)
+		case 6:
+			r.mapEntry(typ, &in.Annotations)
+		default:
+			r.skip(typ)
+		}
+	}
+	return r.err
+}
+
+func (res *Result) unmarshal(r *reader) {
+	for {
+		num, typ, ok := r.next()
+		if !ok {
+			return
+		}
+		switch num {
+		case 1:
+			res.ExitCode = int32(r.uint(typ))
+		case 2:
+			res.Stdout = r.str(typ)
+		case 3:
+			res.Stderr = r.str(typ)
+		case 4:
+			res.TimedOut = r.uint(typ) != 0
+		case 5:
+			res.Truncated = r.uint(typ) != 0
+		case 6:
+			res.OOMKilled = r.uint(typ) != 0
+		case 7:
+			res.Duration = r.duration(typ)
+		case 8:
+			res.Agent = r.str(typ)
+		case 9:
+			res.SessionID = r.str(typ)
+		default:
+			r.skip(typ)
+		}
+	}
+}
+
+// AppendMarshal appends the protobuf bytes of d, a
+// codemode.policy.v1.RequestDecision, to b.
+func (d *RequestDecision) AppendMarshal(b []byte) []byte {
+	if d.Verdict != 0 {
+		b = appendUint(b, 1, uint64(int64(d.Verdict)))
+	}
+	if d.Reason != "" {
+		b = appendString(b, 2, d.Reason)
+	}
+	if w := &d.Rewrite; w.Code != nil || w.Language != nil || w.SetStdin {
+		b = appendMessage(b, 3, func(b []byte) []byte {
+			if w.Code != nil {
+				b = appendString(b, 1, *w.Code)
+			}
+			if w.Language != nil {
+				b = appendString(b, 2, *w.Language)
+			}
+			if w.SetStdin {
+				b = appendBytes(b, 3, w.Stdin)
+			}
+			return b
+		})
+	}
+	if l := &d.Limits; *l != (Limits{}) {
+		b = appendMessage(b, 4, func(b []byte) []byte {
+			if l.Timeout != 0 {
+				b = appendDuration(b, 1, l.Timeout)
+			}
+			if l.MemoryBytes != 0 {
+				b = appendUint(b, 2, l.MemoryBytes)
+			}
+			if l.OutputBytes != 0 {
+				b = appendUint(b, 3, l.OutputBytes)
+			}
+			return b
+		})
+	}
+	b = appendMap(b, 5, d.Route)
+	if d.RoutePriority != 0 {
+		b = appendUint(b, 6, uint64(int64(d.RoutePriority)))
+	}
+	return appendMap(b, 7, d.Annotations)
+}
+
+// AppendMarshal appends the protobuf bytes of d, a
+// codemode.policy.v1.ResultDecision, to b.
+func (d *ResultDecision) AppendMarshal(b []byte) []byte {
+	if d.Verdict != 0 {
+		b = appendUint(b, 1, uint64(int64(d.Verdict)))
+	}
+	if d.Reason != "" {
+		b = appendString(b, 2, d.Reason)
+	}
+	for i := range d.Redactions {
+		x := &d.Redactions[i]
+		b = appendMessage(b, 3, func(b []byte) []byte {
+			if x.Stream != 0 {
+				b = appendUint(b, 1, uint64(int64(x.Stream)))
+			}
+			if x.Start != 0 {
+				b = appendUint(b, 2, uint64(x.Start))
+			}
+			if x.End != 0 {
+				b = appendUint(b, 3, uint64(x.End))
+			}
+			if x.Replacement != "" {
+				b = appendString(b, 4, x.Replacement)
+			}
+			return b
+		})
+	}
+	if d.Stdout != nil {
+		b = appendString(b, 4, *d.Stdout)
+	}
+	if d.Stderr != nil {
+		b = appendString(b, 5, *d.Stderr)
+	}
+	return appendMap(b, 6, d.Annotations)
+}

@@ -1,0 +1,182 @@
+// Package sdk lets a policy for the codemode edge be written in Go as one
+// function over plain Go types, and built with the standard toolchain:
+//
+//	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o policy.wasm .
+//
+// A policy registers its handlers from an init function; its main function is
+// never called and can be empty:
+//
+//	func init() {
+//		sdk.HandleRequest(func(in *sdk.RequestInput) sdk.RequestDecision {
+//			if in.Tenant == "anonymous" {
+//				return sdk.Deny("sign in first")
+//			}
+//			return sdk.Allow()
+//		})
+//	}
+//
+//	func main() {}
+//
+// The SDK implements ABI v1 (policies/ABI.md): it exports the memory, the
+// input buffer, the version marker and the evaluate calls, and converts the
+// protobuf bytes of codemode.policy.v1 to and from the types here with a small
+// codec over the wire format (no protobuf runtime in the guest; see
+// policies/RATIONALE.md for the measurements behind that choice).
+//
+// The types mirror the messages of proto/codemode/policy/v1/policy.proto
+// field for field; Execution flattens execution.v1.Limits into MemoryBytes and
+// OutputBytes. The codec builds on every platform, so it is tested on the host
+// against the generated types.
+//
+// Handlers run one call at a time per instance; the host keeps several
+// instances, each with its own globals. State kept in globals lives as long as
+// the instance, which the host may discard and replace at any time.
+package sdk
+
+import "time"
+
+// Verdict is a policy's answer; see codemode.policy.v1.Verdict.
+type Verdict int32
+
+// Verdicts.
+const (
+	VerdictUnspecified Verdict = 0
+	VerdictAllow       Verdict = 1
+	VerdictDeny        Verdict = 2
+)
+
+// Stream names an output stream; see codemode.policy.v1.Stream.
+type Stream int32
+
+// Streams.
+const (
+	StreamUnspecified Stream = 0
+	StreamStdout      Stream = 1
+	StreamStderr      Stream = 2
+)
+
+// File is a file written into the sandbox's /workspace before the run.
+type File struct {
+	Path    string
+	Content []byte
+}
+
+// Execution is what the caller asked to run (codemode.execution.v1.Execution).
+type Execution struct {
+	// Language: "python", "bash", "sh" or "javascript".
+	Language string
+	// Source code.
+	Code string
+	// Session to run in, or empty.
+	SessionID string
+	// Wall-clock limit; 0 for the edge's default.
+	Timeout time.Duration
+	// Standard input.
+	Stdin []byte
+	// Files written before the run.
+	Files []File
+	// execution.limits.memory_bytes; 0 for the default.
+	MemoryBytes uint64
+	// execution.limits.output_bytes; 0 for the default.
+	OutputBytes uint64
+}
+
+// RequestInput is the input of the request phase.
+type RequestInput struct {
+	Execution Execution
+	// Tenant the caller authenticated as; "anonymous" when it sent no key.
+	Tenant string
+	// Door: "connect", "grpc", "grpcweb", "mcp", ...
+	Door string
+	// Identifier of the request.
+	RequestID string
+	// Annotations set by earlier policies of the chain.
+	Annotations map[string]string
+}
+
+// Rewrite replaces fields of the execution; nil fields are left alone.
+type Rewrite struct {
+	Code     *string
+	Language *string
+	// Stdin replaces the standard input when SetStdin is true.
+	Stdin    []byte
+	SetStdin bool
+}
+
+// Limits are limits a policy applies; zero is no opinion. Each may only
+// tighten what the request already allows.
+type Limits struct {
+	Timeout     time.Duration
+	MemoryBytes uint64
+	OutputBytes uint64
+}
+
+// RequestDecision is the answer of the request phase.
+type RequestDecision struct {
+	Verdict Verdict
+	// Reason shown to the caller when denied.
+	Reason  string
+	Rewrite Rewrite
+	Limits  Limits
+	// Route holds agent labels the run must go to.
+	Route map[string]string
+	// RoutePriority settles conflicting route labels: the highest wins.
+	RoutePriority int32
+	Annotations   map[string]string
+}
+
+// Result is what came of a run (codemode.execution.v1.Result).
+type Result struct {
+	ExitCode  int32
+	Stdout    string
+	Stderr    string
+	TimedOut  bool
+	Truncated bool
+	OOMKilled bool
+	Duration  time.Duration
+	Agent     string
+	SessionID string
+}
+
+// ResultInput is the input of the result phase.
+type ResultInput struct {
+	Result      Result
+	Tenant      string
+	Door        string
+	RequestID   string
+	Language    string
+	Annotations map[string]string
+}
+
+// Redaction replaces the bytes [Start, End) of one stream with Replacement.
+type Redaction struct {
+	Stream      Stream
+	Start, End  uint32
+	Replacement string
+}
+
+// ResultDecision is the answer of the result phase.
+type ResultDecision struct {
+	Verdict Verdict
+	// Reason shown to the caller when the result is withheld.
+	Reason     string
+	Redactions []Redaction
+	// Stdout and Stderr, when not nil, replace the whole stream.
+	Stdout      *string
+	Stderr      *string
+	Annotations map[string]string
+}
+
+// Allow returns a decision that lets the request through unchanged.
+func Allow() RequestDecision { return RequestDecision{Verdict: VerdictAllow} }
+
+// Deny returns a decision that refuses the request with reason.
+func Deny(reason string) RequestDecision {
+	return RequestDecision{Verdict: VerdictDeny, Reason: reason}
+}
+
+// AllowResult returns a result decision that lets the result through unchanged.
+func AllowResult() ResultDecision { return ResultDecision{Verdict: VerdictAllow} }
+
+// String returns a pointer to s, for Rewrite and ResultDecision fields.
+func String(s string) *string { return &s }
