@@ -1,0 +1,254 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+)
+
+// maxArg is the longest single argument the kernel (Linux and gVisor alike)
+// lets execve pass: MAX_ARG_STRLEN, 32 pages, including the NUL. Longer code
+// is handed to the interpreter on fd 3 instead of as an argument.
+const maxArg = 128<<10 - 1
+
+// language says how to run code of one language.
+type language struct {
+	name string
+	// argv runs code passed as an argument.
+	argv func(code string) []string
+	// fdArgv runs code read from fd 3.
+	fdArgv []string
+	env    []string
+}
+
+// languageFor returns the language called name, as in
+// codemode.execution.v1.Execution.language. Interpreters are started
+// directly, never through a shell.
+func languageFor(name string) (language, bool) {
+	switch name {
+	case "python":
+		return language{
+			name:   name,
+			argv:   func(code string) []string { return []string{"python3", "-c", code} },
+			fdArgv: []string{"python3", "/dev/fd/3"},
+			// Unbuffered, so that output streams as it is printed.
+			env: []string{"PYTHONUNBUFFERED=1"},
+		}, true
+	case "javascript":
+		return language{
+			name: name,
+			argv: func(code string) []string { return []string{"node", "-e", code} },
+			// node cannot load a script from a pipe by path; -e evaluates
+			// the code read from fd 3 the way -e evaluates its argument.
+			fdArgv: []string{"node", "-e", `require("vm").runInThisContext(require("fs").readFileSync(3, "utf8"), {filename: "[eval]"})`},
+		}, true
+	case "bash", "sh":
+		return language{
+			name:   name,
+			argv:   func(code string) []string { return []string{name, "-c", code} },
+			fdArgv: []string{name, "/dev/fd/3"},
+		}, true
+	}
+	return language{}, false
+}
+
+// env is the environment of user code: nothing of the runner's own.
+func (s *server) env(lang language) []string {
+	env := []string{
+		"HOME=" + s.cfg.workspace,
+		"PATH=" + s.cfg.path,
+		"LANG=C.UTF-8",
+		"PWD=" + s.cfg.workspace,
+	}
+	return append(env, lang.env...)
+}
+
+// run serves a Run request.
+func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1.Exit, error) {
+	lang, ok := languageFor(r.GetLanguage())
+	if !ok {
+		return nil, &reqError{runnerv1.Error_CODE_INVALID_ARGUMENT, fmt.Sprintf("unknown language %q", r.GetLanguage())}
+	}
+	for _, f := range r.GetFiles() {
+		if err := s.writeFile(f); err != nil {
+			return nil, err
+		}
+	}
+	lim := limits{
+		timeout: durationOr(r.GetTimeout(), DefaultTimeout, MaxTimeout),
+		output:  r.GetOutputLimit(),
+	}
+	if lim.output == 0 {
+		lim.output = DefaultOutputLimit
+	}
+	o := newOutput(id, s.out, lim.output)
+	if r.GetStateful() {
+		switch lang.name {
+		case "python":
+			return s.runKernel(ctx, o, r, lim)
+		case "bash", "sh":
+			return s.runShell(ctx, o, lang, r, lim)
+		}
+		// Other languages keep only their files between runs.
+	}
+	return s.runOnce(ctx, o, lang, r.GetCode(), r.GetStdin(), lim)
+}
+
+type limits struct {
+	timeout time.Duration
+	output  uint64
+}
+
+// runOnce runs code in a fresh interpreter process.
+func (s *server) runOnce(ctx context.Context, o *output, lang language, code string, stdin []byte, lim limits) (*runnerv1.Exit, error) {
+	argv := lang.argv(code)
+	if len(code) > maxArg {
+		argv = lang.fdArgv
+	}
+	var extra []*os.File
+	var codeW *os.File
+	if len(code) > maxArg {
+		codeR, w, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("create pipe: %w", err)
+		}
+		extra, codeW = []*os.File{codeR}, w
+	}
+	std, err := newStdio(stdin)
+	if err != nil {
+		closeAll(extra...)
+		closeAll(codeW)
+		return nil, err
+	}
+	start := time.Now()
+	p, err := s.procs.start(spec{argv: argv, env: s.env(lang), files: append(std.child(), extra...)})
+	std.closeChild()
+	closeAll(extra...)
+	if err != nil {
+		std.closeParent()
+		closeAll(codeW)
+		return nil, err
+	}
+	if codeW != nil {
+		feed(codeW, []byte(code))
+	}
+	std.start(o)
+	st := s.supervise(ctx, p.done, p.pid, p.done, lim, s.keepPgid())
+	exit := &runnerv1.Exit{
+		Code:      exitCode(p.status),
+		TimedOut:  st.timedOut,
+		OomKilled: st.oom,
+	}
+	exit.Truncated = o.finish(s.cfg.drainGrace)
+	exit.Duration = durationpb.New(time.Since(start))
+	return exit, st.err
+}
+
+// stdio is the standard input, output and error of a process: pipes whose
+// child ends are passed to the process and whose parent ends the runner uses.
+type stdio struct {
+	inR, inW   *os.File // nil: /dev/null
+	outR, outW *os.File
+	errR, errW *os.File
+	stdin      []byte
+}
+
+func newStdio(stdin []byte) (*stdio, error) {
+	s := &stdio{stdin: stdin}
+	var err error
+	if len(stdin) > 0 {
+		if s.inR, s.inW, err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("create pipe: %w", err)
+		}
+	}
+	if s.outR, s.outW, err = os.Pipe(); err != nil {
+		s.closeChild()
+		s.closeParent()
+		return nil, fmt.Errorf("create pipe: %w", err)
+	}
+	if s.errR, s.errW, err = os.Pipe(); err != nil {
+		s.closeChild()
+		s.closeParent()
+		return nil, fmt.Errorf("create pipe: %w", err)
+	}
+	return s, nil
+}
+
+// child returns the files that become the process's fds 0, 1 and 2.
+func (s *stdio) child() []*os.File { return []*os.File{s.inR, s.outW, s.errW} }
+
+func (s *stdio) closeChild()  { closeAll(s.inR, s.outW, s.errW) }
+func (s *stdio) closeParent() { closeAll(s.inW, s.outR, s.errR) }
+
+// start feeds stdin and pumps stdout and stderr into o.
+func (s *stdio) start(o *output) {
+	if s.inW != nil {
+		feed(s.inW, s.stdin)
+	}
+	o.pump(1, s.outR)
+	o.pump(2, s.errR)
+}
+
+func closeAll(fs ...*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// stopped says why supervise stopped a run, if it did.
+type stopped struct {
+	timedOut, cancelled, oom bool
+	err                      error // the run's processes could not be killed
+}
+
+// supervise waits until done is closed. When the timeout passes first, or
+// ctx is done (Cancel), or the sandbox runs out of memory, it kills process
+// group pgid and every other process of the user except process group
+// keepPgid (a stateful interpreter that is not part of this run), and waits
+// until exited is closed.
+func (s *server) supervise(ctx context.Context, done <-chan struct{}, pgid int, exited <-chan struct{}, lim limits, keepPgid int) stopped {
+	var st stopped
+	timer := time.NewTimer(lim.timeout)
+	defer timer.Stop()
+	watch := s.watchMemory(done)
+	select {
+	case <-done:
+		return st
+	case <-timer.C:
+		st.timedOut = true
+	case <-ctx.Done():
+		st.cancelled = true
+	case <-watch:
+		st.oom = true
+	}
+	killGroup(pgid)
+	var keep []int
+	if keepPgid != 0 {
+		keep = []int{keepPgid}
+	}
+	if err := s.procs.killUser(keep); err != nil {
+		st.err = err
+	}
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		st.err = fmt.Errorf("process %d did not end after SIGKILL", pgid)
+	}
+	return st
+}
+
+// keepPgid is the process group that killing a run must spare: the Python
+// kernel's, which holds the state of a session.
+func (s *server) keepPgid() int {
+	if s.kernel != nil && s.kernel.alive() {
+		return s.kernel.proc.pid
+	}
+	return 0
+}

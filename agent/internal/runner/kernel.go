@@ -1,0 +1,156 @@
+package runner
+
+import (
+	"context"
+	_ "embed"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+)
+
+//go:embed kernel.py
+var kernelSource string
+
+// kernel is a resident python3 process, running as the user, that executes
+// the cells of stateful Python runs in one namespace (see kernel.py for its
+// side of the protocol).
+type kernel struct {
+	proc *proc
+	sock *os.File // the runner's end of the control socket
+}
+
+func (k *kernel) alive() bool {
+	select {
+	case <-k.proc.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop kills the kernel and everything in its process group.
+func (k *kernel) stop() {
+	killGroup(k.proc.pid)
+	k.sock.Close()
+	<-k.proc.done
+}
+
+func (s *server) startKernel() (*kernel, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("create kernel socket: %w", err)
+	}
+	parent, child := os.NewFile(uintptr(fds[0]), "kernel"), os.NewFile(uintptr(fds[1]), "kernel-child")
+	python, _ := languageFor("python")
+	p, err := s.procs.start(spec{
+		argv:  []string{"python3", "-c", kernelSource},
+		env:   s.env(python),
+		files: []*os.File{nil, nil, nil, child},
+	})
+	child.Close()
+	if err != nil {
+		parent.Close()
+		return nil, fmt.Errorf("start python kernel: %w", err)
+	}
+	return &kernel{proc: p, sock: parent}, nil
+}
+
+// killKernel stops the Python kernel, if there is one.
+func (s *server) killKernel() {
+	if s.kernel != nil {
+		s.kernel.stop()
+		s.kernel = nil
+	}
+}
+
+const stateLostNote = "\n[codemode] the Python session's state (variables, imports, functions) was lost: %s; the next run starts a fresh interpreter\n"
+
+// runKernel runs one cell in the Python kernel, starting one if needed.
+func (s *server) runKernel(ctx context.Context, o *output, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
+	start := time.Now()
+	if s.kernel != nil && !s.kernel.alive() {
+		s.killKernel()
+	}
+	if s.kernel == nil {
+		k, err := s.startKernel()
+		if err != nil {
+			return nil, err
+		}
+		s.kernel = k
+	}
+	k := s.kernel
+
+	std, err := newStdio(r.GetStdin())
+	if err != nil {
+		return nil, err
+	}
+	child := std.child()
+	if child[0] == nil {
+		if child[0], err = os.Open(os.DevNull); err != nil {
+			std.closeChild()
+			std.closeParent()
+			return nil, fmt.Errorf("open %s: %w", os.DevNull, err)
+		}
+		defer child[0].Close()
+	}
+	code := r.GetCode()
+	head := binary.BigEndian.AppendUint32(nil, uint32(len(code)))
+	rights := syscall.UnixRights(int(child[0].Fd()), int(child[1].Fd()), int(child[2].Fd()))
+	err = syscall.Sendmsg(int(k.sock.Fd()), head, rights, nil, 0)
+	if err == nil {
+		_, err = k.sock.Write([]byte(code))
+	}
+	std.closeChild()
+	if err != nil {
+		std.closeParent()
+		s.killKernel()
+		o.note(fmt.Sprintf(stateLostNote, "the interpreter could not take the code"))
+		return &runnerv1.Exit{Code: 1, StateLost: true, Duration: durationpb.New(time.Since(start))}, nil
+	}
+	std.start(o)
+
+	// The cell ends when the kernel reports its exit code, or when the
+	// kernel dies (its end of the socket closes).
+	cellDone := make(chan struct{})
+	var result []byte
+	go func() {
+		defer close(cellDone)
+		b := make([]byte, 4)
+		if _, err := io.ReadFull(k.sock, b); err == nil {
+			result = b
+		}
+	}()
+	st := s.supervise(ctx, cellDone, k.proc.pid, k.proc.done, lim, 0)
+	exit := &runnerv1.Exit{TimedOut: st.timedOut, OomKilled: st.oom}
+	if result != nil && !st.timedOut && !st.cancelled && !st.oom {
+		exit.Code = int32(binary.BigEndian.Uint32(result))
+	} else {
+		// The kernel is dead or being killed: wait for it to report how it
+		// ended.
+		s.killKernel()
+		exit.Code = exitCode(k.proc.status)
+		exit.StateLost = true
+	}
+	exit.Truncated = o.finish(s.cfg.drainGrace)
+	if exit.StateLost {
+		why := "the interpreter exited"
+		switch {
+		case st.timedOut:
+			why = "the interpreter was killed at the timeout"
+		case st.oom:
+			why = "the interpreter was killed for using too much memory"
+		case st.cancelled:
+			why = "the run was cancelled"
+		}
+		o.note(fmt.Sprintf(stateLostNote, why))
+	}
+	exit.Duration = durationpb.New(time.Since(start))
+	return exit, st.err
+}

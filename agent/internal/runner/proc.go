@@ -1,0 +1,309 @@
+package runner
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// procs starts user processes and collects their exit statuses.
+//
+// As the container's init process the runner adopts every orphan and must
+// reap it, so with reapAll it waits for any child on SIGCHLD and hands the
+// statuses of its own children to their waiters. A child is registered while
+// procs.mu is held across its fork, so the reaper (which takes mu after
+// reaping) always finds the waiter. Without reapAll (tests, where the runner
+// shares the process with other code that has children) each child is
+// waited for by pid.
+type procs struct {
+	cfg config
+
+	mu      sync.Mutex
+	waiters map[int]*proc
+
+	lookMu sync.Mutex
+	paths  map[string]string // resolved interpreter paths
+}
+
+// proc is a started process.
+type proc struct {
+	pid    int
+	done   chan struct{} // closed when status is set
+	status syscall.WaitStatus
+}
+
+func newProcs(cfg config) *procs {
+	p := &procs{cfg: cfg, waiters: make(map[int]*proc), paths: make(map[string]string)}
+	if cfg.reapAll {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGCHLD)
+		go func() {
+			for range sig {
+				p.reap()
+			}
+		}()
+	}
+	return p
+}
+
+// reap collects every exited child.
+func (p *procs) reap() {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if pid <= 0 || err != nil {
+			return
+		}
+		p.mu.Lock()
+		w := p.waiters[pid]
+		delete(p.waiters, pid)
+		p.mu.Unlock()
+		if w != nil {
+			w.status = ws
+			close(w.done)
+		}
+	}
+}
+
+// spec describes a process to start as the user.
+type spec struct {
+	argv  []string
+	env   []string
+	files []*os.File // become fds 0, 1, 2, 3...; nil entries become /dev/null
+}
+
+// start starts s as the user (when the runner is root) in a new process
+// group led by the process, in the workspace.
+func (p *procs) start(s spec) (*proc, error) {
+	path, err := p.lookPath(s.argv[0])
+	if err != nil {
+		return nil, err
+	}
+	var null *os.File
+	fds := make([]uintptr, len(s.files))
+	for i, f := range s.files {
+		if f == nil {
+			if null == nil {
+				if null, err = os.OpenFile(os.DevNull, os.O_RDWR, 0); err != nil {
+					return nil, fmt.Errorf("open %s: %w", os.DevNull, err)
+				}
+				defer null.Close()
+			}
+			f = null
+		}
+		fds[i] = f.Fd()
+	}
+	sys := &syscall.SysProcAttr{
+		Setpgid:   true,
+		Pdeathsig: syscall.SIGKILL,
+	}
+	if os.Geteuid() == 0 {
+		// An empty Groups list drops supplementary groups; changing uid away
+		// from 0 clears the permitted and effective capabilities.
+		sys.Credential = &syscall.Credential{Uid: uint32(p.cfg.uid), Gid: uint32(p.cfg.gid), Groups: []uint32{}}
+	}
+	attr := &syscall.ProcAttr{Dir: p.cfg.workspace, Env: s.env, Files: fds, Sys: sys}
+
+	pr := &proc{done: make(chan struct{})}
+	if p.cfg.reapAll {
+		p.mu.Lock()
+		pid, err := syscall.ForkExec(path, s.argv, attr)
+		if err == nil {
+			pr.pid = pid
+			p.waiters[pid] = pr
+		}
+		p.mu.Unlock()
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", s.argv[0], err)
+		}
+		return pr, nil
+	}
+	pid, err := syscall.ForkExec(path, s.argv, attr)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", s.argv[0], err)
+	}
+	pr.pid = pid
+	go func() {
+		for {
+			_, err := syscall.Wait4(pid, &pr.status, 0, nil)
+			if err != syscall.EINTR {
+				break
+			}
+		}
+		close(pr.done)
+	}()
+	return pr, nil
+}
+
+func (p *procs) lookPath(name string) (string, error) {
+	p.lookMu.Lock()
+	defer p.lookMu.Unlock()
+	if path, ok := p.paths[name]; ok {
+		return path, nil
+	}
+	path := name
+	if !strings.Contains(name, "/") {
+		path = ""
+		for _, dir := range filepath.SplitList(p.cfg.path) {
+			candidate := filepath.Join(dir, name)
+			if fi, err := os.Stat(candidate); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+				path = candidate
+				break
+			}
+		}
+		if path == "" {
+			return "", fmt.Errorf("interpreter %s is not installed in the sandbox", name)
+		}
+	}
+	p.paths[name] = path
+	return path, nil
+}
+
+// exitCode is the shell's view of a wait status: the exit status, or 128+N
+// for a process killed by signal N.
+func exitCode(ws syscall.WaitStatus) int32 {
+	switch {
+	case ws.Exited():
+		return int32(ws.ExitStatus())
+	case ws.Signaled():
+		return 128 + int32(ws.Signal())
+	}
+	return -1
+}
+
+// userProc is a process of the user found in /proc.
+type userProc struct {
+	pid, pgid int
+}
+
+// userProcs lists the live (not zombie) processes whose real, effective,
+// saved or filesystem uid is the user's, except those in process group
+// keepPgid (0: none).
+func (p *procs) userProcs(keepPgid int) ([]userProc, error) {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	self := os.Getpid()
+	var out []userProc
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil || pid == self || pid == 1 {
+			continue
+		}
+		st, ok := readProcStat(pid)
+		if !ok || st.state == 'Z' || st.state == 'X' {
+			continue
+		}
+		if !p.ownedByUser(pid) {
+			continue
+		}
+		if keepPgid != 0 && st.pgid == keepPgid {
+			continue
+		}
+		out = append(out, userProc{pid: pid, pgid: st.pgid})
+	}
+	return out, nil
+}
+
+type procStat struct {
+	state byte
+	pgid  int
+}
+
+// readProcStat parses the state and process group of /proc/pid/stat. The
+// command name may hold spaces and parentheses, so fields are counted after
+// the last ')'.
+func readProcStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return procStat{}, false
+	}
+	f := bytes.Fields(b[i+2:]) // state ppid pgrp ...
+	if len(f) < 3 || len(f[0]) != 1 {
+		return procStat{}, false
+	}
+	pgid, err := strconv.Atoi(string(f[2]))
+	if err != nil {
+		return procStat{}, false
+	}
+	return procStat{state: f[0][0], pgid: pgid}, true
+}
+
+func (p *procs) ownedByUser(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		rest, ok := bytes.CutPrefix(line, []byte("Uid:"))
+		if !ok {
+			continue
+		}
+		for _, f := range bytes.Fields(rest) {
+			if uid, err := strconv.Atoi(string(f)); err == nil && uid == p.cfg.uid {
+				return true
+			}
+		}
+		return false
+	}
+	return false
+}
+
+// killUser kills every process of the user, except the process groups in
+// keep, and waits until none is left. Processes that fork while they are
+// being killed are caught by the next round.
+func (p *procs) killUser(keep []int) error {
+	keepPgid := 0
+	if len(keep) > 0 {
+		keepPgid = keep[0]
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for round := 0; ; round++ {
+		ps, err := p.userProcs(keepPgid)
+		if err != nil {
+			return err
+		}
+		if len(ps) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kill user processes: %d still alive after %d rounds", len(ps), round)
+		}
+		for _, up := range ps {
+			if err := syscall.Kill(up.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("kill process %d: %w", up.pid, err)
+			}
+		}
+		if round > 0 {
+			time.Sleep(time.Duration(min(round, 20)) * time.Millisecond)
+		}
+	}
+}
+
+// killGroup kills process group pgid.
+func killGroup(pgid int) {
+	if pgid > 1 {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	}
+}

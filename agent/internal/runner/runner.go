@@ -1,0 +1,361 @@
+// Package runner is the resident process of every sandbox: the entry process
+// of the container, started by the agent with the container's stdin and
+// stdout attached. It reads [runnerv1.Request] frames from stdin and answers
+// with [runnerv1.Event] frames on stdout (see package wire for the framing and
+// the protocol); its own log goes to stderr.
+//
+// The runner runs as root with a handful of capabilities (wire.RunnerCapabilities)
+// and starts user code as wire.UserUID with none, in its own process group,
+// with a clean environment, in /workspace. It streams the program's output as
+// it is produced, caps it, enforces the run's timeout by killing the process
+// group and every other process of the user, keeps stateful interpreters
+// (a Python kernel, shell working directory and exports) for sessions, serves
+// file requests confined to /workspace, and scrubs the sandbox for reuse
+// (Reset). See RATIONALE.md for the decisions behind it.
+package runner
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/codemode-go/codemode/agent/internal/wire"
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+)
+
+// Defaults for a Run that leaves a limit at zero, and the ceilings a Run
+// cannot raise.
+const (
+	DefaultTimeout     = 30 * time.Second
+	MaxTimeout         = time.Hour
+	DefaultOutputLimit = 16 << 20
+	// MaxListEntries is the most entries ListFiles returns for one directory.
+	MaxListEntries = 10000
+)
+
+// config is the runner's configuration. Run fills it for the real sandbox;
+// tests point the directories at temporary ones and pick their own uid.
+type config struct {
+	workspace string   // working directory of user code; file paths are relative to it
+	scratch   []string // other writable places that Reset empties
+	uid, gid  int      // user code runs as these (if the runner is root)
+	// reapAll makes the runner wait for every child, adopted orphans
+	// included, as an init process must. Off in tests, where the runner
+	// shares its process with the test binary and its other children.
+	reapAll bool
+	// cgroupMemory is the sandbox's memory cgroup directory (gVisor mounts
+	// cgroup v1); "" disables the memory watchdog.
+	cgroupMemory string
+	path         string // PATH of user code
+	log          *slog.Logger
+	// drainGrace is how long a run's output is still awaited after its
+	// main process ended (background processes may hold the pipes open).
+	drainGrace time.Duration
+}
+
+func defaultConfig(log *slog.Logger) config {
+	return config{
+		workspace:    wire.Workspace,
+		scratch:      []string{"/tmp", "/dev/shm"},
+		uid:          wire.UserUID,
+		gid:          wire.UserGID,
+		reapAll:      os.Getpid() == 1,
+		cgroupMemory: "/sys/fs/cgroup/memory",
+		path:         "/usr/local/bin:/usr/bin:/bin",
+		log:          log,
+		drainGrace:   100 * time.Millisecond,
+	}
+}
+
+// helperEnv, when set in the environment, makes Run act as a helper instead
+// of the runner (see helper.go).
+const helperEnv = "CODEMODE_RUNNER_HELPER"
+
+// Run is the runner's main: it serves requests from stdin until stdin ends
+// or ctx is done, then kills every user process. args are the command-line
+// flags (see -help).
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if h := os.Getenv(helperEnv); h != "" {
+		return runHelper(h)
+	}
+	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	workspace := fs.String("workspace", wire.Workspace, "working directory of user code")
+	scratch := fs.String("scratch", "/tmp,/dev/shm", "comma-separated writable directories that Reset empties besides the workspace")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: runner [flags]\n\nThe codemode sandbox runner: framed requests on stdin, framed events on stdout.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		return fmt.Errorf("parse -log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv})).With("component", "runner")
+
+	cfg := defaultConfig(log)
+	cfg.workspace = *workspace
+	cfg.scratch = nil
+	for _, d := range strings.Split(*scratch, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			cfg.scratch = append(cfg.scratch, d)
+		}
+	}
+	if err := harden(cfg); err != nil {
+		return err
+	}
+	s, err := newServer(cfg, stdout)
+	if err != nil {
+		return err
+	}
+	return s.serve(ctx, stdin)
+}
+
+// harden sets up the runner process itself: no privilege gain through exec
+// for anything it starts, not dumpable (so not traceable and its memory not
+// readable even by a process of its own uid), no core files, and a cap on the
+// user's processes below the sandbox's pids limit, so that a fork bomb leaves
+// the runner room to work.
+func harden(cfg config) error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("set no_new_privs: %w", err)
+	}
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("clear dumpable: %w", err)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
+		cfg.log.Warn("set RLIMIT_CORE", "err", err)
+	}
+	if b, err := os.ReadFile("/sys/fs/cgroup/pids/pids.max"); err == nil {
+		if max, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			// Leave room for the runner's own threads and helpers.
+			n := max - min(max/2, 16)
+			if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+				cfg.log.Warn("set RLIMIT_NPROC", "err", err)
+			} else {
+				cfg.log.Debug("user process limit", "nproc", n, "pids_max", max)
+			}
+		}
+	}
+	return nil
+}
+
+// server serves the requests of one stream.
+type server struct {
+	cfg   config
+	out   *eventWriter
+	procs *procs
+	root  *os.Root // the workspace
+
+	mu     sync.Mutex
+	active uint64             // id of the request being served, 0 if none
+	cancel context.CancelFunc // cancels the active run
+
+	// Stateful interpreters; touched only by the request being served.
+	kernel *kernel                // Python, nil until the first stateful Python run
+	shells map[string]*shellState // by language
+}
+
+func newServer(cfg config, stdout io.Writer) (*server, error) {
+	if err := prepareDirs(cfg); err != nil {
+		return nil, err
+	}
+	root, err := os.OpenRoot(cfg.workspace)
+	if err != nil {
+		return nil, fmt.Errorf("open workspace: %w", err)
+	}
+	return &server{
+		cfg:    cfg,
+		out:    &eventWriter{w: stdout},
+		procs:  newProcs(cfg),
+		root:   root,
+		shells: make(map[string]*shellState),
+	}, nil
+}
+
+// serve reads requests until stdin ends or ctx is done.
+func (s *server) serve(ctx context.Context, stdin io.Reader) error {
+	defer s.shutdown()
+	ready := &runnerv1.Ready{Versions: s.versions(ctx)}
+	if err := s.out.send(&runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: ready}}); err != nil {
+		return err
+	}
+	s.cfg.log.Debug("ready", "versions", ready.GetVersions())
+
+	reqs := make(chan *runnerv1.Request)
+	readErr := make(chan error, 1)
+	go func() {
+		r := bufio.NewReaderSize(stdin, 64<<10)
+		for {
+			req := new(runnerv1.Request)
+			if err := wire.ReadFrame(r, req); err != nil {
+				readErr <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			s.cancelActive()
+			return nil
+		case err := <-readErr:
+			s.cancelActive()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("read request: %w", err)
+		case req := <-reqs:
+			s.dispatch(ctx, &wg, req)
+		}
+	}
+}
+
+func (s *server) dispatch(ctx context.Context, wg *sync.WaitGroup, req *runnerv1.Request) {
+	id := req.GetId()
+	if c := req.GetCancel(); c != nil {
+		s.mu.Lock()
+		if s.active == c.GetRunId() && s.cancel != nil {
+			s.cancel()
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Lock()
+	if s.active != 0 {
+		busy := s.active
+		s.mu.Unlock()
+		s.sendError(id, &reqError{runnerv1.Error_CODE_BUSY, fmt.Sprintf("request %d is still being served", busy)})
+		return
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	s.active, s.cancel = id, cancel
+	s.mu.Unlock()
+	wg.Go(func() {
+		ev := s.handle(runCtx, req)
+		cancel()
+		s.mu.Lock()
+		s.active, s.cancel = 0, nil
+		s.mu.Unlock()
+		ev.Id = id
+		if err := s.out.send(ev); err != nil {
+			s.cfg.log.Error("send answer", "request_id", id, "err", err)
+		}
+	})
+}
+
+func (s *server) cancelActive() {
+	s.mu.Lock()
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.mu.Unlock()
+}
+
+// handle serves one request and returns its last event (without its id).
+func (s *server) handle(ctx context.Context, req *runnerv1.Request) *runnerv1.Event {
+	var err error
+	switch k := req.GetKind().(type) {
+	case *runnerv1.Request_Run:
+		var exit *runnerv1.Exit
+		if exit, err = s.run(ctx, req.GetId(), k.Run); err == nil {
+			return &runnerv1.Event{Kind: &runnerv1.Event_Exit{Exit: exit}}
+		}
+	case *runnerv1.Request_Reset_:
+		if err = s.reset(ctx); err == nil {
+			return &runnerv1.Event{Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{}}}
+		}
+	case *runnerv1.Request_WriteFile:
+		if err = s.writeFile(k.WriteFile.GetFile()); err == nil {
+			return &runnerv1.Event{Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{}}}
+		}
+	case *runnerv1.Request_ReadFile:
+		var f *runnerv1.File
+		if f, err = s.readFile(k.ReadFile.GetPath(), k.ReadFile.GetMaxBytes()); err == nil {
+			return &runnerv1.Event{Kind: &runnerv1.Event_File{File: f}}
+		}
+	case *runnerv1.Request_ListFiles:
+		var l *runnerv1.FileList
+		if l, err = s.listFiles(k.ListFiles.GetPath()); err == nil {
+			return &runnerv1.Event{Kind: &runnerv1.Event_FileList{FileList: l}}
+		}
+	default:
+		err = &reqError{runnerv1.Error_CODE_INVALID_ARGUMENT, fmt.Sprintf("unknown request kind %T", k)}
+	}
+	return errorEvent(err)
+}
+
+func (s *server) sendError(id uint64, err error) {
+	ev := errorEvent(err)
+	ev.Id = id
+	if err := s.out.send(ev); err != nil {
+		s.cfg.log.Error("send error", "request_id", id, "err", err)
+	}
+}
+
+// shutdown kills every user process; the sandbox is going away.
+func (s *server) shutdown() {
+	if err := s.procs.killUser(nil); err != nil {
+		s.cfg.log.Warn("kill user processes at shutdown", "err", err)
+	}
+	s.root.Close()
+}
+
+// reqError is a failure that the runner reports with an Error event of a
+// specific code; any other error is reported as CODE_UNSPECIFIED.
+type reqError struct {
+	code runnerv1.Error_Code
+	msg  string
+}
+
+func (e *reqError) Error() string { return e.msg }
+
+func errorEvent(err error) *runnerv1.Event {
+	e := &runnerv1.Error{Message: err.Error()}
+	var re *reqError
+	if errors.As(err, &re) {
+		e.Code = re.code
+	}
+	return &runnerv1.Event{Kind: &runnerv1.Event_Error{Error: e}}
+}
+
+// eventWriter writes whole frames to stdout, one at a time.
+type eventWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (w *eventWriter) send(ev *runnerv1.Event) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return wire.WriteFrame(w.w, ev)
+}
+
+func durationOr(d *durationpb.Duration, def, max time.Duration) time.Duration {
+	if d == nil || d.AsDuration() <= 0 {
+		return def
+	}
+	return min(d.AsDuration(), max)
+}

@@ -1,0 +1,187 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+)
+
+// shellState is what a shell session keeps between runs: the working
+// directory and the exported variables, in the form the shell itself printed
+// them (so that it can read them back).
+type shellState struct {
+	cwd     string
+	exports string
+}
+
+// maxShellState bounds what a shell may report as its state.
+const maxShellState = 1 << 20
+
+// Each run of a shell session is a fresh shell that first restores the state
+// of the previous run and, when it exits, writes its new state to fd 3: the
+// working directory, a NUL, its exported variables, a NUL. A run that ends
+// without running the EXIT trap (killed, or the user replaced the trap)
+// leaves the state as it was.
+const (
+	bashSave = `__codemode_save() {
+	local IFS=$' \t\n' __codemode_n
+	{
+		pwd
+		printf '\0'
+		for __codemode_n in $(compgen -e); do
+			case $__codemode_n in BASHOPTS|SHELLOPTS|BASH_*|PWD|SHLVL|_) ;; *) declare -p "$__codemode_n" ;; esac
+		done
+		printf '\0'
+	} >&3 2>/dev/null
+}
+trap __codemode_save EXIT
+`
+	shSave = `__codemode_save() {
+	{ pwd; printf '\0'; export -p; printf '\0'; } >&3 2>/dev/null
+}
+trap __codemode_save EXIT
+`
+)
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func (s *server) shellPrelude(lang language, st *shellState) string {
+	var b strings.Builder
+	b.WriteString(st.exports)
+	b.WriteString("\ncd -- ")
+	b.WriteString(shellQuote(st.cwd))
+	b.WriteString(" 2>/dev/null || cd -- ")
+	b.WriteString(shellQuote(s.cfg.workspace))
+	b.WriteString("\n")
+	if lang.name == "bash" {
+		b.WriteString(bashSave)
+	} else {
+		b.WriteString(shSave)
+	}
+	return b.String()
+}
+
+// runShell runs code in a fresh shell that continues the language's shell
+// session.
+func (s *server) runShell(ctx context.Context, o *output, lang language, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
+	st := s.shells[lang.name]
+	if st == nil {
+		st = &shellState{cwd: s.cfg.workspace}
+	}
+	script := s.shellPrelude(lang, st) + r.GetCode() + "\n"
+
+	stateR, stateW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("create pipe: %w", err)
+	}
+	extra := []*os.File{stateW}
+	argv := []string{lang.name, "-c", script}
+	var scriptW *os.File
+	if len(script) > maxArg {
+		scriptR, w, err := os.Pipe()
+		if err != nil {
+			closeAll(stateR, stateW)
+			return nil, fmt.Errorf("create pipe: %w", err)
+		}
+		extra, scriptW = append(extra, scriptR), w
+		argv = []string{lang.name, "/dev/fd/4"}
+	}
+	std, err := newStdio(r.GetStdin())
+	if err != nil {
+		closeAll(stateR, scriptW)
+		closeAll(extra...)
+		return nil, err
+	}
+	start := time.Now()
+	p, err := s.procs.start(spec{argv: argv, env: s.env(lang), files: append(std.child(), extra...)})
+	std.closeChild()
+	closeAll(extra...)
+	if err != nil {
+		std.closeParent()
+		closeAll(stateR, scriptW)
+		return nil, err
+	}
+	if scriptW != nil {
+		feed(scriptW, []byte(script))
+	}
+	state := readShellState(stateR)
+	std.start(o)
+	sv := s.supervise(ctx, p.done, p.pid, p.done, lim, s.keepPgid())
+	exit := &runnerv1.Exit{Code: exitCode(p.status), TimedOut: sv.timedOut, OomKilled: sv.oom}
+	exit.Truncated = o.finish(s.cfg.drainGrace)
+	if next, ok := state.wait(s.cfg.drainGrace); ok {
+		s.shells[lang.name] = next
+	} else {
+		s.shells[lang.name] = st
+	}
+	exit.Duration = durationpb.New(time.Since(start))
+	return exit, sv.err
+}
+
+// stateReader collects what a shell writes on its state pipe.
+type stateReader struct {
+	mu       sync.Mutex
+	buf      bytes.Buffer
+	complete chan struct{} // closed at the second NUL or at EOF
+}
+
+func readShellState(r *os.File) *stateReader {
+	sr := &stateReader{complete: make(chan struct{})}
+	go func() {
+		defer r.Close()
+		closed := false
+		b := make([]byte, 4096)
+		for {
+			n, err := r.Read(b)
+			sr.mu.Lock()
+			if sr.buf.Len()+n <= maxShellState {
+				sr.buf.Write(b[:n])
+			}
+			if !closed && bytes.Count(sr.buf.Bytes(), []byte{0}) >= 2 {
+				close(sr.complete)
+				closed = true
+			}
+			sr.mu.Unlock()
+			if err != nil {
+				if !closed {
+					close(sr.complete)
+				}
+				return
+			}
+		}
+	}()
+	return sr
+}
+
+// wait returns the state once the shell has written all of it, waiting at
+// most grace; ok is false if the state is missing or incomplete.
+func (sr *stateReader) wait(grace time.Duration) (*shellState, bool) {
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-sr.complete:
+	case <-t.C:
+	}
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	parts := bytes.SplitN(sr.buf.Bytes(), []byte{0}, 3)
+	if len(parts) < 3 {
+		return nil, false
+	}
+	cwd := strings.TrimSuffix(string(parts[0]), "\n")
+	if cwd == "" {
+		return nil, false
+	}
+	return &shellState{cwd: cwd, exports: string(parts[1])}, true
+}

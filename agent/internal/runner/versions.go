@@ -1,0 +1,74 @@
+package runner
+
+import (
+	"context"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// versions asks each interpreter for its version, all at once, as the user,
+// for the Ready event. An interpreter that is missing or slow is left out.
+func (s *server) versions(ctx context.Context) map[string]string {
+	probes := map[string][]string{
+		"python":     {"python3", "-I", "-S", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"},
+		"javascript": {"node", "--version"},
+		"bash":       {"bash", "-c", `echo "${BASH_VERSION%%(*}"`},
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var (
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		out = make(map[string]string)
+	)
+	for lang, argv := range probes {
+		wg.Go(func() {
+			if v := s.probe(ctx, argv); v != "" {
+				mu.Lock()
+				out[lang] = strings.TrimPrefix(v, "v")
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if target, err := os.Readlink("/bin/sh"); err == nil {
+		out["sh"] = target // the shell that sh is, e.g. "dash"
+	}
+	return out
+}
+
+// probe runs argv and returns the first line of its stdout.
+func (s *server) probe(ctx context.Context, argv []string) string {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return ""
+	}
+	p, err := s.procs.start(spec{argv: argv, env: []string{"PATH=" + s.cfg.path, "LANG=C.UTF-8"}, files: []*os.File{nil, w, nil}})
+	w.Close()
+	if err != nil {
+		r.Close()
+		return ""
+	}
+	var b []byte
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		b, _ = io.ReadAll(io.LimitReader(r, 256))
+		r.Close()
+	}()
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		killGroup(p.pid)
+		<-p.done
+	}
+	<-read
+	if exitCode(p.status) != 0 {
+		return ""
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return strings.TrimSpace(line)
+}
