@@ -7,11 +7,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // procs starts user processes and collects their exit statuses.
@@ -23,11 +26,19 @@ import (
 // reaping) always finds the waiter. Without reapAll (tests, where the runner
 // shares the process with other code that has children) each child is
 // waited for by pid.
+//
+// Every fork happens on one OS thread, locked for the runner's lifetime,
+// on which no_new_privs is set: the flag is a per-thread attribute that
+// children inherit from the thread that forks them, and Go forks from any
+// thread. The same thread makes Pdeathsig reliable (it fires when the
+// forking thread ends, and this one never does).
 type procs struct {
 	cfg config
 
 	mu      sync.Mutex
 	waiters map[int]*proc
+
+	forks chan forkReq
 
 	lookMu sync.Mutex
 	paths  map[string]string // resolved interpreter paths
@@ -40,8 +51,22 @@ type proc struct {
 	status syscall.WaitStatus
 }
 
+type forkReq struct {
+	path  string
+	argv  []string
+	attr  *syscall.ProcAttr
+	reply chan forkReply
+}
+
+type forkReply struct {
+	pid  int
+	proc *proc // with reapAll: the registered waiter
+	err  error
+}
+
 func newProcs(cfg config) *procs {
-	p := &procs{cfg: cfg, waiters: make(map[int]*proc), paths: make(map[string]string)}
+	p := &procs{cfg: cfg, waiters: make(map[int]*proc), paths: make(map[string]string), forks: make(chan forkReq)}
+	go p.forkThread()
 	if cfg.reapAll {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGCHLD)
@@ -53,6 +78,35 @@ func newProcs(cfg config) *procs {
 	}
 	return p
 }
+
+// forkThread serves fork requests on a locked OS thread with no_new_privs.
+func (p *procs) forkThread() {
+	runtime.LockOSThread() // never unlocked: the thread ends with the process
+	nnp := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+	for req := range p.forks {
+		if nnp != nil {
+			req.reply <- forkReply{err: fmt.Errorf("set no_new_privs: %w", nnp)}
+			continue
+		}
+		var r forkReply
+		if p.cfg.reapAll {
+			// Registered before mu is released, so that reap finds the
+			// waiter however soon the child ends.
+			p.mu.Lock()
+			r.pid, r.err = syscall.ForkExec(req.path, req.argv, req.attr)
+			if r.err == nil {
+				r.proc = newProcFor(r.pid)
+				p.waiters[r.pid] = r.proc
+			}
+			p.mu.Unlock()
+		} else {
+			r.pid, r.err = syscall.ForkExec(req.path, req.argv, req.attr)
+		}
+		req.reply <- r
+	}
+}
+
+func newProcFor(pid int) *proc { return &proc{pid: pid, done: make(chan struct{})} }
 
 // reap collects every exited child.
 func (p *procs) reap() {
@@ -93,6 +147,15 @@ func (p *procs) start(s spec) (*proc, error) {
 	var null *os.File
 	fds := make([]uintptr, len(s.files))
 	for i, f := range s.files {
+		if f != nil && os.Geteuid() == 0 {
+			// Give pipes to the user, so that user code can also reach them
+			// by name (/dev/stdout, /dev/fd/3), which opens the pipe anew.
+			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
+				if err := f.Chown(p.cfg.uid, p.cfg.gid); err != nil {
+					return nil, fmt.Errorf("give pipe to the user: %w", err)
+				}
+			}
+		}
 		if f == nil {
 			if null == nil {
 				if null, err = os.OpenFile(os.DevNull, os.O_RDWR, 0); err != nil {
@@ -115,25 +178,17 @@ func (p *procs) start(s spec) (*proc, error) {
 	}
 	attr := &syscall.ProcAttr{Dir: p.cfg.workspace, Env: s.env, Files: fds, Sys: sys}
 
-	pr := &proc{done: make(chan struct{})}
-	if p.cfg.reapAll {
-		p.mu.Lock()
-		pid, err := syscall.ForkExec(path, s.argv, attr)
-		if err == nil {
-			pr.pid = pid
-			p.waiters[pid] = pr
-		}
-		p.mu.Unlock()
-		if err != nil {
-			return nil, fmt.Errorf("start %s: %w", s.argv[0], err)
-		}
-		return pr, nil
+	reply := make(chan forkReply, 1)
+	p.forks <- forkReq{path: path, argv: s.argv, attr: attr, reply: reply}
+	r := <-reply
+	if r.err != nil {
+		return nil, fmt.Errorf("start %s: %w", s.argv[0], r.err)
 	}
-	pid, err := syscall.ForkExec(path, s.argv, attr)
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", s.argv[0], err)
+	if r.proc != nil {
+		return r.proc, nil
 	}
-	pr.pid = pid
+	pid := r.pid
+	pr := newProcFor(pid)
 	go func() {
 		for {
 			_, err := syscall.Wait4(pid, &pr.status, 0, nil)

@@ -126,15 +126,12 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return s.serve(ctx, stdin)
 }
 
-// harden sets up the runner process itself: no privilege gain through exec
-// for anything it starts, not dumpable (so not traceable and its memory not
-// readable even by a process of its own uid), no core files, and a cap on the
-// user's processes below the sandbox's pids limit, so that a fork bomb leaves
-// the runner room to work.
+// harden sets up the runner process itself: not dumpable (so not
+// traceable and its memory not readable even by a process of its own uid), no
+// core files, and a cap on the user's processes below the sandbox's pids
+// limit, so that a fork bomb leaves the runner room to work. (no_new_privs
+// is set on the thread that starts user code: see procs.)
 func harden(cfg config) error {
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("set no_new_privs: %w", err)
-	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("clear dumpable: %w", err)
 	}
