@@ -1,0 +1,318 @@
+// The codemode playground: edit code, run it on the edge over gRPC-Web, and
+// watch stdout and stderr stream in.
+//
+// The page calls the ExecutionService of the origin that served it (the
+// edge), with the generated types of proto/codemode/edge/v1. It keeps no
+// state on the server beyond an optional session, which it closes when the
+// toggle is switched off.
+
+import { Code, ConnectError, createClient, type Interceptor } from "@connectrpc/connect";
+import { createGrpcWebTransport } from "@connectrpc/connect-web";
+import type { Duration } from "@bufbuild/protobuf/wkt";
+import { ExecutionService } from "./gen/codemode/edge/v1/edge_pb";
+import type { Result } from "./gen/codemode/execution/v1/execution_pb";
+
+// Examples shown when a language is picked and the editor holds no edits.
+const examples: Record<string, string> = {
+  python: `import sys, time
+
+for i in range(3):
+    print(f"tick {i}", flush=True)
+    time.sleep(0.5)
+print("done", file=sys.stderr)
+`,
+  javascript: `const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+for (let i = 0; i < 3; i++) {
+  console.log(\`tick \${i}\`);
+  await sleep(500);
+}
+console.error("done on", process.version);
+`,
+  bash: `echo "hello from bash $BASH_VERSION"
+for i in 1 2 3; do echo "tick $i"; sleep 0.5; done
+echo "done" >&2
+`,
+  sh: `echo "hello from sh"
+uname -a
+echo "done" >&2
+`,
+};
+
+const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
+const ui = {
+  conn: $<HTMLSpanElement>("conn"),
+  apiKey: $<HTMLInputElement>("api-key"),
+  language: $<HTMLSelectElement>("language"),
+  session: $<HTMLInputElement>("session"),
+  sessionId: $<HTMLElement>("session-id"),
+  run: $<HTMLButtonElement>("run"),
+  code: $<HTMLTextAreaElement>("code"),
+  badges: $<HTMLSpanElement>("badges"),
+  duration: $<HTMLSpanElement>("duration"),
+  clear: $<HTMLButtonElement>("clear"),
+  output: $<HTMLPreElement>("output"),
+};
+
+// The API key lives in sessionStorage: it survives a reload, not the tab.
+const keyStore = "codemode.apiKey";
+ui.apiKey.value = sessionStorage.getItem(keyStore) ?? "";
+ui.apiKey.addEventListener("change", () => {
+  sessionStorage.setItem(keyStore, ui.apiKey.value.trim());
+  if (ui.conn.dataset.state === "error") void loadLanguages();
+});
+
+const auth: Interceptor = (next) => (req) => {
+  const key = ui.apiKey.value.trim();
+  if (key !== "") req.header.set("Authorization", `Bearer ${key}`);
+  return next(req);
+};
+
+// The edge serves this page next to its API, so the API is at the page's base.
+const client = createClient(
+  ExecutionService,
+  createGrpcWebTransport({
+    baseUrl: new URL(".", document.baseURI).href.replace(/\/$/, ""),
+    interceptors: [auth],
+  }),
+);
+
+type State = "loading" | "idle" | "running" | "done" | "error";
+function setState(s: State) {
+  document.body.dataset.state = s;
+}
+
+function describe(err: unknown): string {
+  if (err instanceof ConnectError) {
+    if (err.code === Code.Unauthenticated) return "unauthenticated: enter an API key above";
+    return `${Code[err.code] ?? "error"}: ${err.rawMessage}`;
+  }
+  return err instanceof Error ? err.message : String(err);
+}
+
+// ---- languages ----
+
+async function loadLanguages() {
+  ui.conn.dataset.state = "";
+  ui.conn.textContent = "connecting…";
+  try {
+    const res = await client.listLanguages({}, { timeoutMs: 15000 });
+    const prev = ui.language.value;
+    ui.language.replaceChildren(
+      ...res.languages.map((l) => {
+        const o = document.createElement("option");
+        o.value = l.name;
+        o.textContent = l.version ? `${l.name} ${l.version}` : l.name;
+        return o;
+      }),
+    );
+    if (res.languages.length === 0) throw new Error("no languages available");
+    const want = res.languages.some((l) => l.name === prev) ? prev : (localStorage.getItem("codemode.language") ?? "");
+    ui.language.value = res.languages.some((l) => l.name === want) ? want : res.languages[0].name;
+    ui.language.disabled = false;
+    ui.session.disabled = false;
+    ui.run.disabled = false;
+    ui.conn.dataset.state = "ok";
+    ui.conn.textContent = "connected";
+    if (ui.code.value === "" || isExample(ui.code.value)) setExample();
+    setState("idle");
+  } catch (err) {
+    ui.conn.dataset.state = "error";
+    ui.conn.textContent = describe(err);
+    ui.conn.title = ui.conn.textContent;
+    setState("error");
+  }
+}
+
+function isExample(code: string) {
+  return Object.values(examples).includes(code);
+}
+
+function setExample() {
+  ui.code.value = examples[ui.language.value] ?? "";
+}
+
+ui.language.addEventListener("change", () => {
+  localStorage.setItem("codemode.language", ui.language.value);
+  if (ui.code.value === "" || isExample(ui.code.value)) setExample();
+});
+
+// ---- sessions ----
+
+let sessionId = "";
+
+ui.session.addEventListener("change", async () => {
+  ui.session.disabled = true;
+  try {
+    if (ui.session.checked) {
+      const res = await client.createSession({ language: ui.language.value });
+      sessionId = res.session?.id ?? "";
+      ui.sessionId.textContent = sessionId;
+      ui.sessionId.title = `session ${sessionId} on ${res.session?.agent ?? "?"}`;
+      ui.sessionId.hidden = false;
+    } else {
+      await closeSession();
+    }
+  } catch (err) {
+    ui.session.checked = sessionId !== "";
+    note(`session: ${describe(err)}`);
+  } finally {
+    ui.session.disabled = false;
+  }
+});
+
+async function closeSession() {
+  const id = sessionId;
+  sessionId = "";
+  ui.sessionId.hidden = true;
+  ui.sessionId.textContent = "";
+  if (id !== "") await client.closeSession({ sessionId: id });
+}
+
+// ---- output ----
+
+let last: { kind: string; el: HTMLSpanElement } | null = null;
+
+function write(kind: "out" | "err" | "sys", text: string) {
+  if (text === "") return;
+  const o = ui.output;
+  const atBottom = o.scrollHeight - o.scrollTop - o.clientHeight < 24;
+  if (last === null || last.kind !== kind) {
+    const el = document.createElement("span");
+    if (kind !== "out") el.className = kind;
+    o.append(el);
+    last = { kind, el };
+  }
+  last.el.append(text);
+  if (atBottom) o.scrollTop = o.scrollHeight;
+}
+
+function note(text: string) {
+  const o = ui.output;
+  if (o.textContent !== "" && !o.textContent!.endsWith("\n")) write("sys", "\n");
+  write("sys", `${text}\n`);
+}
+
+function clearOutput() {
+  ui.output.replaceChildren();
+  ui.badges.replaceChildren();
+  ui.duration.textContent = "";
+  last = null;
+}
+
+function badge(text: string, kind: "ok" | "bad" | "warn" | "run" | "" = "") {
+  const b = document.createElement("span");
+  b.className = `badge ${kind}`.trim();
+  b.textContent = text;
+  ui.badges.append(b);
+  return b;
+}
+
+function millis(d: Duration | undefined): number {
+  return d ? Number(d.seconds) * 1000 + d.nanos / 1e6 : 0;
+}
+
+function formatMillis(ms: number): string {
+  return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(2)} s`;
+}
+
+function showResult(r: Result) {
+  ui.badges.replaceChildren();
+  const b = badge(`exit ${r.exitCode}`, r.exitCode === 0 ? "ok" : "bad");
+  b.id = "exit-code";
+  if (r.timedOut) badge("timed out", "warn").id = "timed-out";
+  if (r.truncated) badge("truncated", "warn").id = "truncated";
+  if (r.oomKilled) badge("out of memory", "bad").id = "oom-killed";
+  ui.duration.textContent = formatMillis(millis(r.duration));
+  ui.duration.title = r.agent ? `ran on ${r.agent}` : "";
+}
+
+ui.clear.addEventListener("click", clearOutput);
+
+// ---- running ----
+
+let running: AbortController | null = null;
+
+async function run() {
+  if (running) {
+    running.abort();
+    return;
+  }
+  const code = ui.code.value;
+  if (code.trim() === "" || ui.run.disabled) return;
+  const ctl = new AbortController();
+  running = ctl;
+  clearOutput();
+  setState("running");
+  ui.run.dataset.running = "";
+  ui.run.querySelector(".label")!.textContent = "Stop";
+  badge("running", "run");
+  const started = performance.now();
+  const tick = setInterval(() => {
+    ui.duration.textContent = formatMillis(performance.now() - started);
+  }, 100);
+  let result: Result | undefined;
+  try {
+    const stream = client.executeStream(
+      { language: ui.language.value, code, sessionId },
+      { signal: ctl.signal },
+    );
+    for await (const res of stream) {
+      const ev = res.event?.event;
+      switch (ev?.case) {
+        case "stdout":
+          write("out", ev.value);
+          break;
+        case "stderr":
+          write("err", ev.value);
+          break;
+        case "result":
+          result = ev.value;
+          break;
+      }
+    }
+    clearInterval(tick);
+    if (result === undefined) throw new Error("the stream ended without a result");
+    showResult(result);
+    setState("done");
+  } catch (err) {
+    clearInterval(tick);
+    ui.badges.replaceChildren();
+    if (ctl.signal.aborted) {
+      badge("stopped", "warn");
+      note("stopped");
+    } else {
+      badge("error", "bad");
+      note(describe(err));
+    }
+    ui.duration.textContent = formatMillis(performance.now() - started);
+    setState("error");
+  } finally {
+    running = null;
+    delete ui.run.dataset.running;
+    ui.run.querySelector(".label")!.textContent = "Run";
+  }
+}
+
+ui.run.addEventListener("click", () => void run());
+
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+    e.preventDefault();
+    void run();
+  }
+});
+
+// Tab indents in the editor; Escape leaves it so Tab can move focus again.
+ui.code.addEventListener("keydown", (e) => {
+  if (e.key === "Escape") {
+    ui.code.blur();
+  } else if (e.key === "Tab" && !e.shiftKey && !e.ctrlKey && !e.metaKey && !e.altKey) {
+    e.preventDefault();
+    const indent = ui.language.value === "python" ? "    " : "  ";
+    // execCommand keeps the edit on the textarea's undo stack.
+    if (!document.execCommand("insertText", false, indent)) ui.code.setRangeText(indent, ui.code.selectionStart, ui.code.selectionEnd, "end");
+  }
+});
+
+void loadLanguages();

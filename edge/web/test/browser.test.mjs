@@ -1,0 +1,157 @@
+// The playground in a real browser: Debian's Chromium, driven by
+// playwright-core, loads the page from the edge and runs code over gRPC-Web.
+//
+// The browser may reach loopback only: every request to another host is
+// aborted, the proxy setting sends anything that escapes the interception to
+// a closed loopback port, name resolution is disabled, and background
+// services (updates, sync, safe browsing, metrics) are switched off.
+
+import assert from "node:assert/strict";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import { chromium } from "playwright-core";
+import { edgeURL } from "./edge.mjs";
+
+const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
+const loopback = new Set(["127.0.0.1", "localhost", "[::1]"]);
+
+const args = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+  "--disable-quic",
+  "--no-first-run",
+  "--no-pings",
+  "--disable-domain-reliability",
+  "--disable-client-side-phishing-detection",
+  "--disable-features=OptimizationHints,MediaRouter,Translate,NetworkTimeServiceQuerying,CertificateTransparencyComponentUpdater",
+  "--metrics-recording-only",
+  "--proxy-server=http://127.0.0.1:9",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+];
+
+describe("playground", { timeout: 60000 }, () => {
+  const url = edgeURL();
+  let profile, context, page;
+  const offLoopback = [];
+  const pageErrors = [];
+
+  before(async () => {
+    profile = await mkdtemp(join(tmpdir(), "codemode-chromium-"));
+    context = await chromium.launchPersistentContext(profile, {
+      executablePath,
+      headless: true,
+      args,
+      viewport: { width: 1280, height: 760 },
+      serviceWorkers: "block",
+    });
+    context.setDefaultTimeout(15000);
+    await context.route("**/*", (route) => {
+      const u = new URL(route.request().url());
+      if ((u.protocol === "http:" || u.protocol === "https:") && loopback.has(u.hostname)) return route.continue();
+      offLoopback.push(u.href);
+      return route.abort("blockedbyclient");
+    });
+    page = context.pages()[0] ?? (await context.newPage());
+    page.on("pageerror", (err) => pageErrors.push(String(err)));
+    page.on("console", (msg) => {
+      if (msg.type() === "error") pageErrors.push(msg.text());
+    });
+  });
+
+  after(async () => {
+    await context?.close();
+    if (profile) await rm(profile, { recursive: true, force: true });
+  });
+
+  test("loads and lists the languages", async () => {
+    const rpc = page.waitForRequest((r) => r.url().endsWith("/codemode.edge.v1.ExecutionService/ListLanguages"));
+    const res = await page.goto(url.href);
+    assert.equal((await rpc).headers()["content-type"], "application/grpc-web+proto", "the page speaks gRPC-Web");
+    assert.equal(res.status(), 200);
+    assert.match(res.headers()["content-security-policy"], /connect-src 'self'/);
+    await page.waitForSelector("body[data-state=idle]", { timeout: 15000 });
+    const languages = await page.$$eval("#language option", (os) => os.map((o) => o.value));
+    assert.ok(languages.includes("python"), `languages: ${languages}`);
+    assert.equal(await page.textContent("#conn"), "connected");
+  });
+
+  test("runs python: print(6*7) shows 42", async () => {
+    await page.selectOption("#language", "python");
+    await page.fill("#code", "print(6*7)");
+    await page.click("#run");
+    await page.waitForSelector("body[data-state=done]", { timeout: 30000 });
+    assert.equal(await page.textContent("#output"), "42\n");
+    assert.equal(await page.textContent("#exit-code"), "exit 0");
+    assert.match(await page.textContent("#duration"), /^\d+(\.\d+)? m?s$/);
+  });
+
+  test("streams output as it is written, stderr apart, with Ctrl+Enter", async () => {
+    await page.fill(
+      "#code",
+      [
+        "import sys, time",
+        "for i in range(3):",
+        "    print(f'line {i}', flush=True)",
+        "    time.sleep(1)",
+        "print('bye', file=sys.stderr)",
+        "sys.exit(3)",
+      ].join("\n"),
+    );
+    await page.focus("#code");
+    await page.keyboard.press("Control+Enter");
+    // The first line must be on screen while the program still runs...
+    await page.waitForFunction(
+      () => document.body.dataset.state === "running" && document.getElementById("output").textContent.includes("line 0"),
+      null,
+      { timeout: 15000, polling: 50 },
+    );
+    const firstSeen = Date.now();
+    await page.waitForSelector("body[data-state=done]", { timeout: 30000 });
+    // ...and the run goes on for about two more seconds after it.
+    const rest = Date.now() - firstSeen;
+    assert.ok(rest >= 1500, `the first line arrived only ${rest} ms before the end: output is not streamed`);
+    assert.equal(await page.textContent("#output"), "line 0\nline 1\nline 2\nbye\n");
+    assert.equal(await page.textContent("#output .err"), "bye\n");
+    assert.equal(await page.textContent("#exit-code"), "exit 3");
+    assert.match(await page.getAttribute("#exit-code", "class"), /\bbad\b/);
+    const shot = process.env.CODEMODE_SCREENSHOT ?? join(tmpdir(), "codemode-playground.png");
+    await page.screenshot({ path: shot });
+    console.log(`screenshot: ${shot}`);
+  });
+
+  test("a session keeps /workspace between runs", async () => {
+    // The switch is a styled label around a visually hidden checkbox.
+    await page.click("label.switch");
+    assert.equal(await page.isChecked("#session"), true);
+    await page.waitForSelector("#session-id:not([hidden])", { timeout: 15000 });
+    const id = await page.textContent("#session-id");
+    assert.ok(id, "session id shown");
+    await page.fill("#code", "open('/workspace/n', 'w').write('41')");
+    await page.click("#run");
+    await page.waitForSelector("body[data-state=done]", { timeout: 30000 });
+    await page.fill("#code", "print(int(open('/workspace/n').read()) + 1)");
+    await page.click("#run");
+    await page.waitForSelector("body[data-state=done]", { timeout: 30000 });
+    assert.equal(await page.textContent("#output"), "42\n");
+    const closed = page.waitForResponse((r) => r.url().endsWith("/codemode.edge.v1.ExecutionService/CloseSession"));
+    await page.click("label.switch");
+    const res = await closed;
+    // gRPC-Web answers 200 and puts the status in the trailers: the page
+    // shows a failed close as a note in the output.
+    assert.equal(res.status(), 200);
+    await page.waitForSelector("#session-id", { state: "hidden" });
+    assert.equal(await page.isChecked("#session"), false);
+    assert.doesNotMatch(await page.textContent("#output"), /session:/);
+  });
+
+  test("made no request off loopback and logged no error", () => {
+    assert.deepEqual(offLoopback, []);
+    assert.deepEqual(pageErrors, []);
+  });
+});
