@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// webSetup is the command that installs what the Node tests need
+// (npm ci in edge/web, and Debian's chromium); `make test` runs it.
+const webSetup = "bash edge/web/setup.sh"
+
+// chromiumPath is where Debian's chromium package puts the browser.
+const chromiumPath = "/usr/bin/chromium"
+
+// webDir returns edge/web, failing the test when its Node dependencies are
+// not installed: CI installs them before it runs the tests, so their absence
+// is a broken setup, not a reason to skip.
+func webDir(t *testing.T, packages ...string) string {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Fatalf("node is not installed (%v); install Node.js 20+ and run %s", err, webSetup)
+	}
+	dir := filepath.Join(moduleRoot(), "edge", "web")
+	for _, p := range packages {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", p, "package.json")); err != nil {
+			t.Fatalf("edge/web/node_modules/%s is missing: run %s", p, webSetup)
+		}
+	}
+	return dir
+}
+
+// tapCounts reads the summary that node --test prints with the TAP reporter.
+var tapCounts = regexp.MustCompile(`(?m)^# (pass|fail) (\d+)$`)
+
+// nodeTest runs one Node test file from edge/web/test against the edge at
+// edgeURL and fails t, with the Node output and the stack's logs, unless
+// every test in it passed.
+func nodeTest(t *testing.T, s *Stack, dir, file string, env ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=tap", filepath.Join("test", file))
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), append([]string{"CODEMODE_EDGE_URL=" + s.Edge.URL()}, env...)...)
+	// The browser is a child of node: on timeout, kill the whole group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	counts := map[string]int{}
+	for _, m := range tapCounts.FindAllStringSubmatch(out.String(), -1) {
+		counts[m[1]], _ = strconv.Atoi(m[2])
+	}
+	if err != nil || counts["pass"] == 0 || counts["fail"] != 0 {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = errors.Join(err, ctx.Err())
+		}
+		t.Fatalf("node --test %s: %v (pass %d, fail %d)\n%s\n%s", file, err, counts["pass"], counts["fail"], out.String(), s.Logs())
+	}
+	t.Logf("node --test %s: %d passed", file, counts["pass"])
+}
+
+// TestWebMCPWithTypeScriptSDK drives /mcp and /mcp-no-code-execute with the
+// official MCP TypeScript SDK (edge/web/test/mcp.test.mjs).
+func TestWebMCPWithTypeScriptSDK(t *testing.T) {
+	t.Parallel()
+	dir := webDir(t, "@modelcontextprotocol/sdk")
+	s := shared(t)
+	nodeTest(t, s, dir, "mcp.test.mjs")
+}
+
+// TestWebPlaygroundInChromium loads the playground from the edge in Debian's
+// Chromium and runs code through it over gRPC-Web
+// (edge/web/test/browser.test.mjs). It leaves a screenshot at
+// $CODEMODE_SCREENSHOT when that is set, else in the test's temp dir.
+func TestWebPlaygroundInChromium(t *testing.T) {
+	t.Parallel()
+	dir := webDir(t, "playwright-core")
+	if _, err := os.Stat(chromiumPath); err != nil {
+		t.Fatalf("%s is missing: run %s (it runs apt-get install -y chromium)", chromiumPath, webSetup)
+	}
+	s := shared(t)
+	shot := os.Getenv("CODEMODE_SCREENSHOT")
+	if shot == "" {
+		shot = filepath.Join(t.TempDir(), "playground.png")
+	}
+	nodeTest(t, s, dir, "browser.test.mjs", "CHROMIUM="+chromiumPath, "CODEMODE_SCREENSHOT="+shot)
+	b, err := os.ReadFile(shot)
+	if err != nil {
+		t.Fatalf("no screenshot: %v", err)
+	}
+	if !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) || len(b) < 10_000 {
+		t.Fatalf("screenshot %s is not a PNG of a rendered page (%d bytes)", shot, len(b))
+	}
+}
