@@ -94,9 +94,10 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 		case "bash", "sh":
 			return s.runShell(ctx, o, lang, r, lim)
 		}
-		// Other languages keep only their files between runs.
+		// Other languages keep only their files (and background
+		// processes) between runs.
 	}
-	return s.runOnce(ctx, o, lang, r.GetCode(), r.GetStdin(), lim)
+	return s.runOnce(ctx, o, lang, r.GetCode(), r.GetStdin(), lim, !r.GetStateful())
 }
 
 type limits struct {
@@ -104,8 +105,11 @@ type limits struct {
 	output  uint64
 }
 
-// runOnce runs code in a fresh interpreter process.
-func (s *server) runOnce(ctx context.Context, o *output, lang language, code string, stdin []byte, lim limits) (*runnerv1.Exit, error) {
+// runOnce runs code in a fresh interpreter process. With sweep, the
+// processes the run leaves behind are killed when it ends: a run that is not
+// part of a session has nobody to hand them to, and leftovers (the remains
+// of a fork bomb) would only weigh on the next run.
+func (s *server) runOnce(ctx context.Context, o *output, lang language, code string, stdin []byte, lim limits, sweep bool) (*runnerv1.Exit, error) {
 	argv := lang.argv(code)
 	if len(code) > maxArg {
 		argv = lang.fdArgv
@@ -143,6 +147,13 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, code str
 		Code:      exitCode(p.status),
 		TimedOut:  st.timedOut,
 		OomKilled: st.oom,
+	}
+	if sweep && st.err == nil {
+		var keep []int
+		if k := s.keepPgid(); k != 0 {
+			keep = []int{k}
+		}
+		st.err = s.procs.killUser(keep)
 	}
 	exit.Truncated = o.finish(s.cfg.drainGrace)
 	exit.Duration = durationpb.New(time.Since(start))

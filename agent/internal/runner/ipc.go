@@ -18,8 +18,14 @@ const (
 	semInfo, semStatAny, semStat = 19, 20, 18
 )
 
-// maxIPCIndex bounds the scan when *_INFO is not available.
-const maxIPCIndex = 4096
+// maxIPCIndex bounds the scan of indexes; the scan also stops after
+// ipcMissRun indexes in a row without an object past the highest index
+// *_INFO reported. Linux keeps indexes compact; gVisor numbers objects from
+// 1 up, uses the id as the index, and reports 0 from *_INFO.
+const (
+	maxIPCIndex = 32768
+	ipcMissRun  = 256
+)
 
 // removeIPC removes the caller's shared memory segments, message queues and
 // semaphore sets. It is best effort: it reports no error, and the verified
@@ -48,17 +54,24 @@ func removeIPC() error {
 		{sem, semInfo, semStatAny, semStat},
 	} {
 		hi, e := k.ctl(0, k.info, p)
-		if e != 0 || hi < 0 || hi >= maxIPCIndex {
-			hi = maxIPCIndex - 1
+		if e != 0 || hi < 0 {
+			hi = 0
 		}
-		for i := 0; i <= hi; i++ {
-			id, e := k.ctl(i, k.statAny, p)
+		last := 0
+		for i := 0; i < maxIPCIndex && (i <= hi || i-last <= ipcMissRun); i++ {
+			r, e := k.ctl(i, k.statAny, p)
 			if e != 0 {
-				id, e = k.ctl(i, k.stat, p)
+				r, e = k.ctl(i, k.stat, p)
 			}
-			if e == 0 {
-				k.ctl(id, ipcRMID, 0)
+			if e != 0 {
+				continue
 			}
+			last = i
+			id := i // gVisor answers 0; Linux answers the id
+			if r > 0 {
+				id = r
+			}
+			k.ctl(id, ipcRMID, 0)
 		}
 	}
 	return nil

@@ -59,6 +59,13 @@ type config struct {
 	// cgroup v1); "" disables the memory watchdog.
 	cgroupMemory string
 	path         string // PATH of user code
+	self         string // the runner's binary, started as the user for helpers
+	// userProcs caps the processes (and threads) of the user, as
+	// RLIMIT_NPROC; 0: no cap. Under gVisor a container's pids limit
+	// counts the sandbox kernel's host threads and processes, not the
+	// sandbox's own, and a fork bomb that drives the sandbox kernel into
+	// it kills the whole sandbox; this cap stops the bomb inside first.
+	userProcs uint64
 	log          *slog.Logger
 	// drainGrace is how long a run's output is still awaited after its
 	// main process ended (background processes may hold the pipes open).
@@ -66,7 +73,12 @@ type config struct {
 }
 
 func defaultConfig(log *slog.Logger) config {
+	self, err := os.Executable()
+	if err != nil {
+		self = "/proc/self/exe"
+	}
 	return config{
+		self:         self,
 		workspace:    wire.Workspace,
 		scratch:      []string{"/tmp", "/dev/shm"},
 		uid:          wire.UserUID,
@@ -95,6 +107,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	workspace := fs.String("workspace", wire.Workspace, "working directory of user code")
 	scratch := fs.String("scratch", "/tmp,/dev/shm", "comma-separated writable directories that Reset empties besides the workspace")
+	userProcs := fs.Uint64("max-user-procs", 32, "most processes and threads user code may have at once (RLIMIT_NPROC); 0: no limit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: runner [flags]\n\nThe codemode sandbox runner: framed requests on stdin, framed events on stdout.\n\n")
 		fs.PrintDefaults()
@@ -110,6 +123,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 
 	cfg := defaultConfig(log)
 	cfg.workspace = *workspace
+	cfg.userProcs = *userProcs
 	cfg.scratch = nil
 	for _, d := range strings.Split(*scratch, ",") {
 		if d = strings.TrimSpace(d); d != "" {
@@ -138,15 +152,18 @@ func harden(cfg config) error {
 	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
 		cfg.log.Warn("set RLIMIT_CORE", "err", err)
 	}
+	n := cfg.userProcs
 	if b, err := os.ReadFile("/sys/fs/cgroup/pids/pids.max"); err == nil {
 		if max, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
 			// Leave room for the runner's own threads and helpers.
-			n := max - min(max/2, 16)
-			if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}); err != nil {
-				cfg.log.Warn("set RLIMIT_NPROC", "err", err)
-			} else {
-				cfg.log.Debug("user process limit", "nproc", n, "pids_max", max)
-			}
+			n = min(n, max-min(max/2, 16))
+		}
+	}
+	if n > 0 {
+		if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+			cfg.log.Warn("set RLIMIT_NPROC", "err", err)
+		} else {
+			cfg.log.Debug("user process limit", "nproc", n)
 		}
 	}
 	return nil

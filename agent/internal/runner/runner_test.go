@@ -38,7 +38,41 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// The user must be able to execute that binary for the helper; the
+	// go tool keeps it in a directory only root can enter.
+	dir, err := os.MkdirTemp("", "runner-self-")
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	if err == nil {
+		err = copyExecutable(filepath.Join(dir, "runner.test"))
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "copy the test binary:", err)
+		os.Exit(1)
+	}
+	testSelf = filepath.Join(dir, "runner.test")
+	code := m.Run()
+	os.RemoveAll(dir)
+	if runnerBin != "" {
+		os.RemoveAll(filepath.Dir(runnerBin))
+	}
+	os.Exit(code)
+}
+
+// testSelf is a copy of the test binary that the user may execute.
+var testSelf string
+
+func copyExecutable(dst string) error {
+	src, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o755)
 }
 
 // Each harness gets its own uid, far from real accounts.
@@ -80,6 +114,7 @@ func newHarness(t *testing.T) *harness {
 	cfg.uid, cfg.gid = h.uid, h.uid
 	cfg.reapAll = false
 	cfg.cgroupMemory = ""
+	cfg.self = testSelf
 	reqR, reqW := io.Pipe()
 	evR, evW := io.Pipe()
 	h.reqW, h.evR = reqW, evR
@@ -531,8 +566,10 @@ if os.fork() == 0:
 ' &
 sleep 0.3
 `, h.ws, h.tmp, h.shm)
-	if r := h.mustRun("bash", code); r.exit.GetCode() != 0 {
-		t.Fatalf("setup: %v %s", r.exit, r.stderr)
+	// As a session's run: a stateless run's leftovers die with it already
+	// (TestRunSweep); Reset must also clean up after sessions.
+	if r := h.run(ctx, &runnerv1.Run{Language: "bash", Code: code, Stateful: true}); r.err != nil || r.exit.GetCode() != 0 {
+		t.Fatalf("setup: %v %s %v", r.exit, r.stderr, r.err)
 	}
 	// Stateful interpreters too.
 	if r := h.run(ctx, &runnerv1.Run{Language: "python", Code: "secret = 1", Stateful: true}); r.err != nil {
@@ -556,6 +593,29 @@ sleep 0.3
 	r := h.run(ctx, &runnerv1.Run{Language: "python", Code: "print(secret)", Stateful: true})
 	if r.err != nil || !strings.Contains(r.stderr, "NameError") {
 		t.Fatalf("after reset the session state survived: %q %q %v", r.stdout, r.stderr, r.err)
+	}
+}
+
+// A stateless run's background processes end with it; a session's run
+// keeps them.
+func TestRunSweep(t *testing.T) {
+	if !isRoot() {
+		t.Skip("finding the user's processes needs a uid of their own, which needs root")
+	}
+	t.Parallel()
+	h := newHarness(t)
+	code := "setsid sleep 3600 & nohup sleep 3600 >/dev/null 2>&1 & (sleep 3600 &) &"
+	if r := h.mustRun("bash", code); r.exit.GetCode() != 0 {
+		t.Fatalf("run: %v %s", r.exit, r.stderr)
+	}
+	if ps, _ := h.s.procs.userProcs(0); len(ps) > 0 {
+		t.Fatalf("after a stateless run: user processes %v", ps)
+	}
+	if r := h.run(t.Context(), &runnerv1.Run{Language: "bash", Code: code, Stateful: true}); r.err != nil || r.exit.GetCode() != 0 {
+		t.Fatalf("run: %v %s %v", r.exit, r.stderr, r.err)
+	}
+	if ps, _ := h.s.procs.userProcs(0); len(ps) != 3 {
+		t.Fatalf("after a session's run: user processes %v, want the 3 sleeps", ps)
 	}
 }
 

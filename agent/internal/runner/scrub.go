@@ -46,14 +46,18 @@ func prepareDirs(cfg config) error {
 func (s *server) reset(ctx context.Context) error {
 	s.killKernel()
 	clear(s.shells)
-	// First, from inside the user's uid: kill(-1) reaches every process the
-	// user can signal in one step, which forking cannot outrun; then remove
+	// First from outside, until /proc shows no process of the user, so that
+	// the user's process limit leaves room for the helper.
+	if err := s.procs.killUser(nil); err != nil {
+		return fmt.Errorf("reset: %w", err)
+	}
+	// Then from inside the user's uid: kill(-1) reaches every process the
+	// user can signal in one step, which forking cannot outrun; and remove
 	// the user's IPC objects, which only their owner (or CAP_SYS_ADMIN,
 	// which the runner lacks) may do.
 	if err := s.runHelper(ctx, "reset"); err != nil {
-		s.cfg.log.Warn("reset helper", "err", err)
+		return fmt.Errorf("reset: %w", err)
 	}
-	// Then from outside, until /proc shows no process of the user.
 	if err := s.procs.killUser(nil); err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
@@ -116,12 +120,8 @@ func emptyDir(dir string) error {
 // runHelper runs the runner's own binary as the user in helper mode and
 // waits for it (bounded by 5 s).
 func (s *server) runHelper(ctx context.Context, mode string) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("find own binary: %w", err)
-	}
 	p, err := s.procs.start(spec{
-		argv:  []string{exe},
+		argv:  []string{s.cfg.self},
 		env:   []string{helperEnv + "=" + mode},
 		files: []*os.File{nil, nil, os.Stderr},
 	})

@@ -269,7 +269,9 @@ type Run struct {
 	// Bytes of stdout plus stderr passed on; the rest is dropped.
 	OutputLimit uint64 `protobuf:"varint,5,opt,name=output_limit,json=outputLimit,proto3" json:"output_limit,omitempty"`
 	// Keep interpreter state (variables, imports, working directory) for the
-	// next stateful run of the same language in this sandbox.
+	// next stateful run of the same language in this sandbox, and leave the
+	// run's background processes running. A run that is not stateful has its
+	// leftover processes killed when it ends.
 	Stateful bool `protobuf:"varint,6,opt,name=stateful,proto3" json:"stateful,omitempty"`
 	// Files written into /workspace before the run.
 	Files         []*File `protobuf:"bytes,7,rep,name=files,proto3" json:"files,omitempty"`

@@ -1,0 +1,464 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/codemode-go/codemode/agent/internal/wire"
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+)
+
+// The tests in this file start the real runner binary (static, as the agent
+// mounts it) in real gVisor sandboxes with the docker CLI, shaped as the
+// contract in package wire says, and drive it with wire.Client over the
+// container's attached stdin and stdout.
+
+var (
+	buildOnce  sync.Once
+	runnerBin  string
+	buildErr   error
+	dockerOnce sync.Once
+	dockerErr  error
+	sandboxSeq atomic.Int32
+)
+
+func sandboxImage() string {
+	if img := os.Getenv("DOCKER_IMAGE_NAME"); img != "" {
+		return img
+	}
+	return "codemode-sandbox:bookworm"
+}
+
+// needDocker skips t when no Docker daemon answers, and fails it when the
+// daemon lacks what the sandboxes need.
+func needDocker(t testing.TB) {
+	t.Helper()
+	dockerOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "docker", "info", "--format", "{{json .Runtimes}}").CombinedOutput()
+		if err != nil {
+			dockerErr = fmt.Errorf("docker info: %v: %s", err, bytes.TrimSpace(out))
+		} else if !bytes.Contains(out, []byte("runsc")) {
+			dockerErr = fmt.Errorf("dockerd has no runsc runtime (run agent/host/setup.sh): %s", out)
+			t.Fatal(dockerErr)
+		}
+	})
+	if dockerErr != nil {
+		t.Skipf("no Docker daemon reachable, skipping the sandbox test (run agent/host/setup.sh): %v", dockerErr)
+	}
+}
+
+// buildRunner builds the runner binary once, static.
+func buildRunner(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "runner-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		runnerBin = filepath.Join(dir, "runner")
+		cmd := exec.Command("go", "build", "-o", runnerBin, "github.com/codemode-go/codemode/agent/cmd/runner")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build runner: %v: %s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return runnerBin
+}
+
+type sandbox struct {
+	t    testing.TB
+	name string
+	c    *wire.Client
+	log  *syncBuffer // the runner's stderr
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// startSandbox starts a runsc container whose entry process is the runner,
+// with the flags of the contract, and waits for Ready.
+func startSandbox(t testing.TB) *sandbox {
+	t.Helper()
+	needDocker(t)
+	bin := buildRunner(t)
+	name := fmt.Sprintf("codemode-runner-test-%d-%d", os.Getpid(), sandboxSeq.Add(1))
+	args := []string{"run", "-i", "--rm", "--name", name,
+		"--runtime=runsc", "--network=none", "--read-only",
+		"--tmpfs", "/workspace:size=64m", "--tmpfs", "/tmp:size=16m",
+		"--memory=256m", "--pids-limit=128", "--cpus=1",
+		"--cap-drop=ALL", "--security-opt=no-new-privileges", "--user=0:0",
+		"--label=codemode.test=runner",
+		"-v", bin + ":" + wire.RunnerPath + ":ro", "--entrypoint", wire.RunnerPath,
+	}
+	for _, c := range wire.RunnerCapabilities {
+		args = append(args, "--cap-add="+c)
+	}
+	args = append(args, sandboxImage())
+	cmd := exec.Command("docker", args...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := &sandbox{t: t, name: name, log: &syncBuffer{}}
+	cmd.Stderr = sb.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sb.c = wire.NewClient(stdout, stdin)
+	t.Cleanup(func() {
+		stdin.Close() // the runner sees EOF, exits, and --rm removes the container
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			exec.Command("docker", "rm", "-f", name).Run()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("runner log of %s:\n%s", name, sb.log.String())
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := sb.c.Ready(ctx); err != nil {
+		t.Fatalf("sandbox %s not ready: %v\n%s", name, err, sb.log.String())
+	}
+	return sb
+}
+
+// countUserProcs is Python that prints how many processes of the user
+// there are besides itself.
+const countUserProcs = "import os; print(sum(1 for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid() and os.stat('/proc/' + p).st_uid == os.getuid()))"
+
+func (sb *sandbox) run(ctx context.Context, r *runnerv1.Run) result {
+	sb.t.Helper()
+	if r.Timeout == nil {
+		r.Timeout = durationpb.New(30 * time.Second)
+	}
+	var out, errb bytes.Buffer
+	exit, err := sb.c.Run(ctx, r, func(s wire.Stream, b []byte) {
+		if s == wire.Stdout {
+			out.Write(b)
+		} else {
+			errb.Write(b)
+		}
+	})
+	return result{exit: exit, stdout: out.String(), stderr: errb.String(), err: err}
+}
+
+func (sb *sandbox) mustRun(t *testing.T, lang, code string) result {
+	t.Helper()
+	r := sb.run(t.Context(), &runnerv1.Run{Language: lang, Code: code})
+	if r.err != nil {
+		t.Fatalf("run %s %q: %v", lang, code, r.err)
+	}
+	return r
+}
+
+// TestSandbox runs the runner in one gVisor sandbox through a sequence of
+// checks; each leaves the sandbox usable for the next, which is itself
+// part of what is checked.
+func TestSandbox(t *testing.T) {
+	t.Parallel()
+	sb := startSandbox(t)
+	ctx := t.Context()
+
+	t.Run("languages", func(t *testing.T) {
+		for _, tc := range []struct{ lang, code, want string }{
+			{"python", "import os; print(os.getuid(), os.getgid(), os.getcwd())", fmt.Sprintf("%d %d /workspace\n", wire.UserUID, wire.UserGID)},
+			{"bash", "echo $BASH_VERSION | cut -c1-2; id -u", "5.\n65534\n"},
+			{"sh", "echo sh $HOME", "sh /workspace\n"},
+			{"javascript", "console.log(process.getuid())", "65534\n"},
+			{"python", bigCode("python"), "big 1\n"},
+			{"javascript", bigCode("javascript"), "big 1\n"},
+		} {
+			if r := sb.mustRun(t, tc.lang, tc.code); r.stdout != tc.want || r.exit.GetCode() != 0 {
+				t.Errorf("%s %.40q: code %d, stdout %q, stderr %q; want %q", tc.lang, tc.code, r.exit.GetCode(), r.stdout, r.stderr, tc.want)
+			}
+		}
+	})
+
+	t.Run("no privileges", func(t *testing.T) {
+		r := sb.mustRun(t, "bash", "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status | tr -s '\\t' ' '")
+		t.Logf("user code's status:\n%s", r.stdout)
+		for _, want := range []string{"CapPrm: 0000000000000000", "CapEff: 0000000000000000", "NoNewPrivs: 1"} {
+			if !strings.Contains(r.stdout, want) {
+				t.Errorf("user code's status lacks %q:\n%s", want, r.stdout)
+			}
+		}
+	})
+
+	t.Run("streams", func(t *testing.T) {
+		start := time.Now()
+		var times []time.Duration
+		exit, err := sb.c.Run(ctx, &runnerv1.Run{Language: "python", Code: "import time\nfor i in range(3):\n    print(i)\n    time.sleep(1)"},
+			func(_ wire.Stream, b []byte) {
+				for range bytes.Count(b, []byte("\n")) {
+					times = append(times, time.Since(start))
+				}
+			})
+		if err != nil || exit.GetCode() != 0 || len(times) != 3 {
+			t.Fatalf("exit %v, err %v, lines at %v", exit, err, times)
+		}
+		t.Logf("lines arrived at %v", times)
+		for i := 1; i < 3; i++ {
+			if gap := times[i] - times[i-1]; gap < 800*time.Millisecond {
+				t.Fatalf("line %d came %v after line %d: buffered output (times %v)", i, gap, i-1, times)
+			}
+		}
+	})
+
+	t.Run("runner protected", func(t *testing.T) {
+		// The runner is PID 1 and root; user code is another uid.
+		for _, tc := range []struct{ name, code string }{
+			{"signal", "kill -KILL 1"},
+			{"signal all", "kill -KILL -1; echo still here"},
+			{"read memory", "head -c 16 /proc/1/mem"},
+			{"read memory map", "cat /proc/1/maps"},
+			{"read environment", "cat /proc/1/environ"},
+			{"open its stdin", "echo x > /proc/1/fd/0"},
+			{"trace", "python3 -c 'import ctypes, sys; r = ctypes.CDLL(None).ptrace(16, 1, 0, 0); sys.exit(0 if r == 0 else 1)'"},
+			{"replace binary", "echo x > " + wire.RunnerPath},
+			{"write the root", "echo x > /etc/passwd || echo x > /usr/bin/x"},
+		} {
+			r := sb.mustRun(t, "bash", tc.code)
+			if tc.name == "signal all" {
+				if r.stdout != "" { // kill -1 also killed the shell itself
+					t.Logf("%s: %q", tc.name, r.stdout)
+				}
+				continue
+			}
+			if r.exit.GetCode() == 0 {
+				t.Errorf("%s: user code succeeded (stdout %q)", tc.name, r.stdout)
+			}
+		}
+		if r := sb.mustRun(t, "bash", "echo alive"); r.stdout != "alive\n" {
+			t.Fatalf("runner after the attacks: %q %q", r.stdout, r.stderr)
+		}
+	})
+
+	t.Run("no network", func(t *testing.T) {
+		r := sb.mustRun(t, "bash", "ls /sys/class/net 2>/dev/null || awk 'NR>2 {print $1}' /proc/net/dev")
+		if strings.TrimSpace(strings.ReplaceAll(r.stdout, ":", "")) != "lo" {
+			t.Fatalf("interfaces: %q", r.stdout)
+		}
+	})
+
+	t.Run("timeout", func(t *testing.T) {
+		for _, tc := range []struct{ lang, code string }{
+			{"bash", "sleep 3600"},
+			{"python", "while True: pass"},
+			{"bash", "setsid sleep 3600 & nohup sleep 3600 & (sleep 3600 &); sleep 3600"},
+		} {
+			start := time.Now()
+			r := sb.run(ctx, &runnerv1.Run{Language: tc.lang, Code: tc.code, Timeout: durationpb.New(2 * time.Second)})
+			if r.err != nil || !r.exit.GetTimedOut() || r.exit.GetCode() != 137 {
+				t.Fatalf("%q: %v %v", tc.code, r.exit, r.err)
+			}
+			if d := time.Since(start); d > 6*time.Second {
+				t.Fatalf("%q: took %v", tc.code, d)
+			}
+			if got := sb.mustRun(t, "python", countUserProcs).stdout; got != "0\n" {
+				t.Fatalf("%q: user processes left after the timeout: %q", tc.code, got)
+			}
+		}
+	})
+
+	t.Run("stdout flood", func(t *testing.T) {
+		const limit = 1 << 20
+		start := time.Now()
+		r := sb.run(ctx, &runnerv1.Run{Language: "python", OutputLimit: limit, Timeout: durationpb.New(60 * time.Second),
+			Code: "import sys\nb = b'x' * (1 << 20)\nfor _ in range(150):\n    sys.stdout.buffer.write(b)\nprint('end', file=sys.stderr)"})
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Logf("150 MiB flood: %v, exit %v", time.Since(start), r.exit)
+		if got := len(r.stdout) + len(r.stderr); got != limit || !r.exit.GetTruncated() || r.exit.GetCode() != 0 {
+			t.Fatalf("passed on %d bytes, exit %v", got, r.exit)
+		}
+		if got := sb.mustRun(t, "python", "print('responsive')").stdout; got != "responsive\n" {
+			t.Fatalf("after the flood: %q", got)
+		}
+	})
+
+	t.Run("stateful python", func(t *testing.T) {
+		for _, c := range []struct{ code, want string }{{"x = 41", ""}, {"print(x + 1)", "42\n"}} {
+			r := sb.run(ctx, &runnerv1.Run{Language: "python", Code: c.code, Stateful: true})
+			if r.err != nil || r.stdout != c.want {
+				t.Fatalf("%q: %q %q %v", c.code, r.stdout, r.stderr, r.err)
+			}
+		}
+	})
+
+	t.Run("bash session keeps cd", func(t *testing.T) {
+		for _, c := range []struct{ code, want string }{{"mkdir -p /tmp/there && cd /tmp/there && export V=1", ""}, {"pwd; echo $V", "/tmp/there\n1\n"}} {
+			r := sb.run(ctx, &runnerv1.Run{Language: "bash", Code: c.code, Stateful: true})
+			if r.err != nil || r.stdout != c.want {
+				t.Fatalf("%q: %q %q %v", c.code, r.stdout, r.stderr, r.err)
+			}
+		}
+	})
+
+	t.Run("files", func(t *testing.T) {
+		if err := sb.c.WriteFile(ctx, &runnerv1.File{Path: "in/data.txt", Content: []byte("42")}); err != nil {
+			t.Fatal(err)
+		}
+		r := sb.mustRun(t, "bash", "stat -c '%U %a' in in/data.txt; cat in/data.txt > out.txt; ln -s /etc/passwd leak")
+		if r.stdout != "nobody 755\nnobody 644\n" {
+			t.Fatalf("owners: %q %q", r.stdout, r.stderr)
+		}
+		f, err := sb.c.ReadFile(ctx, "out.txt", 0)
+		if err != nil || string(f.GetContent()) != "42" {
+			t.Fatalf("ReadFile = %v, %v", f, err)
+		}
+		if _, err := sb.c.ReadFile(ctx, "leak", 0); err == nil {
+			t.Fatal("read through a link out of the workspace")
+		}
+	})
+}
+
+// TestSandboxReset checks that a scrubbed sandbox shows nothing of the
+// runs before: processes that left the run's process group and session,
+// files in every writable place, System V shared memory, session state.
+func TestSandboxReset(t *testing.T) {
+	t.Parallel()
+	sb := startSandbox(t)
+	ctx := t.Context()
+	a := `
+cd /workspace && echo a > a.txt && mkdir -p d/e && echo x > d/e/f && chmod 000 d
+echo t > /tmp/t; mkdir /tmp/dir; echo s > /dev/shm/s
+setsid sleep 3600 &
+nohup sleep 3600 >/dev/null 2>&1 &
+(sleep 3600 &) &
+python3 -c '
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(3600)
+' &
+python3 -c '
+import ctypes
+libc = ctypes.CDLL(None)
+shmid = libc.shmget(0x5eed, 4096, 0o1600)
+print("shm", shmid >= 0)
+'
+sleep 0.5
+ls /proc | grep -c '^[0-9]'
+`
+	// As a session's run: a stateless run's leftovers die with it already.
+	r := sb.run(ctx, &runnerv1.Run{Language: "bash", Code: a, Stateful: true})
+	if r.err != nil || !strings.Contains(r.stdout, "shm True") {
+		t.Fatalf("run A: %q %q", r.stdout, r.stderr)
+	}
+	if r := sb.run(ctx, &runnerv1.Run{Language: "python", Code: "secret = 'A'", Stateful: true}); r.err != nil {
+		t.Fatal(r.err)
+	}
+	start := time.Now()
+	if err := sb.c.Reset(ctx); err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
+	t.Logf("Reset took %v", time.Since(start))
+	b := `
+ls -A /workspace /tmp /dev/shm
+for p in /proc/[0-9]*; do [ "$(stat -c %U $p)" = nobody ] && [ "${p#/proc/}" != "$$" ] && [ "${p#/proc/}" != "$BASHPID" ] && echo "proc $(cat $p/cmdline | tr '\0' ' ')"; done
+pwd
+python3 -c '
+import ctypes
+print("shm", ctypes.CDLL(None).shmget(0x5eed, 0, 0) >= 0)
+'
+`
+	r = sb.mustRun(t, "bash", b)
+	want := "/dev/shm:\n\n/tmp:\n\n/workspace:\n/workspace\nshm False\n"
+	// The loop's own subshells may show up as "proc bash ..."; nothing else may.
+	var lines []string
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.HasPrefix(l, "proc ") && (strings.HasPrefix(l, "proc bash") || strings.HasPrefix(l, "proc cat") || strings.HasPrefix(l, "proc stat") || strings.HasPrefix(l, "proc tr")) {
+			continue
+		}
+		lines = append(lines, l)
+	}
+	if got := strings.Join(lines, "\n"); got != want {
+		t.Fatalf("run B after Reset sees:\n%s\nstderr %s\nwant:\n%s", got, r.stderr, want)
+	}
+	r = sb.run(ctx, &runnerv1.Run{Language: "python", Code: "print(secret)", Stateful: true})
+	if !strings.Contains(r.stderr, "NameError") {
+		t.Fatalf("session state after Reset: %q %q", r.stdout, r.stderr)
+	}
+}
+
+// TestSandboxAbuse: each abuse ends its run only, with a clear result, and
+// the next run in the same sandbox works.
+func TestSandboxAbuse(t *testing.T) {
+	t.Parallel()
+	sb := startSandbox(t)
+	ctx := t.Context()
+	next := func(t *testing.T) {
+		t.Helper()
+		if r := sb.mustRun(t, "python", "print('next')"); r.stdout != "next\n" {
+			t.Fatalf("next run: %q %q %v", r.stdout, r.stderr, r.exit)
+		}
+	}
+	t.Run("fork bomb", func(t *testing.T) {
+		r := sb.run(ctx, &runnerv1.Run{Language: "bash", Code: ":(){ :|:& };:", Timeout: durationpb.New(3 * time.Second)})
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Logf("fork bomb: %v, stderr %.200q", r.exit, r.stderr)
+		next(t)
+	})
+	t.Run("memory bomb", func(t *testing.T) {
+		r := sb.run(ctx, &runnerv1.Run{Language: "python", Code: "x = []\nwhile True:\n    x.append(bytearray(16 << 20))", Timeout: durationpb.New(30 * time.Second)})
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Logf("memory bomb: %v", r.exit)
+		if !r.exit.GetOomKilled() || r.exit.GetCode() != 137 {
+			t.Fatalf("exit = %v, want oom_killed", r.exit)
+		}
+		next(t)
+	})
+	t.Run("disk fill", func(t *testing.T) {
+		r := sb.run(ctx, &runnerv1.Run{Language: "bash", Code: "cat /dev/zero > /workspace/fill; echo $?; rm /workspace/fill", Timeout: durationpb.New(30 * time.Second)})
+		if r.err != nil || !strings.Contains(r.stderr, "No space left") {
+			t.Fatalf("disk fill: %v %q %q %v", r.exit, r.stdout, r.stderr, r.err)
+		}
+		next(t)
+	})
+}
