@@ -66,7 +66,7 @@ type config struct {
 	// sandbox's own, and a fork bomb that drives the sandbox kernel into
 	// it kills the whole sandbox; this cap stops the bomb inside first.
 	userProcs uint64
-	log          *slog.Logger
+	log       *slog.Logger
 	// drainGrace is how long a run's output is still awaited after its
 	// main process ended (background processes may hold the pipes open).
 	drainGrace time.Duration
