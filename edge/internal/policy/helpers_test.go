@@ -67,9 +67,16 @@ func writeConfig(t testing.TB, path string, cfg Config) string {
 }
 
 // newEngine loads cfg into a new engine closed at the end of the test.
+//
+// Unless the test sets one, the deadline is 2 s instead of 20 ms: tests
+// that are not about deadlines must not fail when -race on a loaded machine
+// starves a call. The deadline tests set theirs.
 func newEngine(t testing.TB, cfg Config) *Engine {
 	t.Helper()
-	e, err := New(context.Background(), Options{ConfigPath: writeConfig(t, "", cfg)})
+	if cfg.Deadline == 0 {
+		cfg.Deadline = Duration(2 * time.Second)
+	}
+	e, err := New(context.Background(), testOptions(t, writeConfig(t, "", cfg)))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -116,4 +123,11 @@ func countersOf(t *testing.T, e *Engine, name string) *policyv1.PolicyCounters {
 	}
 	t.Fatalf("no policy %s in status", name)
 	return nil
+}
+
+// testOptions shares one compilation cache directory across tests and test
+// runs, so that each module compiles once (compiling the Go examples takes
+// seconds, tens of seconds under -race).
+func testOptions(t testing.TB, path string) Options {
+	return Options{ConfigPath: path, CacheDir: policytest.CacheDir(t)}
 }

@@ -145,3 +145,18 @@ func Digest(t testing.TB, path string) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
+
+// CacheDir returns a wazero compilation cache directory kept across test
+// runs, like the go command's build cache (entries are keyed by the module's
+// bytes and wazero's version), or a directory of this run when the user
+// has no cache directory.
+func CacheDir(t testing.TB) string {
+	t.Helper()
+	if base, err := os.UserCacheDir(); err == nil {
+		dir := filepath.Join(base, "codemode", "wazero-test")
+		if err := os.MkdirAll(dir, 0o755); err == nil {
+			return dir
+		}
+	}
+	return filepath.Join(Build(t).Dir, "cache")
+}
