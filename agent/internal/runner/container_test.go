@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -461,4 +462,77 @@ func TestSandboxAbuse(t *testing.T) {
 		}
 		next(t)
 	})
+}
+
+// BenchmarkSandbox measures, in one gVisor sandbox, what a run costs
+// through the runner against the physical limit measured inside the same
+// sandbox: a shell loop starting the same interpreter. Run with
+//
+//	go test -run '^$' -bench Sandbox -benchtime 50x ./agent/internal/runner
+func BenchmarkSandbox(b *testing.B) {
+	sb := startSandbox(b)
+	ctx := b.Context()
+	through := func(b *testing.B, run *runnerv1.Run) {
+		var lat []time.Duration
+		for b.Loop() {
+			start := time.Now()
+			exit, err := sb.c.Run(ctx, run, nil)
+			if err != nil || exit.GetCode() != 0 {
+				b.Fatalf("run: %v %v", exit, err)
+			}
+			lat = append(lat, time.Since(start))
+		}
+		reportPercentiles(b, lat)
+	}
+	b.Run("runner/python-print", func(b *testing.B) {
+		through(b, &runnerv1.Run{Language: "python", Code: "print(1)"})
+	})
+	b.Run("runner/bash-echo", func(b *testing.B) {
+		through(b, &runnerv1.Run{Language: "bash", Code: "echo 1"})
+	})
+	b.Run("runner/python-session-statement", func(b *testing.B) {
+		if _, err := sb.c.Run(ctx, &runnerv1.Run{Language: "python", Code: "x = 0", Stateful: true}, nil); err != nil {
+			b.Fatal(err)
+		}
+		through(b, &runnerv1.Run{Language: "python", Code: "x += 1", Stateful: true})
+	})
+	// The same starts from a loop inside the sandbox: no runner, no
+	// stream, only the interpreter.
+	for _, tc := range []struct{ name, cmd string }{
+		{"in-sandbox-loop/python-print", "python3 -c 'print(1)'"},
+		{"in-sandbox-loop/bash-echo", "bash -c 'echo 1'"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var lat []time.Duration
+			for b.Loop() {
+				// bash's time keyword measures without starting anything
+				// else.
+				code := fmt.Sprintf("TIMEFORMAT=%%3R; { time %s >/dev/null; } 2>&1", tc.cmd)
+				exit, err := sb.c.Run(ctx, &runnerv1.Run{Language: "bash", Code: code}, func(_ wire.Stream, out []byte) {
+					var sec float64
+					if _, err := fmt.Sscan(string(out), &sec); err == nil {
+						lat = append(lat, time.Duration(sec*float64(time.Second)))
+					}
+				})
+				if err != nil || exit.GetCode() != 0 {
+					b.Fatalf("run: %v %v", exit, err)
+				}
+			}
+			reportPercentiles(b, lat)
+		})
+	}
+}
+
+func reportPercentiles(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	at := func(q float64) float64 {
+		return float64(s[min(len(s)-1, int(q*float64(len(s))))].Microseconds()) / 1000
+	}
+	b.ReportMetric(at(0.50), "p50-ms")
+	b.ReportMetric(at(0.95), "p95-ms")
+	b.ReportMetric(at(0.99), "p99-ms")
 }
