@@ -8,7 +8,8 @@
 
 import { Code, ConnectError, createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcWebTransport } from "@connectrpc/connect-web";
-import type { Duration } from "@bufbuild/protobuf/wkt";
+import { create } from "@bufbuild/protobuf";
+import { type Duration, DurationSchema } from "@bufbuild/protobuf/wkt";
 import { ExecutionService } from "./gen/codemode/edge/v1/edge_pb";
 import type { Result } from "./gen/codemode/execution/v1/execution_pb";
 
@@ -46,6 +47,7 @@ const ui = {
   language: $<HTMLSelectElement>("language"),
   session: $<HTMLInputElement>("session"),
   sessionId: $<HTMLElement>("session-id"),
+  timeout: $<HTMLInputElement>("timeout"),
   run: $<HTMLButtonElement>("run"),
   code: $<HTMLTextAreaElement>("code"),
   badges: $<HTMLSpanElement>("badges"),
@@ -231,6 +233,15 @@ ui.clear.addEventListener("click", clearOutput);
 
 // ---- running ----
 
+// timeout returns the limit typed in, clamped to what the API accepts.
+function timeout(): Duration | undefined {
+  const s = Math.round(Number(ui.timeout.value));
+  if (!Number.isFinite(s) || s <= 0) return undefined;
+  const clamped = Math.min(s, 300);
+  ui.timeout.value = String(clamped);
+  return create(DurationSchema, { seconds: BigInt(clamped) });
+}
+
 let running: AbortController | null = null;
 
 async function run() {
@@ -254,7 +265,7 @@ async function run() {
   let result: Result | undefined;
   try {
     const stream = client.executeStream(
-      { language: ui.language.value, code, sessionId },
+      { language: ui.language.value, code, sessionId, timeout: timeout() },
       { signal: ctl.signal },
     );
     for await (const res of stream) {

@@ -125,6 +125,16 @@ describe("playground", { timeout: 60000 }, () => {
     console.log(`screenshot: ${shot}`);
   });
 
+  test("a run past its timeout is killed and says so", async () => {
+    await page.fill("#timeout", "1");
+    await page.fill("#code", "import time\nprint('start', flush=True)\ntime.sleep(20)");
+    await page.click("#run");
+    await page.waitForSelector("body[data-state=done]", { timeout: 15000 });
+    assert.equal(await page.textContent("#output"), "start\n");
+    assert.equal(await page.textContent("#timed-out"), "timed out");
+    await page.fill("#timeout", "30");
+  });
+
   test("a session keeps /workspace between runs", async () => {
     // The switch is a styled label around a visually hidden checkbox.
     await page.click("label.switch");
