@@ -455,6 +455,18 @@ func TestSandboxAbuse(t *testing.T) {
 		}
 		next(t)
 	})
+	t.Run("memory limit of the run", func(t *testing.T) {
+		r := sb.run(ctx, &runnerv1.Run{Language: "python", MemoryLimit: 96 << 20, Stateful: true,
+			Code: "x = []\nfor i in range(20):\n    x.append(bytearray(16 << 20))\n    print(i, flush=True)"})
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Logf("memory limit: %v, stdout %q", r.exit, r.stdout)
+		if !r.exit.GetOomKilled() || !r.exit.GetStateLost() || strings.Contains(r.stdout, "19") {
+			t.Fatalf("exit = %v, want oom_killed and state lost before the end", r.exit)
+		}
+		next(t)
+	})
 	t.Run("disk fill", func(t *testing.T) {
 		r := sb.run(ctx, &runnerv1.Run{Language: "bash", Code: "cat /dev/zero > /workspace/fill; echo $?; rm /workspace/fill", Timeout: durationpb.New(30 * time.Second)})
 		if r.err != nil || !strings.Contains(r.stderr, "No space left") {

@@ -82,6 +82,7 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 	lim := limits{
 		timeout: durationOr(r.GetTimeout(), DefaultTimeout, MaxTimeout),
 		output:  r.GetOutputLimit(),
+		memory:  r.GetMemoryLimit(),
 	}
 	if lim.output == 0 {
 		lim.output = DefaultOutputLimit
@@ -103,6 +104,7 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 type limits struct {
 	timeout time.Duration
 	output  uint64
+	memory  uint64 // 0: the sandbox's limit only
 }
 
 // runOnce runs code in a fresh interpreter process. With sweep, the
@@ -228,7 +230,7 @@ func (s *server) supervise(ctx context.Context, done <-chan struct{}, pgid int, 
 	var st stopped
 	timer := time.NewTimer(lim.timeout)
 	defer timer.Stop()
-	watch := s.watchMemory(done)
+	watch := s.watchMemory(done, lim.memory)
 	select {
 	case <-done:
 		return st

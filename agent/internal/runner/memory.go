@@ -23,21 +23,28 @@ func memoryHeadroom(limit uint64) uint64 {
 }
 
 // watchMemory returns a channel that is closed if the sandbox's memory usage
-// comes within memoryHeadroom of its limit before done is closed. Without a
-// readable memory cgroup, or without a limit, it returns nil (never ready).
-func (s *server) watchMemory(done <-chan struct{}) <-chan struct{} {
+// comes within memoryHeadroom of its limit, or reaches runLimit (if not 0),
+// before done is closed. Without a readable memory cgroup, or without any
+// limit, it returns nil (never ready).
+func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) <-chan struct{} {
 	if s.cfg.cgroupMemory == "" {
-		return nil
-	}
-	limit, ok := readUint(filepath.Join(s.cfg.cgroupMemory, "memory.limit_in_bytes"))
-	if !ok || limit == 0 || limit >= 1<<62 {
 		return nil
 	}
 	usageFile := filepath.Join(s.cfg.cgroupMemory, "memory.usage_in_bytes")
 	if _, ok := readUint(usageFile); !ok {
 		return nil
 	}
-	threshold := limit - min(limit, memoryHeadroom(limit))
+	threshold := uint64(1<<64 - 1)
+	limit, ok := readUint(filepath.Join(s.cfg.cgroupMemory, "memory.limit_in_bytes"))
+	if ok && limit > 0 && limit < 1<<62 {
+		threshold = limit - min(limit, memoryHeadroom(limit))
+	}
+	if runLimit > 0 {
+		threshold = min(threshold, runLimit)
+	}
+	if threshold == 1<<64-1 {
+		return nil
+	}
 	fired := make(chan struct{})
 	go func() {
 		t := time.NewTicker(memoryPoll)
@@ -48,7 +55,7 @@ func (s *server) watchMemory(done <-chan struct{}) <-chan struct{} {
 				return
 			case <-t.C:
 				if u, ok := readUint(usageFile); ok && u >= threshold {
-					s.cfg.log.Warn("memory limit reached: killing the run", "usage", u, "limit", limit)
+					s.cfg.log.Warn("memory limit reached: killing the run", "usage", u, "threshold", threshold)
 					close(fired)
 					return
 				}

@@ -199,6 +199,7 @@ func (c *Client) Run(ctx context.Context, run *runnerv1.Run, out func(stream Str
 			Timeout:     run.GetTimeout(),
 			OutputLimit: run.GetOutputLimit(),
 			Stateful:    run.GetStateful(),
+			MemoryLimit: run.GetMemoryLimit(),
 		}
 	}
 

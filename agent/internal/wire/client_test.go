@@ -292,12 +292,12 @@ func TestClientRunLargeFiles(t *testing.T) {
 			p.send(&runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{}}})
 		}
 		req := p.next()
-		if r := req.GetRun(); r.GetCode() != "ls" || len(r.GetFiles()) != 0 || !r.GetStateful() {
+		if r := req.GetRun(); r.GetCode() != "ls" || len(r.GetFiles()) != 0 || !r.GetStateful() || r.GetMemoryLimit() != 5 {
 			t.Errorf("peer got run %v", r)
 		}
 		p.send(&runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Exit{Exit: &runnerv1.Exit{}}})
 	}()
-	if _, err := c.Run(t.Context(), &runnerv1.Run{Language: "bash", Code: "ls", Stateful: true, Files: files}, nil); err != nil {
+	if _, err := c.Run(t.Context(), &runnerv1.Run{Language: "bash", Code: "ls", Stateful: true, MemoryLimit: 5, Files: files}, nil); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -274,7 +274,12 @@ type Run struct {
 	// leftover processes killed when it ends.
 	Stateful bool `protobuf:"varint,6,opt,name=stateful,proto3" json:"stateful,omitempty"`
 	// Files written into /workspace before the run.
-	Files         []*File `protobuf:"bytes,7,rep,name=files,proto3" json:"files,omitempty"`
+	Files []*File `protobuf:"bytes,7,rep,name=files,proto3" json:"files,omitempty"`
+	// Bytes of memory the whole sandbox may use while the run goes on; when
+	// its usage comes near this (or near the sandbox's own limit, whichever is
+	// lower), the runner kills the run and reports oom_killed. 0: the
+	// sandbox's own limit only.
+	MemoryLimit   uint64 `protobuf:"varint,8,opt,name=memory_limit,json=memoryLimit,proto3" json:"memory_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -356,6 +361,13 @@ func (x *Run) GetFiles() []*File {
 		return x.Files
 	}
 	return nil
+}
+
+func (x *Run) GetMemoryLimit() uint64 {
+	if x != nil {
+		return x.MemoryLimit
+	}
+	return 0
 }
 
 type File struct {
@@ -1201,7 +1213,7 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\tread_file\x18\x06 \x01(\v2\x1c.codemode.runner.v1.ReadFileH\x00R\breadFile\x12>\n" +
 	"\n" +
 	"list_files\x18\a \x01(\v2\x1d.codemode.runner.v1.ListFilesH\x00R\tlistFilesB\x06\n" +
-	"\x04kind\"\xef\x01\n" +
+	"\x04kind\"\x92\x02\n" +
 	"\x03Run\x12\x1a\n" +
 	"\blanguage\x18\x01 \x01(\tR\blanguage\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\tR\x04code\x12\x14\n" +
@@ -1209,7 +1221,8 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12!\n" +
 	"\foutput_limit\x18\x05 \x01(\x04R\voutputLimit\x12\x1a\n" +
 	"\bstateful\x18\x06 \x01(\bR\bstateful\x12.\n" +
-	"\x05files\x18\a \x03(\v2\x18.codemode.runner.v1.FileR\x05files\"H\n" +
+	"\x05files\x18\a \x03(\v2\x18.codemode.runner.v1.FileR\x05files\x12!\n" +
+	"\fmemory_limit\x18\b \x01(\x04R\vmemoryLimit\"H\n" +
 	"\x04File\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\fR\acontent\x12\x12\n" +
