@@ -1,0 +1,155 @@
+// Package agentd is the agent: it serves codemode.agent.v1.AgentService
+// (gRPC, gRPC-Web and Connect on one port) and runs code in gVisor sandboxes
+// through the Docker Engine, with a warm pool, sessions and streaming.
+//
+// Run is the agent binary; New and Agent.Serve let tests and benchmarks run
+// an agent in process on a listener of their own.
+package agentd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/codemode-go/codemode/agent/internal/pool"
+	"github.com/codemode-go/codemode/agent/internal/sandbox"
+	"github.com/codemode-go/codemode/agent/internal/wire"
+	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
+	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// Run runs the agent binary: it parses args and the environment, serves
+// until ctx is done (SIGINT or SIGTERM), then removes every sandbox it made.
+func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) error {
+	cfg, err := ParseConfig(args, os.Getenv, stderr)
+	if err != nil {
+		return err
+	}
+	logger, err := cli.NewLogger(stderr, cfg.LogFormat, cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	a, err := New(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	ln, err := server.Listen(ctx, cfg.Addr)
+	if err != nil {
+		a.Close(context.Background())
+		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
+	}
+	return a.Serve(ctx, ln)
+}
+
+// Agent is a running agent: its sandboxes, sessions and service.
+type Agent struct {
+	cfg      Config
+	log      *slog.Logger
+	driver   *sandbox.Docker
+	pool     *pool.Pool
+	sessions *pool.Sessions
+	svc      *Service
+}
+
+// New checks cfg, connects to the container engine, removes the sandboxes
+// an earlier agent of the same name left behind, and starts filling the
+// warm pool. The engine need not be reachable yet: until it is, the agent
+// answers unavailable. Close (or Serve) removes everything.
+func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(cfg.Runner); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("runner binary %s: not a regular file (build it with CGO_ENABLED=0 go build ./agent/cmd/runner, next to the agent binary, or pass --runner): %v", cfg.Runner, err)
+	}
+	driver, err := sandbox.NewDocker(cfg.DockerHost, logger.With("component", "docker"))
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{sandbox.LabelAgent: cfg.Name}
+	spec := sandbox.Spec{
+		Image:       cfg.Image,
+		Runtime:     cfg.Runtime,
+		Command:     []string{wire.RunnerPath},
+		Binds:       map[string]string{cfg.Runner: wire.RunnerPath},
+		CapAdd:      wire.RunnerCapabilities,
+		User:        "0:0",
+		MemoryBytes: cfg.Memory,
+		NanoCPUs:    int64(cfg.CPUs * 1e9),
+		PidsLimit:   cfg.PidsLimit,
+		Tmpfs: map[string]string{
+			wire.Workspace: fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=0755,uid=%d,gid=%d", cfg.WorkspaceSize, wire.UserUID, wire.UserGID),
+			"/tmp":         fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", cfg.TmpSize),
+		},
+		ShmBytes: cfg.ShmSize,
+	}
+	p, err := pool.New(pool.Config{
+		Driver:   driver,
+		Spec:     spec,
+		MinWarm:  cfg.MinActive,
+		Max:      cfg.MaxSandboxes,
+		MaxReuse: cfg.MaxReuse,
+		Labels:   labels,
+		Logger:   logger.With("component", "pool"),
+	})
+	if err != nil {
+		driver.Close()
+		return nil, err
+	}
+	p.Start(ctx)
+	sessions := pool.NewSessions(p, pool.SessionsConfig{
+		Max:        cfg.MaxSessions,
+		IdleTTL:    cfg.SessionIdleTTL,
+		MaxIdleTTL: cfg.MaxSessionIdleTTL,
+		Logger:     logger.With("component", "sessions"),
+	})
+	a := &Agent{cfg: cfg, log: logger, driver: driver, pool: p, sessions: sessions}
+	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, sessions: sessions}
+	logger.Info("agent started", "name", cfg.Name, "labels", labelString(cfg.Labels), "image", cfg.Image,
+		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes)
+	return a, nil
+}
+
+// Service returns the agent's internal service.
+func (a *Agent) Service() *Service { return a.svc }
+
+// Driver returns the agent's Docker driver.
+func (a *Agent) Driver() *sandbox.Docker { return a.driver }
+
+// register mounts the AgentService (with health and reflection) on srv.
+func (a *Agent) register(srv *server.Server) {
+	h := &handler{svc: a.svc, log: a.log.With("component", "handler")}
+	srv.HandleService(agentv1connect.NewAgentServiceHandler(h, srv.HandlerOptions()...))
+}
+
+// Serve serves the agent's API on ln until ctx is done, then shuts down
+// gracefully and removes every sandbox (Close).
+func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
+	srv := server.New(a.log.With("component", "server"))
+	srv.ShutdownTimeout = a.cfg.ShutdownTimeout
+	a.register(srv)
+	err := srv.Serve(ctx, ln)
+	cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return errors.Join(err, a.Close(cctx))
+}
+
+// Close closes every session and removes every sandbox of the agent.
+func (a *Agent) Close(ctx context.Context) error {
+	a.sessions.CloseAll()
+	err := a.pool.Close(ctx)
+	a.driver.Close()
+	if err != nil {
+		a.log.Warn("remove sandboxes at shutdown", "err", err)
+		return err
+	}
+	a.log.Info("agent stopped; sandboxes removed")
+	return nil
+}
+

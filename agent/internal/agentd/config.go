@@ -1,0 +1,302 @@
+package agentd
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/codemode-go/codemode/internal/cli"
+)
+
+// Config configures an agent. ParseConfig fills it from flags and
+// environment variables; Validate checks it.
+type Config struct {
+	// Addr is the address to serve on (gRPC, gRPC-Web and Connect).
+	Addr string
+	// Name identifies the agent in results, status and container labels.
+	// Two agents on one host must have different names: each removes the
+	// leftover sandboxes of its own name when it starts.
+	Name string
+	// Labels are reported in status, for routing.
+	Labels map[string]string
+
+	// Image is the sandbox image; it must be present locally.
+	Image string
+	// Runtime is the OCI runtime of the sandboxes.
+	Runtime string
+	// Runner is the host path of the runner binary, bind-mounted read-only
+	// into every sandbox.
+	Runner string
+	// DockerHost is the engine's address; empty: DOCKER_HOST or the
+	// default socket.
+	DockerHost string
+
+	// MinActive sandboxes are kept warm.
+	MinActive int
+	// MaxSandboxes bounds the sandboxes held at once (warm, busy and held
+	// by sessions).
+	MaxSandboxes int
+	// MaxReuse bounds the stateless runs one sandbox serves (scrubbed
+	// between runs) before it is destroyed.
+	MaxReuse int
+	// QueueTimeout bounds how long a request waits for a free sandbox.
+	QueueTimeout time.Duration
+
+	// DefaultTimeout and MaxTimeout bound a run's wall-clock time.
+	DefaultTimeout, MaxTimeout time.Duration
+	// Memory is the default memory limit of a sandbox; MaxMemory the most a
+	// request may ask for.
+	Memory, MaxMemory int64
+	// CPUs is the CPU limit of a sandbox.
+	CPUs float64
+	// PidsLimit bounds the host threads of a sandbox (under runsc they
+	// include the sandbox kernel's own).
+	PidsLimit int64
+	// WorkspaceSize, TmpSize and ShmSize size the sandbox's writable tmpfs
+	// mounts /workspace, /tmp and /dev/shm.
+	WorkspaceSize, TmpSize, ShmSize int64
+	// DefaultOutput and MaxOutput bound the bytes of stdout plus stderr
+	// kept of a run.
+	DefaultOutput, MaxOutput int64
+
+	// SessionIdleTTL closes a session after this long without a run;
+	// MaxSessionIdleTTL bounds what a session may ask for.
+	SessionIdleTTL, MaxSessionIdleTTL time.Duration
+	// MaxSessions bounds the open sessions.
+	MaxSessions int
+
+	// ShutdownTimeout bounds the graceful shutdown of the server.
+	ShutdownTimeout time.Duration
+
+	// LogFormat ("text" or "json") and LogLevel configure the logger Run
+	// builds.
+	LogFormat, LogLevel string
+}
+
+// DefaultConfig returns the defaults of every setting.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	runner := "runner"
+	if exe, err := os.Executable(); err == nil {
+		runner = filepath.Join(filepath.Dir(exe), "runner")
+	}
+	return Config{
+		Addr:              ":30031",
+		Name:              host,
+		Image:             "codemode-sandbox:bookworm",
+		Runtime:           "runsc",
+		Runner:            runner,
+		MinActive:         2,
+		MaxSandboxes:      16,
+		MaxReuse:          100,
+		QueueTimeout:      30 * time.Second,
+		DefaultTimeout:    30 * time.Second,
+		MaxTimeout:        300 * time.Second,
+		Memory:            512 << 20,
+		MaxMemory:         2 << 30,
+		CPUs:              1,
+		PidsLimit:         256,
+		WorkspaceSize:     64 << 20,
+		TmpSize:           16 << 20,
+		ShmSize:           16 << 20,
+		DefaultOutput:     1 << 20,
+		MaxOutput:         16 << 20,
+		SessionIdleTTL:    10 * time.Minute,
+		MaxSessionIdleTTL: 24 * time.Hour,
+		MaxSessions:       8,
+		ShutdownTimeout:   10 * time.Second,
+		LogFormat:         "text",
+		LogLevel:          "info",
+	}
+}
+
+// ParseConfig parses args and the environment (read with getenv) into a
+// Config over the defaults, and validates it. Usage goes to w.
+func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config, error) {
+	cfg := DefaultConfig()
+	f := cli.NewFlags("agent", w)
+	f.Func("addr", "address to serve gRPC, gRPC-Web and Connect on; a bare port means all interfaces (default \":30031\")", func(s string) error {
+		cfg.Addr = normalizeAddr(s)
+		return nil
+	})
+	f.Env("addr", "WORKER_PORT")
+	f.StringVar(&cfg.Name, "name", cfg.Name, "name of the agent, in results, status and sandbox labels (default: host name)")
+	f.Env("name", "AGENT_NAME")
+	f.Func("labels", "labels for routing, k=v,k=v", func(s string) error {
+		l, err := parseLabels(s)
+		cfg.Labels = l
+		return err
+	})
+	f.Env("labels", "AGENT_LABELS")
+	f.StringVar(&cfg.Image, "image", cfg.Image, "sandbox image (must be present locally)")
+	f.Env("image", "DOCKER_IMAGE_NAME")
+	f.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI runtime of the sandboxes")
+	f.Env("runtime", "SANDBOX_RUNTIME")
+	f.StringVar(&cfg.Runner, "runner", cfg.Runner, "host path of the static runner binary mounted into every sandbox (default: runner next to this binary)")
+	f.Env("runner", "RUNNER_PATH")
+	f.StringVar(&cfg.DockerHost, "docker-host", "", "Docker Engine address (default: DOCKER_HOST or the local socket)")
+	f.IntVar(&cfg.MinActive, "min-active", cfg.MinActive, "warm sandboxes kept ready")
+	f.Env("min-active", "MIN_ACTIVE")
+	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", cfg.MaxSandboxes, "most sandboxes held at once (warm, busy and sessions)")
+	f.Env("max-sandboxes", "MAX_SANDBOXES")
+	f.IntVar(&cfg.MaxReuse, "max-reuse", cfg.MaxReuse, "stateless runs one sandbox serves, scrubbed between runs, before it is destroyed")
+	f.Env("max-reuse", "MAX_REUSE")
+	f.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "how long a request waits for a free sandbox")
+	f.Env("queue-timeout", "QUEUE_TIMEOUT")
+	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", cfg.DefaultTimeout, "run timeout when the request sets none")
+	f.Env("default-timeout", "DEFAULT_TIMEOUT")
+	f.DurationVar(&cfg.MaxTimeout, "max-timeout", cfg.MaxTimeout, "longest run timeout a request may ask for")
+	f.Env("max-timeout", "MAX_TIMEOUT")
+	bytesFlag(f, &cfg.Memory, "memory", "SANDBOX_MEMORY", "default memory limit of a sandbox (e.g. 512m)")
+	bytesFlag(f, &cfg.MaxMemory, "max-memory", "MAX_MEMORY", "largest memory limit a request may ask for")
+	f.Float64Var(&cfg.CPUs, "cpus", cfg.CPUs, "CPU limit of a sandbox")
+	f.Env("cpus", "SANDBOX_CPUS")
+	f.Int64Var(&cfg.PidsLimit, "pids-limit", cfg.PidsLimit, "pids limit of a sandbox (under runsc it counts the sandbox kernel's threads too)")
+	f.Env("pids-limit", "SANDBOX_PIDS_LIMIT")
+	bytesFlag(f, &cfg.WorkspaceSize, "workspace-size", "WORKSPACE_SIZE", "size of the /workspace tmpfs")
+	bytesFlag(f, &cfg.TmpSize, "tmp-size", "TMP_SIZE", "size of the /tmp tmpfs")
+	bytesFlag(f, &cfg.ShmSize, "shm-size", "SHM_SIZE", "size of /dev/shm")
+	bytesFlag(f, &cfg.DefaultOutput, "default-output", "DEFAULT_OUTPUT", "bytes of stdout plus stderr kept when the request sets no limit")
+	bytesFlag(f, &cfg.MaxOutput, "max-output", "MAX_OUTPUT", "most bytes of stdout plus stderr a request may ask to keep")
+	f.DurationVar(&cfg.SessionIdleTTL, "session-idle-ttl", cfg.SessionIdleTTL, "a session is closed after this long without a run")
+	f.Env("session-idle-ttl", "SESSION_IDLE_TTL")
+	f.DurationVar(&cfg.MaxSessionIdleTTL, "max-session-idle-ttl", cfg.MaxSessionIdleTTL, "longest idle timeout a session may ask for")
+	f.Env("max-session-idle-ttl", "MAX_SESSION_IDLE_TTL")
+	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "most open sessions")
+	f.Env("max-sessions", "MAX_SESSIONS")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long shutdown waits for requests in flight")
+	f.Env("shutdown-timeout", "SHUTDOWN_TIMEOUT")
+	format, level := cli.LogFlags(f)
+	if err := f.Parse(args, getenv); err != nil {
+		return Config{}, err
+	}
+	cfg.LogFormat, cfg.LogLevel = *format, *level
+	if cfg.DockerHost == "" {
+		cfg.DockerHost = getenv("DOCKER_HOST")
+	}
+	return cfg, cfg.Validate()
+}
+
+// Validate reports the first problem with c.
+func (c *Config) Validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.Addr != "", "addr is empty")
+	check(c.Name != "", "name is empty")
+	check(c.Image != "", "image is empty")
+	check(c.Runtime != "", "runtime is empty")
+	check(c.Runner != "", "runner is empty")
+	check(c.MaxSandboxes >= 1, "max-sandboxes %d: want at least 1", c.MaxSandboxes)
+	check(c.MinActive >= 0 && c.MinActive <= c.MaxSandboxes, "min-active %d: want 0 to max-sandboxes (%d)", c.MinActive, c.MaxSandboxes)
+	check(c.MaxReuse >= 1, "max-reuse %d: want at least 1", c.MaxReuse)
+	check(c.QueueTimeout > 0, "queue-timeout must be positive")
+	check(c.DefaultTimeout > 0 && c.DefaultTimeout <= c.MaxTimeout, "default-timeout %v: want positive and at most max-timeout (%v)", c.DefaultTimeout, c.MaxTimeout)
+	check(c.Memory >= minMemory && c.Memory <= c.MaxMemory, "memory %d: want %d to max-memory (%d)", c.Memory, minMemory, c.MaxMemory)
+	check(c.CPUs > 0, "cpus must be positive")
+	check(c.PidsLimit >= 128, "pids-limit %d: runsc needs at least 128", c.PidsLimit)
+	check(c.WorkspaceSize > 0 && c.TmpSize > 0 && c.ShmSize > 0, "tmpfs sizes must be positive")
+	check(c.DefaultOutput > 0 && c.DefaultOutput <= c.MaxOutput, "default-output %d: want positive and at most max-output (%d)", c.DefaultOutput, c.MaxOutput)
+	check(c.SessionIdleTTL > 0 && c.SessionIdleTTL <= c.MaxSessionIdleTTL, "session-idle-ttl %v: want positive and at most max-session-idle-ttl", c.SessionIdleTTL)
+	check(c.MaxSessions >= 0 && c.MaxSessions <= c.MaxSandboxes, "max-sessions %d: want 0 to max-sandboxes (%d)", c.MaxSessions, c.MaxSandboxes)
+	check(!strings.ContainsAny(c.Name, "=,\n"), "name %q: no '=', ',' or newline", c.Name)
+	return errors.Join(errs...)
+}
+
+// normalizeAddr accepts WORKER_PORT's forms: "30031", ":30031" or
+// "host:port".
+func normalizeAddr(s string) string {
+	if _, err := strconv.Atoi(s); err == nil {
+		return ":" + s
+	}
+	return s
+}
+
+func parseLabels(s string) (map[string]string, error) {
+	l := map[string]string{}
+	for kv := range strings.SplitSeq(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("label %q: want key=value", kv)
+		}
+		l[k] = v
+	}
+	return l, nil
+}
+
+// bytesFlag defines a byte-size flag: a number with an optional suffix k,
+// m, g (powers of 1024, also written KiB, MiB, GiB).
+func bytesFlag(f *cli.Flags, p *int64, name, env, usage string) {
+	def := *p
+	f.Func(name, fmt.Sprintf("%s (default %s)", usage, formatBytes(def)), func(s string) error {
+		n, err := parseBytes(s)
+		if err != nil {
+			return err
+		}
+		*p = n
+		return nil
+	})
+	f.Env(name, env)
+}
+
+func parseBytes(s string) (int64, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "ib"), "b")
+	mult := int64(1)
+	if t != "" {
+		switch t[len(t)-1] {
+		case 'k':
+			mult = 1 << 10
+		case 'm':
+			mult = 1 << 20
+		case 'g':
+			mult = 1 << 30
+		}
+		if mult > 1 {
+			t = t[:len(t)-1]
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("size %q: want a number of bytes with an optional k, m or g", s)
+	}
+	return n * mult, nil
+}
+
+func formatBytes(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return strconv.FormatInt(n>>30, 10) + "g"
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + "m"
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return strconv.FormatInt(n>>10, 10) + "k"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// labelString renders labels as k=v,k=v in key order, for logs.
+func labelString(l map[string]string) string {
+	var b strings.Builder
+	for i, k := range slices.Sorted(maps.Keys(l)) {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k + "=" + l[k])
+	}
+	return b.String()
+}

@@ -1,0 +1,118 @@
+package agentd
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"connectrpc.com/connect"
+
+	"github.com/codemode-go/codemode/agent/internal/pool"
+	"github.com/codemode-go/codemode/agent/internal/sandbox"
+	"github.com/codemode-go/codemode/agent/internal/wire"
+	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
+	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+)
+
+var _ agentv1connect.AgentServiceHandler = (*handler)(nil)
+
+// handler adapts the Service to codemode.agent.v1.AgentService.
+type handler struct {
+	svc *Service
+	log *slog.Logger
+}
+
+func (h *handler) Execute(ctx context.Context, req *connect.Request[agentv1.ExecuteRequest]) (*connect.Response[agentv1.ExecuteResponse], error) {
+	res, err := h.svc.Execute(ctx, req.Msg.GetExecution(), nil)
+	if err != nil {
+		return nil, h.toConnect(err, req.Msg.GetRequestId())
+	}
+	return connect.NewResponse(&agentv1.ExecuteResponse{Result: res}), nil
+}
+
+func (h *handler) ExecuteStream(ctx context.Context, req *connect.Request[agentv1.ExecuteStreamRequest], stream *connect.ServerStream[agentv1.ExecuteStreamResponse]) error {
+	res, err := h.svc.Execute(ctx, req.Msg.GetExecution(), func(ev *executionv1.Event) error {
+		return stream.Send(&agentv1.ExecuteStreamResponse{Event: ev})
+	})
+	if err != nil {
+		return h.toConnect(err, req.Msg.GetRequestId())
+	}
+	return stream.Send(&agentv1.ExecuteStreamResponse{Event: &executionv1.Event{Event: &executionv1.Event_Result{Result: res}}})
+}
+
+func (h *handler) CreateSession(ctx context.Context, req *connect.Request[agentv1.CreateSessionRequest]) (*connect.Response[agentv1.CreateSessionResponse], error) {
+	sess, err := h.svc.CreateSession(ctx, req.Msg)
+	if err != nil {
+		return nil, h.toConnect(err, "")
+	}
+	return connect.NewResponse(&agentv1.CreateSessionResponse{Session: sess}), nil
+}
+
+func (h *handler) CloseSession(ctx context.Context, req *connect.Request[agentv1.CloseSessionRequest]) (*connect.Response[agentv1.CloseSessionResponse], error) {
+	if err := h.svc.CloseSession(ctx, req.Msg.GetSessionId()); err != nil {
+		return nil, h.toConnect(err, "")
+	}
+	return connect.NewResponse(&agentv1.CloseSessionResponse{}), nil
+}
+
+func (h *handler) Status(context.Context, *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
+	return connect.NewResponse(&agentv1.StatusResponse{Status: h.svc.Status()}), nil
+}
+
+// toConnect turns a service error into the Connect error the caller sees:
+// a code that says what to do, and a message without host details.
+func (h *handler) toConnect(err error, requestID string) error {
+	code, msg := classify(err)
+	switch code {
+	case connect.CodeInternal, connect.CodeUnavailable:
+		h.log.Warn("execution failed", "request_id", requestID, "code", code.String(), "err", err)
+	default:
+		h.log.Debug("request refused", "request_id", requestID, "code", code.String(), "err", err)
+	}
+	return connect.NewError(code, errors.New(msg))
+}
+
+// classify maps an error of the service to a Connect code and a message for
+// the caller.
+func classify(err error) (connect.Code, string) {
+	var rerr *wire.RunnerError
+	switch {
+	case errors.Is(err, errInvalid):
+		return connect.CodeInvalidArgument, err.Error()
+	case errors.As(err, &rerr):
+		// The runner's messages name workspace paths only.
+		switch {
+		case errors.Is(err, wire.ErrInvalidArgument):
+			return connect.CodeInvalidArgument, rerr.Message
+		case errors.Is(err, wire.ErrNotFound):
+			return connect.CodeNotFound, rerr.Message
+		case errors.Is(err, wire.ErrResourceExhausted):
+			return connect.CodeResourceExhausted, rerr.Message
+		case errors.Is(err, wire.ErrFailedPrecondition):
+			return connect.CodeFailedPrecondition, rerr.Message
+		case errors.Is(err, wire.ErrBusy):
+			return connect.CodeUnavailable, "the sandbox is busy; try again"
+		}
+		return connect.CodeInternal, "the sandbox failed to run the code"
+	case errors.Is(err, pool.ErrSessionExists):
+		return connect.CodeAlreadyExists, err.Error()
+	case errors.Is(err, pool.ErrSessionNotFound):
+		return connect.CodeNotFound, err.Error()
+	case errors.Is(err, pool.ErrTooManySessions):
+		return connect.CodeResourceExhausted, err.Error()
+	case errors.Is(err, pool.ErrExhausted):
+		return connect.CodeResourceExhausted, "every sandbox of this agent is in use; try again later"
+	case errors.Is(err, sandbox.ErrUnavailable):
+		return connect.CodeUnavailable, "the agent's container engine is unavailable; try again later"
+	case errors.Is(err, pool.ErrClosed):
+		return connect.CodeUnavailable, "the agent is shutting down"
+	case errors.Is(err, errSandboxDied), errors.Is(err, wire.ErrRunnerGone):
+		return connect.CodeUnavailable, "the sandbox died during the run and has been replaced; try again"
+	case errors.Is(err, context.Canceled):
+		return connect.CodeCanceled, "the request was cancelled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.CodeDeadlineExceeded, "the request's deadline passed"
+	}
+	return connect.CodeInternal, "internal error of the agent"
+}

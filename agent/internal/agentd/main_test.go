@@ -1,0 +1,249 @@
+package agentd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+
+	"github.com/codemode-go/codemode/agent/internal/sandbox"
+	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
+	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// The tests run real agents against the local Docker Engine with runsc.
+// TestMain builds the runner once; without an engine (or without the
+// sandbox image) every such test is skipped with the reason.
+var (
+	runnerBin string // path of the runner built for the tests
+	skipWhy   string // why Docker tests are skipped, if they are
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "agentd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	skipWhy = dockerAvailable()
+	if skipWhy == "" {
+		runnerBin = filepath.Join(dir, "runner")
+		cmd := exec.Command("go", "build", "-o", runnerBin, "github.com/codemode-go/codemode/agent/cmd/runner")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build runner: %v\n%s", err, out)
+			return 1
+		}
+		reapStaleTestSandboxes()
+	}
+	code := m.Run()
+	stopShared()
+	return code
+}
+
+// dockerAvailable returns why Docker tests cannot run, or "".
+func dockerAvailable() string {
+	d, err := sandbox.NewDocker("", slog.New(slog.DiscardHandler))
+	if err != nil {
+		return err.Error()
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.Ping(ctx); err != nil {
+		return fmt.Sprintf("no Docker Engine reachable (run agent/host/setup.sh as root): %v", err)
+	}
+	if _, err := d.Client().ImageInspect(ctx, DefaultConfig().Image); err != nil {
+		return fmt.Sprintf("sandbox image %s missing (run agent/host/setup.sh as root): %v", DefaultConfig().Image, err)
+	}
+	return ""
+}
+
+// reapStaleTestSandboxes removes sandboxes of test agents (names starting
+// "test-") that an earlier, killed test run left behind. Only old ones:
+// other test processes may be running now.
+func reapStaleTestSandboxes() {
+	d, err := sandbox.NewDocker("", slog.New(slog.DiscardHandler))
+	if err != nil {
+		return
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	list, err := d.Client().ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", sandbox.LabelSandbox+"=1"))})
+	if err != nil {
+		return
+	}
+	for _, c := range list {
+		if strings.HasPrefix(c.Labels[sandbox.LabelAgent], "test-") && time.Since(time.Unix(c.Created, 0)) > 15*time.Minute {
+			_ = d.Client().ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
+		}
+	}
+}
+
+func needDocker(t testing.TB) {
+	t.Helper()
+	if skipWhy != "" {
+		t.Skip(skipWhy)
+	}
+}
+
+func randomName(prefix string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return prefix + "-" + hex.EncodeToString(b)
+}
+
+// testAgent is an agent served in process on a loopback port.
+type testAgent struct {
+	*Agent
+	URL  string
+	stop func() error // stops serving and removes the sandboxes
+}
+
+// startAgent starts an agent with cfg adjusted by edit, served on
+// 127.0.0.1:0.
+func startAgent(t testing.TB, edit func(*Config)) *testAgent {
+	t.Helper()
+	needDocker(t)
+	cfg := DefaultConfig()
+	cfg.Name = randomName("test-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))[:min(len(t.Name()), 12)])
+	cfg.Runner = runnerBin
+	cfg.MinActive = 1
+	cfg.MaxSandboxes = 4
+	cfg.MaxSessions = 2
+	cfg.Memory = 256 << 20
+	cfg.LogLevel = "debug"
+	if edit != nil {
+		edit(&cfg)
+	}
+	ta, err := serveAgent(cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ta.stop(); err != nil {
+			t.Errorf("stop agent: %v", err)
+		}
+	})
+	return ta
+}
+
+func serveAgent(cfg Config, logger *slog.Logger) (*testAgent, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := New(ctx, cfg, logger)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	ln, err := server.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		a.Close(context.Background())
+		return nil, err
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- a.Serve(ctx, ln) }()
+	var once sync.Once
+	var stopErr error
+	return &testAgent{Agent: a, URL: "http://" + ln.Addr().String(), stop: func() error {
+		once.Do(func() {
+			cancel()
+			stopErr = <-errc
+		})
+		return stopErr
+	}}, nil
+}
+
+// waitWarm waits until the agent has n warm sandboxes.
+func (a *testAgent) waitWarm(t testing.TB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for a.pool.Stats().Warm < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("agent has %d warm sandboxes after 2 minutes, want %d", a.pool.Stats().Warm, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// client returns an AgentService client over real HTTP/2 speaking protocol
+// ("grpc", "grpcweb", "connect" or "connect+json").
+func (a *testAgent) client(protocol string) agentv1connect.AgentServiceClient {
+	var opts []connect.ClientOption
+	switch protocol {
+	case "grpc":
+		opts = append(opts, connect.WithGRPC())
+	case "grpcweb":
+		opts = append(opts, connect.WithGRPCWeb())
+	case "connect+json":
+		opts = append(opts, connect.WithProtoJSON())
+	}
+	return agentv1connect.NewAgentServiceClient(server.NewClient(), a.URL, opts...)
+}
+
+// exec runs code through the Connect API and fails the test on an RPC
+// error.
+func (a *testAgent) exec(t testing.TB, e *executionv1.Execution) *executionv1.Result {
+	t.Helper()
+	res, err := a.client("connect").Execute(context.Background(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: e}))
+	if err != nil {
+		t.Fatalf("Execute(%.60q): %v", e.GetCode(), err)
+	}
+	return res.Msg.GetResult()
+}
+
+// Shared agent, for tests that need no agent of their own.
+var (
+	sharedOnce  sync.Once
+	sharedAgent *testAgent
+	sharedErr   error
+)
+
+func shared(t testing.TB) *testAgent {
+	t.Helper()
+	needDocker(t)
+	sharedOnce.Do(func() {
+		cfg := DefaultConfig()
+		cfg.Name = randomName("test-shared")
+		cfg.Runner = runnerBin
+		cfg.MinActive = 2
+		cfg.MaxSandboxes = 8
+		cfg.MaxSessions = 4
+		cfg.Memory = 256 << 20
+		cfg.SessionIdleTTL = time.Minute
+		sharedAgent, sharedErr = serveAgent(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	})
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
+	}
+	return sharedAgent
+}
+
+func stopShared() {
+	if sharedAgent != nil {
+		if err := sharedAgent.stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop shared agent:", err)
+		}
+	}
+}
+

@@ -1,0 +1,421 @@
+package agentd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/codemode-go/codemode/agent/internal/pool"
+	"github.com/codemode-go/codemode/agent/internal/sandbox"
+	"github.com/codemode-go/codemode/agent/internal/wire"
+	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+)
+
+// Errors of the service, besides those of packages pool, sandbox and wire.
+var (
+	// errInvalid marks a request the service refuses as malformed.
+	errInvalid = errors.New("invalid request")
+	// errSandboxDied means the sandbox or its runner died during the run
+	// for a reason other than its memory limit; it has been replaced.
+	errSandboxDied = errors.New("sandbox died during the run")
+)
+
+// runGrace is how long after a run's timeout the agent waits for the
+// runner's own report before it cancels the run itself.
+const runGrace = 2 * time.Second
+
+// minMemory is the least memory a sandbox is given: below it, runsc and the
+// runner do not start.
+const minMemory = 64 << 20
+
+// language is one runnable language.
+type language struct {
+	// Name is the name requests use.
+	Name string
+	// Interpreter is the program that runs the code (never through a shell).
+	Interpreter string
+	// File is the name the code would have as a file.
+	File string
+}
+
+// languages is the table of runnable languages. The runner has the argv of
+// each; the agent reports names and versions.
+var languages = [...]language{
+	{Name: "python", Interpreter: "python3", File: "main.py"},
+	{Name: "bash", Interpreter: "bash", File: "main.sh"},
+	{Name: "sh", Interpreter: "sh", File: "main.sh"},
+	{Name: "javascript", Interpreter: "node", File: "main.js"},
+}
+
+func knownLanguage(name string) bool {
+	return slices.ContainsFunc(languages[:], func(l language) bool { return l.Name == name })
+}
+
+// Service is the agent's one internal service: the Connect handlers are a
+// thin adapter over it. It is safe for concurrent use.
+type Service struct {
+	cfg      *Config
+	log      *slog.Logger
+	pool     *pool.Pool
+	sessions *pool.Sessions
+}
+
+// Execute runs exec. If emit is not nil, output chunks are passed to it as
+// they are produced (from another goroutine than the run's, so that a slow
+// receiver never holds the run up beyond its timeout) and the returned
+// result carries no output; otherwise the result carries all of it. A
+// program that fails is a result, not an error.
+func (s *Service) Execute(ctx context.Context, exec *executionv1.Execution, emit func(*executionv1.Event) error) (*executionv1.Result, error) {
+	if !knownLanguage(exec.GetLanguage()) {
+		return nil, fmt.Errorf("%w: unknown language %q", errInvalid, exec.GetLanguage())
+	}
+	if exec.GetCode() == "" {
+		return nil, fmt.Errorf("%w: no code", errInvalid)
+	}
+	timeout := s.cfg.DefaultTimeout
+	if d := exec.GetTimeout(); d != nil {
+		timeout = d.AsDuration()
+	}
+	timeout = min(timeout, s.cfg.MaxTimeout)
+	output := s.cfg.DefaultOutput
+	if b := exec.GetLimits().GetOutputBytes(); b > 0 {
+		output = int64(min(b, uint64(s.cfg.MaxOutput)))
+	}
+	output = min(output, s.cfg.MaxOutput)
+	var memory int64 // 0: the pool's default
+	if b := exec.GetLimits().GetMemoryBytes(); b > 0 {
+		memory = max(int64(min(b, uint64(s.cfg.MaxMemory))), minMemory)
+	}
+	run := &runnerv1.Run{
+		Language:    exec.GetLanguage(),
+		Code:        exec.GetCode(),
+		Stdin:       exec.GetStdin(),
+		Timeout:     durationpb.New(timeout),
+		OutputLimit: uint64(output),
+		Stateful:    exec.GetSessionId() != "",
+	}
+	for _, f := range exec.GetFiles() {
+		run.Files = append(run.Files, &runnerv1.File{Path: f.GetPath(), Content: f.GetContent()})
+	}
+
+	out := newOutput(emit)
+	defer out.close()
+	if id := exec.GetSessionId(); id != "" {
+		var res *executionv1.Result
+		_, err := s.sessions.Use(ctx, id, exec.GetLanguage(), memory, func(sb *pool.Sandbox) (bool, error) {
+			var broken bool
+			var err error
+			res, broken, err = s.run(ctx, sb, run, timeout, out)
+			return broken, err
+		})
+		if err != nil {
+			return nil, err
+		}
+		res.SessionId = id
+		return res, out.wait()
+	}
+
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
+	sb, err := s.pool.Acquire(qctx, memory)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	res, broken, err := s.run(ctx, sb, run, timeout, out)
+	s.pool.Release(sb, !broken)
+	if err != nil {
+		return nil, err
+	}
+	return res, out.wait()
+}
+
+// run runs one program in sb and says whether sb must be destroyed.
+func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, timeout time.Duration, out *output) (_ *executionv1.Result, broken bool, _ error) {
+	rctx, cancel := context.WithTimeout(ctx, timeout+runGrace)
+	defer cancel()
+	exit, err := sb.Run(rctx, run, out.write)
+	res := &executionv1.Result{Agent: s.cfg.Name}
+	switch {
+	case err == nil:
+		fillResult(res, exit)
+		// A program the runner saw killed for memory may have left the
+		// sandbox in a bad way: do not reuse it.
+		return out.finish(res), exit.GetOomKilled(), nil
+
+	case errors.Is(err, wire.ErrRunnerGone):
+		// The runner or the whole sandbox died. Ask the engine why.
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		st, serr := sb.State(sctx)
+		scancel()
+		switch {
+		case serr == nil && st.OOMKilled:
+			res.ExitCode = 137
+			res.OomKilled = true
+			res.Duration = durationpb.New(time.Since(out.start))
+			return out.finish(res), true, nil
+		case ctx.Err() != nil:
+			return nil, true, ctx.Err()
+		case rctx.Err() != nil:
+			// The runner did not report the end of the run in time and
+			// did not answer its cancellation: the run is over all the
+			// same.
+			res.ExitCode = -1
+			res.TimedOut = true
+			res.Duration = durationpb.New(time.Since(out.start))
+			return out.finish(res), true, nil
+		case serr != nil && errors.Is(serr, sandbox.ErrUnavailable):
+			s.pool.NoteError(serr)
+			return nil, true, fmt.Errorf("sandbox %s lost: %w", shortID(sb.ID()), serr)
+		}
+		s.log.Warn("sandbox died during a run", "sandbox_id", shortID(sb.ID()), "err", err, "exit_code", st.ExitCode)
+		s.pool.NoteError(serr)
+		return nil, true, fmt.Errorf("%w: %w", errSandboxDied, err)
+
+	case exit != nil && ctx.Err() == nil && rctx.Err() != nil:
+		// The runner ended the run only when the agent cancelled it.
+		fillResult(res, exit)
+		res.TimedOut = true
+		return out.finish(res), true, nil
+
+	case ctx.Err() != nil:
+		// The caller went away; the runner killed the run.
+		return nil, exit == nil, ctx.Err()
+
+	default:
+		var rerr *wire.RunnerError
+		if errors.As(err, &rerr) {
+			return nil, false, err
+		}
+		return nil, true, err
+	}
+}
+
+func fillResult(res *executionv1.Result, exit *runnerv1.Exit) {
+	res.ExitCode = exit.GetCode()
+	res.TimedOut = exit.GetTimedOut()
+	res.Truncated = exit.GetTruncated()
+	res.OomKilled = exit.GetOomKilled()
+	res.Duration = exit.GetDuration()
+}
+
+// CreateSession opens a session.
+func (s *Service) CreateSession(ctx context.Context, req *agentv1.CreateSessionRequest) (*executionv1.Session, error) {
+	lang := req.GetLanguage()
+	if lang == "" {
+		lang = "python"
+	}
+	if !knownLanguage(lang) {
+		return nil, fmt.Errorf("%w: unknown language %q", errInvalid, lang)
+	}
+	var idle time.Duration
+	if d := req.GetIdleTimeout(); d != nil {
+		idle = d.AsDuration()
+	}
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
+	defer cancel()
+	info, err := s.sessions.Create(qctx, req.GetSessionId(), lang, idle)
+	if err != nil {
+		return nil, err
+	}
+	return &executionv1.Session{
+		Id:         info.ID,
+		Language:   info.Language,
+		Agent:      s.cfg.Name,
+		CreateTime: timestamppb.New(info.Created),
+		ExpireTime: timestamppb.New(info.Expires),
+	}, nil
+}
+
+// CloseSession closes a session and destroys its sandbox.
+func (s *Service) CloseSession(_ context.Context, id string) error {
+	return s.sessions.Close(id)
+}
+
+// Status reports the agent's load and capacity.
+func (s *Service) Status() *agentv1.AgentStatus {
+	st := s.pool.Stats()
+	sessions := s.sessions.Len()
+	langs := make([]*executionv1.Language, 0, len(languages))
+	for _, l := range languages {
+		langs = append(langs, &executionv1.Language{Name: l.Name, Version: st.Versions[l.Name]})
+	}
+	return &agentv1.AgentStatus{
+		Name:      s.cfg.Name,
+		Labels:    s.cfg.Labels,
+		Warm:      int32(st.Warm),
+		Busy:      int32(st.Busy),
+		Sessions:  int32(sessions),
+		Capacity:  int32(st.Max),
+		Free:      int32(max(st.Max-st.Busy-sessions, 0)),
+		Languages: langs,
+		Runtime:   s.cfg.Runtime,
+		Ready:     st.Ready,
+	}
+}
+
+// output gathers a run's output: for a stream, it decodes each chunk to
+// UTF-8 and queues it for a sender goroutine; otherwise it keeps the bytes
+// and decodes them at the end.
+type output struct {
+	start          time.Time
+	stream         bool
+	stdout, stderr []byte
+	dout, derr     utf8Decoder
+
+	mu      sync.Mutex
+	queue   []*executionv1.Event
+	signal  chan struct{} // has a token when queue is not empty or closed
+	closed  bool
+	sendErr error
+	done    chan struct{} // closed when the sender has stopped
+}
+
+func newOutput(emit func(*executionv1.Event) error) *output {
+	o := &output{start: time.Now(), stream: emit != nil}
+	if emit != nil {
+		o.signal = make(chan struct{}, 1)
+		o.done = make(chan struct{})
+		go o.send(emit)
+	}
+	return o
+}
+
+// write takes one chunk; it never blocks on the receiver.
+func (o *output) write(stream wire.Stream, chunk []byte) {
+	if !o.stream {
+		if stream == wire.Stderr {
+			o.stderr = append(o.stderr, chunk...)
+		} else {
+			o.stdout = append(o.stdout, chunk...)
+		}
+		return
+	}
+	var ev *executionv1.Event
+	if stream == wire.Stderr {
+		if s := o.derr.Decode(chunk); s != "" {
+			ev = &executionv1.Event{Event: &executionv1.Event_Stderr{Stderr: s}}
+		}
+	} else if s := o.dout.Decode(chunk); s != "" {
+		ev = &executionv1.Event{Event: &executionv1.Event_Stdout{Stdout: s}}
+	}
+	if ev != nil {
+		o.push(ev)
+	}
+}
+
+func (o *output) push(ev *executionv1.Event) {
+	o.mu.Lock()
+	if o.sendErr == nil {
+		o.queue = append(o.queue, ev)
+	}
+	o.mu.Unlock()
+	select {
+	case o.signal <- struct{}{}:
+	default:
+	}
+}
+
+// finish completes res: with the output for an aggregated run, after the
+// held-back tails for a stream.
+func (o *output) finish(res *executionv1.Result) *executionv1.Result {
+	if !o.stream {
+		var d utf8Decoder
+		res.Stdout = d.Decode(o.stdout) + d.Flush()
+		res.Stderr = d.Decode(o.stderr) + d.Flush()
+		return res
+	}
+	if s := o.dout.Flush(); s != "" {
+		o.push(&executionv1.Event{Event: &executionv1.Event_Stdout{Stdout: s}})
+	}
+	if s := o.derr.Flush(); s != "" {
+		o.push(&executionv1.Event{Event: &executionv1.Event_Stderr{Stderr: s}})
+	}
+	return res
+}
+
+// send passes queued events to emit until the output is closed and the
+// queue empty, or emit fails.
+func (o *output) send(emit func(*executionv1.Event) error) {
+	defer close(o.done)
+	for {
+		<-o.signal
+		for {
+			o.mu.Lock()
+			if len(o.queue) == 0 {
+				closed := o.closed
+				o.mu.Unlock()
+				if closed {
+					return
+				}
+				break
+			}
+			ev := o.queue[0]
+			o.queue[0] = nil
+			o.queue = o.queue[1:]
+			o.mu.Unlock()
+			if err := emit(ev); err != nil {
+				o.mu.Lock()
+				o.sendErr = err
+				o.queue = nil
+				o.mu.Unlock()
+				// Keep draining signals until closed, sending nothing.
+				for {
+					o.mu.Lock()
+					closed := o.closed
+					o.mu.Unlock()
+					if closed {
+						return
+					}
+					<-o.signal
+				}
+			}
+		}
+	}
+}
+
+// wait closes the queue, waits until the sender has sent everything, and
+// returns the sender's error.
+func (o *output) wait() error {
+	if !o.stream {
+		return nil
+	}
+	o.close()
+	<-o.done
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.sendErr != nil {
+		return fmt.Errorf("send output: %w", o.sendErr)
+	}
+	return nil
+}
+
+// close stops the sender once the queue is empty. It may be called more
+// than once.
+func (o *output) close() {
+	if !o.stream {
+		return
+	}
+	o.mu.Lock()
+	o.closed = true
+	o.mu.Unlock()
+	select {
+	case o.signal <- struct{}{}:
+	default:
+	}
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}

@@ -1,0 +1,527 @@
+// Package pool keeps an agent's sandboxes: a warm pool of started sandboxes
+// whose runners are ready, refilled in the background, from which stateless
+// runs take one and to which it returns scrubbed (or is destroyed); and the
+// sessions, each of which holds one sandbox until it is closed or idles out.
+//
+// The pool watches the container engine: while it cannot be reached, the
+// pool answers with errors wrapping [sandbox.ErrUnavailable]; when it is
+// back, the pool removes what it lost track of and fills itself again.
+//
+// A Pool and its Sessions are safe for concurrent use. Close stops them and
+// removes every sandbox.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/codemode-go/codemode/agent/internal/sandbox"
+)
+
+// ErrExhausted means every sandbox the agent may hold is in use (or every
+// session slot is taken) and none came free in time.
+var ErrExhausted = errors.New("no free sandbox")
+
+// ErrClosed is returned after Close.
+var ErrClosed = errors.New("pool closed")
+
+// Config configures a Pool. Zero durations take the defaults below.
+type Config struct {
+	// Driver starts and removes containers.
+	Driver sandbox.Driver
+	// Spec is the sandbox every warm sandbox is made from. Its MemoryBytes is
+	// the default memory limit; runs asking for another limit get a
+	// dedicated sandbox.
+	Spec sandbox.Spec
+	// MinWarm sandboxes are kept started and ready.
+	MinWarm int
+	// Max bounds the sandboxes held at once: warm, busy, starting,
+	// recycling and held by sessions.
+	Max int
+	// MaxReuse bounds how many runs a sandbox serves (scrubbed between runs)
+	// before it is destroyed.
+	MaxReuse int
+	// StartTimeout bounds creating a sandbox until its runner is ready.
+	StartTimeout time.Duration
+	// ResetTimeout bounds the scrub between two runs.
+	ResetTimeout time.Duration
+	// Labels select the containers that are this pool's (LabelAgent=name):
+	// leftovers carrying them are removed when the engine is first reached.
+	Labels map[string]string
+	Logger *slog.Logger
+}
+
+// Defaults.
+const (
+	DefaultStartTimeout = 30 * time.Second
+	DefaultResetTimeout = 10 * time.Second
+	// maxStarting bounds the warm sandboxes started at once: starting one
+	// is CPU-heavy under runsc.
+	maxStarting = 2
+)
+
+// Validate reports the first problem with c.
+func (c *Config) Validate() error {
+	switch {
+	case c.Driver == nil:
+		return errors.New("pool: no driver")
+	case c.Max < 1:
+		return errors.New("pool: max sandboxes must be at least 1")
+	case c.MinWarm < 0 || c.MinWarm > c.Max:
+		return fmt.Errorf("pool: min warm %d must be between 0 and max %d", c.MinWarm, c.Max)
+	case c.MaxReuse < 1:
+		return errors.New("pool: max reuse must be at least 1")
+	case len(c.Labels) == 0:
+		return errors.New("pool: no labels to recognize its containers by")
+	}
+	return c.Spec.Validate()
+}
+
+// Pool is a warm pool of sandboxes.
+type Pool struct {
+	cfg Config
+	log *slog.Logger
+
+	mu        sync.Mutex
+	warm      []*Sandbox
+	live      map[string]*Sandbox // every sandbox the pool made and not yet destroyed
+	starting  int                 // warm sandboxes being started
+	direct    int                 // sandboxes being started for a waiting caller
+	busy      int                 // taken for stateless runs
+	held      int                 // taken by sessions
+	recycling int                 // being scrubbed
+	waiting   int                 // callers waiting for a default sandbox
+	ready     bool                // the engine answers
+	closed    bool
+	versions  map[string]string
+	changed   chan struct{} // closed and replaced on every change
+	nextFill  time.Time     // no warm start before this (back-off after failures)
+	failures  int
+
+	kick  chan struct{}
+	check chan struct{}
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+}
+
+// New returns a pool; Start starts it.
+func New(cfg Config) (*Pool, error) {
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = DefaultStartTimeout
+	}
+	if cfg.ResetTimeout == 0 {
+		cfg.ResetTimeout = DefaultResetTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Labels = maps.Clone(cfg.Labels)
+	cfg.Spec.Labels = maps.Clone(cfg.Labels)
+	return &Pool{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		live:    map[string]*Sandbox{},
+		changed: make(chan struct{}),
+		kick:    make(chan struct{}, 1),
+		check:   make(chan struct{}, 1),
+	}, nil
+}
+
+// Start reaches the engine, removes leftover sandboxes of this pool's labels,
+// and starts filling the pool in the background. If the engine cannot be
+// reached, Start still succeeds: the pool reports itself unavailable and
+// keeps trying.
+func (p *Pool) Start(ctx context.Context) {
+	ctx, p.stop = context.WithCancel(context.WithoutCancel(ctx))
+	p.reconnect(ctx)
+	p.wg.Add(2)
+	go p.fillLoop(ctx)
+	go p.watchLoop(ctx)
+}
+
+// Close stops the pool and removes every sandbox it holds, including those
+// taken by runs and sessions, then any container left with its labels.
+func (p *Pool) Close(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	all := make([]*Sandbox, 0, len(p.live))
+	for _, sb := range p.live {
+		all = append(all, sb)
+	}
+	p.live = map[string]*Sandbox{}
+	p.warm = nil
+	p.broadcastLocked()
+	p.mu.Unlock()
+	if p.stop != nil {
+		p.stop()
+	}
+	var wg sync.WaitGroup
+	for _, sb := range all {
+		wg.Go(func() { p.destroyNow(sb) })
+	}
+	wg.Wait()
+	p.wg.Wait()
+	_, err := p.cfg.Driver.RemoveAll(ctx, p.cfg.Labels, nil)
+	if err != nil {
+		return fmt.Errorf("remove sandboxes: %w", err)
+	}
+	return nil
+}
+
+// Stats is a snapshot of the pool.
+type Stats struct {
+	Warm, Busy, Held, Starting, Recycling, Max int
+	Ready                                      bool
+	// Versions are the interpreter versions the runners report.
+	Versions map[string]string
+}
+
+// Stats returns a snapshot of the pool.
+func (p *Pool) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return Stats{
+		Warm: len(p.warm), Busy: p.busy, Held: p.held,
+		Starting: p.starting + p.direct, Recycling: p.recycling, Max: p.cfg.Max,
+		Ready: p.ready && !p.closed, Versions: p.versions,
+	}
+}
+
+// DefaultMemory is the memory limit of warm sandboxes.
+func (p *Pool) DefaultMemory() int64 { return p.cfg.Spec.MemoryBytes }
+
+// Acquire takes a sandbox for one stateless run: a warm one if there is
+// one; otherwise one being started or scrubbed, if it is not promised to
+// an earlier caller; otherwise a new one if the pool is below its maximum;
+// otherwise it waits. A memory limit other than the default (0 means the
+// default) always gets a new sandbox of its own, destroyed after the run.
+// Give the sandbox back with Release.
+//
+// # Errors
+//
+// An error wrapping [sandbox.ErrUnavailable] while the engine is away;
+// [ErrExhausted] (wrapped, with ctx's error) if ctx ends while waiting;
+// [ErrClosed].
+func (p *Pool) Acquire(ctx context.Context, memory int64) (*Sandbox, error) {
+	if memory == 0 {
+		memory = p.cfg.Spec.MemoryBytes
+	}
+	dflt := memory == p.cfg.Spec.MemoryBytes
+	counted := false // whether this caller is in p.waiting
+	p.mu.Lock()
+	defer func() {
+		if counted {
+			p.waiting--
+		}
+		p.mu.Unlock()
+	}()
+	for {
+		switch {
+		case p.closed:
+			return nil, ErrClosed
+		case !p.ready:
+			return nil, fmt.Errorf("take a sandbox: %w", sandbox.ErrUnavailable)
+		}
+		if dflt && len(p.warm) > 0 {
+			sb := p.warm[len(p.warm)-1]
+			p.warm = p.warm[:len(p.warm)-1]
+			p.busy++
+			p.kickFill()
+			return sb, nil
+		}
+		// Sandboxes on their way to the warm list that no earlier caller
+		// waits for: wait for one rather than start another.
+		incoming := p.starting + p.recycling
+		line := p.waiting // callers waiting, this one included
+		if !counted {
+			line++
+		}
+		if !dflt || line > incoming {
+			if p.totalLocked() < p.cfg.Max {
+				p.direct++
+				p.mu.Unlock()
+				sb, err := p.open(ctx, memory)
+				p.mu.Lock()
+				p.direct--
+				if err != nil {
+					p.broadcastLocked()
+					p.noteErr(err)
+					return nil, err
+				}
+				if p.closed {
+					p.mu.Unlock()
+					p.destroyNow(sb)
+					p.mu.Lock()
+					return nil, ErrClosed
+				}
+				sb.dedicated = !dflt
+				p.live[sb.ID()] = sb
+				p.versions = sb.Versions()
+				p.busy++
+				return sb, nil
+			}
+		}
+		if dflt && !counted {
+			counted = true
+			p.waiting++
+		}
+		ch := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ch:
+			p.mu.Lock()
+		case <-ctx.Done():
+			p.mu.Lock()
+			return nil, fmt.Errorf("%w: all %d sandboxes in use: %w", ErrExhausted, p.cfg.Max, ctx.Err())
+		}
+	}
+}
+
+// Release gives back a sandbox taken with Acquire. If reusable (the run
+// ended normally) and the sandbox has served fewer than MaxReuse runs, it is
+// scrubbed in the background and returned to the warm list; otherwise it is
+// destroyed.
+func (p *Pool) Release(sb *Sandbox, reusable bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.busy--
+	p.recycleLocked(sb, reusable)
+}
+
+func (p *Pool) recycleLocked(sb *Sandbox, reusable bool) {
+	defer p.broadcastLocked()
+	if !reusable || sb.dedicated || sb.uses >= p.cfg.MaxReuse || !p.ready || p.closed {
+		p.destroyLocked(sb)
+		return
+	}
+	p.recycling++
+	p.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ResetTimeout)
+		err := sb.rc.Reset(ctx)
+		cancel()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.recycling--
+		switch {
+		case err != nil:
+			p.log.Warn("scrub sandbox; destroying it", "sandbox_id", shortID(sb.ID()), "err", err)
+			p.destroyLocked(sb)
+		case p.closed || !p.ready:
+			p.destroyLocked(sb)
+		default:
+			p.warm = append(p.warm, sb)
+		}
+		p.broadcastLocked()
+	})
+}
+
+// Hold takes a sandbox for a session, as Acquire does. Give it back with
+// Drop, which destroys it.
+func (p *Pool) Hold(ctx context.Context, memory int64) (*Sandbox, error) {
+	sb, err := p.Acquire(ctx, memory)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	p.busy--
+	p.held++
+	p.mu.Unlock()
+	return sb, nil
+}
+
+// Drop destroys a sandbox taken with Hold.
+func (p *Pool) Drop(sb *Sandbox) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held--
+	p.destroyLocked(sb)
+	p.broadcastLocked()
+}
+
+// destroyLocked forgets sb and removes its container in the background.
+func (p *Pool) destroyLocked(sb *Sandbox) {
+	if p.closed {
+		// Close removed every container already.
+		sb.rc.Close()
+		return
+	}
+	delete(p.live, sb.ID())
+	p.kickFill()
+	p.wg.Go(func() { p.destroyNow(sb) })
+}
+
+func (p *Pool) totalLocked() int {
+	return len(p.warm) + p.starting + p.direct + p.busy + p.held + p.recycling
+}
+
+func (p *Pool) broadcastLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+func (p *Pool) kickFill() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// noteErr makes the watcher check the engine at once if err says it may be
+// away.
+func (p *Pool) noteErr(err error) {
+	if errors.Is(err, sandbox.ErrUnavailable) {
+		select {
+		case p.check <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// NoteError tells the pool about an error met while using one of its
+// sandboxes, so that it checks the engine at once if the error says it
+// may be away.
+func (p *Pool) NoteError(err error) { p.noteErr(err) }
+
+// fillLoop keeps MinWarm sandboxes warm.
+func (p *Pool) fillLoop(ctx context.Context) {
+	defer p.wg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		p.fill(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.kick:
+		case <-tick.C:
+		}
+	}
+}
+
+func (p *Pool) fill(ctx context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.ready && !p.closed &&
+		len(p.warm)+p.starting+p.recycling < p.cfg.MinWarm &&
+		p.totalLocked() < p.cfg.Max &&
+		p.starting < maxStarting &&
+		!time.Now().Before(p.nextFill) {
+		p.starting++
+		p.wg.Go(func() {
+			sb, err := p.open(ctx, p.cfg.Spec.MemoryBytes)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.starting--
+			defer p.broadcastLocked()
+			if err != nil {
+				p.failures++
+				backoff := min(time.Duration(1<<min(p.failures, 5))*250*time.Millisecond, 10*time.Second)
+				p.nextFill = time.Now().Add(backoff)
+				if ctx.Err() == nil {
+					p.log.Warn("start warm sandbox", "err", err, "retry_in", backoff)
+				}
+				p.noteErr(err)
+				return
+			}
+			p.failures = 0
+			p.versions = sb.Versions()
+			if p.closed || !p.ready {
+				p.wg.Go(func() { p.destroyNow(sb) })
+				return
+			}
+			p.live[sb.ID()] = sb
+			p.warm = append(p.warm, sb)
+			p.kickFill()
+		})
+	}
+}
+
+// watchLoop checks the engine: every few seconds while it answers, often
+// while it does not.
+func (p *Pool) watchLoop(ctx context.Context) {
+	defer p.wg.Done()
+	for {
+		p.mu.Lock()
+		interval := 5 * time.Second
+		if !p.ready {
+			interval = 500 * time.Millisecond
+		}
+		p.mu.Unlock()
+		t := time.NewTimer(interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-p.check:
+		case <-t.C:
+		}
+		t.Stop()
+		p.reconnect(ctx)
+	}
+}
+
+// reconnect pings the engine and moves the pool between ready and
+// unavailable.
+func (p *Pool) reconnect(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	err := p.cfg.Driver.Ping(pctx)
+	cancel()
+	p.mu.Lock()
+	wasReady := p.ready
+	p.mu.Unlock()
+	switch {
+	case err != nil && wasReady:
+		p.log.Warn("container engine unavailable; answering unavailable until it is back", "err", err)
+		p.mu.Lock()
+		p.ready = false
+		warm := p.warm
+		p.warm = nil
+		for _, sb := range warm {
+			delete(p.live, sb.ID())
+		}
+		p.broadcastLocked()
+		p.mu.Unlock()
+		for _, sb := range warm {
+			sb.rc.Close()
+		}
+	case err == nil && !wasReady:
+		// Remove what was left behind: containers of an earlier agent of
+		// this name, or of this one while the engine was away.
+		p.mu.Lock()
+		keep := make(map[string]bool, len(p.live))
+		for id := range p.live {
+			keep[id] = true
+		}
+		p.mu.Unlock()
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		n, err := p.cfg.Driver.RemoveAll(rctx, p.cfg.Labels, keep)
+		cancel()
+		if err != nil {
+			p.log.Warn("remove leftover sandboxes", "err", err)
+			return
+		}
+		if n > 0 {
+			p.log.Info("removed leftover sandboxes", "count", n)
+		}
+		p.mu.Lock()
+		p.ready = true
+		p.failures = 0
+		p.nextFill = time.Time{}
+		p.broadcastLocked()
+		p.mu.Unlock()
+		p.log.Info("container engine ready")
+		p.kickFill()
+	}
+}
