@@ -70,4 +70,3 @@ func TestProtocols(t *testing.T) {
 		})
 	}
 }
-

@@ -152,4 +152,3 @@ func (a *Agent) Close(ctx context.Context) error {
 	a.log.Info("agent stopped; sandboxes removed")
 	return nil
 }
-

@@ -246,4 +246,3 @@ func stopShared() {
 		}
 	}
 }
-
