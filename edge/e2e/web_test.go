@@ -42,15 +42,15 @@ func webDir(t *testing.T, packages ...string) string {
 var tapCounts = regexp.MustCompile(`(?m)^# (pass|fail) (\d+)$`)
 
 // nodeTest runs one Node test file from edge/web/test against the edge at
-// edgeURL and fails t, with the Node output and the stack's logs, unless
-// every test in it passed.
-func nodeTest(t *testing.T, s *Stack, dir, file string, env ...string) {
+// edgeURL and fails t, with the Node output and logs(), unless every test in
+// it passed.
+func nodeTest(t *testing.T, dir, file, edgeURL string, logs func() string, env ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=tap", filepath.Join("test", file))
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), append([]string{"CODEMODE_EDGE_URL=" + s.Edge.URL()}, env...)...)
+	cmd.Env = append(os.Environ(), append([]string{"CODEMODE_EDGE_URL=" + edgeURL}, env...)...)
 	// The browser is a child of node: on timeout, kill the whole group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -66,7 +66,7 @@ func nodeTest(t *testing.T, s *Stack, dir, file string, env ...string) {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			err = errors.Join(err, ctx.Err())
 		}
-		t.Fatalf("node --test %s: %v (pass %d, fail %d)\n%s\n%s", file, err, counts["pass"], counts["fail"], out.String(), s.Logs())
+		t.Fatalf("node --test %s: %v (pass %d, fail %d)\n%s\n%s", file, err, counts["pass"], counts["fail"], out.String(), logs())
 	}
 	t.Logf("node --test %s: %d passed", file, counts["pass"])
 }
@@ -77,7 +77,7 @@ func TestWebMCPWithTypeScriptSDK(t *testing.T) {
 	t.Parallel()
 	dir := webDir(t, "@modelcontextprotocol/sdk")
 	s := shared(t)
-	nodeTest(t, s, dir, "mcp.test.mjs")
+	nodeTest(t, dir, "mcp.test.mjs", s.Edge.URL(), s.Logs)
 }
 
 // TestWebPlaygroundInChromium loads the playground from the edge in Debian's
@@ -95,7 +95,7 @@ func TestWebPlaygroundInChromium(t *testing.T) {
 	if shot == "" {
 		shot = filepath.Join(t.TempDir(), "playground.png")
 	}
-	nodeTest(t, s, dir, "browser.test.mjs", "CHROMIUM="+chromiumPath, "CODEMODE_SCREENSHOT="+shot)
+	nodeTest(t, dir, "browser.test.mjs", s.Edge.URL(), s.Logs, "CHROMIUM="+chromiumPath, "CODEMODE_SCREENSHOT="+shot)
 	b, err := os.ReadFile(shot)
 	if err != nil {
 		t.Fatalf("no screenshot: %v", err)
@@ -103,4 +103,28 @@ func TestWebPlaygroundInChromium(t *testing.T) {
 	if !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) || len(b) < 10_000 {
 		t.Fatalf("screenshot %s is not a PNG of a rendered page (%d bytes)", shot, len(b))
 	}
+}
+
+// TestWebWithAPIKeys starts a second edge that requires API keys, in front of
+// the shared control plane, and checks that the playground asks for a key and
+// works with one, and that MCP clients need it (edge/web/test/auth.test.mjs).
+func TestWebWithAPIKeys(t *testing.T) {
+	t.Parallel()
+	dir := webDir(t, "playwright-core", "@modelcontextprotocol/sdk")
+	if _, err := os.Stat(chromiumPath); err != nil {
+		t.Fatalf("%s is missing: run %s (it runs apt-get install -y chromium)", chromiumPath, webSetup)
+	}
+	s := shared(t)
+	const key = "k-web-test-0123456789abcdef"
+	keys := filepath.Join(t.TempDir(), "keys.json")
+	if err := os.WriteFile(keys, []byte(`{"`+key+`": "web-test"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	edge, err := start("edge", []string{"CODE_EXECUTION_HOST=" + s.ControlPlane.URL()}, "--addr", "127.0.0.1:0", "--api-keys", keys)
+	if err != nil {
+		t.Fatalf("start edge with API keys: %v", err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	logs := func() string { return s.Logs() + "--- edge with API keys ---\n" + edge.logs.String() }
+	nodeTest(t, dir, "auth.test.mjs", edge.URL(), logs, "CHROMIUM="+chromiumPath, "CODEMODE_API_KEY="+key)
 }

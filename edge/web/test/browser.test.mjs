@@ -1,72 +1,25 @@
 // The playground in a real browser: Debian's Chromium, driven by
 // playwright-core, loads the page from the edge and runs code over gRPC-Web.
-//
-// The browser may reach loopback only: every request to another host is
-// aborted, the proxy setting sends anything that escapes the interception to
-// a closed loopback port, name resolution is disabled, and background
-// services (updates, sync, safe browsing, metrics) are switched off.
+// The browser reaches loopback only (see browser.mjs).
 
 import assert from "node:assert/strict";
-import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { chromium } from "playwright-core";
+import { launch } from "./browser.mjs";
 import { edgeURL } from "./edge.mjs";
-
-const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
-const loopback = new Set(["127.0.0.1", "localhost", "[::1]"]);
-
-const args = [
-  "--headless",
-  "--no-sandbox",
-  "--disable-gpu",
-  "--disable-background-networking",
-  "--disable-component-update",
-  "--disable-sync",
-  "--disable-quic",
-  "--no-first-run",
-  "--no-pings",
-  "--disable-domain-reliability",
-  "--disable-client-side-phishing-detection",
-  "--disable-features=OptimizationHints,MediaRouter,Translate,NetworkTimeServiceQuerying,CertificateTransparencyComponentUpdater",
-  "--metrics-recording-only",
-  "--proxy-server=http://127.0.0.1:9",
-    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
-];
 
 describe("playground", { timeout: 60000 }, () => {
   const url = edgeURL();
-  let profile, context, page;
-  const offLoopback = [];
-  const pageErrors = [];
+  let browser, page;
 
   before(async () => {
-    profile = await mkdtemp(join(tmpdir(), "codemode-chromium-"));
-    context = await chromium.launchPersistentContext(profile, {
-      executablePath,
-      headless: true,
-      args,
-      viewport: { width: 1280, height: 760 },
-      serviceWorkers: "block",
-    });
-    context.setDefaultTimeout(15000);
-    await context.route("**/*", (route) => {
-      const u = new URL(route.request().url());
-      if ((u.protocol === "http:" || u.protocol === "https:") && loopback.has(u.hostname)) return route.continue();
-      offLoopback.push(u.href);
-      return route.abort("blockedbyclient");
-    });
-    page = context.pages()[0] ?? (await context.newPage());
-    page.on("pageerror", (err) => pageErrors.push(String(err)));
-    page.on("console", (msg) => {
-      if (msg.type() === "error") pageErrors.push(msg.text());
-    });
+    browser = await launch();
+    page = browser.page;
   });
 
   after(async () => {
-    await context?.close();
-    if (profile) await rm(profile, { recursive: true, force: true });
+    await browser?.close();
   });
 
   test("loads and lists the languages", async () => {
@@ -161,7 +114,7 @@ describe("playground", { timeout: 60000 }, () => {
   });
 
   test("made no request off loopback and logged no error", () => {
-    assert.deepEqual(offLoopback, []);
-    assert.deepEqual(pageErrors, []);
+    assert.deepEqual(browser.offLoopback, []);
+    assert.deepEqual(browser.pageErrors, []);
   });
 });

@@ -1,0 +1,77 @@
+// Launches Debian's Chromium for the browser tests, fenced to loopback.
+//
+// The browser may reach loopback only: Playwright aborts every request to
+// another host (and records it, for the tests to assert there were none); the
+// proxy setting sends anything that escapes the interception to a closed
+// loopback port (loopback itself bypasses proxies); every other host name is
+// unresolvable; and background services (updates, sync, safe browsing,
+// metrics, QUIC) are switched off. Each launch gets a fresh profile.
+
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
+const loopback = new Set(["127.0.0.1", "localhost", "[::1]"]);
+
+const args = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+  "--disable-quic",
+  "--no-first-run",
+  "--no-pings",
+  "--disable-domain-reliability",
+  "--disable-client-side-phishing-detection",
+  "--disable-features=OptimizationHints,MediaRouter,Translate,NetworkTimeServiceQuerying,CertificateTransparencyComponentUpdater",
+  "--metrics-recording-only",
+  "--proxy-server=http://127.0.0.1:9",
+  "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+];
+
+// launch starts the browser with one page. offLoopback lists the requests
+// that were aborted for leaving loopback; pageErrors the page's uncaught
+// errors and console errors.
+export async function launch() {
+  const profile = await mkdtemp(join(tmpdir(), "codemode-chromium-"));
+  const offLoopback = [];
+  const pageErrors = [];
+  let context;
+  try {
+    context = await chromium.launchPersistentContext(profile, {
+      executablePath,
+      headless: true,
+      args,
+      viewport: { width: 1280, height: 760 },
+      serviceWorkers: "block",
+    });
+  } catch (err) {
+    await rm(profile, { recursive: true, force: true });
+    throw err;
+  }
+  context.setDefaultTimeout(15000);
+  await context.route("**/*", (route) => {
+    const u = new URL(route.request().url());
+    if ((u.protocol === "http:" || u.protocol === "https:") && loopback.has(u.hostname)) return route.continue();
+    offLoopback.push(u.href);
+    return route.abort("blockedbyclient");
+  });
+  const page = context.pages()[0] ?? (await context.newPage());
+  page.on("pageerror", (err) => pageErrors.push(String(err)));
+  page.on("console", (msg) => {
+    if (msg.type() === "error") pageErrors.push(msg.text());
+  });
+  return {
+    page,
+    offLoopback,
+    pageErrors,
+    async close() {
+      await context.close();
+      await rm(profile, { recursive: true, force: true });
+    },
+  };
+}
