@@ -25,6 +25,27 @@
 // own: the run it names ends soon with its Exit. A request that arrives while
 // another is being served (other than Cancel) is answered with an Error of
 // code BUSY.
+//
+// # Notes for the container (measured under runsc)
+//
+//   - --pids-limit counts the gVisor kernel's host threads and stub
+//     processes, not the sandbox's own processes (inside, pids.max reads
+//     "max"). A fork bomb that pushes the sandbox kernel into the limit kills
+//     the whole sandbox. The runner caps the user's processes and threads with
+//     RLIMIT_NPROC (flag -max-user-procs, default 32); with that, a limit of
+//     128 contains a fork bomb, 64 does not.
+//   - Docker mounts --tmpfs noexec by default: add "exec" to the /workspace
+//     options if user code may run files it writes (./script.sh, compiled
+//     programs). The runner gives /workspace to [UserUID] itself at start, so
+//     no uid= option is needed.
+//   - Reaching the memory limit makes the host kill the whole sandbox
+//     (runner gone; the container's State.OOMKilled is true). The runner
+//     watches the sandbox's usage and kills the run a little before that
+//     (limit minus max(limit/8, 24 MiB), or Run.memory_limit), reporting
+//     oom_killed, so the sandbox usually survives.
+//   - A run with stateful false has its leftover processes killed when it
+//     ends; a session's runs should set stateful (in every language) to keep
+//     background processes running between runs.
 package wire
 
 // RunnerPath is where the agent bind-mounts the runner binary (read-only)
