@@ -19,6 +19,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
+	"github.com/codemode-go/codemode/edge/web"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/cli"
@@ -107,5 +108,6 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	withCode, withoutCode := mcpserver.Handlers(mcpserver.Config{Service: svc, Tenants: tenants, Logger: logger.With("component", "mcp"), Version: Version})
 	srv.Handle("/mcp", withCode)
 	srv.Handle("/mcp-no-code-execute", withoutCode)
+	srv.Handle("/", web.Handler())
 	return srv.Serve(ctx, ln)
 }
