@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
 // procs starts user processes and collects their exit statuses.
@@ -218,7 +220,7 @@ func (p *procs) lookPath(name string) (string, error) {
 			}
 		}
 		if path == "" {
-			return "", fmt.Errorf("interpreter %s is not installed in the sandbox", name)
+			return "", &reqError{runnerv1.Error_CODE_FAILED_PRECONDITION, fmt.Sprintf("interpreter %s is not installed in the sandbox", name)}
 		}
 	}
 	p.paths[name] = path
