@@ -79,7 +79,7 @@ describe("playground", { timeout: 60000 }, () => {
   });
 
   test("a run past its timeout is killed and says so", async () => {
-    await page.fill("#timeout", "1");
+    await page.fill("#timeout", "2");
     await page.fill("#code", "import time\nprint('start', flush=True)\ntime.sleep(20)");
     await page.click("#run");
     await page.waitForSelector("body[data-state=done]", { timeout: 15000 });
