@@ -92,7 +92,7 @@ func defaultConfig(log *slog.Logger) config {
 }
 
 // helperEnv, when set in the environment, makes Run act as a helper instead
-// of the runner (see helper.go).
+// of the runner (see runHelper in scrub.go).
 const helperEnv = "CODEMODE_RUNNER_HELPER"
 
 // Run is the runner's main: it serves requests from stdin until stdin ends
