@@ -91,9 +91,14 @@ func (s *Service) Execute(ctx context.Context, exec *executionv1.Execution, emit
 		output = int64(min(b, uint64(s.cfg.MaxOutput)))
 	}
 	output = min(output, s.cfg.MaxOutput)
-	var memory int64 // 0: the pool's default
+	// A memory limit up to the warm sandboxes' own is enforced by the
+	// runner in a warm sandbox; a larger one needs a sandbox of its own.
+	var memory, runMemory int64 // 0: the pool's default
 	if b := exec.GetLimits().GetMemoryBytes(); b > 0 {
-		memory = max(int64(min(b, uint64(s.cfg.MaxMemory))), minMemory)
+		runMemory = max(int64(min(b, uint64(s.cfg.MaxMemory))), minMemory)
+		if runMemory > s.pool.DefaultMemory() {
+			memory = runMemory
+		}
 	}
 	run := &runnerv1.Run{
 		Language:    exec.GetLanguage(),
@@ -102,6 +107,7 @@ func (s *Service) Execute(ctx context.Context, exec *executionv1.Execution, emit
 		Timeout:     durationpb.New(timeout),
 		OutputLimit: uint64(output),
 		Stateful:    exec.GetSessionId() != "",
+		MemoryLimit: uint64(runMemory),
 	}
 	for _, f := range exec.GetFiles() {
 		run.Files = append(run.Files, &runnerv1.File{Path: f.GetPath(), Content: f.GetContent()})

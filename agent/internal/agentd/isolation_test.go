@@ -1,0 +1,116 @@
+package agentd
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+
+	"github.com/codemode-go/codemode/agent/internal/sandbox"
+	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+)
+
+// TestStatelessIsolation runs A, which leaves files, background processes
+// (setsid, nohup, double fork, a delayed writer) and a changed working
+// directory behind, then B, which must see none of it. The agent has one
+// sandbox, so B runs in the very sandbox A ran in, scrubbed.
+func TestStatelessIsolation(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, func(c *Config) {
+		c.MinActive = 1
+		c.MaxSandboxes = 1
+		c.MaxSessions = 0
+	})
+	a.waitWarm(t, 1)
+	before := a.containerIDs(t)
+
+	resA := a.exec(t, &executionv1.Execution{Language: "bash", Code: `
+echo secret > /workspace/a.txt; mkdir -p /workspace/dir; echo s > /workspace/dir/b
+echo secret > /tmp/t.txt; echo secret > /dev/shm/s.txt
+setsid sleep 300 >/dev/null 2>&1 </dev/null &
+nohup sleep 301 >/dev/null 2>&1 </dev/null &
+( ( sleep 302 >/dev/null 2>&1 </dev/null & ) & )
+python3 -c '
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(1)
+        open("/workspace/late.txt", "w").write("late")
+        time.sleep(300)
+    os._exit(0)
+'
+(sleep 1; echo late > /tmp/late.txt) </dev/null >/dev/null 2>&1 &
+cd /tmp
+echo started`})
+	if resA.GetStdout() != "started\n" {
+		t.Fatalf("run A: %v", resA)
+	}
+	// Give A's delayed writers time to write, if they survived.
+	time.Sleep(1500 * time.Millisecond)
+
+	resB := a.exec(t, &executionv1.Execution{Language: "bash", Code: `
+pwd
+ls -A /workspace /tmp /dev/shm
+for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -E '^(sleep|python3) ' || true`})
+	want := "/workspace\n/dev/shm:\n\n/tmp:\n\n/workspace:\n"
+	if resB.GetStdout() != want {
+		t.Errorf("run B saw what A left:\n%s\nstderr: %s\nwant:\n%s", resB.GetStdout(), resB.GetStderr(), want)
+	}
+	after := a.containerIDs(t)
+	if len(before) != 1 || len(after) != 1 || before[0] != after[0] {
+		t.Errorf("containers before %v, after %v: want A and B in one sandbox", before, after)
+	}
+}
+
+// containerIDs lists the ids of the agent's containers.
+func (a *testAgent) containerIDs(t testing.TB) []string {
+	t.Helper()
+	list, err := a.Driver().Client().ContainerList(t.Context(), container.ListOptions{All: true, Filters: filters.NewArgs(
+		filters.Arg("label", sandbox.LabelAgent+"="+a.cfg.Name))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, c := range list {
+		ids = append(ids, c.ID)
+	}
+	return ids
+}
+
+// TestSessionIsolation shows that a session's files are seen by the session
+// only: not by another session, not by stateless runs.
+func TestSessionIsolation(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+	s1, s2 := randomName("iso1"), randomName("iso2")
+	t.Cleanup(func() {
+		a.client("connect").CloseSession(t.Context(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: s1}))
+		a.client("connect").CloseSession(t.Context(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: s2}))
+	})
+	res := a.exec(t, &executionv1.Execution{Language: "bash", SessionId: s1, Code: "echo mine > /workspace/s1.txt; echo ok"})
+	if res.GetStdout() != "ok\n" || res.GetSessionId() != s1 {
+		t.Fatalf("session 1: %v", res)
+	}
+	res = a.exec(t, &executionv1.Execution{Language: "bash", SessionId: s2, Code: "ls -A /workspace; echo end"})
+	if res.GetStdout() != "end\n" {
+		t.Errorf("session 2 sees %q", res.GetStdout())
+	}
+	for range 3 {
+		res = a.exec(t, &executionv1.Execution{Language: "bash", Code: "ls -A /workspace; echo end"})
+		if res.GetStdout() != "end\n" {
+			t.Errorf("stateless run sees %q", res.GetStdout())
+		}
+	}
+	res = a.exec(t, &executionv1.Execution{Language: "bash", SessionId: s1, Code: "cat /workspace/s1.txt"})
+	if res.GetStdout() != "mine\n" {
+		t.Errorf("session 1 lost its file: %v", res)
+	}
+	if !strings.Contains(res.GetAgent(), "test-shared") {
+		t.Errorf("agent %q", res.GetAgent())
+	}
+}

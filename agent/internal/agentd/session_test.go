@@ -1,0 +1,118 @@
+package agentd
+
+import (
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+)
+
+// TestStatefulSessions keeps Python state and the shell's working directory
+// from one run to the next.
+func TestStatefulSessions(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+	tests := []struct {
+		name, lang string
+		steps      [][2]string // code, want stdout
+	}{
+		{"python variables", "python", [][2]string{{"x = 41", ""}, {"print(x + 1)", "42\n"}}},
+		{"python imports and functions", "python", [][2]string{
+			{"import math\ndef area(r):\n    return math.pi * r * r", ""},
+			{"print(round(area(2), 3))", "12.566\n"},
+		}},
+		{"bash cd", "bash", [][2]string{{"mkdir -p /workspace/sub/dir && cd /workspace/sub", ""}, {"cd dir; pwd", "/workspace/sub/dir\n"}, {"pwd", "/workspace/sub/dir\n"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			id := randomName("st")
+			t.Cleanup(func() {
+				a.client("connect").CloseSession(t.Context(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
+			})
+			for _, step := range tt.steps {
+				res := a.exec(t, &executionv1.Execution{Language: tt.lang, Code: step[0], SessionId: id})
+				if res.GetStdout() != step[1] || res.GetExitCode() != 0 {
+					t.Fatalf("%q: %v, want stdout %q", step[0], res, step[1])
+				}
+			}
+		})
+	}
+}
+
+// TestSessionLifecycle creates, uses and closes a session through the API.
+func TestSessionLifecycle(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+	c := a.client("grpc")
+	ctx := t.Context()
+	id := randomName("life")
+	res, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "python", SessionId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := res.Msg.GetSession()
+	if s.GetId() != id || s.GetAgent() != a.cfg.Name || !s.GetExpireTime().AsTime().After(time.Now()) {
+		t.Errorf("session %v", s)
+	}
+	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "python", SessionId: id})); connect.CodeOf(err) != connect.CodeAlreadyExists {
+		t.Errorf("second create: %v, want already_exists", err)
+	}
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print('in session')", SessionId: id}); r.GetStdout() != "in session\n" {
+		t.Errorf("run: %v", r)
+	}
+	st, err := c.Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	if err != nil || st.Msg.GetStatus().GetSessions() < 1 {
+		t.Errorf("status %v, %v: want a session", st, err)
+	}
+	if _, err := c.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("second close: %v, want not_found", err)
+	}
+	// An unknown session id in Execute opens the session (the seed's
+	// sessionId semantics), fresh.
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print('x' in globals())", SessionId: id}); r.GetStdout() != "False\n" {
+		t.Errorf("run after close: %v", r)
+	}
+	c.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
+}
+
+// TestSessionLimits closes idle sessions and bounds their number.
+func TestSessionLimits(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, func(c *Config) {
+		c.MinActive = 1
+		c.MaxSandboxes = 3
+		c.MaxSessions = 1
+		c.SessionIdleTTL = 500 * time.Millisecond
+	})
+	c := a.client("connect")
+	ctx := t.Context()
+	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "one"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "two"})); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("second session: %v, want resource_exhausted", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.sessions.Len() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("idle session not closed after 10 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// A session may ask for its own idle timeout.
+	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "two", IdleTimeout: durationpb.New(time.Hour)})); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if a.sessions.Len() != 1 {
+		t.Error("session with a one-hour idle timeout was closed")
+	}
+}
