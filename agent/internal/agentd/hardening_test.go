@@ -162,4 +162,3 @@ func TestInputs(t *testing.T) {
 		t.Errorf("result %v", res)
 	}
 }
-
