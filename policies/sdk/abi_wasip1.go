@@ -69,7 +69,9 @@ func request(size uint32) uint64 {
 	if requestHandler == nil {
 		panic("codemode policy: no request handler registered")
 	}
-	if err := requestIn.Unmarshal(input[:size]); err != nil {
+	// The input is copied once: the decoded strings alias the copy, so they
+	// stay valid after the host overwrites the buffer.
+	if err := requestIn.Unmarshal(append([]byte(nil), input[:size]...)); err != nil {
 		panic("codemode policy: decode request input: " + err.Error())
 	}
 	d := requestHandler(&requestIn)
@@ -82,7 +84,7 @@ func result(size uint32) uint64 {
 	if resultHandler == nil {
 		panic("codemode policy: no result handler registered")
 	}
-	if err := resultIn.Unmarshal(input[:size]); err != nil {
+	if err := resultIn.Unmarshal(append([]byte(nil), input[:size]...)); err != nil {
 		panic("codemode policy: decode result input: " + err.Error())
 	}
 	d := resultHandler(&resultIn)

@@ -1,7 +1,10 @@
 package sdk
 
+import "unsafe"
+
 // Unmarshal decodes the protobuf bytes of a codemode.policy.v1.RequestInput
-// into in, replacing its contents. The result does not alias b.
+// into in, replacing its contents. Its strings and byte slices alias b,
+// which must not be modified afterwards.
 func (in *RequestInput) Unmarshal(b []byte) error {
 	*in = RequestInput{}
 	r := reader{b: b}
@@ -98,7 +101,8 @@ func (e *Execution) unmarshal(r *reader) {
 }
 
 // Unmarshal decodes the protobuf bytes of a codemode.policy.v1.ResultInput
-// into in, replacing its contents. The result does not alias b.
+// into in, replacing its contents. Its strings and byte slices alias b,
+// which must not be modified afterwards.
 func (in *ResultInput) Unmarshal(b []byte) error {
 	*in = ResultInput{}
 	r := reader{b: b}
@@ -172,32 +176,48 @@ func (d *RequestDecision) AppendMarshal(b []byte) []byte {
 		b = appendString(b, 2, d.Reason)
 	}
 	if w := &d.Rewrite; w.Code != nil || w.Language != nil || w.SetStdin {
-		b = appendMessage(b, 3, func(b []byte) []byte {
-			if w.Code != nil {
-				b = appendString(b, 1, *w.Code)
-			}
-			if w.Language != nil {
-				b = appendString(b, 2, *w.Language)
-			}
-			if w.SetStdin {
-				b = appendBytes(b, 3, w.Stdin)
-			}
-			return b
-		})
+		n := 0
+		if w.Code != nil {
+			n += stringSize(1, *w.Code)
+		}
+		if w.Language != nil {
+			n += stringSize(2, *w.Language)
+		}
+		if w.SetStdin {
+			n += stringSize(3, unsafe.String(unsafe.SliceData(w.Stdin), len(w.Stdin)))
+		}
+		b = appendLen(b, 3, n)
+		if w.Code != nil {
+			b = appendString(b, 1, *w.Code)
+		}
+		if w.Language != nil {
+			b = appendString(b, 2, *w.Language)
+		}
+		if w.SetStdin {
+			b = appendBytes(b, 3, w.Stdin)
+		}
 	}
 	if l := &d.Limits; *l != (Limits{}) {
-		b = appendMessage(b, 4, func(b []byte) []byte {
-			if l.Timeout != 0 {
-				b = appendDuration(b, 1, l.Timeout)
-			}
-			if l.MemoryBytes != 0 {
-				b = appendUint(b, 2, l.MemoryBytes)
-			}
-			if l.OutputBytes != 0 {
-				b = appendUint(b, 3, l.OutputBytes)
-			}
-			return b
-		})
+		n := 0
+		if l.Timeout != 0 {
+			n += 1 + varintSize(uint64(durationSize(l.Timeout))) + durationSize(l.Timeout)
+		}
+		if l.MemoryBytes != 0 {
+			n += uintSize(2, l.MemoryBytes)
+		}
+		if l.OutputBytes != 0 {
+			n += uintSize(3, l.OutputBytes)
+		}
+		b = appendLen(b, 4, n)
+		if l.Timeout != 0 {
+			b = appendDuration(b, 1, l.Timeout)
+		}
+		if l.MemoryBytes != 0 {
+			b = appendUint(b, 2, l.MemoryBytes)
+		}
+		if l.OutputBytes != 0 {
+			b = appendUint(b, 3, l.OutputBytes)
+		}
 	}
 	b = appendMap(b, 5, d.Route)
 	if d.RoutePriority != 0 {
@@ -217,21 +237,32 @@ func (d *ResultDecision) AppendMarshal(b []byte) []byte {
 	}
 	for i := range d.Redactions {
 		x := &d.Redactions[i]
-		b = appendMessage(b, 3, func(b []byte) []byte {
-			if x.Stream != 0 {
-				b = appendUint(b, 1, uint64(int64(x.Stream)))
-			}
-			if x.Start != 0 {
-				b = appendUint(b, 2, uint64(x.Start))
-			}
-			if x.End != 0 {
-				b = appendUint(b, 3, uint64(x.End))
-			}
-			if x.Replacement != "" {
-				b = appendString(b, 4, x.Replacement)
-			}
-			return b
-		})
+		n := 0
+		if x.Stream != 0 {
+			n += uintSize(1, uint64(int64(x.Stream)))
+		}
+		if x.Start != 0 {
+			n += uintSize(2, uint64(x.Start))
+		}
+		if x.End != 0 {
+			n += uintSize(3, uint64(x.End))
+		}
+		if x.Replacement != "" {
+			n += stringSize(4, x.Replacement)
+		}
+		b = appendLen(b, 3, n)
+		if x.Stream != 0 {
+			b = appendUint(b, 1, uint64(int64(x.Stream)))
+		}
+		if x.Start != 0 {
+			b = appendUint(b, 2, uint64(x.Start))
+		}
+		if x.End != 0 {
+			b = appendUint(b, 3, uint64(x.End))
+		}
+		if x.Replacement != "" {
+			b = appendString(b, 4, x.Replacement)
+		}
 	}
 	if d.Stdout != nil {
 		b = appendString(b, 4, *d.Stdout)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"time"
+	"unsafe"
 )
 
 // This file is a minimal protobuf wire-format codec for the messages of ABI
@@ -30,6 +31,11 @@ type reader struct {
 func (r *reader) fail() { r.err = ErrMalformed; r.b = nil }
 
 func (r *reader) varint() uint64 {
+	if len(r.b) > 0 && r.b[0] < 0x80 { // fast path: one byte
+		v := uint64(r.b[0])
+		r.b = r.b[1:]
+		return v
+	}
 	var v uint64
 	for i := 0; i < 10; i++ {
 		if i >= len(r.b) {
@@ -107,13 +113,21 @@ func (r *reader) expect(typ, want int) bool {
 	return true
 }
 
+// str returns a string that aliases the input, which the caller of
+// Unmarshal promises not to modify: one copy of the input per call instead
+// of one allocation per field (allocation is slow in a Go guest).
 func (r *reader) str(typ int) string {
 	if !r.expect(typ, wireBytes) {
 		return ""
 	}
-	return string(r.bytes())
+	b := r.bytes()
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
 }
 
+// byteSlice returns a slice that aliases the input, as str does.
 func (r *reader) byteSlice(typ int) []byte {
 	if !r.expect(typ, wireBytes) {
 		return nil
@@ -122,7 +136,7 @@ func (r *reader) byteSlice(typ int) []byte {
 	if len(b) == 0 {
 		return []byte{}
 	}
-	return append([]byte(nil), b...)
+	return b
 }
 
 func (r *reader) uint(typ int) uint64 {
@@ -241,15 +255,8 @@ func varintSize(v uint64) int {
 func appendDuration(b []byte, num int32, d time.Duration) []byte {
 	secs := int64(d / time.Second)
 	nanos := int64(int32(d % time.Second))
-	size := 0
-	if secs != 0 {
-		size += 1 + varintSize(uint64(secs))
-	}
-	if nanos != 0 {
-		size += 1 + varintSize(uint64(nanos))
-	}
 	b = appendTag(b, num, wireBytes)
-	b = appendVarint(b, uint64(size))
+	b = appendVarint(b, uint64(durationSize(d)))
 	if secs != 0 {
 		b = appendUint(b, 1, uint64(secs))
 	}
@@ -280,21 +287,29 @@ func appendMap(b []byte, num int32, m map[string]string) []byte {
 	return b
 }
 
-// appendMessage encodes a nested message field whose body enc appends.
-// It reserves one length byte and moves the body if it is longer.
-func appendMessage(b []byte, num int32, enc func([]byte) []byte) []byte {
+// appendLen appends a nested message field's tag and length.
+func appendLen(b []byte, num int32, n int) []byte {
 	b = appendTag(b, num, wireBytes)
-	at := len(b)
-	b = append(b, 0)
-	b = enc(b)
-	n := len(b) - at - 1
-	if n < 0x80 {
-		b[at] = byte(n)
-		return b
+	return appendVarint(b, uint64(n))
+}
+
+func stringSize(num int32, s string) int {
+	return varintSize(uint64(num)<<3) + varintSize(uint64(len(s))) + len(s)
+}
+
+func uintSize(num int32, v uint64) int {
+	return varintSize(uint64(num)<<3) + varintSize(v)
+}
+
+func durationSize(d time.Duration) int {
+	secs := int64(d / time.Second)
+	nanos := int64(int32(d % time.Second))
+	size := 0
+	if secs != 0 {
+		size += 1 + varintSize(uint64(secs))
 	}
-	extra := varintSize(uint64(n)) - 1
-	b = append(b, make([]byte, extra)...)
-	copy(b[at+1+extra:], b[at+1:at+1+n])
-	appendVarint(b[:at], uint64(n))
-	return b
+	if nanos != 0 {
+		size += 1 + varintSize(uint64(nanos))
+	}
+	return size
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -131,3 +132,5 @@ func countersOf(t *testing.T, e *Engine, name string) *policyv1.PolicyCounters {
 func testOptions(t testing.TB, path string) Options {
 	return Options{ConfigPath: path, CacheDir: policytest.CacheDir(t)}
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
