@@ -12,13 +12,14 @@ EDGE_ADDR    ?= :8000
 WORKER_PORT  ?= :30031
 CONTROLPLANE_ADDR ?= :8080
 
-.PHONY: all setup build generate checkgenerate lint breaking test up clean
+.PHONY: all setup build generate web checkgenerate lint breaking test up clean
 
 all: build
 
 ## setup: prepare this host (Docker Engine, runsc, sandbox image); idempotent
 setup:
 	bash agent/host/setup.sh
+	bash edge/web/setup.sh
 
 ## build: build the three services and the in-sandbox runner into bin/
 build:
@@ -29,10 +30,15 @@ build:
 generate:
 	$(BUF) generate
 
-## checkgenerate: fail when gen/ is not what proto/ generates
-checkgenerate: generate
-	@if [ -n "$$(git status --porcelain -- gen proto)" ]; then \
-		echo "gen/ is stale: run 'make generate' and commit the result"; git status --porcelain -- gen proto; exit 1; fi
+## web: rebuild the playground (edge/web/dist, edge/web/src/gen) from its sources and the protos
+web:
+	npm run --prefix edge/web build
+
+## checkgenerate: fail when generated code is not what its sources generate
+checkgenerate: generate web
+	@if [ -n "$$(git status --porcelain -- gen proto edge/web/dist edge/web/src/gen)" ]; then \
+		echo "generated code is stale: run 'make generate web' and commit the result"; \
+		git status --porcelain -- gen proto edge/web/dist edge/web/src/gen; exit 1; fi
 
 ## lint: buf lint, gofmt and go vet
 lint:

@@ -2,6 +2,8 @@ module github.com/codemode-go/codemode
 
 go 1.26.0
 
+ignore ./edge/web/node_modules
+
 require (
 	buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go v1.36.12-20260825204119-511051f7f437.2
 	buf.build/go/protovalidate v1.4.0
