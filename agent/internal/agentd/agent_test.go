@@ -59,7 +59,7 @@ func TestProtocols(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if s := st.Msg.GetStatus(); !s.GetReady() || s.GetRuntime() != "runsc" || s.GetCapacity() != 8 || len(s.GetLanguages()) != 4 {
+			if s := st.Msg.GetStatus(); !s.GetReady() || s.GetRuntime() != "runsc" || s.GetCapacity() != 12 || len(s.GetLanguages()) != 4 {
 				t.Errorf("status = %v", s)
 			}
 

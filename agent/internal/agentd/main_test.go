@@ -227,8 +227,8 @@ func shared(t testing.TB) *testAgent {
 		cfg.Name = randomName("test-shared")
 		cfg.Runner = runnerBin
 		cfg.MinActive = 2
-		cfg.MaxSandboxes = 8
-		cfg.MaxSessions = 4
+		cfg.MaxSandboxes = 12
+		cfg.MaxSessions = 8
 		cfg.Memory = 256 << 20
 		cfg.SessionIdleTTL = time.Minute
 		sharedAgent, sharedErr = serveAgent(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))

@@ -237,6 +237,14 @@ func (p *Pool) Acquire(ctx context.Context, memory int64) (*Sandbox, error) {
 		if dflt && len(p.warm) > 0 {
 			sb := p.warm[len(p.warm)-1]
 			p.warm = p.warm[:len(p.warm)-1]
+			if sb.dead() {
+				// It died while it waited (killed from outside, or the
+				// engine went away): replace it.
+				p.log.Warn("warm sandbox died", "sandbox_id", shortID(sb.ID()))
+				p.destroyLocked(sb)
+				p.noteErrSoon()
+				continue
+			}
 			p.busy++
 			p.kickFill()
 			return sb, nil
@@ -386,6 +394,14 @@ func (p *Pool) noteErr(err error) {
 		case p.check <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// noteErrSoon makes the watcher check the engine at once.
+func (p *Pool) noteErrSoon() {
+	select {
+	case p.check <- struct{}{}:
+	default:
 	}
 }
 

@@ -31,6 +31,16 @@ type Sandbox struct {
 // ID is the container's id.
 func (s *Sandbox) ID() string { return s.c.ID() }
 
+// dead reports whether the sandbox's stream has ended.
+func (s *Sandbox) dead() bool {
+	select {
+	case <-s.c.Done():
+		return true
+	default:
+		return false
+	}
+}
+
 // Versions are the interpreter versions the runner reported when it started.
 func (s *Sandbox) Versions() map[string]string { return s.ready.GetVersions() }
 

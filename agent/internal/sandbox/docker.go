@@ -86,12 +86,14 @@ func (d *Docker) Start(ctx context.Context, spec Spec) (Container, error) {
 	c.conn = hj.Conn
 	pr, pw := io.Pipe()
 	c.stdout = pr
+	c.done = make(chan struct{})
 	go func() {
 		_, err := stdcopy.StdCopy(pw, &lineWriter{fn: spec.Stderr}, hj.Reader)
 		if err == nil {
 			err = io.EOF
 		}
 		pw.CloseWithError(err)
+		close(c.done)
 	}()
 	if err := d.cli.ContainerStart(ctx, c.id, container.StartOptions{}); err != nil {
 		err = fmt.Errorf("start container %s: %w", shortID(c.id), classify(err))
@@ -200,14 +202,16 @@ type dockerContainer struct {
 	id     string
 	conn   net.Conn
 	stdout *io.PipeReader
+	done   chan struct{}
 
 	removeOnce sync.Once
 	removeErr  error
 }
 
-func (c *dockerContainer) ID() string        { return c.id }
-func (c *dockerContainer) Stdin() io.Writer  { return c.conn }
-func (c *dockerContainer) Stdout() io.Reader { return c.stdout }
+func (c *dockerContainer) ID() string            { return c.id }
+func (c *dockerContainer) Stdin() io.Writer      { return c.conn }
+func (c *dockerContainer) Stdout() io.Reader     { return c.stdout }
+func (c *dockerContainer) Done() <-chan struct{} { return c.done }
 
 func (c *dockerContainer) Inspect(ctx context.Context) (State, error) {
 	info, err := c.d.cli.ContainerInspect(ctx, c.id)

@@ -137,6 +137,9 @@ type Container interface {
 	// Stdout is the entry process's standard output. It returns an error
 	// (io.EOF or another) once the process or the attach stream ended.
 	Stdout() io.Reader
+	// Done is closed once the attach stream has ended: the entry process
+	// exited, the container was removed, or the engine went away.
+	Done() <-chan struct{}
 	// Inspect returns the container's state.
 	Inspect(ctx context.Context) (State, error)
 	// Wait waits until the container is no longer running, then returns its

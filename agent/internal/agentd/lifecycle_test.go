@@ -1,0 +1,274 @@
+package agentd
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/docker/docker/client"
+
+	"github.com/codemode-go/codemode/agent/internal/sandbox"
+	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+)
+
+// TestShutdownRemovesSandboxes stops an agent with warm sandboxes, a
+// session and a run in progress, and finds none of its containers left.
+func TestShutdownRemovesSandboxes(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, func(c *Config) { c.MinActive = 2; c.MaxSandboxes = 4 })
+	a.waitWarm(t, 2)
+	if r := a.exec(t, &executionv1.Execution{Language: "bash", Code: "echo hi", SessionId: "s"}); r.GetStdout() != "hi\n" {
+		t.Fatalf("session run: %v", r)
+	}
+	// A long run that shutdown must cut.
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.client("connect").Execute(context.Background(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "bash", Code: "sleep 120"}}))
+		done <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if len(a.containerIDs(t)) < 3 {
+		t.Fatalf("containers before shutdown: %v", a.containerIDs(t))
+	}
+	a.ShutdownTimeoutForTest(time.Second)
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if ids := a.containerIDs(t); len(ids) != 0 {
+		t.Errorf("containers after shutdown: %v", ids)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Error("run in progress did not end at shutdown")
+	}
+}
+
+// ShutdownTimeoutForTest lowers the server's graceful-shutdown bound of an
+// agent not yet serving... or serving: it applies to the next shutdown.
+func (a *testAgent) ShutdownTimeoutForTest(d time.Duration) { a.cfg.ShutdownTimeout = d }
+
+// TestLeftoversReaped starts an agent after a container of the same agent
+// name was left behind, and finds it removed.
+func TestLeftoversReaped(t *testing.T) {
+	t.Parallel()
+	needDocker(t)
+	name := randomName("test-reap")
+	d, err := sandbox.NewDocker("", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	leftover, err := d.Start(t.Context(), sandbox.Spec{
+		Image: DefaultConfig().Image, Runtime: "runsc", Command: []string{"/bin/sleep", "600"}, User: "65534:65534",
+		MemoryBytes: 64 << 20, NanoCPUs: 1e8, PidsLimit: 128, Labels: map[string]string{sandbox.LabelAgent: name},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leftover.Remove(context.Background())
+	a := startAgent(t, func(c *Config) { c.Name = name; c.MinActive = 0 })
+	if _, err := d.Client().ContainerInspect(t.Context(), leftover.ID()); !client.IsErrNotFound(err) {
+		t.Errorf("leftover container still there after start: %v", err)
+	}
+	if ids := a.containerIDs(t); len(ids) != 0 {
+		t.Errorf("containers: %v", ids)
+	}
+}
+
+// TestSandboxDeath kills a sandbox under a run: the run gets a clear
+// error, and the next run gets a new sandbox. A warm sandbox killed while
+// idle is replaced without any run noticing.
+func TestSandboxDeath(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, func(c *Config) { c.MinActive = 1; c.MaxSandboxes = 1; c.MaxSessions = 0 })
+	a.waitWarm(t, 1)
+	ids := a.containerIDs(t)
+	if len(ids) != 1 {
+		t.Fatalf("containers %v", ids)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.client("grpc").Execute(context.Background(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "bash", Code: "echo started; sleep 60"}}))
+		done <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for a.pool.Stats().Busy == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := a.Driver().Client().ContainerKill(t.Context(), ids[0], "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "replaced") {
+			t.Errorf("run in a killed sandbox: %v, want unavailable", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run in a killed sandbox did not end")
+	}
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(2)"}); r.GetStdout() != "2\n" {
+		t.Errorf("next run: %v", r)
+	}
+
+	// Kill the warm sandbox while it waits.
+	a.waitWarm(t, 1)
+	ids = a.containerIDs(t)
+	if err := a.Driver().Client().ContainerKill(t.Context(), ids[0], "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(3)"}); r.GetStdout() != "3\n" {
+		t.Errorf("run after the warm sandbox died: %v", r)
+	}
+}
+
+// TestEngineAway cuts the agent off its container engine (a proxy on the
+// engine's socket stands in for a crashed and restarted dockerd: restarting
+// the real one would kill the sandboxes of every other test on this host).
+// The agent answers unavailable meanwhile, then reconnects, removes what
+// it lost and fills its pool again.
+func TestEngineAway(t *testing.T) {
+	t.Parallel()
+	needDocker(t)
+	target := "/var/run/docker.sock"
+	if h := os.Getenv("DOCKER_HOST"); h != "" {
+		if !strings.HasPrefix(h, "unix://") {
+			t.Skip("the engine proxy needs a unix socket engine")
+		}
+		target = strings.TrimPrefix(h, "unix://")
+	}
+	p := &engineProxy{path: filepath.Join(t.TempDir(), "docker.sock"), target: target}
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.crash) // after the agent's own clean-up, registered later
+	a := startAgent(t, func(c *Config) { c.DockerHost = "unix://" + p.path; c.MinActive = 1; c.MaxSandboxes = 2 })
+	a.waitWarm(t, 1)
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(1)"}); r.GetStdout() != "1\n" {
+		t.Fatalf("run: %v", r)
+	}
+	a.waitWarm(t, 1)
+	before := a.containerIDs(t)
+
+	p.crash()
+	_, err := a.client("connect").Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "print(1)"}}))
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("run with the engine away: %v, want unavailable", err)
+	}
+	waitFor(t, 10*time.Second, "status not ready", func() bool { return !a.status(t).GetReady() })
+	_, err = a.client("connect").Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "print(1)"}}))
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("run while not ready: %v, want unavailable", err)
+	}
+
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "status ready again", func() bool { return a.status(t).GetReady() })
+	a.waitWarm(t, 1)
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(2)"}); r.GetStdout() != "2\n" {
+		t.Errorf("run after reconnecting: %v", r)
+	}
+	after := a.containerIDs(t)
+	for _, id := range before {
+		if slices.Contains(after, id) {
+			t.Errorf("container %s from before the engine went away was not removed", id[:12])
+		}
+	}
+}
+
+func (a *testAgent) status(t testing.TB) *agentv1.AgentStatus {
+	t.Helper()
+	res, err := a.client("connect").Status(t.Context(), connect.NewRequest(&agentv1.StatusRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Msg.GetStatus()
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for: %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// engineProxy forwards a unix socket to the engine's; crash cuts every
+// connection and stops listening, start listens again.
+type engineProxy struct {
+	path, target string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]bool
+}
+
+func (p *engineProxy) start() error {
+	ln, err := net.Listen("unix", p.path)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.ln = ln
+	p.conns = map[net.Conn]bool{}
+	p.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("unix", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			if p.conns == nil {
+				p.mu.Unlock()
+				c.Close()
+				up.Close()
+				return
+			}
+			p.conns[c], p.conns[up] = true, true
+			p.mu.Unlock()
+			go func() { io.Copy(up, c); up.Close() }()
+			go func() { io.Copy(c, up); c.Close() }()
+		}
+	}()
+	return nil
+}
+
+func (p *engineProxy) crash() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	if err := os.Remove(p.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		panic(err)
+	}
+}
+
