@@ -271,4 +271,3 @@ func (p *engineProxy) crash() {
 		panic(err)
 	}
 }
-
