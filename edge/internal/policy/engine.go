@@ -297,3 +297,11 @@ func (e *Engine) Close(ctx context.Context) error {
 
 // Generation returns the id of the serving generation (0: no configuration).
 func (e *Engine) Generation() uint64 { return e.current.Load().id }
+
+// HasResultPolicies reports whether the serving generation has result-phase
+// policies. A door that streams output must hold it back for them.
+func (e *Engine) HasResultPolicies() bool {
+	g := e.acquire()
+	defer g.release()
+	return len(g.result) > 0
+}

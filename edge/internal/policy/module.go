@@ -77,6 +77,7 @@ type instance struct {
 	bufCap   uint32
 	stack    [1]uint64
 	stderr   *capWriter
+	deadline *deadlineCtx
 }
 
 // loadModule reads, checks, compiles and warms one policy.
@@ -207,6 +208,7 @@ func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
 		}
 	}()
 	inst := &instance{
+		deadline: newDeadlineCtx(),
 		mod:      mod,
 		mem:      mod.Memory(),
 		buffer:   mod.ExportedFunction(exportBuffer),
@@ -286,9 +288,18 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, time.Duration(m.cfg.Deadline))
+	if err := ctx.Err(); err != nil {
+		m.pool <- inst
+		return err
+	}
+	cctx := inst.deadline.start(ctx, time.Duration(m.cfg.Deadline))
 	err = m.run(cctx, inst, input, decode)
-	cancel()
+	if !cctx.stop() && err == nil {
+		// The deadline fired as the call returned: its answer stands, but
+		// the instance may have been closed under it.
+		m.discard(inst, errTimeout)
+		return nil
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			m.classify(err)
@@ -423,6 +434,55 @@ func (m *module) close(ctx context.Context) {
 	if err := m.rt.Close(ctx); err != nil {
 		m.logger.Warn("close policy runtime", "error", err)
 	}
+}
+
+// deadlineCtx is the context of one instance's calls: a reusable timer
+// closes done when a call passes its deadline, and wazero then closes the
+// instance (WithCloseOnContextDone). This costs no allocation per call, where
+// context.WithTimeout costs a timer, a context and a channel. Once done is
+// closed the instance is discarded, so the channel never needs reopening.
+//
+// Cancellation of the parent context is checked before each call but does
+// not interrupt a running one: the deadline bounds it.
+type deadlineCtx struct {
+	context.Context // the parent, for values; set per call
+	done  chan struct{}
+	timer *time.Timer
+	at    time.Time
+	fired atomic.Bool
+}
+
+func newDeadlineCtx() *deadlineCtx {
+	d := &deadlineCtx{done: make(chan struct{})}
+	d.timer = time.AfterFunc(time.Hour, func() {
+		d.fired.Store(true)
+		close(d.done)
+	})
+	d.timer.Stop()
+	return d
+}
+
+// start arms the deadline for one call.
+func (d *deadlineCtx) start(parent context.Context, timeout time.Duration) *deadlineCtx {
+	d.Context = parent
+	d.at = time.Now().Add(timeout)
+	d.timer.Reset(timeout)
+	return d
+}
+
+// stop disarms the deadline; false means it fired.
+func (d *deadlineCtx) stop() bool {
+	d.Context = nil
+	return d.timer.Stop() && !d.fired.Load()
+}
+
+func (d *deadlineCtx) Deadline() (time.Time, bool) { return d.at, true }
+func (d *deadlineCtx) Done() <-chan struct{}       { return d.done }
+func (d *deadlineCtx) Err() error {
+	if d.fired.Load() {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // capWriter keeps the first max bytes written to it: a guest's stderr, for

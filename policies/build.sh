@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds the example policies into OUT (default bin/policies) and writes
+# OUT/policies.json, a policy configuration that loads them with their
+# digests. Usage: bash policies/build.sh [OUT]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-bin/policies}
+mkdir -p "$out"
+for p in languages patterns limits routes prelude redact; do
+	GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 go build -trimpath -buildmode=c-shared -o "$out/$p.wasm" "./policies/examples/$p"
+done
+wat2wasm policies/examples/tenantblock/tenantblock.wat -o "$out/tenantblock.wasm"
+sum() { sha256sum "$out/$1.wasm" | cut -d' ' -f1; }
+cat > "$out/policies.json" <<JSON
+{
+  "deadline": "20ms",
+  "labels": {"pool": []},
+  "policies": [
+    {"name": "tenantblock", "path": "tenantblock.wasm", "sha256": "$(sum tenantblock)",
+     "phase": "request", "order": 5, "config": "suspended-tenant"},
+    {"name": "languages", "path": "languages.wasm", "sha256": "$(sum languages)",
+     "phase": "request", "order": 10, "config": "*: python, bash, sh, javascript"},
+    {"name": "patterns", "path": "patterns.wasm", "sha256": "$(sum patterns)",
+     "phase": "request", "order": 20},
+    {"name": "limits", "path": "limits.wasm", "sha256": "$(sum limits)",
+     "phase": "request", "order": 30, "config": "*: 120s"},
+    {"name": "redact", "path": "redact.wasm", "sha256": "$(sum redact)",
+     "phase": "result", "order": 10}
+  ]
+}
+JSON
+echo "built $(ls "$out"/*.wasm | wc -l) policies and $out/policies.json"
