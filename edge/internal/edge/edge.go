@@ -14,10 +14,12 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/codemode-go/codemode/edge/internal/connectapi"
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
+	"github.com/codemode-go/codemode/edge/internal/policy"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	"github.com/codemode-go/codemode/edge/web"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
@@ -38,6 +40,16 @@ type Config struct {
 	// APIKeys is a JSON file mapping API keys to tenant names; empty: no
 	// authentication, every caller is the tenant "anonymous".
 	APIKeys string
+	// PolicyConfig is the Wasm policy configuration file (see policies/ABI.md
+	// and edge/internal/policy.Config); empty: no policies. It is reloaded
+	// when it changes.
+	PolicyConfig string
+	// PolicyCacheDir keeps compiled policy modules across restarts; empty:
+	// in memory only.
+	PolicyCacheDir string
+	// PolicyAdminToken enables the PolicyAdminService for callers that send
+	// it as a bearer token; empty: the admin service refuses every call.
+	PolicyAdminToken string
 }
 
 // Defaults.
@@ -45,6 +57,9 @@ const (
 	DefaultAddr         = ":8000"
 	DefaultControlPlane = "http://127.0.0.1:8080"
 )
+
+// policyWatchInterval is how often the policy configuration file is checked.
+const policyWatchInterval = 2 * time.Second
 
 // Validate reports whether the configuration can be used.
 func (c Config) Validate() error {
@@ -71,6 +86,12 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
 	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names; empty for no authentication")
 	fs.Env("api-keys", "CODEMODE_API_KEYS")
+	policyConfig := fs.String("policy-config", "", "Wasm policy configuration file (JSON), reloaded when it changes; empty for no policies")
+	fs.Env("policy-config", "CODEMODE_POLICY_CONFIG")
+	policyCache := fs.String("policy-cache-dir", "", "directory that keeps compiled policy modules across restarts; empty for memory only")
+	fs.Env("policy-cache-dir", "CODEMODE_POLICY_CACHE_DIR")
+	policyToken := fs.String("policy-admin-token", "", "bearer token of the PolicyAdminService; empty disables it")
+	fs.Env("policy-admin-token", "CODEMODE_POLICY_ADMIN_TOKEN")
 	logFormat, logLevel := cli.LogFlags(fs)
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
@@ -79,7 +100,8 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	cfg := Config{Addr: *addr, ControlPlane: *cp, APIKeys: *keys}
+	cfg := Config{Addr: *addr, ControlPlane: *cp, APIKeys: *keys,
+		PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken}
 	if !strings.Contains(cfg.ControlPlane, "://") {
 		cfg.ControlPlane = "http://" + cfg.ControlPlane
 	}
@@ -101,9 +123,17 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		return err
 	}
 	cp := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), strings.TrimRight(cfg.ControlPlane, "/"))
-	svc := execution.New(cp, logger)
+	policies, err := policy.New(ctx, policy.Options{ConfigPath: cfg.PolicyConfig, CacheDir: cfg.PolicyCacheDir, Logger: logger})
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("load policies: %w", err)
+	}
+	defer policies.Close(context.WithoutCancel(ctx))
+	go policies.Watch(ctx, policyWatchInterval)
+	svc := execution.New(cp, logger, execution.WithPolicies(policies))
 
 	srv := server.New(logger)
+	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions()...))
 	withCode, withoutCode := mcpserver.Handlers(mcpserver.Config{Service: svc, Tenants: tenants, Logger: logger.With("component", "mcp"), Version: Version})
 	srv.Handle("/mcp", withCode)

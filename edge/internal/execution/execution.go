@@ -19,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/edge/internal/policy"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
@@ -38,13 +39,18 @@ type Call struct {
 
 // Service runs code through the control plane.
 type Service struct {
-	cp     controlplanev1connect.ControlPlaneServiceClient
-	logger *slog.Logger
+	cp       controlplanev1connect.ControlPlaneServiceClient
+	logger   *slog.Logger
+	policies *policy.Engine // nil: no policies
 }
 
 // New returns a Service that forwards to the control plane client cp.
-func New(cp controlplanev1connect.ControlPlaneServiceClient, logger *slog.Logger) *Service {
-	return &Service{cp: cp, logger: logger}
+func New(cp controlplanev1connect.ControlPlaneServiceClient, logger *slog.Logger, opts ...Option) *Service {
+	s := &Service{cp: cp, logger: logger}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // NewRequestID returns a random request id.
@@ -95,14 +101,24 @@ func (s *Service) Execute(ctx context.Context, call Call) (*executionv1.Result, 
 	if err != nil {
 		return nil, err
 	}
+	v, err := s.vetRequest(ctx, call, ex)
+	if err != nil {
+		s.logFailure(call, err)
+		return nil, err
+	}
+	ex = v.ex
 	start := time.Now()
-	res, err := s.cp.Execute(ctx, connect.NewRequest(&cpv1.ExecuteRequest{Execution: ex, RequestId: call.RequestID}))
+	res, err := s.cp.Execute(ctx, connect.NewRequest(&cpv1.ExecuteRequest{Execution: ex, RequestId: call.RequestID, Route: v.route}))
 	if err != nil {
 		s.logFailure(call, err)
 		return nil, err
 	}
 	r := res.Msg.GetResult()
 	r.SessionId = call.Execution.GetSessionId()
+	if r, err = s.vetResult(ctx, call, v, r); err != nil {
+		s.logFailure(call, err)
+		return nil, err
+	}
 	s.logger.Debug("executed", "request_id", call.RequestID, "tenant", call.Tenant, "door", call.Door,
 		"language", ex.GetLanguage(), "exit_code", r.GetExitCode(), "elapsed", time.Since(start))
 	return r, nil
@@ -115,9 +131,18 @@ func (s *Service) ExecuteStream(ctx context.Context, call Call, send func(*execu
 	if err != nil {
 		return err
 	}
+	v, err := s.vetRequest(ctx, call, ex)
+	if err != nil {
+		s.logFailure(call, err)
+		return err
+	}
+	ex = v.ex
+	if s.holdsOutput() {
+		send = s.heldOutput(ctx, call, v, send)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := s.cp.ExecuteStream(ctx, connect.NewRequest(&cpv1.ExecuteStreamRequest{Execution: ex, RequestId: call.RequestID}))
+	st, err := s.cp.ExecuteStream(ctx, connect.NewRequest(&cpv1.ExecuteStreamRequest{Execution: ex, RequestId: call.RequestID, Route: v.route}))
 	if err != nil {
 		s.logFailure(call, err)
 		return err

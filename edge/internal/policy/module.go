@@ -446,10 +446,10 @@ func (m *module) close(ctx context.Context) {
 // not interrupt a running one: the deadline bounds it.
 type deadlineCtx struct {
 	context.Context // the parent, for values; set per call
-	done  chan struct{}
-	timer *time.Timer
-	at    time.Time
-	fired atomic.Bool
+	done            chan struct{}
+	timer           *time.Timer
+	at              time.Time
+	fired           atomic.Bool
 }
 
 func newDeadlineCtx() *deadlineCtx {

@@ -74,11 +74,21 @@ func root() (string, error) {
 }
 
 func build() (*Modules, error) {
-	top, err := root()
+	dir, err := os.MkdirTemp("", "codemode-policies-")
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "codemode-policies-")
+	m, err := BuildInto(dir)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return m, nil
+}
+
+// BuildInto builds the named modules (all when none are named) into dir.
+func BuildInto(dir string, names ...string) (*Modules, error) {
+	top, err := root()
 	if err != nil {
 		return nil, err
 	}
@@ -97,6 +107,23 @@ func build() (*Modules, error) {
 	wats, _ := filepath.Glob(filepath.Join(top, "edge/internal/policy/testdata/*.wat"))
 	for _, w := range wats {
 		jobs = append(jobs, job{name: strings.TrimSuffix(filepath.Base(w), ".wat"), wat: w})
+	}
+	if len(names) > 0 {
+		want := make(map[string]bool)
+		for _, n := range names {
+			want[n] = true
+		}
+		kept := jobs[:0]
+		for _, j := range jobs {
+			if want[j.name] {
+				kept = append(kept, j)
+				delete(want, j.name)
+			}
+		}
+		if len(want) > 0 {
+			return nil, fmt.Errorf("no such modules: %v", want)
+		}
+		jobs = kept
 	}
 	var (
 		wg   sync.WaitGroup
@@ -129,7 +156,6 @@ func build() (*Modules, error) {
 	}
 	wg.Wait()
 	if len(errs) > 0 {
-		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("%s", strings.Join(errs, "\n"))
 	}
 	return m, nil

@@ -1,0 +1,318 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
+	"github.com/codemode-go/codemode/gen/codemode/policy/v1/policyv1connect"
+)
+
+// API keys of the policy stack's tenants.
+const (
+	keyBob     = "k-bob-0123456789abcdef"
+	keyAcme    = "k-acme-0123456789abcdef"
+	keyMallory = "k-mallory-0123456789abcdef"
+	adminToken = "policy-admin-0123456789"
+)
+
+// policyStack starts an agent labelled pool=blue, a control plane and an
+// edge that loads every example policy:
+//
+//   - tenantblock (WAT) denies tenant mallory;
+//   - languages allows python and bash;
+//   - patterns denies dangerous code;
+//   - prelude rewrites Python to lower the recursion limit to 200;
+//   - limits caps bob's timeout at 2 s;
+//   - routes sends bash to pool=blue and tenant acme to pool=green (no agent);
+//   - redact removes AWS access key ids from output.
+func policyStack(t *testing.T) (edge *Process, logs func() string) {
+	t.Helper()
+	if binDir == "" {
+		t.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	dir := t.TempDir()
+	mods, err := policytest.BuildInto(dir, "tenantblock", "languages", "patterns", "prelude", "limits", "routes", "redact")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type pc struct {
+		Name   string `json:"name"`
+		Path   string `json:"path"`
+		SHA256 string `json:"sha256"`
+		Phase  string `json:"phase"`
+		Order  int    `json:"order"`
+		Config string `json:"config,omitempty"`
+	}
+	p := func(name, phase string, order int, config string) pc {
+		path := mods.Path(t, name)
+		return pc{Name: name, Path: filepath.Base(path), SHA256: policytest.Digest(t, path), Phase: phase, Order: order, Config: config}
+	}
+	cfg := map[string]any{
+		"labels": map[string][]string{"pool": {"blue", "green"}},
+		"policies": []pc{
+			p("tenantblock", "request", 5, "mallory"),
+			p("languages", "request", 10, "*: python, bash"),
+			p("patterns", "request", 20, ""),
+			p("prelude", "request", 30, "import sys; sys.setrecursionlimit(200)"),
+			p("limits", "request", 40, "bob: 2s\n*: 60s"),
+			p("routes", "request", 50, "language bash: pool=blue\ntenant acme: pool=green"),
+			p("redact", "result", 10, ""),
+		},
+	}
+	b, _ := json.Marshal(cfg)
+	config := filepath.Join(dir, "policies.json")
+	keys := filepath.Join(dir, "keys.json")
+	if err := os.WriteFile(config, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keys, []byte(fmt.Sprintf(`{%q: "bob", %q: "acme", %q: "mallory"}`, keyBob, keyAcme, keyMallory)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &Stack{AgentName: "e2e-policy-blue"}
+	t.Cleanup(s.Stop)
+	s.Agent, err = start("agent", nil, "--addr", "127.0.0.1:0", "--name", s.AgentName, "--runner", filepath.Join(binDir, "runner"),
+		"--labels", "pool=blue", "--min-active", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ControlPlane, err = start("controlplane", []string{"REMOTE_HOSTS=" + s.Agent.Addr}, "--addr", "127.0.0.1:0", "--poll-interval", "200ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Edge, err = start("edge", []string{"CODE_EXECUTION_HOST=" + s.ControlPlane.URL(), "CODEMODE_POLICY_CONFIG=" + config},
+		"--addr", "127.0.0.1:0", "--api-keys", keys, "--policy-admin-token", adminToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.waitAgentHealthy(2 * time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return s.Edge, s.Logs
+}
+
+func withKey[T any](msg *T, key string) *connect.Request[T] {
+	r := connect.NewRequest(msg)
+	r.Header().Set("Authorization", "Bearer "+key)
+	return r
+}
+
+// TestPolicies runs every example policy through the edge's doors.
+func TestPolicies(t *testing.T) {
+	t.Parallel()
+	edge, logs := policyStack(t)
+	client := func(opts ...connect.ClientOption) edgev1connect.ExecutionServiceClient {
+		return edgev1connect.NewExecutionServiceClient(httpClient, edge.URL(), opts...)
+	}
+	run := func(t *testing.T, key, lang, code string) (*edgev1.ExecuteResponse, error) {
+		t.Helper()
+		res, err := client().Execute(t.Context(), withKey(&edgev1.ExecuteRequest{Language: lang, Code: code}, key))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg, nil
+	}
+	mustRun := func(t *testing.T, key, lang, code string) *edgev1.ExecuteResponse {
+		t.Helper()
+		res, err := run(t, key, lang, code)
+		if err != nil {
+			t.Fatalf("execute %s: %v\n%s", lang, err, logs())
+		}
+		return res
+	}
+
+	t.Run("allow", func(t *testing.T) {
+		t.Parallel()
+		r := mustRun(t, keyBob, "python", "print(6*7)").GetResult()
+		if r.GetStdout() != "42\n" || r.GetExitCode() != 0 {
+			t.Fatalf("result %v", r)
+		}
+	})
+
+	t.Run("deny on every protocol", func(t *testing.T) {
+		t.Parallel()
+		for _, p := range protocols {
+			t.Run(p.name, func(t *testing.T) {
+				_, err := client(p.opts...).Execute(t.Context(), withKey(&edgev1.ExecuteRequest{Language: "javascript", Code: "console.log(1)"}, keyBob))
+				wantDenied(t, err, "languages", "language javascript is not allowed for tenant bob (allowed: python, bash)")
+			})
+		}
+	})
+
+	t.Run("deny dangerous pattern", func(t *testing.T) {
+		t.Parallel()
+		_, err := run(t, keyBob, "bash", ":(){ :|:& };:")
+		wantDenied(t, err, "patterns", `dangerous pattern in code: fork bomb (":(){ :|:& };:")`)
+	})
+
+	t.Run("deny tenant by the WAT policy", func(t *testing.T) {
+		t.Parallel()
+		_, err := run(t, keyMallory, "python", "print(1)")
+		wantDenied(t, err, "tenantblock", "tenant is suspended by the tenant policy")
+	})
+
+	t.Run("deny on a stream", func(t *testing.T) {
+		t.Parallel()
+		st, err := client().ExecuteStream(t.Context(), withKey(&edgev1.ExecuteStreamRequest{Language: "javascript", Code: "1"}, keyBob))
+		if err == nil {
+			for st.Receive() {
+			}
+			err = st.Err()
+		}
+		wantDenied(t, err, "languages", "language javascript is not allowed for tenant bob (allowed: python, bash)")
+	})
+
+	t.Run("deny on MCP", func(t *testing.T) {
+		t.Parallel()
+		res := callToolWithKey(t, edge.URL()+"/mcp", keyBob, "execute_code", map[string]any{"language": "javascript", "code": "console.log(1)"})
+		text := textOf(res)
+		if !res.IsError || !strings.Contains(text, "denied by policy languages") ||
+			!strings.Contains(text, "language javascript is not allowed for tenant bob") {
+			t.Fatalf("MCP result isError=%v %q, want an error naming the policy and reason", res.IsError, text)
+		}
+	})
+
+	t.Run("rewrite", func(t *testing.T) {
+		t.Parallel()
+		r := mustRun(t, keyBob, "python", "import sys\nprint(sys.getrecursionlimit())").GetResult()
+		if r.GetStdout() != "200\n" {
+			t.Fatalf("stdout %q, want the prelude's recursion limit 200", r.GetStdout())
+		}
+	})
+
+	t.Run("limit tightened", func(t *testing.T) {
+		t.Parallel()
+		start := time.Now()
+		r := mustRun(t, keyBob, "python", "import time\ntime.sleep(20)\nprint('late')").GetResult()
+		if !r.GetTimedOut() || strings.Contains(r.GetStdout(), "late") {
+			t.Fatalf("result %v, want a run killed by bob's 2 s limit", r)
+		}
+		if took := time.Since(start); took > 15*time.Second {
+			t.Fatalf("run took %v: the policy's 2 s timeout did not apply", took)
+		}
+	})
+
+	t.Run("route to the labelled agent", func(t *testing.T) {
+		t.Parallel()
+		r := mustRun(t, keyBob, "bash", "echo routed").GetResult()
+		if r.GetStdout() != "routed\n" || r.GetAgent() != "e2e-policy-blue" {
+			t.Fatalf("result %v, want it run by e2e-policy-blue", r)
+		}
+		// acme is routed to pool=green, which no agent carries.
+		_, err := run(t, keyAcme, "python", "print(1)")
+		if err == nil || !strings.Contains(err.Error(), "no healthy agent matches the route") {
+			t.Fatalf("acme's run: err = %v, want no agent for pool=green", err)
+		}
+	})
+
+	const leak = "import sys\nprint('key=AKIA' + 'IOSFODNN7EXAMPLE')\nprint('AKIA' + 'IOSFODNN7EXAMPL2', file=sys.stderr)"
+	t.Run("redact", func(t *testing.T) {
+		t.Parallel()
+		r := mustRun(t, keyBob, "python", leak).GetResult()
+		if r.GetStdout() != "key=[REDACTED aws-access-key-id]\n" || r.GetStderr() != "[REDACTED aws-access-key-id]\n" {
+			t.Fatalf("result %q %q, want the keys redacted", r.GetStdout(), r.GetStderr())
+		}
+	})
+
+	t.Run("redact a stream", func(t *testing.T) {
+		t.Parallel()
+		st, err := client(connect.WithGRPC()).ExecuteStream(t.Context(), withKey(&edgev1.ExecuteStreamRequest{Language: "python", Code: leak}, keyBob))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stdout, stderr string
+		for st.Receive() {
+			stdout += st.Msg().GetEvent().GetStdout()
+			stderr += st.Msg().GetEvent().GetStderr()
+		}
+		if err := st.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if stdout != "key=[REDACTED aws-access-key-id]\n" || stderr != "[REDACTED aws-access-key-id]\n" {
+			t.Fatalf("streamed %q %q, want the keys redacted", stdout, stderr)
+		}
+	})
+
+	t.Run("redact on MCP", func(t *testing.T) {
+		t.Parallel()
+		res := callToolWithKey(t, edge.URL()+"/mcp", keyBob, "execute_code", map[string]any{"language": "python", "code": leak})
+		if res.IsError || strings.Contains(textOf(res), "AKIA") || !strings.Contains(textOf(res), "[REDACTED aws-access-key-id]") {
+			t.Fatalf("MCP result isError=%v %q", res.IsError, textOf(res))
+		}
+	})
+
+	t.Run("admin", func(t *testing.T) {
+		t.Parallel()
+		admin := policyv1connect.NewPolicyAdminServiceClient(httpClient, edge.URL())
+		if _, err := admin.ListPolicies(t.Context(), connect.NewRequest(&policyv1.ListPoliciesRequest{})); connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Fatalf("ListPolicies without token: %v", err)
+		}
+		res, err := admin.ListPolicies(t.Context(), withKey(&policyv1.ListPoliciesRequest{}, adminToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Msg.GetGeneration() != 1 || len(res.Msg.GetPolicies()) != 7 {
+			t.Fatalf("ListPolicies = %v", res.Msg)
+		}
+	})
+}
+
+func wantDenied(t *testing.T, err error, policy, reason string) {
+	t.Helper()
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != connect.CodePermissionDenied {
+		t.Fatalf("err = %v, want permission_denied", err)
+	}
+	for _, d := range ce.Details() {
+		v, derr := d.Value()
+		if denial, ok := v.(*policyv1.Denial); derr == nil && ok {
+			if denial.GetPolicy() != policy || denial.GetReason() != reason || denial.GetCause() != policyv1.Cause_CAUSE_DENIED {
+				t.Fatalf("denial %v, want policy %q reason %q", denial, policy, reason)
+			}
+			return
+		}
+	}
+	t.Fatalf("permission_denied without a Denial detail: %v", err)
+}
+
+// bearer adds an API key to every request.
+type bearer struct {
+	key  string
+	next http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.key)
+	return b.next.RoundTrip(r)
+}
+
+// callToolWithKey calls an MCP tool as the tenant of key.
+func callToolWithKey(t *testing.T, endpoint, key, name string, args map[string]any) *mcp.CallToolResult {
+	t.Helper()
+	client := mcp.NewClient(&mcp.Implementation{Name: "e2e-policy", Version: "1"}, nil)
+	hc := &http.Client{Transport: bearer{key: key, next: http.DefaultTransport}}
+	cs, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatalf("connect MCP %s: %v", endpoint, err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("call %s: protocol error %v", name, err)
+	}
+	return res
+}
