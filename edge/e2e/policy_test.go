@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,7 +41,7 @@ const (
 //   - limits caps bob's timeout at 2 s;
 //   - routes sends bash to pool=blue and tenant acme to pool=green (no agent);
 //   - redact removes AWS access key ids from output.
-func policyStack(t *testing.T) (edge *Process, logs func() string) {
+func policyStack(t testing.TB) (s *Stack, keys string) {
 	t.Helper()
 	if binDir == "" {
 		t.Skip("no Docker daemon reachable; run 'make setup'")
@@ -75,14 +77,14 @@ func policyStack(t *testing.T) (edge *Process, logs func() string) {
 	}
 	b, _ := json.Marshal(cfg)
 	config := filepath.Join(dir, "policies.json")
-	keys := filepath.Join(dir, "keys.json")
+	keys = filepath.Join(dir, "keys.json")
 	if err := os.WriteFile(config, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(keys, []byte(fmt.Sprintf(`{%q: "bob", %q: "acme", %q: "mallory"}`, keyBob, keyAcme, keyMallory)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := &Stack{AgentName: "e2e-policy-blue"}
+	s = &Stack{AgentName: "e2e-policy-blue"}
 	t.Cleanup(s.Stop)
 	s.Agent, err = start("agent", nil, "--addr", "127.0.0.1:0", "--name", s.AgentName, "--runner", filepath.Join(binDir, "runner"),
 		"--labels", "pool=blue", "--min-active", "2")
@@ -101,7 +103,7 @@ func policyStack(t *testing.T) (edge *Process, logs func() string) {
 	if err := s.waitAgentHealthy(2 * time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	return s.Edge, s.Logs
+	return s, keys
 }
 
 func withKey[T any](msg *T, key string) *connect.Request[T] {
@@ -113,7 +115,8 @@ func withKey[T any](msg *T, key string) *connect.Request[T] {
 // TestPolicies runs every example policy through the edge's doors.
 func TestPolicies(t *testing.T) {
 	t.Parallel()
-	edge, logs := policyStack(t)
+	s, _ := policyStack(t)
+	edge, logs := s.Edge, s.Logs
 	client := func(opts ...connect.ClientOption) edgev1connect.ExecutionServiceClient {
 		return edgev1connect.NewExecutionServiceClient(httpClient, edge.URL(), opts...)
 	}
@@ -315,4 +318,55 @@ func callToolWithKey(t *testing.T, endpoint, key, name string, args map[string]a
 		t.Fatalf("call %s: protocol error %v", name, err)
 	}
 	return res
+}
+
+// BenchmarkPolicyOverhead measures what the example chain adds to a run:
+// print(1) through an edge with every example policy and through an edge
+// without policies, in front of the same control plane and agent,
+// interleaved in the same run.
+//
+//	go test -run '^$' -bench PolicyOverhead -benchtime 60x ./edge/e2e/
+func BenchmarkPolicyOverhead(b *testing.B) {
+	s, keys := policyStack(b)
+	plain, err := start("edge", []string{"CODE_EXECUTION_HOST=" + s.ControlPlane.URL()}, "--addr", "127.0.0.1:0", "--api-keys", keys)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = plain.Stop(30 * time.Second) })
+	edges := []struct {
+		name string
+		url  string
+		lat  []time.Duration
+	}{{name: "with policies", url: s.Edge.URL()}, {name: "without", url: plain.URL()}}
+	ctx := context.Background()
+	runOnce := func(url string) time.Duration {
+		c := edgev1connect.NewExecutionServiceClient(httpClient, url)
+		start := time.Now()
+		res, err := c.Execute(ctx, withKey(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}, keyBob))
+		if err != nil || res.Msg.GetResult().GetStdout() != "1\n" {
+			b.Fatalf("run: %v %v", res, err)
+		}
+		return time.Since(start)
+	}
+	for i := range edges { // warm both
+		runOnce(edges[i].url)
+	}
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		e := &edges[i%2]
+		e.lat = append(e.lat, runOnce(e.url))
+	}
+	b.StopTimer()
+	p50 := make([]time.Duration, 2)
+	for i, e := range edges {
+		slices.Sort(e.lat)
+		if len(e.lat) == 0 {
+			return
+		}
+		p50[i] = e.lat[len(e.lat)/2]
+		b.Logf("%-14s n=%d p50=%v p90=%v", e.name, len(e.lat), p50[i], e.lat[len(e.lat)*9/10])
+	}
+	b.ReportMetric(float64(p50[0].Microseconds()), "p50-with-us")
+	b.ReportMetric(float64(p50[1].Microseconds()), "p50-without-us")
+	b.ReportMetric(100*float64(p50[0]-p50[1])/float64(p50[1]), "overhead-%")
 }
