@@ -129,11 +129,14 @@ func BenchmarkCall(b *testing.B) {
 			n := 0
 			decode := func(d []byte) error { n = len(d); return nil }
 			b.ReportAllocs()
+			cpu0, n0 := processCPU(), 0
 			for b.Loop() {
 				if err := m.call(ctx, in, decode); err != nil {
 					b.Fatal(err)
 				}
+				n0++
 			}
+			b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(n0), "cpu-ns/op")
 			if n == 0 {
 				b.Fatal("empty answer")
 			}
@@ -200,6 +203,7 @@ func BenchmarkChain(b *testing.B) {
 			res := &executionv1.Result{Stdout: "1\nAKIAIOSFODNN7EXAMPLE\n" + strings.Repeat("output line\n", 20)}
 			var lat []time.Duration
 			b.ReportAllocs()
+			cpu0 := processCPU()
 			for b.Loop() {
 				start := time.Now()
 				v, err := e.EvaluateRequest(ctx, in)
@@ -216,6 +220,7 @@ func BenchmarkChain(b *testing.B) {
 					b.Fatalf("chain did not route or redact: %v %q", v.Route, r.Result.Stdout)
 				}
 			}
+			b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(len(lat)), "cpu-ns/op")
 			reportPercentiles(b, lat)
 		})
 	}

@@ -2,10 +2,13 @@ package policy
 
 import (
 	"context"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 )
@@ -262,4 +265,38 @@ func equalMaps(a, b map[string]string) bool {
 	return true
 }
 
-var _ = context.Background
+// TestBuildScript builds the examples with policies/build.sh, as make does,
+// and loads the configuration it writes.
+func TestBuildScript(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds every example with -trimpath")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	cmd := exec.Command("bash", "policies/build.sh", dir)
+	cmd.Dir = moduleRoot(t)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build.sh: %v\n%s", err, out)
+	}
+	e, err := New(context.Background(), Options{ConfigPath: filepath.Join(dir, "policies.json"), CacheDir: policytest.CacheDir(t)})
+	if err != nil {
+		t.Fatalf("load the built configuration: %v", err)
+	}
+	defer e.Close(context.Background())
+	if n := len(e.Status().Policies); n != 5 {
+		t.Errorf("loaded %d policies, want 5", n)
+	}
+	if _, err := e.EvaluateRequest(t.Context(), req("t", "python", "print(1)")); err != nil {
+		t.Errorf("print(1): %v", err)
+	}
+	_, err = e.EvaluateRequest(t.Context(), req("suspended-tenant", "python", "print(1)"))
+	wantDenial(t, err, "tenantblock", "tenant is suspended by the tenant policy", denied)
+}
+
+func moduleRoot(t *testing.T) string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
