@@ -8,6 +8,7 @@ package agentd
 
 import (
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -65,12 +66,23 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(cfg.Runner); err != nil || !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("runner binary %s: not a regular file (build it with CGO_ENABLED=0 go build ./agent/cmd/runner, next to the agent binary, or pass --runner): %v", cfg.Runner, err)
+	if err := checkRunner(cfg.Runner); err != nil {
+		return nil, err
 	}
 	driver, err := sandbox.NewDocker(cfg.DockerHost, logger.With("component", "docker"))
 	if err != nil {
 		return nil, err
+	}
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ok, err := driver.HasImage(ictx, cfg.Image)
+	cancel()
+	switch {
+	case err != nil:
+		// The engine may come later; the pool waits for it.
+		logger.Warn("cannot check the sandbox image yet", "image", cfg.Image, "err", err)
+	case !ok:
+		driver.Close()
+		return nil, fmt.Errorf("sandbox image %s is not present locally: build it with `make setup` (agent/host/setup.sh), or pull it where a registry is reachable", cfg.Image)
 	}
 	labels := map[string]string{sandbox.LabelAgent: cfg.Name}
 	spec := sandbox.Spec{
@@ -114,6 +126,23 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	logger.Info("agent started", "name", cfg.Name, "labels", labelString(cfg.Labels), "image", cfg.Image,
 		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes)
 	return a, nil
+}
+
+// checkRunner checks that path is a static executable: the runner runs in
+// the sandbox image, which has no Go toolchain's C libraries to offer.
+func checkRunner(path string) error {
+	hint := "build it with `CGO_ENABLED=0 go build ./agent/cmd/runner` next to the agent binary, or pass --runner"
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("runner binary %s: %w (%s)", path, err, hint)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("runner binary %s is dynamically linked: %s", path, hint)
+		}
+	}
+	return nil
 }
 
 // Service returns the agent's internal service.

@@ -80,3 +80,13 @@ func TestParseBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckRunner(t *testing.T) {
+	t.Parallel()
+	if err := checkRunner("/bin/ls"); err == nil || !strings.Contains(err.Error(), "dynamically linked") {
+		t.Errorf("dynamic binary: %v", err)
+	}
+	if err := checkRunner(t.TempDir() + "/missing"); err == nil || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
+		t.Errorf("missing binary: %v", err)
+	}
+}

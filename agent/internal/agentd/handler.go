@@ -28,6 +28,7 @@ func (h *handler) Execute(ctx context.Context, req *connect.Request[agentv1.Exec
 	if err != nil {
 		return nil, h.toConnect(err, req.Msg.GetRequestId())
 	}
+	h.logRun(req.Msg.GetRequestId(), req.Msg.GetExecution(), res)
 	return connect.NewResponse(&agentv1.ExecuteResponse{Result: res}), nil
 }
 
@@ -38,6 +39,7 @@ func (h *handler) ExecuteStream(ctx context.Context, req *connect.Request[agentv
 	if err != nil {
 		return h.toConnect(err, req.Msg.GetRequestId())
 	}
+	h.logRun(req.Msg.GetRequestId(), req.Msg.GetExecution(), res)
 	return stream.Send(&agentv1.ExecuteStreamResponse{Event: &executionv1.Event{Event: &executionv1.Event_Result{Result: res}}})
 }
 
@@ -58,6 +60,12 @@ func (h *handler) CloseSession(ctx context.Context, req *connect.Request[agentv1
 
 func (h *handler) Status(context.Context, *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
 	return connect.NewResponse(&agentv1.StatusResponse{Status: h.svc.Status()}), nil
+}
+
+func (h *handler) logRun(requestID string, e *executionv1.Execution, res *executionv1.Result) {
+	h.log.Debug("run", "request_id", requestID, "language", e.GetLanguage(), "session_id", e.GetSessionId(),
+		"exit_code", res.GetExitCode(), "timed_out", res.GetTimedOut(), "oom_killed", res.GetOomKilled(),
+		"truncated", res.GetTruncated(), "duration", res.GetDuration().AsDuration())
 }
 
 // toConnect turns a service error into the Connect error the caller sees:

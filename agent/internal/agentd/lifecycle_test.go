@@ -271,3 +271,18 @@ func (p *engineProxy) crash() {
 		panic(err)
 	}
 }
+
+// TestMissingImage refuses to start without the sandbox image, saying how
+// to build it, and never pulls.
+func TestMissingImage(t *testing.T) {
+	t.Parallel()
+	needDocker(t)
+	cfg := DefaultConfig()
+	cfg.Name = randomName("test-noimage")
+	cfg.Runner = runnerBin
+	cfg.Image = "codemode-no-such-image:never"
+	_, err := New(t.Context(), cfg, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "make setup") {
+		t.Errorf("New with a missing image: %v", err)
+	}
+}

@@ -258,7 +258,7 @@ func (s *Service) Status() *agentv1.AgentStatus {
 		Name:      s.cfg.Name,
 		Labels:    s.cfg.Labels,
 		Warm:      int32(st.Warm),
-		Busy:      int32(st.Busy),
+		Busy:      int32(st.Busy + s.sessions.Running()),
 		Sessions:  int32(sessions),
 		Capacity:  int32(st.Max),
 		Free:      int32(max(st.Max-st.Busy-sessions, 0)),

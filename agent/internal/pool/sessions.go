@@ -253,6 +253,19 @@ func (s *Sessions) Len() int {
 	return len(s.m)
 }
 
+// Running returns the number of sessions running code now.
+func (s *Sessions) Running() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, ss := range s.m {
+		if ss.active > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // CloseAll closes every session and stops the janitor.
 func (s *Sessions) CloseAll() {
 	s.mu.Lock()

@@ -62,6 +62,17 @@ func (d *Docker) Ping(ctx context.Context) error {
 	return nil
 }
 
+// HasImage reports whether image is present locally. Drivers never pull.
+func (d *Docker) HasImage(ctx context.Context, image string) (bool, error) {
+	if _, err := d.cli.ImageInspect(ctx, image); err != nil {
+		if client.IsErrNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("inspect image %s: %w", image, classify(err))
+	}
+	return true, nil
+}
+
 // Start creates, attaches to and starts a container from spec.
 func (d *Docker) Start(ctx context.Context, spec Spec) (Container, error) {
 	if err := spec.Validate(); err != nil {
