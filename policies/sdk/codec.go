@@ -219,11 +219,18 @@ func (d *RequestDecision) AppendMarshal(b []byte) []byte {
 			b = appendUint(b, 3, l.OutputBytes)
 		}
 	}
-	b = appendMap(b, 5, d.Route)
+	// Maps are checked here: a call and a map iteration are costly in a Go
+	// guest (see RATIONALE.md), and most decisions have no maps.
+	if len(d.Route) > 0 {
+		b = appendMap(b, 5, d.Route)
+	}
 	if d.RoutePriority != 0 {
 		b = appendUint(b, 6, uint64(int64(d.RoutePriority)))
 	}
-	return appendMap(b, 7, d.Annotations)
+	if len(d.Annotations) > 0 {
+		b = appendMap(b, 7, d.Annotations)
+	}
+	return b
 }
 
 // AppendMarshal appends the protobuf bytes of d, a
@@ -270,5 +277,8 @@ func (d *ResultDecision) AppendMarshal(b []byte) []byte {
 	if d.Stderr != nil {
 		b = appendString(b, 5, *d.Stderr)
 	}
-	return appendMap(b, 6, d.Annotations)
+	if len(d.Annotations) > 0 {
+		b = appendMap(b, 6, d.Annotations)
+	}
+	return b
 }
