@@ -24,6 +24,7 @@ func TestInfiniteLoopFailsClosedWithinDeadline(t *testing.T) {
 	for _, tc := range []struct{ name, module, code string }{
 		{"wat", "loop", "x"},
 		{"go", "gohostile", "loop"},
+		{"go sleep", "gohostile", "sleep"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -1,9 +1,13 @@
 // Command gohostile is a request-phase policy for tests that misbehaves on
 // request: code "panic" panics, "loop" spins forever, "alloc" allocates until
-// memory runs out; anything else is allowed.
+// memory runs out, "sleep" sleeps for an hour; anything else is allowed.
 package main
 
-import "github.com/codemode-go/codemode/policies/sdk"
+import (
+	"time"
+
+	"github.com/codemode-go/codemode/policies/sdk"
+)
 
 var sink [][]byte
 
@@ -15,6 +19,8 @@ func init() {
 		case "loop":
 			for {
 			}
+		case "sleep":
+			time.Sleep(time.Hour)
 		case "alloc":
 			for {
 				sink = append(sink, make([]byte, 1<<20))
