@@ -62,6 +62,29 @@ func (h *handler) Status(context.Context, *connect.Request[agentv1.StatusRequest
 	return connect.NewResponse(&agentv1.StatusResponse{Status: h.svc.Status()}), nil
 }
 
+func (h *handler) ListFiles(ctx context.Context, req *connect.Request[agentv1.ListFilesRequest]) (*connect.Response[agentv1.ListFilesResponse], error) {
+	res, err := h.svc.ListFiles(ctx, req.Msg.GetSessionId(), req.Msg.GetPath())
+	if err != nil {
+		return nil, h.toConnect(err, "")
+	}
+	return connect.NewResponse(res), nil
+}
+
+func (h *handler) ReadFile(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
+	f, err := h.svc.ReadFile(ctx, req.Msg.GetSessionId(), req.Msg.GetPath(), req.Msg.GetMaxBytes())
+	if err != nil {
+		return nil, h.toConnect(err, "")
+	}
+	return connect.NewResponse(&agentv1.ReadFileResponse{File: f}), nil
+}
+
+func (h *handler) WriteFile(ctx context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	if err := h.svc.WriteFile(ctx, req.Msg.GetSessionId(), req.Msg.GetFile()); err != nil {
+		return nil, h.toConnect(err, "")
+	}
+	return connect.NewResponse(&agentv1.WriteFileResponse{}), nil
+}
+
 func (h *handler) logRun(requestID string, e *executionv1.Execution, res *executionv1.Result) {
 	h.log.Debug("run", "request_id", requestID, "language", e.GetLanguage(), "session_id", e.GetSessionId(),
 		"exit_code", res.GetExitCode(), "timed_out", res.GetTimedOut(), "oom_killed", res.GetOomKilled(),

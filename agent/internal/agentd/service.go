@@ -246,6 +246,44 @@ func (s *Service) CloseSession(_ context.Context, id string) error {
 	return s.sessions.Close(id)
 }
 
+// ListFiles lists a directory of session id's workspace.
+func (s *Service) ListFiles(ctx context.Context, id, path string) (*agentv1.ListFilesResponse, error) {
+	res := &agentv1.ListFilesResponse{}
+	err := s.sessions.With(ctx, id, func(sb *pool.Sandbox) error {
+		l, err := sb.List(ctx, path)
+		if err != nil {
+			return err
+		}
+		res.Truncated = l.GetTruncated()
+		for _, f := range l.GetFiles() {
+			res.Files = append(res.Files, &agentv1.FileInfo{Path: f.GetPath(), Size: f.GetSize(), Dir: f.GetDir(), Mode: f.GetMode()})
+		}
+		return nil
+	})
+	return res, err
+}
+
+// ReadFile reads a file of session id's workspace.
+func (s *Service) ReadFile(ctx context.Context, id, path string, max uint64) (*executionv1.File, error) {
+	var file *executionv1.File
+	err := s.sessions.With(ctx, id, func(sb *pool.Sandbox) error {
+		f, err := sb.ReadFile(ctx, path, max)
+		if err != nil {
+			return err
+		}
+		file = &executionv1.File{Path: path, Content: f.GetContent()}
+		return nil
+	})
+	return file, err
+}
+
+// WriteFile writes a file into session id's workspace.
+func (s *Service) WriteFile(ctx context.Context, id string, f *executionv1.File) error {
+	return s.sessions.With(ctx, id, func(sb *pool.Sandbox) error {
+		return sb.WriteFile(ctx, &runnerv1.File{Path: f.GetPath(), Content: f.GetContent()})
+	})
+}
+
 // Status reports the agent's load and capacity.
 func (s *Service) Status() *agentv1.AgentStatus {
 	st := s.pool.Stats()

@@ -1,6 +1,7 @@
 package agentd
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -114,5 +115,56 @@ func TestSessionLimits(t *testing.T) {
 	time.Sleep(time.Second)
 	if a.sessions.Len() != 1 {
 		t.Error("session with a one-hour idle timeout was closed")
+	}
+}
+
+// TestSessionFiles writes, lists and reads a session's files through the
+// API, and refuses paths that leave the workspace.
+func TestSessionFiles(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+	c := a.client("connect")
+	ctx := t.Context()
+	id := randomName("files")
+	if _, err := c.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{SessionId: id, Path: "x"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("read in an unknown session: %v, want not_found", err)
+	}
+	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "python", SessionId: id})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.CloseSession(t.Context(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id})) })
+	if _, err := c.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{SessionId: id, File: &executionv1.File{Path: "data/in.txt", Content: []byte("hello")}})); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.exec(t, &executionv1.Execution{Language: "python", SessionId: id, Code: "open('data/out.txt', 'w').write(open('data/in.txt').read().upper())"}); r.GetExitCode() != 0 {
+		t.Fatalf("run: %v", r)
+	}
+	list, err := c.ListFiles(ctx, connect.NewRequest(&agentv1.ListFilesRequest{SessionId: id, Path: "data"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range list.Msg.GetFiles() {
+		names = append(names, f.GetPath())
+	}
+	if strings.Join(names, ",") != "data/in.txt,data/out.txt" {
+		t.Errorf("listed %q", names)
+	}
+	got, err := c.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{SessionId: id, Path: "data/out.txt"}))
+	if err != nil || string(got.Msg.GetFile().GetContent()) != "HELLO" {
+		t.Errorf("read: %v, %v", got, err)
+	}
+	if _, err := c.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{SessionId: id, Path: "missing"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("read a missing file: %v, want not_found", err)
+	}
+	for _, bad := range []string{"../etc/passwd", "/etc/passwd", "a/../../b"} {
+		if _, err := c.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{SessionId: id, Path: bad})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("read %q: %v, want invalid_argument", bad, err)
+		}
+	}
+	// A symbolic link out of the workspace is refused by the runner.
+	a.exec(t, &executionv1.Execution{Language: "bash", SessionId: id, Code: "ln -s /etc/passwd link"})
+	if _, err := c.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{SessionId: id, Path: "link"})); err == nil {
+		t.Error("read through a symbolic link out of the workspace succeeded")
 	}
 }

@@ -55,6 +55,16 @@ func (s *Sandbox) WriteFile(ctx context.Context, f *runnerv1.File) error {
 	return s.rc.WriteFile(ctx, f)
 }
 
+// ReadFile reads a file of the sandbox's workspace.
+func (s *Sandbox) ReadFile(ctx context.Context, path string, max uint64) (*runnerv1.File, error) {
+	return s.rc.ReadFile(ctx, path, max)
+}
+
+// List lists a directory of the sandbox's workspace.
+func (s *Sandbox) List(ctx context.Context, path string) (*runnerv1.FileList, error) {
+	return s.rc.List(ctx, path)
+}
+
 // State waits (bounded by ctx) for the container to stop and returns its
 // state, to learn why a runner went away (for example, the sandbox passed
 // its memory limit).

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/codemode-go/codemode/agent/internal/wire"
 )
 
 // Errors of sessions.
@@ -99,7 +101,7 @@ func (s *Sessions) infoLocked(ss *Session) Info {
 //
 // [ErrSessionExists], [ErrTooManySessions], or the errors of [Pool.Acquire].
 func (s *Sessions) Create(ctx context.Context, id, language string, idle time.Duration) (Info, error) {
-	ss, created, err := s.open(ctx, id, language, idle, 0, false)
+	ss, created, err := s.open(ctx, id, language, idle, 0, createNew)
 	if err != nil {
 		return Info{}, err
 	}
@@ -116,7 +118,11 @@ func (s *Sessions) Create(ctx context.Context, id, language string, idle time.Du
 // idle timeout). Runs of one session take turns. If fn reports the sandbox
 // broken, the session is closed.
 func (s *Sessions) Use(ctx context.Context, id, language string, memory int64, fn func(*Sandbox) (broken bool, err error)) (Info, error) {
-	ss, _, err := s.open(ctx, id, language, 0, memory, true)
+	return s.use(ctx, id, language, memory, openOrNew, fn)
+}
+
+func (s *Sessions) use(ctx context.Context, id, language string, memory int64, mode openMode, fn func(*Sandbox) (broken bool, err error)) (Info, error) {
+	ss, _, err := s.open(ctx, id, language, 0, memory, mode)
 	if err != nil {
 		return Info{}, err
 	}
@@ -148,8 +154,31 @@ func (s *Sessions) Use(ctx context.Context, id, language string, memory int64, f
 	return info, err
 }
 
+// With runs fn with the sandbox of the open session id, taking the
+// session's turn as a run does.
+//
+// # Errors
+//
+// [ErrSessionNotFound] if there is no such session.
+func (s *Sessions) With(ctx context.Context, id string, fn func(*Sandbox) error) error {
+	_, err := s.use(ctx, id, "", 0, existing, func(sb *Sandbox) (bool, error) {
+		err := fn(sb)
+		return errors.Is(err, wire.ErrRunnerGone), err
+	})
+	return err
+}
+
+// How open treats a session id.
+type openMode int
+
+const (
+	createNew openMode = iota // a new session; an existing one is an error
+	openOrNew                 // an existing session, or a new one
+	existing                  // an existing session only
+)
+
 // open finds or creates a session.
-func (s *Sessions) open(ctx context.Context, id, language string, idle time.Duration, memory int64, reuse bool) (*Session, bool, error) {
+func (s *Sessions) open(ctx context.Context, id, language string, idle time.Duration, memory int64, mode openMode) (*Session, bool, error) {
 	if idle <= 0 {
 		idle = s.cfg.IdleTTL
 	}
@@ -164,7 +193,7 @@ func (s *Sessions) open(ctx context.Context, id, language string, idle time.Dura
 	}
 	if ss, ok := s.m[id]; ok {
 		s.mu.Unlock()
-		if !reuse {
+		if mode == createNew {
 			return nil, false, fmt.Errorf("%w: %s", ErrSessionExists, id)
 		}
 		select {
@@ -176,6 +205,10 @@ func (s *Sessions) open(ctx context.Context, id, language string, idle time.Dura
 			return nil, false, ss.err
 		}
 		return ss, false, nil
+	}
+	if mode == existing {
+		s.mu.Unlock()
+		return nil, false, fmt.Errorf("%w: %s", ErrSessionNotFound, id)
 	}
 	if len(s.m) >= s.cfg.Max {
 		s.mu.Unlock()

@@ -615,6 +615,378 @@ func (x *AgentStatus) GetReady() bool {
 	return false
 }
 
+type ListFilesRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Directory relative to /workspace; empty for /workspace itself.
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFilesRequest) Reset() {
+	*x = ListFilesRequest{}
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFilesRequest) ProtoMessage() {}
+
+func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
+func (*ListFilesRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListFilesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ListFilesRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type ListFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries of the directory, sorted by path; not recursive.
+	Files []*FileInfo `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	// The directory had more entries than are listed.
+	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFilesResponse) Reset() {
+	*x = ListFilesResponse{}
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFilesResponse) ProtoMessage() {}
+
+func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
+func (*ListFilesResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListFilesResponse) GetFiles() []*FileInfo {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *ListFilesResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+// FileInfo describes one entry of a workspace directory.
+type FileInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path relative to /workspace.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Size uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Dir  bool   `protobuf:"varint,3,opt,name=dir,proto3" json:"dir,omitempty"`
+	// Permission bits.
+	Mode          uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileInfo) Reset() {
+	*x = FileInfo{}
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileInfo) ProtoMessage() {}
+
+func (x *FileInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
+func (*FileInfo) Descriptor() ([]byte, []int) {
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *FileInfo) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileInfo) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileInfo) GetDir() bool {
+	if x != nil {
+		return x.Dir
+	}
+	return false
+}
+
+func (x *FileInfo) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+type ReadFileRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Path relative to /workspace.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Largest content to return; a larger file is refused. 0: the agent's maximum (4 MiB).
+	MaxBytes      uint64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileRequest) Reset() {
+	*x = ReadFileRequest{}
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileRequest) ProtoMessage() {}
+
+func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
+func (*ReadFileRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReadFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReadFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ReadFileRequest) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type ReadFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	File          *v1.File               `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileResponse) Reset() {
+	*x = ReadFileResponse{}
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileResponse) ProtoMessage() {}
+
+func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
+func (*ReadFileResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReadFileResponse) GetFile() *v1.File {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+type WriteFileRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	File          *v1.File               `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileRequest) Reset() {
+	*x = WriteFileRequest{}
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileRequest) ProtoMessage() {}
+
+func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
+func (*WriteFileRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *WriteFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WriteFileRequest) GetFile() *v1.File {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+type WriteFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileResponse) Reset() {
+	*x = WriteFileResponse{}
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileResponse) ProtoMessage() {}
+
+func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
+func (*WriteFileResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
 var File_codemode_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_codemode_agent_v1_agent_proto_rawDesc = "" +
@@ -661,13 +1033,43 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\bR\x05ready\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xe7\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9d\x02\n" +
+	"\x10ListFilesRequest\x12G\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbf\x01\n" +
+	"\x04path\x18\x02 \x01(\tB\xaa\x01\xbaH\xa6\x01\xba\x01u\n" +
+	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r,\x18\xff\x012'^([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$R\x04path\"d\n" +
+	"\x11ListFilesResponse\x121\n" +
+	"\x05files\x18\x01 \x03(\v2\x1b.codemode.agent.v1.FileInfoR\x05files\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"X\n" +
+	"\bFileInfo\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x10\n" +
+	"\x03dir\x18\x03 \x01(\bR\x03dir\x12\x12\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04mode\"\xc4\x02\n" +
+	"\x0fReadFileRequest\x12G\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbe\x01\n" +
+	"\x04path\x18\x02 \x01(\tB\xa9\x01\xbaH\xa5\x01\xba\x01u\n" +
+	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r+\x10\x01\x18\xff\x012$^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$R\x04path\x12'\n" +
+	"\tmax_bytes\x18\x03 \x01(\x04B\n" +
+	"\xbaH\a2\x05\x18\x80\x80\x80\x02R\bmaxBytes\"C\n" +
+	"\x10ReadFileResponse\x12/\n" +
+	"\x04file\x18\x01 \x01(\v2\x1b.codemode.execution.v1.FileR\x04file\"\x94\x01\n" +
+	"\x10WriteFileRequest\x12G\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x127\n" +
+	"\x04file\x18\x02 \x01(\v2\x1b.codemode.execution.v1.FileB\x06\xbaH\x03\xc8\x01\x01R\x04file\"\x13\n" +
+	"\x11WriteFileResponse2\xf8\x05\n" +
 	"\fAgentService\x12R\n" +
 	"\aExecute\x12!.codemode.agent.v1.ExecuteRequest\x1a\".codemode.agent.v1.ExecuteResponse\"\x00\x12f\n" +
 	"\rExecuteStream\x12'.codemode.agent.v1.ExecuteStreamRequest\x1a(.codemode.agent.v1.ExecuteStreamResponse\"\x000\x01\x12d\n" +
 	"\rCreateSession\x12'.codemode.agent.v1.CreateSessionRequest\x1a(.codemode.agent.v1.CreateSessionResponse\"\x00\x12a\n" +
 	"\fCloseSession\x12&.codemode.agent.v1.CloseSessionRequest\x1a'.codemode.agent.v1.CloseSessionResponse\"\x00\x12R\n" +
-	"\x06Status\x12 .codemode.agent.v1.StatusRequest\x1a!.codemode.agent.v1.StatusResponse\"\x03\x90\x02\x01B\xc8\x01\n" +
+	"\x06Status\x12 .codemode.agent.v1.StatusRequest\x1a!.codemode.agent.v1.StatusResponse\"\x03\x90\x02\x01\x12[\n" +
+	"\tListFiles\x12#.codemode.agent.v1.ListFilesRequest\x1a$.codemode.agent.v1.ListFilesResponse\"\x03\x90\x02\x01\x12X\n" +
+	"\bReadFile\x12\".codemode.agent.v1.ReadFileRequest\x1a#.codemode.agent.v1.ReadFileResponse\"\x03\x90\x02\x01\x12X\n" +
+	"\tWriteFile\x12#.codemode.agent.v1.WriteFileRequest\x1a$.codemode.agent.v1.WriteFileResponse\"\x00B\xc8\x01\n" +
 	"\x15com.codemode.agent.v1B\n" +
 	"AgentProtoP\x01Z=github.com/codemode-go/codemode/gen/codemode/agent/v1;agentv1\xa2\x02\x03CAX\xaa\x02\x11Codemode.Agent.V1\xca\x02\x11Codemode\\Agent\\V1\xe2\x02\x1dCodemode\\Agent\\V1\\GPBMetadata\xea\x02\x13Codemode::Agent::V1b\x06proto3"
 
@@ -683,7 +1085,7 @@ func file_codemode_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_codemode_agent_v1_agent_proto_rawDescData
 }
 
-var file_codemode_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_codemode_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_codemode_agent_v1_agent_proto_goTypes = []any{
 	(*ExecuteRequest)(nil),        // 0: codemode.agent.v1.ExecuteRequest
 	(*ExecuteResponse)(nil),       // 1: codemode.agent.v1.ExecuteResponse
@@ -696,39 +1098,56 @@ var file_codemode_agent_v1_agent_proto_goTypes = []any{
 	(*StatusRequest)(nil),         // 8: codemode.agent.v1.StatusRequest
 	(*StatusResponse)(nil),        // 9: codemode.agent.v1.StatusResponse
 	(*AgentStatus)(nil),           // 10: codemode.agent.v1.AgentStatus
-	nil,                           // 11: codemode.agent.v1.AgentStatus.LabelsEntry
-	(*v1.Execution)(nil),          // 12: codemode.execution.v1.Execution
-	(*v1.Result)(nil),             // 13: codemode.execution.v1.Result
-	(*v1.Event)(nil),              // 14: codemode.execution.v1.Event
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*v1.Session)(nil),            // 16: codemode.execution.v1.Session
-	(*v1.Language)(nil),           // 17: codemode.execution.v1.Language
+	(*ListFilesRequest)(nil),      // 11: codemode.agent.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),     // 12: codemode.agent.v1.ListFilesResponse
+	(*FileInfo)(nil),              // 13: codemode.agent.v1.FileInfo
+	(*ReadFileRequest)(nil),       // 14: codemode.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 15: codemode.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),      // 16: codemode.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 17: codemode.agent.v1.WriteFileResponse
+	nil,                           // 18: codemode.agent.v1.AgentStatus.LabelsEntry
+	(*v1.Execution)(nil),          // 19: codemode.execution.v1.Execution
+	(*v1.Result)(nil),             // 20: codemode.execution.v1.Result
+	(*v1.Event)(nil),              // 21: codemode.execution.v1.Event
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(*v1.Session)(nil),            // 23: codemode.execution.v1.Session
+	(*v1.Language)(nil),           // 24: codemode.execution.v1.Language
+	(*v1.File)(nil),               // 25: codemode.execution.v1.File
 }
 var file_codemode_agent_v1_agent_proto_depIdxs = []int32{
-	12, // 0: codemode.agent.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
-	13, // 1: codemode.agent.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
-	12, // 2: codemode.agent.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
-	14, // 3: codemode.agent.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
-	15, // 4: codemode.agent.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
-	16, // 5: codemode.agent.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
+	19, // 0: codemode.agent.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
+	20, // 1: codemode.agent.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
+	19, // 2: codemode.agent.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
+	21, // 3: codemode.agent.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
+	22, // 4: codemode.agent.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
+	23, // 5: codemode.agent.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
 	10, // 6: codemode.agent.v1.StatusResponse.status:type_name -> codemode.agent.v1.AgentStatus
-	11, // 7: codemode.agent.v1.AgentStatus.labels:type_name -> codemode.agent.v1.AgentStatus.LabelsEntry
-	17, // 8: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
-	0,  // 9: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
-	2,  // 10: codemode.agent.v1.AgentService.ExecuteStream:input_type -> codemode.agent.v1.ExecuteStreamRequest
-	4,  // 11: codemode.agent.v1.AgentService.CreateSession:input_type -> codemode.agent.v1.CreateSessionRequest
-	6,  // 12: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
-	8,  // 13: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
-	1,  // 14: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
-	3,  // 15: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
-	5,  // 16: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
-	7,  // 17: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
-	9,  // 18: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	18, // 7: codemode.agent.v1.AgentStatus.labels:type_name -> codemode.agent.v1.AgentStatus.LabelsEntry
+	24, // 8: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
+	13, // 9: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.agent.v1.FileInfo
+	25, // 10: codemode.agent.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	25, // 11: codemode.agent.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	0,  // 12: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
+	2,  // 13: codemode.agent.v1.AgentService.ExecuteStream:input_type -> codemode.agent.v1.ExecuteStreamRequest
+	4,  // 14: codemode.agent.v1.AgentService.CreateSession:input_type -> codemode.agent.v1.CreateSessionRequest
+	6,  // 15: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
+	8,  // 16: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
+	11, // 17: codemode.agent.v1.AgentService.ListFiles:input_type -> codemode.agent.v1.ListFilesRequest
+	14, // 18: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
+	16, // 19: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
+	1,  // 20: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
+	3,  // 21: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
+	5,  // 22: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
+	7,  // 23: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
+	9,  // 24: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
+	12, // 25: codemode.agent.v1.AgentService.ListFiles:output_type -> codemode.agent.v1.ListFilesResponse
+	15, // 26: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
+	17, // 27: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_codemode_agent_v1_agent_proto_init() }
@@ -742,7 +1161,7 @@ func file_codemode_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_agent_v1_agent_proto_rawDesc), len(file_codemode_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

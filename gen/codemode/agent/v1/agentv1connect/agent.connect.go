@@ -48,6 +48,12 @@ const (
 	AgentServiceCloseSessionProcedure = "/codemode.agent.v1.AgentService/CloseSession"
 	// AgentServiceStatusProcedure is the fully-qualified name of the AgentService's Status RPC.
 	AgentServiceStatusProcedure = "/codemode.agent.v1.AgentService/Status"
+	// AgentServiceListFilesProcedure is the fully-qualified name of the AgentService's ListFiles RPC.
+	AgentServiceListFilesProcedure = "/codemode.agent.v1.AgentService/ListFiles"
+	// AgentServiceReadFileProcedure is the fully-qualified name of the AgentService's ReadFile RPC.
+	AgentServiceReadFileProcedure = "/codemode.agent.v1.AgentService/ReadFile"
+	// AgentServiceWriteFileProcedure is the fully-qualified name of the AgentService's WriteFile RPC.
+	AgentServiceWriteFileProcedure = "/codemode.agent.v1.AgentService/WriteFile"
 )
 
 // AgentServiceClient is a client for the codemode.agent.v1.AgentService service.
@@ -62,6 +68,13 @@ type AgentServiceClient interface {
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
 	// Status reports the agent's capacity and load.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// ListFiles lists one directory of a session's /workspace.
+	ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error)
+	// ReadFile reads a file of a session's /workspace.
+	ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error)
+	// WriteFile writes a file into a session's /workspace, creating its
+	// parent directories.
+	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the codemode.agent.v1.AgentService service. By
@@ -106,6 +119,26 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		listFiles: connect.NewClient[v1.ListFilesRequest, v1.ListFilesResponse](
+			httpClient,
+			baseURL+AgentServiceListFilesProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("ListFiles")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		readFile: connect.NewClient[v1.ReadFileRequest, v1.ReadFileResponse](
+			httpClient,
+			baseURL+AgentServiceReadFileProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("ReadFile")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		writeFile: connect.NewClient[v1.WriteFileRequest, v1.WriteFileResponse](
+			httpClient,
+			baseURL+AgentServiceWriteFileProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("WriteFile")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -116,6 +149,9 @@ type agentServiceClient struct {
 	createSession *connect.Client[v1.CreateSessionRequest, v1.CreateSessionResponse]
 	closeSession  *connect.Client[v1.CloseSessionRequest, v1.CloseSessionResponse]
 	status        *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	listFiles     *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
+	readFile      *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile     *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
 }
 
 // Execute calls codemode.agent.v1.AgentService.Execute.
@@ -143,6 +179,21 @@ func (c *agentServiceClient) Status(ctx context.Context, req *connect.Request[v1
 	return c.status.CallUnary(ctx, req)
 }
 
+// ListFiles calls codemode.agent.v1.AgentService.ListFiles.
+func (c *agentServiceClient) ListFiles(ctx context.Context, req *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error) {
+	return c.listFiles.CallUnary(ctx, req)
+}
+
+// ReadFile calls codemode.agent.v1.AgentService.ReadFile.
+func (c *agentServiceClient) ReadFile(ctx context.Context, req *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error) {
+	return c.readFile.CallUnary(ctx, req)
+}
+
+// WriteFile calls codemode.agent.v1.AgentService.WriteFile.
+func (c *agentServiceClient) WriteFile(ctx context.Context, req *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error) {
+	return c.writeFile.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the codemode.agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Execute runs code and returns when it has ended.
@@ -155,6 +206,13 @@ type AgentServiceHandler interface {
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
 	// Status reports the agent's capacity and load.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// ListFiles lists one directory of a session's /workspace.
+	ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error)
+	// ReadFile reads a file of a session's /workspace.
+	ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error)
+	// WriteFile writes a file into a session's /workspace, creating its
+	// parent directories.
+	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -195,6 +253,26 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceListFilesHandler := connect.NewUnaryHandler(
+		AgentServiceListFilesProcedure,
+		svc.ListFiles,
+		connect.WithSchema(agentServiceMethods.ByName("ListFiles")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceReadFileHandler := connect.NewUnaryHandler(
+		AgentServiceReadFileProcedure,
+		svc.ReadFile,
+		connect.WithSchema(agentServiceMethods.ByName("ReadFile")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceWriteFileHandler := connect.NewUnaryHandler(
+		AgentServiceWriteFileProcedure,
+		svc.WriteFile,
+		connect.WithSchema(agentServiceMethods.ByName("WriteFile")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/codemode.agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceExecuteProcedure:
@@ -207,6 +285,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceCloseSessionHandler.ServeHTTP(w, r)
 		case AgentServiceStatusProcedure:
 			agentServiceStatusHandler.ServeHTTP(w, r)
+		case AgentServiceListFilesProcedure:
+			agentServiceListFilesHandler.ServeHTTP(w, r)
+		case AgentServiceReadFileProcedure:
+			agentServiceReadFileHandler.ServeHTTP(w, r)
+		case AgentServiceWriteFileProcedure:
+			agentServiceWriteFileHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -234,4 +318,16 @@ func (UnimplementedAgentServiceHandler) CloseSession(context.Context, *connect.R
 
 func (UnimplementedAgentServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.agent.v1.AgentService.Status is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.agent.v1.AgentService.ListFiles is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.agent.v1.AgentService.ReadFile is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.agent.v1.AgentService.WriteFile is not implemented"))
 }
