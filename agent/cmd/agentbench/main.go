@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,10 +35,13 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/agent/internal/agentd"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/server"
 )
@@ -165,6 +169,12 @@ func (b *bench) run(ctx context.Context) error {
 		row{name: "python3 start inside a runsc sandbox, 4 loops", conc: 4, rate: 4 * float64(time.Second) / float64(parStart), n: 4 * b.o.loopN, noPercents: true},
 	)
 
+	b.logf("runner run and scrub, one sandbox")
+	split, err := b.runnerSplit(ctx)
+	if err != nil {
+		return err
+	}
+
 	// The agent's API.
 	type stat struct {
 		p50  time.Duration
@@ -213,6 +223,9 @@ func (b *bench) run(ctx context.Context) error {
 	py1 := results["python/1"]
 	py4 := results["python/4"]
 	parRate := 4 * float64(time.Second) / float64(parStart)
+	for _, r := range split {
+		fmt.Fprintf(b.out, "runner in one sandbox, %s: wall %.1f ms, sandbox CPU %.1f ms\n", r.what, ms(r.wall), ms(r.cpu))
+	}
 	if cpu.sandboxes > 0 {
 		fmt.Fprintf(b.out, "\nCPU per stateless python run at concurrency 4: sandboxes (runner run + scrub, under runsc) %.1f ms, agent %.1f ms, dockerd+containerd %.1f ms\n",
 			ms(cpu.sandboxes), ms(cpu.agent), ms(cpu.engine))
@@ -239,6 +252,66 @@ func (b *bench) run(ctx context.Context) error {
 	check("agent python throughput at concurrency 4 / in-sandbox 4-loop rate", py4.rate/parRate, 0.6, false, "x")
 	check(fmt.Sprintf("agent RSS with %d warm sandboxes (MB)", b.o.warm), float64(rss)/(1<<20), 64, true, "")
 	return nil
+}
+
+type splitRow struct {
+	what      string
+	wall, cpu time.Duration
+}
+
+// runnerSplit measures, in one sandbox made as the agent makes them, what a
+// stateless run costs inside the sandbox: the run itself and the scrub that
+// follows it, each in wall time and in the sandbox's CPU time (cgroup v1
+// accounting; 0 where it cannot be read).
+func (b *bench) runnerSplit(ctx context.Context) ([]splitRow, error) {
+	cfg := agentd.DefaultConfig()
+	cfg.Name = b.name + "-split"
+	cfg.Runner = filepath.Join(b.dir, "runner")
+	cfg.Image, cfg.Runtime, cfg.CPUs = b.o.image, b.o.runtime, b.o.cpus
+	cfg.MinActive, cfg.MaxSandboxes, cfg.MaxSessions = 0, 1, 0
+	a, err := agentd.New(ctx, cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	defer a.Close(context.Background())
+	sb, err := a.Pool().Acquire(ctx, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer a.Pool().Release(sb, false)
+	usage := func() time.Duration {
+		data, err := os.ReadFile("/sys/fs/cgroup/cpuacct/docker/" + sb.ID() + "/cpuacct.usage")
+		if err != nil {
+			return 0
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+		return time.Duration(n)
+	}
+	var rows []splitRow
+	for _, lang := range []struct{ name, code string }{{"python", "print(1)"}, {"bash", "echo 1"}} {
+		run := &runnerv1.Run{Language: lang.name, Code: lang.code, Timeout: durationpb.New(10 * time.Second), OutputLimit: 1 << 20}
+		var runW, runC, resW, resC time.Duration
+		const n = 20
+		for i := range n + 2 {
+			c0, t0 := usage(), time.Now()
+			if _, err := sb.Run(ctx, run, nil); err != nil {
+				return nil, err
+			}
+			c1, t1 := usage(), time.Now()
+			if err := sb.Reset(ctx); err != nil {
+				return nil, err
+			}
+			c2, t2 := usage(), time.Now()
+			if i < 2 {
+				continue // warm-up
+			}
+			runW, runC, resW, resC = runW+t1.Sub(t0), runC+c1-c0, resW+t2.Sub(t1), resC+c2-c1
+		}
+		rows = append(rows,
+			splitRow{lang.name + " " + lang.code + " run", runW / n, runC / n},
+			splitRow{"scrub (Reset) after it", resW / n, resC / n})
+	}
+	return rows, nil
 }
 
 // cpuUse is CPU time used by the agent's sandboxes, the agent process and

@@ -148,6 +148,9 @@ func checkRunner(path string) error {
 // Service returns the agent's internal service.
 func (a *Agent) Service() *Service { return a.svc }
 
+// Pool returns the agent's sandbox pool.
+func (a *Agent) Pool() *pool.Pool { return a.pool }
+
 // Driver returns the agent's Docker driver.
 func (a *Agent) Driver() *sandbox.Docker { return a.driver }
 

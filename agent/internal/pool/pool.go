@@ -317,7 +317,7 @@ func (p *Pool) recycleLocked(sb *Sandbox, reusable bool) {
 	p.recycling++
 	p.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ResetTimeout)
-		err := sb.rc.Reset(ctx)
+		err := sb.Reset(ctx)
 		cancel()
 		p.mu.Lock()
 		defer p.mu.Unlock()

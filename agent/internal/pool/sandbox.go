@@ -55,6 +55,10 @@ func (s *Sandbox) WriteFile(ctx context.Context, f *runnerv1.File) error {
 	return s.rc.WriteFile(ctx, f)
 }
 
+// Reset scrubs the sandbox for an unrelated run; see [wire.Client.Reset].
+// The pool does this itself between stateless runs.
+func (s *Sandbox) Reset(ctx context.Context) error { return s.rc.Reset(ctx) }
+
 // ReadFile reads a file of the sandbox's workspace.
 func (s *Sandbox) ReadFile(ctx context.Context, path string, max uint64) (*runnerv1.File, error) {
 	return s.rc.ReadFile(ctx, path, max)
