@@ -107,6 +107,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		MinWarm:  cfg.MinActive,
 		Max:      cfg.MaxSandboxes,
 		MaxReuse: cfg.MaxReuse,
+		WarmIdle: cfg.WarmIdle,
 		Labels:   labels,
 		Logger:   logger.With("component", "pool"),
 	})

@@ -48,6 +48,9 @@ type Config struct {
 	MaxReuse int
 	// QueueTimeout bounds how long a request waits for a free sandbox.
 	QueueTimeout time.Duration
+	// WarmIdle is how long a warm sandbox beyond MinActive may stay unused
+	// before it is destroyed.
+	WarmIdle time.Duration
 
 	// DefaultTimeout and MaxTimeout bound a run's wall-clock time.
 	DefaultTimeout, MaxTimeout time.Duration
@@ -97,6 +100,7 @@ func DefaultConfig() Config {
 		MaxSandboxes:      16,
 		MaxReuse:          100,
 		QueueTimeout:      30 * time.Second,
+		WarmIdle:          5 * time.Minute,
 		DefaultTimeout:    30 * time.Second,
 		MaxTimeout:        300 * time.Second,
 		Memory:            512 << 20,
@@ -150,6 +154,8 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	f.Env("max-reuse", "MAX_REUSE")
 	f.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "how long a request waits for a free sandbox")
 	f.Env("queue-timeout", "QUEUE_TIMEOUT")
+	f.DurationVar(&cfg.WarmIdle, "warm-idle", cfg.WarmIdle, "warm sandboxes beyond --min-active unused this long are destroyed")
+	f.Env("warm-idle", "WARM_IDLE")
 	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", cfg.DefaultTimeout, "run timeout when the request sets none")
 	f.Env("default-timeout", "DEFAULT_TIMEOUT")
 	f.DurationVar(&cfg.MaxTimeout, "max-timeout", cfg.MaxTimeout, "longest run timeout a request may ask for")
@@ -201,6 +207,7 @@ func (c *Config) Validate() error {
 	check(c.MinActive >= 0 && c.MinActive <= c.MaxSandboxes, "min-active %d: want 0 to max-sandboxes (%d)", c.MinActive, c.MaxSandboxes)
 	check(c.MaxReuse >= 1, "max-reuse %d: want at least 1", c.MaxReuse)
 	check(c.QueueTimeout > 0, "queue-timeout must be positive")
+	check(c.WarmIdle > 0, "warm-idle must be positive")
 	check(c.DefaultTimeout > 0 && c.DefaultTimeout <= c.MaxTimeout, "default-timeout %v: want positive and at most max-timeout (%v)", c.DefaultTimeout, c.MaxTimeout)
 	check(c.Memory >= minMemory && c.Memory <= c.MaxMemory, "memory %d: want %d to max-memory (%d)", c.Memory, minMemory, c.MaxMemory)
 	check(c.CPUs > 0, "cpus must be positive")

@@ -286,3 +286,20 @@ func TestMissingImage(t *testing.T) {
 		t.Errorf("New with a missing image: %v", err)
 	}
 }
+
+// TestWarmPoolShrinksAfterBurst lets a burst grow the warm pool beyond
+// --min-active and sees it shrink back once those sandboxes idle.
+func TestWarmPoolShrinksAfterBurst(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, func(c *Config) { c.MinActive = 1; c.MaxSandboxes = 3; c.MaxSessions = 0; c.WarmIdle = time.Second })
+	a.waitWarm(t, 1)
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			a.exec(t, &executionv1.Execution{Language: "bash", Code: "sleep 1"})
+		})
+	}
+	wg.Wait()
+	waitFor(t, 30*time.Second, "three warm sandboxes after the burst", func() bool { return a.pool.Stats().Warm == 3 })
+	waitFor(t, 30*time.Second, "the warm pool back to one", func() bool { return a.pool.Stats().Warm == 1 && len(a.containerIDs(t)) == 1 })
+}

@@ -50,6 +50,9 @@ type Config struct {
 	StartTimeout time.Duration
 	// ResetTimeout bounds the scrub between two runs.
 	ResetTimeout time.Duration
+	// WarmIdle is how long a warm sandbox beyond MinWarm may stay unused
+	// before it is destroyed (a burst leaves many warm sandboxes behind).
+	WarmIdle time.Duration
 	// Labels select the containers that are this pool's (LabelAgent=name):
 	// leftovers carrying them are removed when the engine is first reached.
 	Labels map[string]string
@@ -60,6 +63,7 @@ type Config struct {
 const (
 	DefaultStartTimeout = 30 * time.Second
 	DefaultResetTimeout = 10 * time.Second
+	DefaultWarmIdle     = 5 * time.Minute
 	// maxStarting bounds the warm sandboxes started at once: starting one
 	// is CPU-heavy under runsc.
 	maxStarting = 2
@@ -116,6 +120,9 @@ func New(cfg Config) (*Pool, error) {
 	}
 	if cfg.ResetTimeout == 0 {
 		cfg.ResetTimeout = DefaultResetTimeout
+	}
+	if cfg.WarmIdle == 0 {
+		cfg.WarmIdle = DefaultWarmIdle
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -329,6 +336,7 @@ func (p *Pool) recycleLocked(sb *Sandbox, reusable bool) {
 		case p.closed || !p.ready:
 			p.destroyLocked(sb)
 		default:
+			sb.idleSince = time.Now()
 			p.warm = append(p.warm, sb)
 		}
 		p.broadcastLocked()
@@ -429,6 +437,13 @@ func (p *Pool) fillLoop(ctx context.Context) {
 func (p *Pool) fill(ctx context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Warm sandboxes are taken from the end, so the front ones have waited
+	// longest.
+	for len(p.warm) > p.cfg.MinWarm && time.Since(p.warm[0].idleSince) > p.cfg.WarmIdle {
+		sb := p.warm[0]
+		p.warm = p.warm[1:]
+		p.destroyLocked(sb)
+	}
 	for p.ready && !p.closed &&
 		len(p.warm)+p.starting+p.recycling < p.cfg.MinWarm &&
 		p.totalLocked() < p.cfg.Max &&
@@ -458,6 +473,7 @@ func (p *Pool) fill(ctx context.Context) {
 				return
 			}
 			p.live[sb.ID()] = sb
+			sb.idleSince = time.Now()
 			p.warm = append(p.warm, sb)
 			p.kickFill()
 		})

@@ -23,6 +23,8 @@ type Sandbox struct {
 
 	// uses counts the runs served; only the holder touches it.
 	uses int
+	// idleSince is when it last joined the warm list; guarded by the pool.
+	idleSince time.Time
 	// dedicated sandboxes (made for a non-default memory limit) are never
 	// recycled.
 	dedicated bool
