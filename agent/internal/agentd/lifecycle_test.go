@@ -1,7 +1,9 @@
 package agentd
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -15,6 +17,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
@@ -302,4 +306,62 @@ func TestWarmPoolShrinksAfterBurst(t *testing.T) {
 	wg.Wait()
 	waitFor(t, 30*time.Second, "three warm sandboxes after the burst", func() bool { return a.pool.Stats().Warm == 3 })
 	waitFor(t, 30*time.Second, "the warm pool back to one", func() bool { return a.pool.Stats().Warm == 1 && len(a.containerIDs(t)) == 1 })
+}
+
+// TestRun runs the binary's Run with flags, serves a run over gRPC, stops
+// it as SIGTERM would (its context ends), and finds no container left.
+func TestRun(t *testing.T) {
+	t.Parallel()
+	needDocker(t)
+	name := randomName("test-run")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, []string{"--addr", "127.0.0.1:0", "--name", name, "--runner", runnerBin,
+			"--min-active", "1", "--max-sandboxes", "2", "--max-sessions", "1", "--log-format", "json"}, nil, io.Discard, pw)
+		pw.Close()
+	}()
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var rec struct{ Msg, Addr string }
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "listening" {
+				addrc <- rec.Addr
+			}
+		}
+	}()
+	var addr string
+	select {
+	case addr = <-addrc:
+	case err := <-done:
+		t.Fatalf("Run returned before listening: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not listen within a minute")
+	}
+	ta := &testAgent{URL: "http://" + addr}
+	res, err := ta.client("grpc").Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "print(6*7)"}}))
+	if err != nil || res.Msg.GetResult().GetStdout() != "42\n" || res.Msg.GetResult().GetAgent() != name {
+		t.Fatalf("Execute: %v, %v", res, err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute of its context ending")
+	}
+	d, err := sandbox.NewDocker("", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	list, err := d.Client().ContainerList(t.Context(), container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", sandbox.LabelAgent+"="+name))})
+	if err != nil || len(list) != 0 {
+		t.Errorf("containers after Run returned: %d, %v", len(list), err)
+	}
 }
