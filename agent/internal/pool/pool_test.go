@@ -1,0 +1,401 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/codemode-go/codemode/agent/internal/sandbox"
+	"github.com/codemode-go/codemode/agent/internal/wire"
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+)
+
+// The pool's logic is tested here against an engine that is not there: a
+// fake driver whose containers run a fake runner speaking the real framing.
+// The agent's own tests run the same pool against Docker and runsc.
+
+type fakeDriver struct {
+	mu       sync.Mutex
+	down     bool
+	started  int
+	live     map[string]*fakeContainer
+	removed  []string
+	startDur time.Duration
+}
+
+var _ sandbox.Driver = (*fakeDriver)(nil)
+
+func newFakeDriver() *fakeDriver { return &fakeDriver{live: map[string]*fakeContainer{}} }
+
+func (d *fakeDriver) setDown(down bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.down = down
+}
+
+func (d *fakeDriver) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Container, error) {
+	d.mu.Lock()
+	if d.down {
+		d.mu.Unlock()
+		return nil, fmt.Errorf("start: %w", sandbox.ErrUnavailable)
+	}
+	d.started++
+	id := fmt.Sprintf("c%03d", d.started)
+	d.mu.Unlock()
+	time.Sleep(d.startDur)
+	c := newFakeContainer(id)
+	d.mu.Lock()
+	d.live[id] = c
+	d.mu.Unlock()
+	return c, nil
+}
+
+func (d *fakeDriver) RemoveAll(ctx context.Context, labels map[string]string, keep map[string]bool) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return 0, sandbox.ErrUnavailable
+	}
+	n := 0
+	for id, c := range d.live {
+		if !keep[id] {
+			c.kill()
+			delete(d.live, id)
+			d.removed = append(d.removed, id)
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (d *fakeDriver) Ping(context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return sandbox.ErrUnavailable
+	}
+	return nil
+}
+
+func (d *fakeDriver) Close() error { return nil }
+
+func (d *fakeDriver) get(id string) *fakeContainer {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.live[id]
+}
+
+// fakeContainer runs a fake runner: Ready, then Run -> Exit and Reset -> Done.
+type fakeContainer struct {
+	id       string
+	inR      *io.PipeReader
+	inW      *io.PipeWriter
+	outR     *io.PipeReader
+	outW     *io.PipeWriter
+	done     chan struct{}
+	once     sync.Once
+	resets   atomic.Int32
+	failNext atomic.Bool // the next Reset fails
+}
+
+func newFakeContainer(id string) *fakeContainer {
+	c := &fakeContainer{id: id, done: make(chan struct{})}
+	c.inR, c.inW = io.Pipe()
+	c.outR, c.outW = io.Pipe()
+	go c.serve()
+	return c
+}
+
+func (c *fakeContainer) serve() {
+	defer c.kill()
+	if err := wire.WriteFrame(c.outW, &runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: &runnerv1.Ready{Versions: map[string]string{"python": "3.fake"}}}}); err != nil {
+		return
+	}
+	for {
+		req := new(runnerv1.Request)
+		if err := wire.ReadFrame(c.inR, req); err != nil {
+			return
+		}
+		var ev *runnerv1.Event
+		switch k := req.GetKind().(type) {
+		case *runnerv1.Request_Run:
+			if k.Run.GetCode() == "die" {
+				return
+			}
+			wire.WriteFrame(c.outW, &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Stdout{Stdout: []byte(k.Run.GetCode())}})
+			ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Exit{Exit: &runnerv1.Exit{}}}
+		case *runnerv1.Request_Reset_:
+			c.resets.Add(1)
+			if c.failNext.Swap(false) {
+				ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Error{Error: &runnerv1.Error{Message: "dirty"}}}
+			} else {
+				ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{}}}
+			}
+		default:
+			ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{}}}
+		}
+		if err := wire.WriteFrame(c.outW, ev); err != nil {
+			return
+		}
+	}
+}
+
+func (c *fakeContainer) kill() {
+	c.once.Do(func() {
+		c.inR.CloseWithError(io.EOF)
+		c.outW.CloseWithError(io.EOF)
+		close(c.done)
+	})
+}
+
+func (c *fakeContainer) ID() string            { return c.id }
+func (c *fakeContainer) Stdin() io.Writer      { return c.inW }
+func (c *fakeContainer) Stdout() io.Reader     { return c.outR }
+func (c *fakeContainer) Done() <-chan struct{} { return c.done }
+func (c *fakeContainer) Inspect(context.Context) (sandbox.State, error) {
+	select {
+	case <-c.done:
+		return sandbox.State{ExitCode: 1}, nil
+	default:
+		return sandbox.State{Running: true}, nil
+	}
+}
+func (c *fakeContainer) Wait(ctx context.Context) (sandbox.State, error) {
+	select {
+	case <-c.done:
+		return sandbox.State{ExitCode: 1}, nil
+	case <-ctx.Done():
+		return sandbox.State{}, ctx.Err()
+	}
+}
+func (c *fakeContainer) Remove(context.Context) error { c.kill(); return nil }
+
+func newTestPool(t *testing.T, d *fakeDriver, edit func(*Config)) *Pool {
+	t.Helper()
+	cfg := Config{
+		Driver: d, MinWarm: 1, Max: 2, MaxReuse: 3,
+		Labels: map[string]string{sandbox.LabelAgent: "fake"},
+		Spec: sandbox.Spec{Image: "img", Runtime: "runsc", Command: []string{"/runner"}, User: "0:0",
+			MemoryBytes: 256 << 20, NanoCPUs: 1e9, PidsLimit: 256},
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Start(t.Context())
+	t.Cleanup(func() { p.Close(context.Background()) })
+	return p
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func run(t *testing.T, sb *Sandbox, code string) error {
+	t.Helper()
+	_, err := sb.Run(t.Context(), &runnerv1.Run{Language: "python", Code: code}, nil)
+	return err
+}
+
+func TestPoolRecyclesBoundedTimes(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, func(c *Config) { c.Max = 1 })
+	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+	var ids []string
+	for range 4 {
+		sb, err := p.Acquire(t.Context(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run(t, sb, "x"); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID())
+		p.Release(sb, true)
+	}
+	// MaxReuse 3: three runs in the first sandbox (scrubbed between them),
+	// the fourth in a new one.
+	if ids[0] != ids[1] || ids[1] != ids[2] || ids[3] == ids[2] {
+		t.Errorf("sandboxes used: %v", ids)
+	}
+	if got := d.get("c001"); got != nil && !isDone(got) {
+		t.Errorf("worn-out sandbox still live")
+	}
+}
+
+func TestPoolDestroysOnAbnormal(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, nil)
+	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+
+	// Not reusable: destroyed, not scrubbed.
+	sb, _ := p.Acquire(t.Context(), 0)
+	c := d.get(sb.ID())
+	p.Release(sb, false)
+	if c.resets.Load() != 0 {
+		t.Error("an abnormal sandbox was scrubbed for reuse")
+	}
+	waitUntil(t, "its removal", func() bool { return isDone(c) })
+
+	// A failed scrub destroys the sandbox.
+	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm >= 1 })
+	sb, _ = p.Acquire(t.Context(), 0)
+	c = d.get(sb.ID())
+	c.failNext.Store(true)
+	p.Release(sb, true)
+	waitUntil(t, "the dirty sandbox destroyed", func() bool { return isDone(c) })
+	if st := p.Stats(); st.Busy != 0 || st.Recycling != 0 {
+		t.Errorf("stats after: %+v", st)
+	}
+}
+
+func isDone(c *fakeContainer) bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func TestPoolWaitsAtCapacity(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, func(c *Config) { c.Max = 2; c.MinWarm = 2 })
+	waitUntil(t, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
+	a, _ := p.Acquire(t.Context(), 0)
+	b, _ := p.Acquire(t.Context(), 0)
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := p.Acquire(ctx, 0); !errors.Is(err, ErrExhausted) {
+		t.Errorf("third Acquire at capacity: %v, want ErrExhausted", err)
+	}
+	got := make(chan *Sandbox, 1)
+	go func() {
+		sb, err := p.Acquire(context.Background(), 0)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- sb
+	}()
+	time.Sleep(20 * time.Millisecond)
+	p.Release(a, true)
+	select {
+	case sb := <-got:
+		if sb.ID() != a.ID() {
+			t.Errorf("waiter got %s, want the scrubbed %s", sb.ID(), a.ID())
+		}
+		p.Release(sb, true)
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter not served after a release")
+	}
+	p.Release(b, true)
+	d.mu.Lock()
+	if d.started != 2 {
+		t.Errorf("started %d sandboxes, want 2", d.started)
+	}
+	d.mu.Unlock()
+}
+
+func TestPoolEngineAway(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, nil)
+	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+	d.setDown(true)
+	p.NoteError(sandbox.ErrUnavailable)
+	waitUntil(t, "not ready", func() bool { return !p.Stats().Ready })
+	if _, err := p.Acquire(t.Context(), 0); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Errorf("Acquire with the engine away: %v", err)
+	}
+	d.setDown(false)
+	waitUntil(t, "ready and warm again", func() bool { st := p.Stats(); return st.Ready && st.Warm == 1 })
+	// The sandbox lost track of while away was removed on reconnecting.
+	d.mu.Lock()
+	if len(d.removed) == 0 {
+		t.Error("nothing reaped on reconnecting")
+	}
+	d.mu.Unlock()
+	sb, err := p.Acquire(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, sb, "ok"); err != nil {
+		t.Error(err)
+	}
+	p.Release(sb, true)
+}
+
+func TestPoolReplacesDeadWarmSandbox(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, nil)
+	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+	d.mu.Lock()
+	for _, c := range d.live {
+		c.kill()
+	}
+	d.mu.Unlock()
+	sb, err := p.Acquire(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, sb, "ok"); err != nil {
+		t.Errorf("run in the replacement: %v", err)
+	}
+	p.Release(sb, true)
+}
+
+func TestSessions(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, func(c *Config) { c.Max = 3 })
+	s := NewSessions(p, SessionsConfig{Max: 2, IdleTTL: 200 * time.Millisecond, MaxIdleTTL: 2 * time.Hour})
+	t.Cleanup(s.CloseAll)
+	ctx := t.Context()
+	if _, err := s.Create(ctx, "a", "python", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, "a", "python", 0); !errors.Is(err, ErrSessionExists) {
+		t.Errorf("duplicate: %v", err)
+	}
+	// Use opens an unknown session; the second one idles out.
+	if _, err := s.Use(ctx, "b", "python", 0, func(sb *Sandbox) (bool, error) { return false, run(t, sb, "x") }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, "c", "python", 0); !errors.Is(err, ErrTooManySessions) {
+		t.Errorf("third session: %v", err)
+	}
+	waitUntil(t, "session b idled out", func() bool { return s.Len() == 1 })
+	if err := s.With(ctx, "b", func(*Sandbox) error { return nil }); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("With on a closed session: %v", err)
+	}
+	// A session whose sandbox dies is closed.
+	_, err := s.Use(ctx, "a", "python", 0, func(sb *Sandbox) (bool, error) {
+		err := run(t, sb, "die")
+		return errors.Is(err, wire.ErrRunnerGone), err
+	})
+	if !errors.Is(err, wire.ErrRunnerGone) || s.Len() != 0 {
+		t.Errorf("run that killed the sandbox: %v, %d sessions", err, s.Len())
+	}
+	if st := p.Stats(); st.Held != 0 {
+		t.Errorf("held sandboxes after sessions closed: %+v", st)
+	}
+}
