@@ -82,7 +82,7 @@ func (s *Service) Execute(ctx context.Context, exec *executionv1.Execution, emit
 		return nil, fmt.Errorf("%w: no code", errInvalid)
 	}
 	timeout := s.cfg.DefaultTimeout
-	if d := exec.GetTimeout(); d != nil {
+	if d := exec.GetTimeout(); d != nil && d.AsDuration() > 0 {
 		timeout = d.AsDuration()
 	}
 	timeout = min(timeout, s.cfg.MaxTimeout)
