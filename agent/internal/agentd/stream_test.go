@@ -1,9 +1,12 @@
 package agentd
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -55,5 +58,66 @@ func TestStreamingIsLive(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStreamingSplitsNoCharacter streams multi-byte characters written in
+// chunks that cut them in the middle; the text received is whole.
+func TestStreamingSplitsNoCharacter(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+	const n = 100000 // "€" is 3 bytes; writes of 4097 bytes cut it
+	stream, err := a.client("connect").ExecuteStream(t.Context(), connect.NewRequest(&agentv1.ExecuteStreamRequest{Execution: &executionv1.Execution{
+		Language: "python", Code: fmt.Sprintf("import sys\nb = '€'.encode() * %d\nfor i in range(0, len(b), 4097):\n    sys.stdout.buffer.write(b[i:i+4097]); sys.stdout.buffer.flush()", n),
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	events := 0
+	for stream.Receive() {
+		if s, ok := stream.Msg().GetEvent().GetEvent().(*executionv1.Event_Stdout); ok {
+			if !utf8.ValidString(s.Stdout) {
+				t.Fatalf("event %d is not valid UTF-8", events)
+			}
+			out.WriteString(s.Stdout)
+			events++
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != strings.Repeat("€", n) {
+		t.Errorf("received %d bytes in %d events, want %d euro signs", out.Len(), events, n)
+	}
+}
+
+// TestStreamCancelled cancels a stream mid-run: the run ends, its sandbox
+// comes free, and the agent keeps serving.
+func TestStreamCancelled(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, func(c *Config) { c.MinActive = 1; c.MaxSandboxes = 1; c.MaxSessions = 0 })
+	a.waitWarm(t, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	stream, err := a.client("grpc").ExecuteStream(ctx, connect.NewRequest(&agentv1.ExecuteStreamRequest{Execution: &executionv1.Execution{
+		Language: "bash", Code: "echo started; sleep 60",
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() {
+		t.Fatalf("no first event: %v", stream.Err())
+	}
+	cancel()
+	for stream.Receive() {
+	}
+	stream.Close()
+	t0 := time.Now()
+	// The only sandbox must come free for this run.
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(5)"}); r.GetStdout() != "5\n" {
+		t.Errorf("next run: %v", r)
+	}
+	if d := time.Since(t0); d > 15*time.Second {
+		t.Errorf("next run waited %v", d)
 	}
 }
