@@ -73,22 +73,29 @@ func TestStreamingSplitsNoCharacter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out strings.Builder
-	events := 0
+	var (
+		out    strings.Builder
+		events int
+		result *executionv1.Result
+	)
 	for stream.Receive() {
-		if s, ok := stream.Msg().GetEvent().GetEvent().(*executionv1.Event_Stdout); ok {
-			if !utf8.ValidString(s.Stdout) {
+		switch ev := stream.Msg().GetEvent().GetEvent().(type) {
+		case *executionv1.Event_Stdout:
+			if !utf8.ValidString(ev.Stdout) {
 				t.Fatalf("event %d is not valid UTF-8", events)
 			}
-			out.WriteString(s.Stdout)
+			out.WriteString(ev.Stdout)
 			events++
+		case *executionv1.Event_Result:
+			result = ev.Result
 		}
 	}
 	if err := stream.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if out.String() != strings.Repeat("€", n) {
-		t.Errorf("received %d bytes in %d events, want %d euro signs", out.Len(), events, n)
+	if want := strings.Repeat("€", n); out.String() != want {
+		t.Errorf("received %d bytes in %d events (a prefix of what was written: %v), want %d euro signs; result %v",
+			out.Len(), events, strings.HasPrefix(want, out.String()), n, result)
 	}
 }
 
