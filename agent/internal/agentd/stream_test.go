@@ -53,7 +53,7 @@ func TestStreamingIsLive(t *testing.T) {
 				t.Fatalf("stdout %q, result %v", out, result)
 			}
 			for i := 1; i < len(times); i++ {
-				if gap := times[i].Sub(times[i-1]); gap < 700*time.Millisecond || gap > 1500*time.Millisecond {
+				if gap := times[i].Sub(times[i-1]); gap < 600*time.Millisecond || gap > 2500*time.Millisecond {
 					t.Errorf("line %d came %v after the one before, want about 1 s", i, gap)
 				}
 			}
