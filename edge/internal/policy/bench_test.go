@@ -38,6 +38,22 @@ func benchConfig(name string) string {
 	return ""
 }
 
+type benchCase struct {
+	label, name      string
+	contextInterrupt bool
+}
+
+func benchCases() []benchCase {
+	var cs []benchCase
+	for _, n := range benchModules {
+		cs = append(cs, benchCase{n, n, false})
+	}
+	for _, n := range benchModules {
+		cs = append(cs, benchCase{n + "/context", n, true})
+	}
+	return cs
+}
+
 // BenchmarkCompile compiles a module with no cache, as the first load does.
 func BenchmarkCompile(b *testing.B) {
 	for _, name := range benchModules {
@@ -61,7 +77,7 @@ func BenchmarkCompile(b *testing.B) {
 }
 
 // loadForBench loads one module with a pool of one.
-func loadForBench(b *testing.B, name string) *module {
+func loadForBench(b *testing.B, name string, contextInterrupt bool) *module {
 	b.Helper()
 	p := pol(b, name, benchPhase(name), 0, benchConfig(name))
 	p.PoolSize = 1
@@ -73,7 +89,7 @@ func loadForBench(b *testing.B, name string) *module {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := loadModule(context.Background(), cfg.Policies[0], "", cache, discardLogger())
+	m, err := loadModule(context.Background(), cfg.Policies[0], "", cache, discardLogger(), contextInterrupt)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -86,7 +102,7 @@ func loadForBench(b *testing.B, name string) *module {
 func BenchmarkInstantiate(b *testing.B) {
 	for _, name := range benchModules {
 		b.Run(name, func(b *testing.B) {
-			m := loadForBench(b, name)
+			m := loadForBench(b, name, false)
 			ctx := context.Background()
 			b.ReportAllocs()
 			var pages uint32
@@ -120,10 +136,14 @@ func benchInput(b *testing.B, name string) []byte {
 
 // BenchmarkCall is one guest call on a pooled instance: write the input,
 // call the export under a deadline, read the answer (not decoded).
+//
+// The "context" variants use wazero's WithCloseOnContextDone instead of the
+// instrumented interrupt check (see RATIONALE.md).
 func BenchmarkCall(b *testing.B) {
-	for _, name := range benchModules {
-		b.Run(name, func(b *testing.B) {
-			m := loadForBench(b, name)
+	for _, bc := range benchCases() {
+		name := bc.name
+		b.Run(bc.label, func(b *testing.B) {
+			m := loadForBench(b, name, bc.contextInterrupt)
 			in := benchInput(b, name)
 			ctx := context.Background()
 			n := 0
@@ -190,14 +210,17 @@ func exampleChain(t testing.TB) Config {
 // percentiles.
 func BenchmarkChain(b *testing.B) {
 	for _, tc := range []struct {
-		name string
-		code string
+		name             string
+		code             string
+		contextInterrupt bool
 	}{
-		{"print", "print(1)"},
-		{"4KiB", strings.Repeat("x = 1\n", 4096/6)},
+		{"print", "print(1)", false},
+		{"4KiB", strings.Repeat("x = 1\n", 4096/6), false},
+		{"print/context", "print(1)", true},
+		{"4KiB/context", strings.Repeat("x = 1\n", 4096/6), true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			e := newEngine(b, exampleChain(b))
+			e := newEngineWith(b, exampleChain(b), tc.contextInterrupt)
 			ctx := context.Background()
 			in := req("acme", "python", tc.code)
 			res := &executionv1.Result{Stdout: "1\nAKIAIOSFODNN7EXAMPLE\n" + strings.Repeat("output line\n", 20)}

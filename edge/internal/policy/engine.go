@@ -30,6 +30,12 @@ type Options struct {
 	Languages []string
 	// Logger receives load, reload and failure reports. Default: discard.
 	Logger *slog.Logger
+	// ContextInterrupt makes every module use wazero's
+	// WithCloseOnContextDone for deadlines instead of the interrupt check
+	// the engine instruments modules with. It is slower (RATIONALE.md) and
+	// is there to compare the two; modules that cannot be instrumented use
+	// it anyway.
+	ContextInterrupt bool
 }
 
 // Engine evaluates requests and results against the loaded policies. Create
@@ -147,7 +153,7 @@ func (e *Engine) build(ctx context.Context, raw []byte) (_ *generation, err erro
 	dir := filepath.Dir(e.opts.ConfigPath)
 	start := time.Now()
 	for _, pc := range cfg.Policies {
-		m, err := loadModule(ctx, pc, dir, e.cache, e.logger)
+		m, err := loadModule(ctx, pc, dir, e.cache, e.logger, e.opts.ContextInterrupt)
 		if err != nil {
 			return nil, fmt.Errorf("load policy %s: %w", pc.Name, err)
 		}

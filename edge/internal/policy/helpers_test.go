@@ -74,10 +74,19 @@ func writeConfig(t testing.TB, path string, cfg Config) string {
 // starves a call. The deadline tests set theirs.
 func newEngine(t testing.TB, cfg Config) *Engine {
 	t.Helper()
+	return newEngineWith(t, cfg, false)
+}
+
+// newEngineWith is newEngine, with wazero's context interruption for every
+// module when contextInterrupt is set.
+func newEngineWith(t testing.TB, cfg Config, contextInterrupt bool) *Engine {
+	t.Helper()
 	if cfg.Deadline == 0 {
 		cfg.Deadline = Duration(2 * time.Second)
 	}
-	e, err := New(context.Background(), testOptions(t, writeConfig(t, "", cfg)))
+	opts := testOptions(t, writeConfig(t, "", cfg))
+	opts.ContextInterrupt = contextInterrupt
+	e, err := New(context.Background(), opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -56,10 +56,11 @@ type module struct {
 	sha256 string
 	logger *slog.Logger
 
-	rt       wazero.Runtime
-	compiled wazero.CompiledModule
-	config   []byte
-	evaluate string // export called per evaluation
+	rt        wazero.Runtime
+	compiled  wazero.CompiledModule
+	interrupt bool // instrumented: deadlines set the interrupt global
+	config    []byte
+	evaluate  string // export called per evaluation
 
 	pool     chan *instance
 	done     chan struct{} // closed when the module closes: stops replacements
@@ -81,7 +82,7 @@ type instance struct {
 }
 
 // loadModule reads, checks, compiles and warms one policy.
-func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.CompilationCache, logger *slog.Logger) (_ *module, err error) {
+func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.CompilationCache, logger *slog.Logger, contextInterrupt bool) (_ *module, err error) {
 	path := cfg.resolve(dir)
 	code, err := os.ReadFile(path)
 	if err != nil {
@@ -103,21 +104,30 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 	if cfg.Phase == PhaseResult {
 		m.evaluate = exportResult
 	}
-	rc := wazero.NewRuntimeConfigCompiler().
-		WithCompilationCache(cache).
-		WithCloseOnContextDone(true).
-		WithMemoryLimitPages(cfg.MemoryLimitPages)
-	m.rt = wazero.NewRuntimeWithConfig(ctx, rc)
 	defer func() {
-		if err != nil {
+		if err != nil && m.rt != nil {
 			m.close(context.WithoutCancel(ctx))
 		}
 	}()
-	if _, err := wasi_snapshot_preview1.Instantiate(ctx, m.rt); err != nil {
-		return nil, fmt.Errorf("instantiate wasi: %w", err)
+	// Interrupt by the instrumented flag where the module allows it, else
+	// by wazero's WithCloseOnContextDone (see interrupt.go, RATIONALE.md).
+	if !contextInterrupt {
+		instrumented, ierr := instrument(code)
+		if ierr == nil {
+			if err := m.compile(ctx, instrumented, cache, false); err == nil {
+				m.interrupt = true
+			} else {
+				m.logger.Warn("instrumented policy does not compile; using context interruption", "error", err)
+				m.rt.Close(ctx)
+			}
+		} else {
+			m.logger.Info("policy cannot be instrumented; using context interruption", "reason", ierr)
+		}
 	}
-	if m.compiled, err = m.rt.CompileModule(ctx, code); err != nil {
-		return nil, fmt.Errorf("compile module: %w", err)
+	if !m.interrupt {
+		if err := m.compile(ctx, code, cache, true); err != nil {
+			return nil, err
+		}
 	}
 	if err := m.checkExports(); err != nil {
 		return nil, err
@@ -135,6 +145,25 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 		m.pool <- inst
 	}
 	return m, nil
+}
+
+// compile makes the module's runtime and compiles code in it. The runtime
+// is the module's own so that its memory cap is its own.
+func (m *module) compile(ctx context.Context, code []byte, cache wazero.CompilationCache, closeOnContextDone bool) error {
+	rc := wazero.NewRuntimeConfigCompiler().
+		WithCompilationCache(cache).
+		WithCloseOnContextDone(closeOnContextDone).
+		WithMemoryLimitPages(m.cfg.MemoryLimitPages)
+	m.rt = wazero.NewRuntimeWithConfig(ctx, rc)
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, m.rt); err != nil {
+		return fmt.Errorf("instantiate wasi: %w", err)
+	}
+	compiled, err := m.rt.CompileModule(ctx, code)
+	if err != nil {
+		return fmt.Errorf("compile module: %w", err)
+	}
+	m.compiled = compiled
+	return nil
 }
 
 // checkExports checks the exports' presence and signatures before any
@@ -191,13 +220,11 @@ func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
 	stderr := &capWriter{max: 4096}
 	mc := wazero.NewModuleConfig().
 		WithName("").
-		WithStartFunctions("_initialize", "_start").
+		WithStartFunctions(). // _initialize runs below, under the deadline
 		WithStderr(stderr).
 		WithSysWalltime().
 		WithSysNanotime().
 		WithRandSource(rand.Reader)
-	ctx, cancel := context.WithTimeout(ctx, initDeadline)
-	defer cancel()
 	mod, err := m.rt.InstantiateModule(ctx, m.compiled, mc)
 	if err != nil {
 		return nil, fmt.Errorf("instantiate module: %w%s", err, stderr.suffix())
@@ -208,7 +235,6 @@ func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
 		}
 	}()
 	inst := &instance{
-		deadline: newDeadlineCtx(),
 		mod:      mod,
 		mem:      mod.Memory(),
 		buffer:   mod.ExportedFunction(exportBuffer),
@@ -218,28 +244,52 @@ func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
 	if inst.mem == nil {
 		return nil, errors.New("module has no memory")
 	}
-	v, err := mod.ExportedFunction(exportVersion).Call(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("call %s: %w", exportVersion, err)
+	var flag api.MutableGlobal
+	if m.interrupt {
+		var ok bool
+		if flag, ok = mod.ExportedGlobal(interruptExport).(api.MutableGlobal); !ok {
+			return nil, errors.New("instrumented module lost its interrupt global")
+		}
 	}
-	if uint32(v[0]) != abiVersion {
-		return nil, fmt.Errorf("module implements policy ABI version %d, host implements %d", uint32(v[0]), abiVersion)
+	inst.deadline = newDeadlineCtx(flag)
+	dctx := inst.deadline.start(ctx, initDeadline)
+	err = m.initialize(dctx, inst)
+	if !dctx.stop() {
+		return nil, fmt.Errorf("initialise policy instance: passed its %v deadline", initDeadline)
+	}
+	return inst, err
+}
+
+// initialize runs the module's start function, checks its ABI version and
+// hands it the configuration.
+func (m *module) initialize(ctx context.Context, inst *instance) error {
+	mod := inst.mod
+	if start := mod.ExportedFunction("_initialize"); start != nil {
+		if err := start.CallWithStack(ctx, inst.stack[:]); err != nil {
+			return fmt.Errorf("call _initialize: %w%s", err, inst.stderr.suffix())
+		}
+	}
+	if err := mod.ExportedFunction(exportVersion).CallWithStack(ctx, inst.stack[:]); err != nil {
+		return fmt.Errorf("call %s: %w", exportVersion, err)
+	}
+	if v := uint32(inst.stack[0]); v != abiVersion {
+		return fmt.Errorf("module implements policy ABI version %d, host implements %d", v, abiVersion)
 	}
 	if initFn := mod.ExportedFunction(exportInit); initFn != nil {
 		if err := inst.write(ctx, m.config); err != nil {
-			return nil, fmt.Errorf("write config: %w", err)
+			return fmt.Errorf("write config: %w", err)
 		}
 		inst.stack[0] = uint64(len(m.config))
 		if err := initFn.CallWithStack(ctx, inst.stack[:]); err != nil {
-			return nil, fmt.Errorf("call %s: %w%s", exportInit, err, stderr.suffix())
+			return fmt.Errorf("call %s: %w%s", exportInit, err, inst.stderr.suffix())
 		}
 		if msg, err := inst.read(inst.stack[0]); err != nil {
-			return nil, fmt.Errorf("read init answer: %w", err)
+			return fmt.Errorf("read init answer: %w", err)
 		} else if len(msg) > 0 {
-			return nil, fmt.Errorf("policy init: %s", truncate(string(msg), 512))
+			return fmt.Errorf("policy init: %s", truncate(string(msg), 512))
 		}
 	}
-	return inst, nil
+	return nil
 }
 
 // write copies b into the guest's input buffer, asking for a bigger one
@@ -437,8 +487,9 @@ func (m *module) close(ctx context.Context) {
 }
 
 // deadlineCtx is the context of one instance's calls: a reusable timer
-// closes done when a call passes its deadline, and wazero then closes the
-// instance (WithCloseOnContextDone). This costs no allocation per call, where
+// fires when a call passes its deadline. It sets the interrupt global of an
+// instrumented module (whose next loop iteration traps) and closes done, on
+// which wazero closes a module run WithCloseOnContextDone. This costs no allocation per call, where
 // context.WithTimeout costs a timer, a context and a channel. Once done is
 // closed the instance is discarded, so the channel never needs reopening.
 //
@@ -452,10 +503,15 @@ type deadlineCtx struct {
 	fired           atomic.Bool
 }
 
-func newDeadlineCtx() *deadlineCtx {
+// newDeadlineCtx returns the deadline of one instance. When it fires it
+// sets flag, the interrupt global of an instrumented module, if not nil.
+func newDeadlineCtx(flag api.MutableGlobal) *deadlineCtx {
 	d := &deadlineCtx{done: make(chan struct{})}
 	d.timer = time.AfterFunc(time.Hour, func() {
 		d.fired.Store(true)
+		if flag != nil {
+			flag.Set(1)
+		}
 		close(d.done)
 	})
 	d.timer.Stop()
