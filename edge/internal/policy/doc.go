@@ -19,11 +19,12 @@
 //
 // # Safety
 //
-// Every call has a deadline (default 20 ms) enforced by closing the
-// instance (wazero's WithCloseOnContextDone), each module's memory is capped
-// (WithMemoryLimitPages), and an instance whose call failed in any way
-// (trap, timeout, malformed decision) is discarded and replaced in the
-// background. A failing policy denies the request with reason
+// Every call has a deadline (default 20 ms): modules are rewritten at load
+// with a check at every loop head that traps once a timer sets a flag
+// (interrupt.go; wazero's WithCloseOnContextDone is the fallback). Each
+// module's memory is capped (WithMemoryLimitPages), and an instance whose
+// call failed in any way (trap, timeout, malformed decision) is discarded
+// and replaced in the background. A failing policy denies the request with reason
 // "policy_unavailable" unless it is configured to fail open.
 //
 // # Concurrency
