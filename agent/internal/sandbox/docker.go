@@ -82,7 +82,16 @@ func (d *Docker) Start(ctx context.Context, spec Spec) (Container, error) {
 	name := "codemode-" + randomHex(6)
 	created, err := d.cli.ContainerCreate(ctx, cfg, hcfg, nil, nil, name)
 	if err != nil {
-		return nil, fmt.Errorf("create container: %w", classify(err))
+		err = fmt.Errorf("create container: %w", classify(err))
+		if ctx.Err() != nil {
+			// The engine may have created it after all: remove it by name.
+			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if rerr := d.cli.ContainerRemove(rctx, name, container.RemoveOptions{Force: true}); rerr != nil && !client.IsErrNotFound(rerr) {
+				err = errors.Join(err, fmt.Errorf("remove container %s: %w", name, classify(rerr)))
+			}
+			cancel()
+		}
+		return nil, err
 	}
 	c := &dockerContainer{d: d, id: created.ID}
 	// Attach before starting, so that nothing the entry process writes first
