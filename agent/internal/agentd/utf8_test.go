@@ -71,3 +71,23 @@ func FuzzUTF8Decoder(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkUTF8Decoder(b *testing.B) {
+	for _, tc := range []struct {
+		name  string
+		chunk []byte
+	}{
+		{"ascii 32KiB", bytes.Repeat([]byte("x"), 32<<10)},
+		{"multibyte split 32KiB", bytes.Repeat([]byte("€"), 32<<10/3+1)[:32<<10]},
+		{"invalid 32KiB", bytes.Repeat([]byte{0xff, 'a'}, 16<<10)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(tc.chunk)))
+			var d utf8Decoder
+			for b.Loop() {
+				_ = d.Decode(tc.chunk)
+			}
+		})
+	}
+}
