@@ -33,6 +33,7 @@ func (e *Engine) Status() *policyv1.ListPoliciesResponse {
 				Order:       int32(m.cfg.Order),
 				FailureMode: m.cfg.FailureMode,
 				PoolSize:    int32(cap(m.pool)),
+				Interrupt:   m.interruptMode(),
 				Counters: &policyv1.PolicyCounters{
 					Allowed:           c.allowed.Load(),
 					Denied:            c.denied.Load(),

@@ -147,6 +147,14 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 	return m, nil
 }
 
+// interruptMode names how the module's calls are stopped at their deadline.
+func (m *module) interruptMode() string {
+	if m.interrupt {
+		return "instrumented"
+	}
+	return "context"
+}
+
 // compile makes the module's runtime and compiles code in it. The runtime
 // is the module's own so that its memory cap is its own.
 func (m *module) compile(ctx context.Context, code []byte, cache wazero.CompilationCache, closeOnContextDone bool) error {

@@ -210,7 +210,8 @@ func TestAdminService(t *testing.T) {
 	}
 	m := resp.Msg
 	if m.Generation != 1 || len(m.Policies) != 2 || m.Policies[0].Name != "languages" || m.Policies[1].Phase != "result" ||
-		m.Policies[0].Counters.GetDenied() != 1 || len(m.Policies[0].Sha256) != 64 || m.ConfigSha256 == "" {
+		m.Policies[0].Counters.GetDenied() != 1 || len(m.Policies[0].Sha256) != 64 || m.ConfigSha256 == "" ||
+		m.Policies[0].Interrupt != "instrumented" {
 		t.Errorf("ListPolicies = %v", m)
 	}
 

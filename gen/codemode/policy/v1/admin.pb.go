@@ -164,7 +164,11 @@ type PolicyStatus struct {
 	// Instances kept warm for it.
 	PoolSize int32 `protobuf:"varint,6,opt,name=pool_size,json=poolSize,proto3" json:"pool_size,omitempty"`
 	// What it did since this generation loaded.
-	Counters      *PolicyCounters `protobuf:"bytes,7,opt,name=counters,proto3" json:"counters,omitempty"`
+	Counters *PolicyCounters `protobuf:"bytes,7,opt,name=counters,proto3" json:"counters,omitempty"`
+	// How calls past their deadline are stopped: "instrumented" (a check the
+	// edge adds to the module's loops) or "context" (wazero's slower
+	// WithCloseOnContextDone, for modules that cannot be instrumented).
+	Interrupt     string `protobuf:"bytes,8,opt,name=interrupt,proto3" json:"interrupt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -246,6 +250,13 @@ func (x *PolicyStatus) GetCounters() *PolicyCounters {
 		return x.Counters
 	}
 	return nil
+}
+
+func (x *PolicyStatus) GetInterrupt() string {
+	if x != nil {
+		return x.Interrupt
+	}
+	return ""
 }
 
 // PolicyCounters count the outcomes of one policy's calls.
@@ -462,7 +473,7 @@ const file_codemode_policy_v1_admin_proto_rawDesc = "" +
 	"\bpolicies\x18\x03 \x03(\v2 .codemode.policy.v1.PolicyStatusR\bpolicies\x12*\n" +
 	"\x11last_reload_error\x18\x04 \x01(\tR\x0flastReloadError\x12D\n" +
 	"\x10last_reload_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x0elastReloadTime\x12#\n" +
-	"\rconfig_sha256\x18\x06 \x01(\tR\fconfigSha256\"\xe6\x01\n" +
+	"\rconfig_sha256\x18\x06 \x01(\tR\fconfigSha256\"\x84\x02\n" +
 	"\fPolicyStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x14\n" +
@@ -470,7 +481,8 @@ const file_codemode_policy_v1_admin_proto_rawDesc = "" +
 	"\x05order\x18\x04 \x01(\x05R\x05order\x12!\n" +
 	"\ffailure_mode\x18\x05 \x01(\tR\vfailureMode\x12\x1b\n" +
 	"\tpool_size\x18\x06 \x01(\x05R\bpoolSize\x12>\n" +
-	"\bcounters\x18\a \x01(\v2\".codemode.policy.v1.PolicyCountersR\bcounters\"\x93\x02\n" +
+	"\bcounters\x18\a \x01(\v2\".codemode.policy.v1.PolicyCountersR\bcounters\x12\x1c\n" +
+	"\tinterrupt\x18\b \x01(\tR\tinterrupt\"\x93\x02\n" +
 	"\x0ePolicyCounters\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\x04R\aallowed\x12\x16\n" +
 	"\x06denied\x18\x02 \x01(\x04R\x06denied\x12\x14\n" +
