@@ -212,8 +212,9 @@ func (p *Pool) DefaultMemory() int64 { return p.cfg.Spec.MemoryBytes }
 // Acquire takes a sandbox for one stateless run: a warm one if there is
 // one; otherwise one being started or scrubbed, if it is not promised to
 // an earlier caller; otherwise a new one if the pool is below its maximum;
-// otherwise it waits. A memory limit other than the default (0 means the
-// default) always gets a new sandbox of its own, destroyed after the run.
+// otherwise it waits. A memory limit other than the warm sandboxes' (0
+// means theirs) always gets a new sandbox of its own, destroyed after the
+// run.
 // Give the sandbox back with Release.
 //
 // # Errors
@@ -265,6 +266,11 @@ func (p *Pool) Acquire(ctx context.Context, memory int64) (*Sandbox, error) {
 		}
 		if !dflt || line > incoming {
 			if p.totalLocked() < p.cfg.Max {
+				if counted {
+					// No longer in line: this caller brings its own.
+					p.waiting--
+					counted = false
+				}
 				p.direct++
 				p.mu.Unlock()
 				sb, err := p.open(ctx, memory)
