@@ -59,7 +59,6 @@ type config struct {
 	// cgroup v1); "" disables the memory watchdog.
 	cgroupMemory string
 	path         string // PATH of user code
-	self         string // the runner's binary, started as the user for helpers
 	// userProcs caps the processes (and threads) of the user, as
 	// RLIMIT_NPROC; 0: no cap. Under gVisor a container's pids limit
 	// counts the sandbox kernel's host threads and processes, not the
@@ -73,12 +72,7 @@ type config struct {
 }
 
 func defaultConfig(log *slog.Logger) config {
-	self, err := os.Executable()
-	if err != nil {
-		self = "/proc/self/exe"
-	}
 	return config{
-		self:         self,
 		workspace:    wire.Workspace,
 		scratch:      []string{"/tmp", "/dev/shm"},
 		uid:          wire.UserUID,
@@ -91,17 +85,10 @@ func defaultConfig(log *slog.Logger) config {
 	}
 }
 
-// helperEnv, when set in the environment, makes Run act as a helper instead
-// of the runner (see runHelper in scrub.go).
-const helperEnv = "CODEMODE_RUNNER_HELPER"
-
 // Run is the runner's main: it serves requests from stdin until stdin ends
 // or ctx is done, then kills every user process. args are the command-line
 // flags (see -help).
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	if h := os.Getenv(helperEnv); h != "" {
-		return runHelper(h)
-	}
 	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -155,7 +142,7 @@ func harden(cfg config) error {
 	n := cfg.userProcs
 	if b, err := os.ReadFile("/sys/fs/cgroup/pids/pids.max"); err == nil {
 		if max, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
-			// Leave room for the runner's own threads and helpers.
+			// Leave room for the runner's own threads.
 			n = min(n, max-min(max/2, 16))
 		}
 	}
@@ -183,6 +170,8 @@ type server struct {
 	// Stateful interpreters; touched only by the request being served.
 	kernel *kernel                // Python, nil until the first stateful Python run
 	shells map[string]*shellState // by language
+
+	ipcFloor ipcFloor // touched only by Reset
 }
 
 func newServer(cfg config, stdout io.Writer) (*server, error) {

@@ -29,50 +29,11 @@ import (
 // container tests run the real binary under gVisor.
 
 func TestMain(m *testing.M) {
-	// The reset helper re-executes the runner's binary, which here is the
-	// test binary.
-	if h := os.Getenv(helperEnv); h != "" {
-		if err := runHelper(h); err != nil {
-			fmt.Fprintln(os.Stderr, "helper:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	// The user must be able to execute that binary for the helper; the
-	// go tool keeps it in a directory only root can enter.
-	dir, err := os.MkdirTemp("", "runner-self-")
-	if err == nil {
-		err = os.Chmod(dir, 0o755)
-	}
-	if err == nil {
-		err = copyExecutable(filepath.Join(dir, "runner.test"))
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "copy the test binary:", err)
-		os.Exit(1)
-	}
-	testSelf = filepath.Join(dir, "runner.test")
 	code := m.Run()
-	os.RemoveAll(dir)
 	if runnerBin != "" {
 		os.RemoveAll(filepath.Dir(runnerBin))
 	}
 	os.Exit(code)
-}
-
-// testSelf is a copy of the test binary that the user may execute.
-var testSelf string
-
-func copyExecutable(dst string) error {
-	src, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	b, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(dst, b, 0o755)
 }
 
 // Each harness gets its own uid, far from real accounts.
@@ -114,7 +75,6 @@ func newHarness(t *testing.T) *harness {
 	cfg.uid, cfg.gid = h.uid, h.uid
 	cfg.reapAll = false
 	cfg.cgroupMemory = ""
-	cfg.self = testSelf
 	reqR, reqW := io.Pipe()
 	evR, evW := io.Pipe()
 	h.reqW, h.evR = reqW, evR
@@ -566,6 +526,11 @@ if os.fork() == 0:
 ' &
 sleep 0.3
 `, h.ws, h.tmp, h.shm)
+	// System V IPC objects outlive their processes.
+	const shm = "import ctypes; libc = ctypes.CDLL(None); print('shm', libc.shmget(0x5eed0000 + %d, %d, %s) >= 0)"
+	if r := h.mustRun("python", fmt.Sprintf(shm, h.uid, 4096, "0o1600")); r.stdout != "shm True\n" {
+		t.Fatalf("create shm: %q %q", r.stdout, r.stderr)
+	}
 	// As a session's run: a stateless run's leftovers die with it already
 	// (TestRunSweep); Reset must also clean up after sessions.
 	if r := h.run(ctx, &runnerv1.Run{Language: "bash", Code: code, Stateful: true}); r.err != nil || r.exit.GetCode() != 0 {
@@ -593,6 +558,9 @@ sleep 0.3
 	r := h.run(ctx, &runnerv1.Run{Language: "python", Code: "print(secret)", Stateful: true})
 	if r.err != nil || !strings.Contains(r.stderr, "NameError") {
 		t.Fatalf("after reset the session state survived: %q %q %v", r.stdout, r.stderr, r.err)
+	}
+	if r := h.mustRun("python", fmt.Sprintf(shm, h.uid, 0, "0")); r.stdout != "shm False\n" {
+		t.Fatalf("after reset the shm segment survived: %q %q", r.stdout, r.stderr)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 )
 
@@ -44,23 +43,33 @@ func prepareDirs(cfg config) error {
 // interpreter state of sessions dropped. It fails if any of that cannot be
 // verified; the agent then destroys the sandbox.
 func (s *server) reset(ctx context.Context) error {
+	t0 := time.Now()
 	s.killKernel()
 	clear(s.shells)
-	// First from outside, until /proc shows no process of the user, so that
-	// the user's process limit leaves room for the helper.
+	// First from outside, until /proc shows no process of the user, so
+	// that none is left to signal the thread that next acts as the user.
 	if err := s.procs.killUser(nil); err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
-	// Then from inside the user's uid: kill(-1) reaches every process the
-	// user can signal in one step, which forking cannot outrun; and remove
-	// the user's IPC objects, which only their owner (or CAP_SYS_ADMIN,
-	// which the runner lacks) may do.
-	if err := s.runHelper(ctx, "reset"); err != nil {
+	t1 := time.Now()
+	// Then from a thread with the user's credentials (no process to
+	// start): kill(-1) reaches every process the user can signal in one
+	// step, which forking cannot outrun; and remove the user's IPC objects,
+	// which only their owner (or CAP_SYS_ADMIN, which the runner lacks) may
+	// do.
+	if err := asUser(s.cfg.uid, s.cfg.gid, func() error {
+		if err := killAllOfUser(); err != nil {
+			return err
+		}
+		return removeIPC(&s.ipcFloor)
+	}); err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
+	t2 := time.Now()
 	if err := s.procs.killUser(nil); err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
+	t3 := time.Now()
 	for _, d := range append([]string{s.cfg.workspace}, s.cfg.scratch...) {
 		if err := emptyDir(d); err != nil {
 			return fmt.Errorf("reset: %w", err)
@@ -69,6 +78,7 @@ func (s *server) reset(ctx context.Context) error {
 	if err := prepareDirs(s.cfg); err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
+	t4 := time.Now()
 	// Verify.
 	if ps, err := s.procs.userProcs(0); err != nil || len(ps) > 0 {
 		return fmt.Errorf("reset: user processes left: %v %v", ps, err)
@@ -82,6 +92,7 @@ func (s *server) reset(ctx context.Context) error {
 			return fmt.Errorf("reset: %s is not empty: %d entries left", filepath.Base(d), len(names))
 		}
 	}
+	s.cfg.log.Debug("reset", "kill", t1.Sub(t0), "as_user", t2.Sub(t1), "kill_again", t3.Sub(t2), "wipe", t4.Sub(t3), "verify", time.Since(t4))
 	return nil
 }
 
@@ -115,49 +126,4 @@ func emptyDir(dir string) error {
 		return fmt.Errorf("empty %s: %w", dir, err)
 	}
 	return nil
-}
-
-// runHelper runs the runner's own binary as the user in helper mode and
-// waits for it (bounded by 5 s).
-func (s *server) runHelper(ctx context.Context, mode string) error {
-	p, err := s.procs.start(spec{
-		argv:  []string{s.cfg.self},
-		env:   []string{helperEnv + "=" + mode},
-		files: []*os.File{nil, nil, os.Stderr},
-	})
-	if err != nil {
-		return err
-	}
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		killGroup(p.pid)
-		<-p.done
-		return fmt.Errorf("helper %s did not finish in 5s", mode)
-	case <-ctx.Done():
-		killGroup(p.pid)
-		<-p.done
-		return ctx.Err()
-	}
-	if c := exitCode(p.status); c != 0 {
-		return fmt.Errorf("helper %s exited with %d", mode, c)
-	}
-	return nil
-}
-
-// runHelper is the helper's side: it runs as the user, in its own process
-// group, with no capabilities.
-func runHelper(mode string) error {
-	switch mode {
-	case "reset":
-		if os.Getuid() == 0 {
-			return errors.New("the reset helper must not run as root")
-		}
-		// Kill every process of this uid but this one.
-		if err := syscall.Kill(-1, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return fmt.Errorf("kill user processes: %w", err)
-		}
-		return removeIPC()
-	}
-	return fmt.Errorf("unknown helper %q", mode)
 }

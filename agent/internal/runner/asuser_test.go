@@ -1,0 +1,165 @@
+package runner
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestAsUser checks that f runs with the user's uids and no capability,
+// that no other goroutine ever sees the user's credentials, even while
+// asUser runs concurrently with them, and that the thread is gone
+// afterwards.
+func TestAsUser(t *testing.T) {
+	if !isRoot() {
+		t.Skip("switching a thread to another uid needs root")
+	}
+	uid := 62000 + int(nextUID.Add(1))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	bad := make(chan string, 1)
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if r, e, s := unix.Getresuid(); r != 0 || e != 0 || s != 0 {
+					select {
+					case bad <- fmt.Sprintf("a runner goroutine ran with uids %d %d %d", r, e, s):
+					default:
+					}
+				}
+				runtime.Gosched()
+			}
+		})
+	}
+	rootDir := t.TempDir()
+	if err := os.Chmod(rootDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		var got [3]int
+		err := asUser(uid, uid, func() error {
+			got[0], got[1], _ = unix.Getresuid()
+			got[2] = unix.Geteuid()
+			if g := unix.Getgid(); g != uid {
+				return fmt.Errorf("gid %d", g)
+			}
+			if gs, err := unix.Getgroups(); err != nil || len(gs) != 0 {
+				return fmt.Errorf("groups %v %v", gs, err)
+			}
+			// The user cannot act as root: a file only root may write.
+			f, err := os.OpenFile(filepath.Join(rootDir, "x"), os.O_CREATE|os.O_WRONLY, 0o600)
+			if err == nil {
+				f.Close()
+				return fmt.Errorf("created a file in a directory of root")
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("asUser #%d: %v", i, err)
+		}
+		if got != [3]int{uid, uid, uid} {
+			t.Fatalf("asUser #%d: uids %v, want %d", i, got, uid)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	select {
+	case msg := <-bad:
+		t.Fatal(msg)
+	default:
+	}
+	if r, e, s := unix.Getresuid(); r != 0 || e != 0 || s != 0 {
+		t.Fatalf("after asUser: uids %d %d %d", r, e, s)
+	}
+	// The threads that held the user's credentials end (they are root
+	// again before they do).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := threadsOfUID(t, uid)
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d threads of the runner still hold uid %d", left, uid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := asUser(os.Getuid(), os.Getgid(), func() error { return nil }); err == nil {
+		t.Fatal("asUser with the runner's own uid succeeded")
+	}
+}
+
+// threadsOfUID counts the threads of this process whose real uid is uid.
+func threadsOfUID(t *testing.T, uid int) int {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", task.Name(), "status"))
+		if err != nil {
+			continue // ended meanwhile
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" && f[1] == fmt.Sprint(uid) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// TestKillAllOfUser checks that kill(-1) from a thread of the user kills the
+// user's processes, a new session's included, and nobody else's: not the
+// runner's, not root's, not another uid's.
+func TestKillAllOfUser(t *testing.T) {
+	if !isRoot() {
+		t.Skip("switching a thread to another uid needs root")
+	}
+	t.Parallel()
+	uid, other := 62000+int(nextUID.Add(1)), 62000+int(nextUID.Add(1))
+	start := func(uid int, setsid bool) *exec.Cmd {
+		cmd := exec.Command("sleep", "3600")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid}
+		if uid != 0 {
+			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	users := []*exec.Cmd{start(uid, false), start(uid, true)}
+	spared := []*exec.Cmd{start(0, false), start(other, false), start(other, true)}
+	if err := asUser(uid, uid, killAllOfUser); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range users {
+		err := c.Wait()
+		if ws, ok := c.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("process of the user: %v, want killed by SIGKILL", err)
+		}
+	}
+	for _, c := range spared {
+		if err := c.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Fatalf("process of uid %v was killed too: %v", c.SysProcAttr.Credential, err)
+		}
+	}
+}
