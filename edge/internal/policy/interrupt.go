@@ -72,11 +72,15 @@ func instrument(wasm []byte) ([]byte, error) {
 			}
 		case 7:
 			hasExport = true
-			if exportsName(s.body, interruptExport) {
-				return nil, fmt.Errorf("%w: module already exports %s", errUninstrumentable, interruptExport)
-			}
 		case 10:
 			hasCode = true
+		}
+	}
+	for _, s := range sections {
+		if s.id == 7 {
+			if err := checkExports(s.body, importedGlobals+definedGlobals); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if !hasCode || !hasMemory {
@@ -143,7 +147,7 @@ func instrument(wasm []byte) ([]byte, error) {
 			placeGlobal()
 			placeExport()
 			if s.id == 10 {
-				body, err := instrumentCode(s.body, check)
+				body, err := instrumentCode(s.body, check, importedGlobals+definedGlobals)
 				if err != nil {
 					return nil, err
 				}
@@ -209,21 +213,29 @@ func countImports(body []byte) (globals uint32, memory bool, err error) {
 	return globals, memory, r.err
 }
 
-func exportsName(body []byte, name string) bool {
+// checkExports refuses a module that already exports interruptExport or
+// exports a global index it does not have (which would be an added one).
+func checkExports(body []byte, globals uint32) error {
 	r := wreader{b: body}
 	for n := r.u32(); n > 0 && r.err == nil; n-- {
-		got := r.take(int(r.u32()))
-		r.byte()
-		r.u32()
-		if string(got) == name {
-			return true
+		name := r.take(int(r.u32()))
+		kind := r.byte()
+		idx := r.u32()
+		if string(name) == interruptExport {
+			return fmt.Errorf("%w: module already exports %s", errUninstrumentable, interruptExport)
+		}
+		if kind == 0x03 && idx >= globals {
+			return fmt.Errorf("%w: export of global index out of range", errUninstrumentable)
 		}
 	}
-	return false
+	return r.err
 }
 
-// instrumentCode inserts check after the block type of every loop.
-func instrumentCode(body, check []byte) ([]byte, error) {
+// instrumentCode inserts check after the block type of every loop. Code
+// must only use the module's own globals (fewer than globals): an index that
+// was invalid before the rewrite would reach the added ones, and a module
+// that clears its interrupt flag cannot be stopped.
+func instrumentCode(body, check []byte, globals uint32) ([]byte, error) {
 	r := wreader{b: body}
 	n := r.u32()
 	out := uleb(uint64(n))
@@ -232,7 +244,7 @@ func instrumentCode(body, check []byte) ([]byte, error) {
 		if r.err != nil {
 			break
 		}
-		nf, err := instrumentFunction(fn, check)
+		nf, err := instrumentFunction(fn, check, globals)
 		if err != nil {
 			return nil, err
 		}
@@ -245,7 +257,7 @@ func instrumentCode(body, check []byte) ([]byte, error) {
 	return out, r.err
 }
 
-func instrumentFunction(fn, check []byte) ([]byte, error) {
+func instrumentFunction(fn, check []byte, globals uint32) ([]byte, error) {
 	r := wreader{b: fn}
 	for n := r.u32(); n > 0 && r.err == nil; n-- { // locals
 		r.u32()
@@ -263,8 +275,12 @@ func instrumentFunction(fn, check []byte) ([]byte, error) {
 		case op == 0x03: // loop
 			r.blockType()
 			loop = true
+		case op == 0x23 || op == 0x24: // global.get, global.set
+			if r.u32() >= globals {
+				return nil, fmt.Errorf("%w: global index out of range", errUninstrumentable)
+			}
 		case op == 0x0C || op == 0x0D || op == 0x10 || op == 0x12 || // br, br_if, call, return_call
-			op >= 0x20 && op <= 0x26 || op == 0xD2: // locals, globals, table.get/set, ref.func
+			op >= 0x20 && op <= 0x26 || op == 0xD2: // locals, table.get/set, ref.func
 			r.u32()
 		case op == 0x0E: // br_table
 			for k := r.u32(); k > 0 && r.err == nil; k-- {

@@ -116,14 +116,20 @@ func TestInstrumentRefuses(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		b    []byte
+		want string
 	}{
-		{"not wasm", []byte("hello world")},
-		{"truncated", []byte("\x00asm\x01\x00\x00\x00\x0a\x05\x01")},
-		{"simd", []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x0a\x07\x01\x05\x00\xfd\x0c\x00\x0b")},
+		{"not wasm", []byte("hello world"), "not a WebAssembly"},
+		{"truncated", []byte("\x00asm\x01\x00\x00\x00\x0a\x05\x01"), "truncated"},
+		{"simd", []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x05\x03\x01\x00\x01\x0a\x07\x01\x05\x00\xfd\x0c\x00\x0b"), "opcode 0xfd"},
+		// (func (i32.const 0) (global.set 0)) with no globals: after the
+		// rewrite it would clear the interrupt flag.
+		{"clears the flag", []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x05\x03\x01\x00\x01\x0a\x08\x01\x06\x00\x41\x00\x24\x00\x0b"), "global index out of range"},
+		{"exports a missing global", []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x05\x03\x01\x00\x01\x07\x05\x01\x01g\x03\x00\x0a\x04\x01\x02\x00\x0b"), "export of global index out of range"},
+		{"no memory", []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x0a\x04\x01\x02\x00\x0b"), "no memory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := instrument(tc.b); !errors.Is(err, errUninstrumentable) {
-				t.Fatalf("instrument = %v, want errUninstrumentable", err)
+			if _, err := instrument(tc.b); !errors.Is(err, errUninstrumentable) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("instrument = %v, want errUninstrumentable about %q", err, tc.want)
 			}
 		})
 	}
