@@ -376,12 +376,15 @@ func TestSessions(t *testing.T) {
 	if _, err := s.Create(ctx, "a", "python", 0); !errors.Is(err, ErrSessionExists) {
 		t.Errorf("duplicate: %v", err)
 	}
-	// Use opens an unknown session; the second one idles out.
-	if _, err := s.Use(ctx, "b", "python", 0, func(sb *Sandbox) (bool, error) { return false, run(t, sb, "x") }); err != nil {
+	// Use opens an unknown session, which cannot idle out while in use;
+	// then it idles out.
+	if _, err := s.Use(ctx, "b", "python", 0, func(sb *Sandbox) (bool, error) {
+		if _, err := s.Create(ctx, "c", "python", 0); !errors.Is(err, ErrTooManySessions) {
+			t.Errorf("third session: %v", err)
+		}
+		return false, run(t, sb, "x")
+	}); err != nil {
 		t.Fatal(err)
-	}
-	if _, err := s.Create(ctx, "c", "python", 0); !errors.Is(err, ErrTooManySessions) {
-		t.Errorf("third session: %v", err)
 	}
 	waitUntil(t, "session b idled out", func() bool { return s.Len() == 1 })
 	if err := s.With(ctx, "b", func(*Sandbox) error { return nil }); !errors.Is(err, ErrSessionNotFound) {
