@@ -91,7 +91,7 @@ func TestSessionLimits(t *testing.T) {
 		c.MinActive = 1
 		c.MaxSandboxes = 3
 		c.MaxSessions = 1
-		c.SessionIdleTTL = 500 * time.Millisecond
+		c.SessionIdleTTL = 2 * time.Second
 	})
 	c := a.client("connect")
 	ctx := t.Context()
@@ -112,7 +112,7 @@ func TestSessionLimits(t *testing.T) {
 	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "two", IdleTimeout: durationpb.New(time.Hour)})); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	time.Sleep(3 * time.Second) // longer than the agent's idle TTL
 	if a.sessions.Len() != 1 {
 		t.Error("session with a one-hour idle timeout was closed")
 	}
