@@ -295,7 +295,7 @@ func TestMissingImage(t *testing.T) {
 // --min-active and sees it shrink back once those sandboxes idle.
 func TestWarmPoolShrinksAfterBurst(t *testing.T) {
 	t.Parallel()
-	a := startAgent(t, func(c *Config) { c.MinActive = 1; c.MaxSandboxes = 3; c.MaxSessions = 0; c.WarmIdle = time.Second })
+	a := startAgent(t, func(c *Config) { c.MinActive = 1; c.MaxSandboxes = 3; c.MaxSessions = 0; c.WarmIdle = 3 * time.Second })
 	a.waitWarm(t, 1)
 	var wg sync.WaitGroup
 	for range 3 {
