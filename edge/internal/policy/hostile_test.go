@@ -294,6 +294,8 @@ func TestModulesThatDoNotLoad(t *testing.T) {
 			"config given but module does not export codemode_init"},
 		{"init error", func(t *testing.T) PolicyConfig { return pol(t, "languages", PhaseRequest, 0, "no colon here") },
 			`policy init: line 1: want "tenant: language, ...`},
+		{"start function never ends", func(t *testing.T) PolicyConfig { return pol(t, "startloop", PhaseRequest, 0, "") },
+			"instantiate module"},
 		{"missing file", func(t *testing.T) PolicyConfig {
 			p := pol(t, "languages", PhaseRequest, 0, "")
 			p.Path += ".missing"

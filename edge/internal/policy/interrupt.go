@@ -27,8 +27,9 @@ import (
 // iteration (35 ns each here) and starts a goroutine per call; this costs a
 // few loads and stores per iteration and a Go call per safePointEvery.
 //
-// It returns errUninstrumentable for what it does not know (SIMD,
-// exceptions, multiple memories, a module without memory, ...); the caller
+// It returns errUninstrumentable for what it does not know or cannot bound
+// (SIMD, exceptions, tail calls, which loop without a loop, a start
+// section, several memories, a module without memory, ...); the caller
 // then falls back to WithCloseOnContextDone. DWARF sections are dropped:
 // their code offsets would no longer be right.
 func instrument(wasm []byte) ([]byte, error) {
@@ -72,6 +73,10 @@ func instrument(wasm []byte) ([]byte, error) {
 			}
 		case 7:
 			hasExport = true
+		case 8:
+			// The start function runs inside instantiation, before the host
+			// holds the flag: leave such modules to wazero's mechanism.
+			return nil, fmt.Errorf("%w: start section", errUninstrumentable)
 		case 10:
 			hasCode = true
 		}
@@ -279,7 +284,7 @@ func instrumentFunction(fn, check []byte, globals uint32) ([]byte, error) {
 			if r.u32() >= globals {
 				return nil, fmt.Errorf("%w: global index out of range", errUninstrumentable)
 			}
-		case op == 0x0C || op == 0x0D || op == 0x10 || op == 0x12 || // br, br_if, call, return_call
+		case op == 0x0C || op == 0x0D || op == 0x10 || // br, br_if, call
 			op >= 0x20 && op <= 0x26 || op == 0xD2: // locals, table.get/set, ref.func
 			r.u32()
 		case op == 0x0E: // br_table
@@ -287,7 +292,7 @@ func instrumentFunction(fn, check []byte, globals uint32) ([]byte, error) {
 				r.u32()
 			}
 			r.u32()
-		case op == 0x11 || op == 0x13: // call_indirect, return_call_indirect
+		case op == 0x11: // call_indirect
 			r.u32()
 			r.u32()
 		case op == 0x1C: // select t*

@@ -233,7 +233,11 @@ func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
 		WithSysWalltime().
 		WithSysNanotime().
 		WithRandSource(rand.Reader)
-	mod, err := m.rt.InstantiateModule(ctx, m.compiled, mc)
+	// A start section runs here; only uninstrumented modules may have one,
+	// and wazero stops those at this deadline.
+	ictx, cancel := context.WithTimeout(ctx, initDeadline)
+	mod, err := m.rt.InstantiateModule(ictx, m.compiled, mc)
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("instantiate module: %w%s", err, stderr.suffix())
 	}
