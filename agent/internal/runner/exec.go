@@ -143,8 +143,10 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, code str
 	if codeW != nil {
 		feed(codeW, []byte(code))
 	}
+	forked := time.Now()
 	std.start(o)
 	st := s.supervise(ctx, p.done, p.pid, p.done, lim, s.keepPgid())
+	exited := time.Now()
 	exit := &runnerv1.Exit{
 		Code:      exitCode(p.status),
 		TimedOut:  st.timedOut,
@@ -157,8 +159,10 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, code str
 		}
 		st.err = s.procs.killUser(keep)
 	}
+	swept := time.Now()
 	exit.Truncated = o.finish(s.cfg.drainGrace)
 	exit.Duration = durationpb.New(time.Since(start))
+	s.cfg.log.Debug("run", "lang", lang.name, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept))
 	return exit, st.err
 }
 
