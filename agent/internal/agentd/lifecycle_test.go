@@ -133,7 +133,11 @@ func TestSandboxDeath(t *testing.T) {
 	if err := a.Driver().Client().ContainerKill(t.Context(), ids[0], "KILL"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	waitFor(t, 30*time.Second, "the killed sandbox to stop", func() bool {
+		info, err := a.Driver().Client().ContainerInspect(t.Context(), ids[0])
+		return err != nil || !info.State.Running
+	})
+	time.Sleep(200 * time.Millisecond) // for the engine to close its attach stream
 	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(3)"}); r.GetStdout() != "3\n" {
 		t.Errorf("run after the warm sandbox died: %v", r)
 	}
