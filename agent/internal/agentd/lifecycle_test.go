@@ -41,8 +41,8 @@ func TestShutdownRemovesSandboxes(t *testing.T) {
 		_, err := a.client("connect").Execute(context.Background(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "bash", Code: "sleep 120"}}))
 		done <- err
 	}()
-	time.Sleep(500 * time.Millisecond)
-	if len(a.containerIDs(t)) < 3 {
+	waitFor(t, 30*time.Second, "the long run to start", func() bool { return a.pool.Stats().Busy == 1 })
+	if len(a.containerIDs(t)) < 2 {
 		t.Fatalf("containers before shutdown: %v", a.containerIDs(t))
 	}
 	a.ShutdownTimeoutForTest(time.Second)
