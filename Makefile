@@ -12,7 +12,7 @@ EDGE_ADDR    ?= :8000
 WORKER_PORT  ?= :30031
 CONTROLPLANE_ADDR ?= :8080
 
-.PHONY: all setup build generate web checkgenerate lint breaking test up clean
+.PHONY: all setup build generate web checkgenerate lint breaking test up clean policies bench-agent bench-policy
 
 all: build
 
@@ -74,6 +74,20 @@ up: setup build
 	echo "  agent              127.0.0.1:$(lastword $(subst :, ,$(WORKER_PORT)))"; \
 	echo "Ctrl-C stops all three."; \
 	wait "$${pids[@]}"
+
+## policies: build the example Wasm policies and a config loading them into bin/policies
+policies:
+	bash policies/build.sh $(BIN)/policies
+
+## bench-agent: the agent against docker exec and in-sandbox interpreter starts, one table
+bench-agent: setup
+	$(GO) run ./agent/cmd/agentbench -n 100
+
+## bench-policy: policy compile, instantiate and call; the example chain; edge overhead
+bench-policy: setup
+	$(GO) test -run '^$$' -bench 'Instantiate|Call|Evaluate|Chain' -benchtime 3000x ./edge/internal/policy/
+	$(GO) test -run '^$$' -bench Compile -benchtime 3x ./edge/internal/policy/
+	$(GO) test -run '^$$' -bench PolicyOverhead -benchtime 60x ./edge/e2e/
 
 clean:
 	rm -rf $(BIN)
