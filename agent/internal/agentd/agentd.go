@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/codemode-go/codemode/agent/internal/pool"
@@ -56,6 +57,20 @@ type Agent struct {
 	pool     *pool.Pool
 	sessions *pool.Sessions
 	svc      *Service
+
+	srvMu sync.Mutex
+	srv   *server.Server // while serving: its health follows the engine
+}
+
+// setHealth makes the server's gRPC health say whether the agent can take
+// runs (its container engine answers). It reads the pool's state itself, so
+// that calls racing with a change still end in the right state.
+func (a *Agent) setHealth(bool) {
+	a.srvMu.Lock()
+	defer a.srvMu.Unlock()
+	if a.srv != nil {
+		a.srv.SetServing(a.pool.Stats().Ready)
+	}
 }
 
 // New checks cfg, connects to the container engine, removes the sandboxes
@@ -101,7 +116,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		},
 		ShmBytes: cfg.ShmSize,
 	}
+	a := &Agent{cfg: cfg, log: logger, driver: driver}
 	p, err := pool.New(pool.Config{
+		OnReady:  a.setHealth,
 		Driver:   driver,
 		Spec:     spec,
 		MinWarm:  cfg.MinActive,
@@ -122,7 +139,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		MaxIdleTTL: cfg.MaxSessionIdleTTL,
 		Logger:     logger.With("component", "sessions"),
 	})
-	a := &Agent{cfg: cfg, log: logger, driver: driver, pool: p, sessions: sessions}
+	a.pool, a.sessions = p, sessions
 	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, sessions: sessions}
 	logger.Info("agent started", "name", cfg.Name, "labels", labelString(cfg.Labels), "image", cfg.Image,
 		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes)
@@ -167,10 +184,33 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	srv := server.New(a.log.With("component", "server"))
 	srv.ShutdownTimeout = a.cfg.ShutdownTimeout
 	a.register(srv)
+	// Serve marks the server serving before it accepts; from the first
+	// accept on, health follows the engine.
+	ln = &firstAccept{Listener: ln, f: func() {
+		a.srvMu.Lock()
+		a.srv = srv
+		a.srvMu.Unlock()
+		a.setHealth(true)
+	}}
 	err := srv.Serve(ctx, ln)
+	a.srvMu.Lock()
+	a.srv = nil
+	a.srvMu.Unlock()
 	cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	return errors.Join(err, a.Close(cctx))
+}
+
+// firstAccept calls f when Accept is first called.
+type firstAccept struct {
+	net.Listener
+	once sync.Once
+	f    func()
+}
+
+func (l *firstAccept) Accept() (net.Conn, error) {
+	l.once.Do(l.f)
+	return l.Listener.Accept()
 }
 
 // Close closes every session and removes every sandbox of the agent.

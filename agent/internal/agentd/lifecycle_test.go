@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +25,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/server"
 )
 
 // TestShutdownRemovesSandboxes stops an agent with warm sandboxes, a
@@ -164,9 +166,13 @@ func TestEngineAway(t *testing.T) {
 	}
 	t.Cleanup(p.crash) // after the agent's own clean-up, registered later
 	a := startAgent(t, func(c *Config) { c.DockerHost = "unix://" + p.path; c.MinActive = 1; c.MaxSandboxes = 2 })
+	t.Cleanup(func() { p.start() }) // so that the agent can clean up if the test failed while cut off
 	a.waitWarm(t, 1)
 	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(1)"}); r.GetStdout() != "1\n" {
 		t.Fatalf("run: %v", r)
+	}
+	if h := a.health(t); h != "SERVING_STATUS_SERVING" {
+		t.Errorf("health %s, want SERVING", h)
 	}
 	a.waitWarm(t, 1)
 	before := a.containerIDs(t)
@@ -177,6 +183,7 @@ func TestEngineAway(t *testing.T) {
 		t.Errorf("run with the engine away: %v, want unavailable", err)
 	}
 	waitFor(t, 10*time.Second, "status not ready", func() bool { return !a.status(t).GetReady() })
+	waitFor(t, 10*time.Second, "health NOT_SERVING", func() bool { return a.health(t) == "SERVING_STATUS_NOT_SERVING" })
 	_, err = a.client("connect").Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "print(1)"}}))
 	if connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Errorf("run while not ready: %v, want unavailable", err)
@@ -186,6 +193,7 @@ func TestEngineAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "status ready again", func() bool { return a.status(t).GetReady() })
+	waitFor(t, 10*time.Second, "health SERVING", func() bool { return a.health(t) == "SERVING_STATUS_SERVING" })
 	a.waitWarm(t, 1)
 	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(2)"}); r.GetStdout() != "2\n" {
 		t.Errorf("run after reconnecting: %v", r)
@@ -205,6 +213,27 @@ func (a *testAgent) status(t testing.TB) *agentv1.AgentStatus {
 		t.Fatal(err)
 	}
 	return res.Msg.GetStatus()
+}
+
+// health asks the gRPC health service (over Connect JSON) for the agent's
+// status: "SERVING_STATUS_SERVING" or "SERVING_STATUS_NOT_SERVING".
+func (a *testAgent) health(t testing.TB) string {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, a.URL+"/grpc.health.v1.Health/Check", strings.NewReader(`{"service":"codemode.agent.v1.AgentService"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	res, err := server.NewClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var body struct{ Status string }
+	if err := json.NewDecoder(res.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	return body.Status
 }
 
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
@@ -229,6 +258,12 @@ type engineProxy struct {
 }
 
 func (p *engineProxy) start() error {
+	p.mu.Lock()
+	up := p.ln != nil
+	p.mu.Unlock()
+	if up {
+		return nil
+	}
 	ln, err := net.Listen("unix", p.path)
 	if err != nil {
 		return err

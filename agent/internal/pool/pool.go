@@ -53,6 +53,9 @@ type Config struct {
 	// WarmIdle is how long a warm sandbox beyond MinWarm may stay unused
 	// before it is destroyed (a burst leaves many warm sandboxes behind).
 	WarmIdle time.Duration
+	// OnReady, if set, is called (from a goroutine of the pool, without its
+	// lock held) whenever the engine goes away or comes back.
+	OnReady func(ready bool)
 	// Labels select the containers that are this pool's (LabelAgent=name):
 	// leftovers carrying them are removed when the engine is first reached.
 	Labels map[string]string
@@ -534,6 +537,9 @@ func (p *Pool) reconnect(ctx context.Context) {
 		for _, sb := range warm {
 			sb.rc.Close()
 		}
+		if p.cfg.OnReady != nil {
+			p.cfg.OnReady(false)
+		}
 	case err == nil && !wasReady:
 		// Remove what was left behind: containers of an earlier agent of
 		// this name, or of this one while the engine was away.
@@ -561,5 +567,8 @@ func (p *Pool) reconnect(ctx context.Context) {
 		p.mu.Unlock()
 		p.log.Info("container engine ready")
 		p.kickFill()
+		if p.cfg.OnReady != nil {
+			p.cfg.OnReady(true)
+		}
 	}
 }

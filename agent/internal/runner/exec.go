@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"syscall"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -131,7 +132,7 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, code str
 		closeAll(codeW)
 		return nil, err
 	}
-	start := time.Now()
+	start, cpu0 := time.Now(), selfCPU()
 	p, err := s.procs.start(spec{argv: argv, env: s.env(lang), files: append(std.child(), extra...)})
 	std.closeChild()
 	closeAll(extra...)
@@ -162,7 +163,7 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, code str
 	swept := time.Now()
 	exit.Truncated = o.finish(s.cfg.drainGrace)
 	exit.Duration = durationpb.New(time.Since(start))
-	s.cfg.log.Debug("run", "lang", lang.name, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept))
+	s.cfg.log.Debug("run", "lang", lang.name, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept), "runner_cpu", selfCPU()-cpu0)
 	return exit, st.err
 }
 
@@ -268,4 +269,14 @@ func (s *server) keepPgid() int {
 		return s.kernel.proc.pid
 	}
 	return 0
+}
+
+// selfCPU is the CPU time the runner itself has used so far (user and
+// system), for the debug log.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
