@@ -1,10 +1,10 @@
 package runner
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -22,20 +22,48 @@ func memoryHeadroom(limit uint64) uint64 {
 	return max(limit/8, 24<<20)
 }
 
+// memoryFiles are the sandbox's memory cgroup files, opened once: a read
+// at offset 0 of an open control file gives the current value, at a
+// quarter of the cost of opening, reading and closing it under gVisor
+// (~0.1 ms against ~0.45 ms), and the watchdog reads it every memoryPoll.
+type memoryFiles struct {
+	usage, limit *os.File // nil: not available
+}
+
+func openMemoryFiles(dir string) memoryFiles {
+	if dir == "" {
+		return memoryFiles{}
+	}
+	var m memoryFiles
+	if f, err := os.Open(filepath.Join(dir, "memory.usage_in_bytes")); err == nil {
+		if _, ok := preadUint(f); ok {
+			m.usage = f
+		} else {
+			f.Close()
+		}
+	}
+	if f, err := os.Open(filepath.Join(dir, "memory.limit_in_bytes")); err == nil {
+		m.limit = f
+	}
+	return m
+}
+
+func (m memoryFiles) close() {
+	closeAll(m.usage, m.limit)
+}
+
 // watchMemory returns a channel that is closed if the sandbox's memory usage
 // comes within memoryHeadroom of its limit, or reaches runLimit (if not 0),
 // before done is closed. Without a readable memory cgroup, or without any
 // limit, it returns nil (never ready).
 func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) <-chan struct{} {
-	if s.cfg.cgroupMemory == "" {
-		return nil
-	}
-	usageFile := filepath.Join(s.cfg.cgroupMemory, "memory.usage_in_bytes")
-	if _, ok := readUint(usageFile); !ok {
+	usage := s.memory.usage
+	if usage == nil {
 		return nil
 	}
 	threshold := uint64(1<<64 - 1)
-	limit, ok := readUint(filepath.Join(s.cfg.cgroupMemory, "memory.limit_in_bytes"))
+	// Read per run: the limit of a running container can be changed.
+	limit, ok := preadUint(s.memory.limit)
 	if ok && limit > 0 && limit < 1<<62 {
 		threshold = limit - min(limit, memoryHeadroom(limit))
 	}
@@ -54,7 +82,7 @@ func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) <-chan struc
 			case <-done:
 				return
 			case <-t.C:
-				if u, ok := readUint(usageFile); ok && u >= threshold {
+				if u, ok := preadUint(usage); ok && u >= threshold {
 					s.cfg.log.Warn("memory limit reached: killing the run", "usage", u, "threshold", threshold)
 					close(fired)
 					return
@@ -65,11 +93,16 @@ func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) <-chan struc
 	return fired
 }
 
-func readUint(path string) (uint64, bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
+// preadUint reads the number in a control file from its start.
+func preadUint(f *os.File) (uint64, bool) {
+	if f == nil {
 		return 0, false
 	}
-	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	var buf [32]byte
+	n, err := f.ReadAt(buf[:], 0)
+	if n == 0 && err != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(bytes.TrimSpace(buf[:n])), 10, 64)
 	return v, err == nil
 }

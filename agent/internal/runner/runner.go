@@ -171,7 +171,8 @@ type server struct {
 	kernel *kernel                // Python, nil until the first stateful Python run
 	shells map[string]*shellState // by language
 
-	ipcFloor ipcFloor // touched only by Reset
+	ipcFloor ipcFloor    // touched only by Reset
+	memory   memoryFiles // for the memory watchdog
 }
 
 func newServer(cfg config, stdout io.Writer) (*server, error) {
@@ -188,6 +189,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		procs:  newProcs(cfg),
 		root:   root,
 		shells: make(map[string]*shellState),
+		memory: openMemoryFiles(cfg.cgroupMemory),
 	}, nil
 }
 
@@ -324,6 +326,7 @@ func (s *server) shutdown() {
 		s.cfg.log.Warn("kill user processes at shutdown", "err", err)
 	}
 	s.root.Close()
+	s.memory.close()
 }
 
 // reqError is a failure that the runner reports with an Error event of a
