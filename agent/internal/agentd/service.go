@@ -154,8 +154,10 @@ func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, 
 	case err == nil:
 		fillResult(res, exit)
 		// A program the runner saw killed for memory may have left the
-		// sandbox in a bad way: do not reuse it.
-		return out.finish(res), exit.GetOomKilled(), nil
+		// sandbox in a bad way: do not give it to an unrelated run. A
+		// session keeps its sandbox (and files); the runner restarts its
+		// interpreter.
+		return out.finish(res), exit.GetOomKilled() && !run.GetStateful(), nil
 
 	case errors.Is(err, wire.ErrRunnerGone):
 		// The runner or the whole sandbox died. Ask the engine why.

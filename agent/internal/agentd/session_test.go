@@ -168,3 +168,29 @@ func TestSessionFiles(t *testing.T) {
 		t.Error("read through a symbolic link out of the workspace succeeded")
 	}
 }
+
+// TestSessionSurvivesItsProgram shows a session keeping its files when a
+// run is killed at its timeout or for memory; the interpreter restarts.
+func TestSessionSurvivesItsProgram(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+	id := randomName("survive")
+	t.Cleanup(func() {
+		a.client("connect").CloseSession(t.Context(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
+	})
+	steps := []struct {
+		code  string
+		check func(*executionv1.Result) bool
+	}{
+		{"open('keep.txt', 'w').write('kept'); x = 1", func(r *executionv1.Result) bool { return r.GetExitCode() == 0 }},
+		{"while True: pass", func(r *executionv1.Result) bool { return r.GetTimedOut() }},
+		{"b = []\nwhile True:\n    b.append(bytearray(8 << 20))", func(r *executionv1.Result) bool { return r.GetOomKilled() }},
+		{"print(open('keep.txt').read(), 'x' in globals())", func(r *executionv1.Result) bool { return r.GetStdout() == "kept False\n" }},
+	}
+	for _, st := range steps {
+		r := a.exec(t, &executionv1.Execution{Language: "python", SessionId: id, Code: st.code, Timeout: durationpb.New(3 * time.Second)})
+		if !st.check(r) {
+			t.Fatalf("%q: %v", st.code, r)
+		}
+	}
+}
