@@ -59,8 +59,15 @@ func TestProtocols(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if s := st.Msg.GetStatus(); !s.GetReady() || s.GetRuntime() != "runsc" || s.GetCapacity() != 12 || len(s.GetLanguages()) != 4 {
+			s := st.Msg.GetStatus()
+			if !s.GetReady() || s.GetRuntime() != "runsc" || s.GetCapacity() != 12 || len(s.GetLanguages()) != 4 || s.GetName() != a.cfg.Name {
 				t.Errorf("status = %v", s)
+			}
+			for _, l := range s.GetLanguages() {
+				// The runner reports versions when it starts; sh is dash here.
+				if l.GetVersion() == "" {
+					t.Errorf("language %s has no version (status %v)", l.GetName(), s)
+				}
 			}
 
 			_, err = c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "cobol", Code: "x"}}))
