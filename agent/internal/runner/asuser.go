@@ -148,7 +148,9 @@ func checkUserThread(uid int) error {
 // CAP_KILL is every process whose real or saved uid is the caller's real or
 // effective uid (the user's), except the caller's own process (the runner)
 // and init. The kernel does it in one pass over its process list, which
-// forking cannot outrun.
+// forking cannot outrun. (Its result does not say whether any process was
+// signalled: Linux fails with ESRCH only when there is no other process at
+// all.)
 func killAllOfUser() error {
 	if err := syscall.Kill(-1, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("kill user processes: %w", err)

@@ -66,13 +66,19 @@ func (s *server) reset(ctx context.Context) error {
 		return fmt.Errorf("reset: %w", err)
 	}
 	t2 := time.Now()
+	// Until whatever kill(-1) reached is gone.
 	if err := s.procs.killUser(nil); err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
 	t3 := time.Now()
+	var changed []string // directories that were not empty
 	for _, d := range append([]string{s.cfg.workspace}, s.cfg.scratch...) {
-		if err := emptyDir(d); err != nil {
+		n, err := emptyDir(d)
+		if err != nil {
 			return fmt.Errorf("reset: %w", err)
+		}
+		if n > 0 {
+			changed = append(changed, d)
 		}
 	}
 	if err := prepareDirs(s.cfg); err != nil {
@@ -83,7 +89,8 @@ func (s *server) reset(ctx context.Context) error {
 	if ps, err := s.procs.userProcs(0); err != nil || len(ps) > 0 {
 		return fmt.Errorf("reset: user processes left: %v %v", ps, err)
 	}
-	for _, d := range append([]string{s.cfg.workspace}, s.cfg.scratch...) {
+	// No process of the user is left to write into a directory found empty.
+	for _, d := range changed {
 		names, err := readNames(d)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("reset: %w", err)
@@ -105,16 +112,17 @@ func readNames(dir string) ([]string, error) {
 	return d.Readdirnames(-1)
 }
 
-// emptyDir removes everything inside dir (a mount point, which stays).
-// RemoveAll does not follow symbolic links, and the runner can enter and
-// remove directories whatever their modes.
-func emptyDir(dir string) error {
+// emptyDir removes everything inside dir (a mount point, which stays) and
+// returns how many entries it found there. RemoveAll does not follow
+// symbolic links, and the runner can enter and remove directories whatever
+// their modes.
+func emptyDir(dir string) (int, error) {
 	names, err := readNames(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil
+			return 0, nil
 		}
-		return fmt.Errorf("empty %s: %w", dir, err)
+		return 0, fmt.Errorf("empty %s: %w", dir, err)
 	}
 	var errs []error
 	for _, n := range names {
@@ -123,7 +131,7 @@ func emptyDir(dir string) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("empty %s: %w", dir, err)
+		return len(names), fmt.Errorf("empty %s: %w", dir, err)
 	}
-	return nil
+	return len(names), nil
 }
