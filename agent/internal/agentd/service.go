@@ -258,7 +258,7 @@ func (s *Service) ListFiles(ctx context.Context, id, path string) (*agentv1.List
 		}
 		res.Truncated = l.GetTruncated()
 		for _, f := range l.GetFiles() {
-			res.Files = append(res.Files, &agentv1.FileInfo{Path: f.GetPath(), Size: f.GetSize(), Dir: f.GetDir(), Mode: f.GetMode()})
+			res.Files = append(res.Files, &executionv1.FileInfo{Path: f.GetPath(), Size: f.GetSize(), Dir: f.GetDir(), Mode: f.GetMode()})
 		}
 		return nil
 	})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"log/slog"
 	"slices"
 
@@ -184,30 +183,15 @@ func (s *Service) CreateSession(ctx context.Context, req *connect.Request[cpv1.C
 // does not know (it may have restarted) is looked for on every agent.
 func (s *Service) CloseSession(ctx context.Context, req *connect.Request[cpv1.CloseSessionRequest]) (*connect.Response[cpv1.CloseSessionResponse], error) {
 	id := req.Msg.GetSessionId()
-	agents := s.router.All()
-	if a, ok := s.router.Session(id); ok {
-		agents = []*router.Agent{a}
-	}
-	var errs []error
-	for _, a := range agents {
+	err := s.onSession(ctx, id, func(a *router.Agent) error {
 		_, err := a.Client.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
-		if err == nil {
-			s.router.Unbind(id)
-			return connect.NewResponse(&cpv1.CloseSessionResponse{}), nil
-		}
-		if connect.CodeOf(err) != connect.CodeNotFound {
-			errs = append(errs, err)
-		}
-	}
+		return err
+	})
 	s.router.Unbind(id)
-	if len(errs) > 0 {
-		var ce *connect.Error
-		if errors.As(errs[0], &ce) {
-			return nil, ce
-		}
-		return nil, connect.NewError(connect.CodeUnavailable, errors.New("close session: agent unreachable"))
+	if err != nil {
+		return nil, err
 	}
-	return nil, connect.NewError(connect.CodeNotFound, errors.New("no such session"))
+	return connect.NewResponse(&cpv1.CloseSessionResponse{}), nil
 }
 
 // ListAgents implements ControlPlaneService.

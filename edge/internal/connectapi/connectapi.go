@@ -29,9 +29,9 @@ func New(svc *execution.Service, tenants *tenant.Resolver) *Handler {
 }
 
 func (h *Handler) call(req connect.AnyRequest, ex *executionv1.Execution) (execution.Call, error) {
-	t, err := h.tenants.Resolve(req.Header())
+	t, err := h.tenant(req)
 	if err != nil {
-		return execution.Call{}, connect.NewError(connect.CodeUnauthenticated, err)
+		return execution.Call{}, err
 	}
 	return execution.Call{
 		Execution: ex,
@@ -85,9 +85,9 @@ func (h *Handler) ExecuteStream(ctx context.Context, req *connect.Request[edgev1
 
 // CreateSession implements ExecutionService.
 func (h *Handler) CreateSession(ctx context.Context, req *connect.Request[edgev1.CreateSessionRequest]) (*connect.Response[edgev1.CreateSessionResponse], error) {
-	t, err := h.tenants.Resolve(req.Header())
+	t, err := h.tenant(req)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeUnauthenticated, err)
+		return nil, err
 	}
 	sess, err := h.svc.CreateSession(ctx, t, req.Msg.GetLanguage(), req.Msg.GetIdleTimeout().AsDuration())
 	if err != nil {
@@ -98,9 +98,9 @@ func (h *Handler) CreateSession(ctx context.Context, req *connect.Request[edgev1
 
 // CloseSession implements ExecutionService.
 func (h *Handler) CloseSession(ctx context.Context, req *connect.Request[edgev1.CloseSessionRequest]) (*connect.Response[edgev1.CloseSessionResponse], error) {
-	t, err := h.tenants.Resolve(req.Header())
+	t, err := h.tenant(req)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeUnauthenticated, err)
+		return nil, err
 	}
 	if err := h.svc.CloseSession(ctx, t, req.Msg.GetSessionId()); err != nil {
 		return nil, err
@@ -110,12 +110,59 @@ func (h *Handler) CloseSession(ctx context.Context, req *connect.Request[edgev1.
 
 // ListLanguages implements ExecutionService.
 func (h *Handler) ListLanguages(ctx context.Context, req *connect.Request[edgev1.ListLanguagesRequest]) (*connect.Response[edgev1.ListLanguagesResponse], error) {
-	if _, err := h.tenants.Resolve(req.Header()); err != nil {
-		return nil, connect.NewError(connect.CodeUnauthenticated, err)
+	if _, err := h.tenant(req); err != nil {
+		return nil, err
 	}
 	langs, err := h.svc.Languages(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&edgev1.ListLanguagesResponse{Languages: langs}), nil
+}
+
+// ListFiles implements ExecutionService.
+func (h *Handler) ListFiles(ctx context.Context, req *connect.Request[edgev1.ListFilesRequest]) (*connect.Response[edgev1.ListFilesResponse], error) {
+	t, err := h.tenant(req)
+	if err != nil {
+		return nil, err
+	}
+	files, truncated, err := h.svc.ListFiles(ctx, t, req.Msg.GetSessionId(), req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.ListFilesResponse{Files: files, Truncated: truncated}), nil
+}
+
+// ReadFile implements ExecutionService.
+func (h *Handler) ReadFile(ctx context.Context, req *connect.Request[edgev1.ReadFileRequest]) (*connect.Response[edgev1.ReadFileResponse], error) {
+	t, err := h.tenant(req)
+	if err != nil {
+		return nil, err
+	}
+	f, err := h.svc.ReadFile(ctx, t, req.Msg.GetSessionId(), req.Msg.GetPath(), req.Msg.GetMaxBytes())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.ReadFileResponse{File: f}), nil
+}
+
+// WriteFile implements ExecutionService.
+func (h *Handler) WriteFile(ctx context.Context, req *connect.Request[edgev1.WriteFileRequest]) (*connect.Response[edgev1.WriteFileResponse], error) {
+	t, err := h.tenant(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.svc.WriteFile(ctx, t, req.Msg.GetSessionId(), req.Msg.GetFile()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.WriteFileResponse{}), nil
+}
+
+// tenant resolves the caller's tenant, or unauthenticated.
+func (h *Handler) tenant(req connect.AnyRequest) (string, error) {
+	t, err := h.tenants.Resolve(req.Header())
+	if err != nil {
+		return "", connect.NewError(connect.CodeUnauthenticated, err)
+	}
+	return t, nil
 }

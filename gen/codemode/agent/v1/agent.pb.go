@@ -671,7 +671,7 @@ func (x *ListFilesRequest) GetPath() string {
 type ListFilesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Entries of the directory, sorted by path; not recursive.
-	Files []*FileInfo `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	Files []*v1.FileInfo `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
 	// The directory had more entries than are listed.
 	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -708,7 +708,7 @@ func (*ListFilesResponse) Descriptor() ([]byte, []int) {
 	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
-func (x *ListFilesResponse) GetFiles() []*FileInfo {
+func (x *ListFilesResponse) GetFiles() []*v1.FileInfo {
 	if x != nil {
 		return x.Files
 	}
@@ -720,77 +720,6 @@ func (x *ListFilesResponse) GetTruncated() bool {
 		return x.Truncated
 	}
 	return false
-}
-
-// FileInfo describes one entry of a workspace directory.
-type FileInfo struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Path relative to /workspace.
-	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Size uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
-	Dir  bool   `protobuf:"varint,3,opt,name=dir,proto3" json:"dir,omitempty"`
-	// Permission bits.
-	Mode          uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *FileInfo) Reset() {
-	*x = FileInfo{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[13]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *FileInfo) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*FileInfo) ProtoMessage() {}
-
-func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[13]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
-func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{13}
-}
-
-func (x *FileInfo) GetPath() string {
-	if x != nil {
-		return x.Path
-	}
-	return ""
-}
-
-func (x *FileInfo) GetSize() uint64 {
-	if x != nil {
-		return x.Size
-	}
-	return 0
-}
-
-func (x *FileInfo) GetDir() bool {
-	if x != nil {
-		return x.Dir
-	}
-	return false
-}
-
-func (x *FileInfo) GetMode() uint32 {
-	if x != nil {
-		return x.Mode
-	}
-	return 0
 }
 
 type ReadFileRequest struct {
@@ -806,7 +735,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -818,7 +747,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -831,7 +760,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReadFileRequest) GetSessionId() string {
@@ -864,7 +793,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +805,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +818,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReadFileResponse) GetFile() *v1.File {
@@ -909,7 +838,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +850,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +863,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WriteFileRequest) GetSessionId() string {
@@ -959,7 +888,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +900,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +913,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 var File_codemode_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -1038,15 +967,10 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbf\x01\n" +
 	"\x04path\x18\x02 \x01(\tB\xaa\x01\xbaH\xa6\x01\xba\x01u\n" +
-	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r,\x18\xff\x012'^([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$R\x04path\"d\n" +
-	"\x11ListFilesResponse\x121\n" +
-	"\x05files\x18\x01 \x03(\v2\x1b.codemode.agent.v1.FileInfoR\x05files\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"X\n" +
-	"\bFileInfo\x12\x12\n" +
-	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x10\n" +
-	"\x03dir\x18\x03 \x01(\bR\x03dir\x12\x12\n" +
-	"\x04mode\x18\x04 \x01(\rR\x04mode\"\xc4\x02\n" +
+	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r,\x18\xff\x012'^([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$R\x04path\"h\n" +
+	"\x11ListFilesResponse\x125\n" +
+	"\x05files\x18\x01 \x03(\v2\x1f.codemode.execution.v1.FileInfoR\x05files\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\xc4\x02\n" +
 	"\x0fReadFileRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbe\x01\n" +
@@ -1085,7 +1009,7 @@ func file_codemode_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_codemode_agent_v1_agent_proto_rawDescData
 }
 
-var file_codemode_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_codemode_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_codemode_agent_v1_agent_proto_goTypes = []any{
 	(*ExecuteRequest)(nil),        // 0: codemode.agent.v1.ExecuteRequest
 	(*ExecuteResponse)(nil),       // 1: codemode.agent.v1.ExecuteResponse
@@ -1100,31 +1024,31 @@ var file_codemode_agent_v1_agent_proto_goTypes = []any{
 	(*AgentStatus)(nil),           // 10: codemode.agent.v1.AgentStatus
 	(*ListFilesRequest)(nil),      // 11: codemode.agent.v1.ListFilesRequest
 	(*ListFilesResponse)(nil),     // 12: codemode.agent.v1.ListFilesResponse
-	(*FileInfo)(nil),              // 13: codemode.agent.v1.FileInfo
-	(*ReadFileRequest)(nil),       // 14: codemode.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 15: codemode.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),      // 16: codemode.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 17: codemode.agent.v1.WriteFileResponse
-	nil,                           // 18: codemode.agent.v1.AgentStatus.LabelsEntry
-	(*v1.Execution)(nil),          // 19: codemode.execution.v1.Execution
-	(*v1.Result)(nil),             // 20: codemode.execution.v1.Result
-	(*v1.Event)(nil),              // 21: codemode.execution.v1.Event
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
-	(*v1.Session)(nil),            // 23: codemode.execution.v1.Session
-	(*v1.Language)(nil),           // 24: codemode.execution.v1.Language
+	(*ReadFileRequest)(nil),       // 13: codemode.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 14: codemode.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),      // 15: codemode.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 16: codemode.agent.v1.WriteFileResponse
+	nil,                           // 17: codemode.agent.v1.AgentStatus.LabelsEntry
+	(*v1.Execution)(nil),          // 18: codemode.execution.v1.Execution
+	(*v1.Result)(nil),             // 19: codemode.execution.v1.Result
+	(*v1.Event)(nil),              // 20: codemode.execution.v1.Event
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*v1.Session)(nil),            // 22: codemode.execution.v1.Session
+	(*v1.Language)(nil),           // 23: codemode.execution.v1.Language
+	(*v1.FileInfo)(nil),           // 24: codemode.execution.v1.FileInfo
 	(*v1.File)(nil),               // 25: codemode.execution.v1.File
 }
 var file_codemode_agent_v1_agent_proto_depIdxs = []int32{
-	19, // 0: codemode.agent.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
-	20, // 1: codemode.agent.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
-	19, // 2: codemode.agent.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
-	21, // 3: codemode.agent.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
-	22, // 4: codemode.agent.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
-	23, // 5: codemode.agent.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
+	18, // 0: codemode.agent.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
+	19, // 1: codemode.agent.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
+	18, // 2: codemode.agent.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
+	20, // 3: codemode.agent.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
+	21, // 4: codemode.agent.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
+	22, // 5: codemode.agent.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
 	10, // 6: codemode.agent.v1.StatusResponse.status:type_name -> codemode.agent.v1.AgentStatus
-	18, // 7: codemode.agent.v1.AgentStatus.labels:type_name -> codemode.agent.v1.AgentStatus.LabelsEntry
-	24, // 8: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
-	13, // 9: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.agent.v1.FileInfo
+	17, // 7: codemode.agent.v1.AgentStatus.labels:type_name -> codemode.agent.v1.AgentStatus.LabelsEntry
+	23, // 8: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
+	24, // 9: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
 	25, // 10: codemode.agent.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
 	25, // 11: codemode.agent.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
 	0,  // 12: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
@@ -1133,16 +1057,16 @@ var file_codemode_agent_v1_agent_proto_depIdxs = []int32{
 	6,  // 15: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
 	8,  // 16: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
 	11, // 17: codemode.agent.v1.AgentService.ListFiles:input_type -> codemode.agent.v1.ListFilesRequest
-	14, // 18: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
-	16, // 19: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
+	13, // 18: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
+	15, // 19: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
 	1,  // 20: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
 	3,  // 21: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
 	5,  // 22: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
 	7,  // 23: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
 	9,  // 24: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
 	12, // 25: codemode.agent.v1.AgentService.ListFiles:output_type -> codemode.agent.v1.ListFilesResponse
-	15, // 26: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
-	17, // 27: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
+	14, // 26: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
+	16, // 27: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
 	20, // [20:28] is the sub-list for method output_type
 	12, // [12:20] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
@@ -1161,7 +1085,7 @@ func file_codemode_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_agent_v1_agent_proto_rawDesc), len(file_codemode_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

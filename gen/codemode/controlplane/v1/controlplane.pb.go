@@ -718,6 +718,307 @@ func (x *ListLanguagesResponse) GetLanguages() []*v1.Language {
 	return nil
 }
 
+type ListFilesRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Directory relative to /workspace; empty for /workspace itself.
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFilesRequest) Reset() {
+	*x = ListFilesRequest{}
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFilesRequest) ProtoMessage() {}
+
+func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
+func (*ListFilesRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListFilesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ListFilesRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type ListFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries of the directory, sorted by path; not recursive.
+	Files []*v1.FileInfo `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	// The directory had more entries than are listed.
+	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFilesResponse) Reset() {
+	*x = ListFilesResponse{}
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFilesResponse) ProtoMessage() {}
+
+func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
+func (*ListFilesResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListFilesResponse) GetFiles() []*v1.FileInfo {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *ListFilesResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+type ReadFileRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Path relative to /workspace.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Largest content to return; a larger file is refused. 0: the agent's maximum (4 MiB).
+	MaxBytes      uint64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileRequest) Reset() {
+	*x = ReadFileRequest{}
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileRequest) ProtoMessage() {}
+
+func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
+func (*ReadFileRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReadFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReadFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ReadFileRequest) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type ReadFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	File          *v1.File               `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileResponse) Reset() {
+	*x = ReadFileResponse{}
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileResponse) ProtoMessage() {}
+
+func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
+func (*ReadFileResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReadFileResponse) GetFile() *v1.File {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+type WriteFileRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	File          *v1.File               `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileRequest) Reset() {
+	*x = WriteFileRequest{}
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileRequest) ProtoMessage() {}
+
+func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
+func (*WriteFileRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *WriteFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WriteFileRequest) GetFile() *v1.File {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+type WriteFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileResponse) Reset() {
+	*x = WriteFileResponse{}
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileResponse) ProtoMessage() {}
+
+func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
+func (*WriteFileResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
+}
+
 var File_codemode_controlplane_v1_controlplane_proto protoreflect.FileDescriptor
 
 const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
@@ -766,12 +1067,37 @@ const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\tR\x05error\"\x16\n" +
 	"\x14ListLanguagesRequest\"V\n" +
 	"\x15ListLanguagesResponse\x12=\n" +
-	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages2\xb7\x05\n" +
+	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages\"\x9d\x02\n" +
+	"\x10ListFilesRequest\x12G\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbf\x01\n" +
+	"\x04path\x18\x02 \x01(\tB\xaa\x01\xbaH\xa6\x01\xba\x01u\n" +
+	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r,\x18\xff\x012'^([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$R\x04path\"h\n" +
+	"\x11ListFilesResponse\x125\n" +
+	"\x05files\x18\x01 \x03(\v2\x1f.codemode.execution.v1.FileInfoR\x05files\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\xc4\x02\n" +
+	"\x0fReadFileRequest\x12G\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbe\x01\n" +
+	"\x04path\x18\x02 \x01(\tB\xa9\x01\xbaH\xa5\x01\xba\x01u\n" +
+	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r+\x10\x01\x18\xff\x012$^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$R\x04path\x12'\n" +
+	"\tmax_bytes\x18\x03 \x01(\x04B\n" +
+	"\xbaH\a2\x05\x18\x80\x80\x80\x02R\bmaxBytes\"C\n" +
+	"\x10ReadFileResponse\x12/\n" +
+	"\x04file\x18\x01 \x01(\v2\x1b.codemode.execution.v1.FileR\x04file\"\x94\x01\n" +
+	"\x10WriteFileRequest\x12G\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x127\n" +
+	"\x04file\x18\x02 \x01(\v2\x1b.codemode.execution.v1.FileB\x06\xbaH\x03\xc8\x01\x01R\x04file\"\x13\n" +
+	"\x11WriteFileResponse2\xf2\a\n" +
 	"\x13ControlPlaneService\x12`\n" +
 	"\aExecute\x12(.codemode.controlplane.v1.ExecuteRequest\x1a).codemode.controlplane.v1.ExecuteResponse\"\x00\x12t\n" +
 	"\rExecuteStream\x12..codemode.controlplane.v1.ExecuteStreamRequest\x1a/.codemode.controlplane.v1.ExecuteStreamResponse\"\x000\x01\x12r\n" +
 	"\rCreateSession\x12..codemode.controlplane.v1.CreateSessionRequest\x1a/.codemode.controlplane.v1.CreateSessionResponse\"\x00\x12o\n" +
-	"\fCloseSession\x12-.codemode.controlplane.v1.CloseSessionRequest\x1a..codemode.controlplane.v1.CloseSessionResponse\"\x00\x12l\n" +
+	"\fCloseSession\x12-.codemode.controlplane.v1.CloseSessionRequest\x1a..codemode.controlplane.v1.CloseSessionResponse\"\x00\x12i\n" +
+	"\tListFiles\x12*.codemode.controlplane.v1.ListFilesRequest\x1a+.codemode.controlplane.v1.ListFilesResponse\"\x03\x90\x02\x01\x12f\n" +
+	"\bReadFile\x12).codemode.controlplane.v1.ReadFileRequest\x1a*.codemode.controlplane.v1.ReadFileResponse\"\x03\x90\x02\x01\x12f\n" +
+	"\tWriteFile\x12*.codemode.controlplane.v1.WriteFileRequest\x1a+.codemode.controlplane.v1.WriteFileResponse\"\x00\x12l\n" +
 	"\n" +
 	"ListAgents\x12+.codemode.controlplane.v1.ListAgentsRequest\x1a,.codemode.controlplane.v1.ListAgentsResponse\"\x03\x90\x02\x01\x12u\n" +
 	"\rListLanguages\x12..codemode.controlplane.v1.ListLanguagesRequest\x1a/.codemode.controlplane.v1.ListLanguagesResponse\"\x03\x90\x02\x01B\x80\x02\n" +
@@ -789,7 +1115,7 @@ func file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 	return file_codemode_controlplane_v1_controlplane_proto_rawDescData
 }
 
-var file_codemode_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_codemode_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_codemode_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*Route)(nil),                 // 0: codemode.controlplane.v1.Route
 	(*ExecuteRequest)(nil),        // 1: codemode.controlplane.v1.ExecuteRequest
@@ -805,46 +1131,63 @@ var file_codemode_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*Agent)(nil),                 // 11: codemode.controlplane.v1.Agent
 	(*ListLanguagesRequest)(nil),  // 12: codemode.controlplane.v1.ListLanguagesRequest
 	(*ListLanguagesResponse)(nil), // 13: codemode.controlplane.v1.ListLanguagesResponse
-	nil,                           // 14: codemode.controlplane.v1.Route.LabelsEntry
-	(*v1.Execution)(nil),          // 15: codemode.execution.v1.Execution
-	(*v1.Result)(nil),             // 16: codemode.execution.v1.Result
-	(*v1.Event)(nil),              // 17: codemode.execution.v1.Event
-	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
-	(*v1.Session)(nil),            // 19: codemode.execution.v1.Session
-	(*v11.AgentStatus)(nil),       // 20: codemode.agent.v1.AgentStatus
-	(*v1.Language)(nil),           // 21: codemode.execution.v1.Language
+	(*ListFilesRequest)(nil),      // 14: codemode.controlplane.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),     // 15: codemode.controlplane.v1.ListFilesResponse
+	(*ReadFileRequest)(nil),       // 16: codemode.controlplane.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 17: codemode.controlplane.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),      // 18: codemode.controlplane.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 19: codemode.controlplane.v1.WriteFileResponse
+	nil,                           // 20: codemode.controlplane.v1.Route.LabelsEntry
+	(*v1.Execution)(nil),          // 21: codemode.execution.v1.Execution
+	(*v1.Result)(nil),             // 22: codemode.execution.v1.Result
+	(*v1.Event)(nil),              // 23: codemode.execution.v1.Event
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*v1.Session)(nil),            // 25: codemode.execution.v1.Session
+	(*v11.AgentStatus)(nil),       // 26: codemode.agent.v1.AgentStatus
+	(*v1.Language)(nil),           // 27: codemode.execution.v1.Language
+	(*v1.FileInfo)(nil),           // 28: codemode.execution.v1.FileInfo
+	(*v1.File)(nil),               // 29: codemode.execution.v1.File
 }
 var file_codemode_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	14, // 0: codemode.controlplane.v1.Route.labels:type_name -> codemode.controlplane.v1.Route.LabelsEntry
-	15, // 1: codemode.controlplane.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
+	20, // 0: codemode.controlplane.v1.Route.labels:type_name -> codemode.controlplane.v1.Route.LabelsEntry
+	21, // 1: codemode.controlplane.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
 	0,  // 2: codemode.controlplane.v1.ExecuteRequest.route:type_name -> codemode.controlplane.v1.Route
-	16, // 3: codemode.controlplane.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
-	15, // 4: codemode.controlplane.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
+	22, // 3: codemode.controlplane.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
+	21, // 4: codemode.controlplane.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
 	0,  // 5: codemode.controlplane.v1.ExecuteStreamRequest.route:type_name -> codemode.controlplane.v1.Route
-	17, // 6: codemode.controlplane.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
-	18, // 7: codemode.controlplane.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
+	23, // 6: codemode.controlplane.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
+	24, // 7: codemode.controlplane.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
 	0,  // 8: codemode.controlplane.v1.CreateSessionRequest.route:type_name -> codemode.controlplane.v1.Route
-	19, // 9: codemode.controlplane.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
+	25, // 9: codemode.controlplane.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
 	11, // 10: codemode.controlplane.v1.ListAgentsResponse.agents:type_name -> codemode.controlplane.v1.Agent
-	20, // 11: codemode.controlplane.v1.Agent.status:type_name -> codemode.agent.v1.AgentStatus
-	21, // 12: codemode.controlplane.v1.ListLanguagesResponse.languages:type_name -> codemode.execution.v1.Language
-	1,  // 13: codemode.controlplane.v1.ControlPlaneService.Execute:input_type -> codemode.controlplane.v1.ExecuteRequest
-	3,  // 14: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:input_type -> codemode.controlplane.v1.ExecuteStreamRequest
-	5,  // 15: codemode.controlplane.v1.ControlPlaneService.CreateSession:input_type -> codemode.controlplane.v1.CreateSessionRequest
-	7,  // 16: codemode.controlplane.v1.ControlPlaneService.CloseSession:input_type -> codemode.controlplane.v1.CloseSessionRequest
-	9,  // 17: codemode.controlplane.v1.ControlPlaneService.ListAgents:input_type -> codemode.controlplane.v1.ListAgentsRequest
-	12, // 18: codemode.controlplane.v1.ControlPlaneService.ListLanguages:input_type -> codemode.controlplane.v1.ListLanguagesRequest
-	2,  // 19: codemode.controlplane.v1.ControlPlaneService.Execute:output_type -> codemode.controlplane.v1.ExecuteResponse
-	4,  // 20: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:output_type -> codemode.controlplane.v1.ExecuteStreamResponse
-	6,  // 21: codemode.controlplane.v1.ControlPlaneService.CreateSession:output_type -> codemode.controlplane.v1.CreateSessionResponse
-	8,  // 22: codemode.controlplane.v1.ControlPlaneService.CloseSession:output_type -> codemode.controlplane.v1.CloseSessionResponse
-	10, // 23: codemode.controlplane.v1.ControlPlaneService.ListAgents:output_type -> codemode.controlplane.v1.ListAgentsResponse
-	13, // 24: codemode.controlplane.v1.ControlPlaneService.ListLanguages:output_type -> codemode.controlplane.v1.ListLanguagesResponse
-	19, // [19:25] is the sub-list for method output_type
-	13, // [13:19] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	26, // 11: codemode.controlplane.v1.Agent.status:type_name -> codemode.agent.v1.AgentStatus
+	27, // 12: codemode.controlplane.v1.ListLanguagesResponse.languages:type_name -> codemode.execution.v1.Language
+	28, // 13: codemode.controlplane.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
+	29, // 14: codemode.controlplane.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	29, // 15: codemode.controlplane.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	1,  // 16: codemode.controlplane.v1.ControlPlaneService.Execute:input_type -> codemode.controlplane.v1.ExecuteRequest
+	3,  // 17: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:input_type -> codemode.controlplane.v1.ExecuteStreamRequest
+	5,  // 18: codemode.controlplane.v1.ControlPlaneService.CreateSession:input_type -> codemode.controlplane.v1.CreateSessionRequest
+	7,  // 19: codemode.controlplane.v1.ControlPlaneService.CloseSession:input_type -> codemode.controlplane.v1.CloseSessionRequest
+	14, // 20: codemode.controlplane.v1.ControlPlaneService.ListFiles:input_type -> codemode.controlplane.v1.ListFilesRequest
+	16, // 21: codemode.controlplane.v1.ControlPlaneService.ReadFile:input_type -> codemode.controlplane.v1.ReadFileRequest
+	18, // 22: codemode.controlplane.v1.ControlPlaneService.WriteFile:input_type -> codemode.controlplane.v1.WriteFileRequest
+	9,  // 23: codemode.controlplane.v1.ControlPlaneService.ListAgents:input_type -> codemode.controlplane.v1.ListAgentsRequest
+	12, // 24: codemode.controlplane.v1.ControlPlaneService.ListLanguages:input_type -> codemode.controlplane.v1.ListLanguagesRequest
+	2,  // 25: codemode.controlplane.v1.ControlPlaneService.Execute:output_type -> codemode.controlplane.v1.ExecuteResponse
+	4,  // 26: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:output_type -> codemode.controlplane.v1.ExecuteStreamResponse
+	6,  // 27: codemode.controlplane.v1.ControlPlaneService.CreateSession:output_type -> codemode.controlplane.v1.CreateSessionResponse
+	8,  // 28: codemode.controlplane.v1.ControlPlaneService.CloseSession:output_type -> codemode.controlplane.v1.CloseSessionResponse
+	15, // 29: codemode.controlplane.v1.ControlPlaneService.ListFiles:output_type -> codemode.controlplane.v1.ListFilesResponse
+	17, // 30: codemode.controlplane.v1.ControlPlaneService.ReadFile:output_type -> codemode.controlplane.v1.ReadFileResponse
+	19, // 31: codemode.controlplane.v1.ControlPlaneService.WriteFile:output_type -> codemode.controlplane.v1.WriteFileResponse
+	10, // 32: codemode.controlplane.v1.ControlPlaneService.ListAgents:output_type -> codemode.controlplane.v1.ListAgentsResponse
+	13, // 33: codemode.controlplane.v1.ControlPlaneService.ListLanguages:output_type -> codemode.controlplane.v1.ListLanguagesResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_codemode_controlplane_v1_controlplane_proto_init() }
@@ -858,7 +1201,7 @@ func file_codemode_controlplane_v1_controlplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_controlplane_v1_controlplane_proto_rawDesc), len(file_codemode_controlplane_v1_controlplane_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

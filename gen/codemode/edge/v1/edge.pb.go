@@ -571,6 +571,307 @@ func (x *ListLanguagesResponse) GetLanguages() []*v1.Language {
 	return nil
 }
 
+type ListFilesRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Directory relative to /workspace; empty for /workspace itself.
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFilesRequest) Reset() {
+	*x = ListFilesRequest{}
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFilesRequest) ProtoMessage() {}
+
+func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
+func (*ListFilesRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_edge_v1_edge_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListFilesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ListFilesRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type ListFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries of the directory, sorted by path; not recursive.
+	Files []*v1.FileInfo `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	// The directory had more entries than are listed.
+	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFilesResponse) Reset() {
+	*x = ListFilesResponse{}
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFilesResponse) ProtoMessage() {}
+
+func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
+func (*ListFilesResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_edge_v1_edge_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListFilesResponse) GetFiles() []*v1.FileInfo {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *ListFilesResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+type ReadFileRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Path relative to /workspace.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Largest content to return; a larger file is refused. 0: the agent's maximum (4 MiB).
+	MaxBytes      uint64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileRequest) Reset() {
+	*x = ReadFileRequest{}
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileRequest) ProtoMessage() {}
+
+func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
+func (*ReadFileRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_edge_v1_edge_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReadFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReadFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ReadFileRequest) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type ReadFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	File          *v1.File               `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileResponse) Reset() {
+	*x = ReadFileResponse{}
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileResponse) ProtoMessage() {}
+
+func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
+func (*ReadFileResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_edge_v1_edge_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReadFileResponse) GetFile() *v1.File {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+type WriteFileRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	File          *v1.File               `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileRequest) Reset() {
+	*x = WriteFileRequest{}
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileRequest) ProtoMessage() {}
+
+func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
+func (*WriteFileRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_edge_v1_edge_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *WriteFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WriteFileRequest) GetFile() *v1.File {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+type WriteFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileResponse) Reset() {
+	*x = WriteFileResponse{}
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileResponse) ProtoMessage() {}
+
+func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_edge_v1_edge_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
+func (*WriteFileResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_edge_v1_edge_proto_rawDescGZIP(), []int{15}
+}
+
 var File_codemode_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_codemode_edge_v1_edge_proto_rawDesc = "" +
@@ -614,12 +915,37 @@ const file_codemode_edge_v1_edge_proto_rawDesc = "" +
 	"\x14CloseSessionResponse\"\x16\n" +
 	"\x14ListLanguagesRequest\"V\n" +
 	"\x15ListLanguagesResponse\x12=\n" +
-	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages2\xf6\x03\n" +
+	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages\"\x9d\x02\n" +
+	"\x10ListFilesRequest\x12G\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbf\x01\n" +
+	"\x04path\x18\x02 \x01(\tB\xaa\x01\xbaH\xa6\x01\xba\x01u\n" +
+	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r,\x18\xff\x012'^([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$R\x04path\"h\n" +
+	"\x11ListFilesResponse\x125\n" +
+	"\x05files\x18\x01 \x03(\v2\x1f.codemode.execution.v1.FileInfoR\x05files\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\xc4\x02\n" +
+	"\x0fReadFileRequest\x12G\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbe\x01\n" +
+	"\x04path\x18\x02 \x01(\tB\xa9\x01\xbaH\xa5\x01\xba\x01u\n" +
+	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r+\x10\x01\x18\xff\x012$^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$R\x04path\x12'\n" +
+	"\tmax_bytes\x18\x03 \x01(\x04B\n" +
+	"\xbaH\a2\x05\x18\x80\x80\x80\x02R\bmaxBytes\"C\n" +
+	"\x10ReadFileResponse\x12/\n" +
+	"\x04file\x18\x01 \x01(\v2\x1b.codemode.execution.v1.FileR\x04file\"\x94\x01\n" +
+	"\x10WriteFileRequest\x12G\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x127\n" +
+	"\x04file\x18\x02 \x01(\v2\x1b.codemode.execution.v1.FileB\x06\xbaH\x03\xc8\x01\x01R\x04file\"\x13\n" +
+	"\x11WriteFileResponse2\x81\x06\n" +
 	"\x10ExecutionService\x12P\n" +
 	"\aExecute\x12 .codemode.edge.v1.ExecuteRequest\x1a!.codemode.edge.v1.ExecuteResponse\"\x00\x12d\n" +
 	"\rExecuteStream\x12&.codemode.edge.v1.ExecuteStreamRequest\x1a'.codemode.edge.v1.ExecuteStreamResponse\"\x000\x01\x12b\n" +
 	"\rCreateSession\x12&.codemode.edge.v1.CreateSessionRequest\x1a'.codemode.edge.v1.CreateSessionResponse\"\x00\x12_\n" +
-	"\fCloseSession\x12%.codemode.edge.v1.CloseSessionRequest\x1a&.codemode.edge.v1.CloseSessionResponse\"\x00\x12e\n" +
+	"\fCloseSession\x12%.codemode.edge.v1.CloseSessionRequest\x1a&.codemode.edge.v1.CloseSessionResponse\"\x00\x12Y\n" +
+	"\tListFiles\x12\".codemode.edge.v1.ListFilesRequest\x1a#.codemode.edge.v1.ListFilesResponse\"\x03\x90\x02\x01\x12V\n" +
+	"\bReadFile\x12!.codemode.edge.v1.ReadFileRequest\x1a\".codemode.edge.v1.ReadFileResponse\"\x03\x90\x02\x01\x12V\n" +
+	"\tWriteFile\x12\".codemode.edge.v1.WriteFileRequest\x1a#.codemode.edge.v1.WriteFileResponse\"\x00\x12e\n" +
 	"\rListLanguages\x12&.codemode.edge.v1.ListLanguagesRequest\x1a'.codemode.edge.v1.ListLanguagesResponse\"\x03\x90\x02\x01B\xc0\x01\n" +
 	"\x14com.codemode.edge.v1B\tEdgeProtoP\x01Z;github.com/codemode-go/codemode/gen/codemode/edge/v1;edgev1\xa2\x02\x03CEX\xaa\x02\x10Codemode.Edge.V1\xca\x02\x10Codemode\\Edge\\V1\xe2\x02\x1cCodemode\\Edge\\V1\\GPBMetadata\xea\x02\x12Codemode::Edge::V1b\x06proto3"
 
@@ -635,7 +961,7 @@ func file_codemode_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_codemode_edge_v1_edge_proto_rawDescData
 }
 
-var file_codemode_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_codemode_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_codemode_edge_v1_edge_proto_goTypes = []any{
 	(*ExecuteRequest)(nil),        // 0: codemode.edge.v1.ExecuteRequest
 	(*ExecuteResponse)(nil),       // 1: codemode.edge.v1.ExecuteResponse
@@ -647,41 +973,57 @@ var file_codemode_edge_v1_edge_proto_goTypes = []any{
 	(*CloseSessionResponse)(nil),  // 7: codemode.edge.v1.CloseSessionResponse
 	(*ListLanguagesRequest)(nil),  // 8: codemode.edge.v1.ListLanguagesRequest
 	(*ListLanguagesResponse)(nil), // 9: codemode.edge.v1.ListLanguagesResponse
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*v1.File)(nil),               // 11: codemode.execution.v1.File
-	(*v1.Limits)(nil),             // 12: codemode.execution.v1.Limits
-	(*v1.Result)(nil),             // 13: codemode.execution.v1.Result
-	(*v1.Event)(nil),              // 14: codemode.execution.v1.Event
-	(*v1.Session)(nil),            // 15: codemode.execution.v1.Session
-	(*v1.Language)(nil),           // 16: codemode.execution.v1.Language
+	(*ListFilesRequest)(nil),      // 10: codemode.edge.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),     // 11: codemode.edge.v1.ListFilesResponse
+	(*ReadFileRequest)(nil),       // 12: codemode.edge.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 13: codemode.edge.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),      // 14: codemode.edge.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 15: codemode.edge.v1.WriteFileResponse
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*v1.File)(nil),               // 17: codemode.execution.v1.File
+	(*v1.Limits)(nil),             // 18: codemode.execution.v1.Limits
+	(*v1.Result)(nil),             // 19: codemode.execution.v1.Result
+	(*v1.Event)(nil),              // 20: codemode.execution.v1.Event
+	(*v1.Session)(nil),            // 21: codemode.execution.v1.Session
+	(*v1.Language)(nil),           // 22: codemode.execution.v1.Language
+	(*v1.FileInfo)(nil),           // 23: codemode.execution.v1.FileInfo
 }
 var file_codemode_edge_v1_edge_proto_depIdxs = []int32{
-	10, // 0: codemode.edge.v1.ExecuteRequest.timeout:type_name -> google.protobuf.Duration
-	11, // 1: codemode.edge.v1.ExecuteRequest.files:type_name -> codemode.execution.v1.File
-	12, // 2: codemode.edge.v1.ExecuteRequest.limits:type_name -> codemode.execution.v1.Limits
-	13, // 3: codemode.edge.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
-	10, // 4: codemode.edge.v1.ExecuteStreamRequest.timeout:type_name -> google.protobuf.Duration
-	11, // 5: codemode.edge.v1.ExecuteStreamRequest.files:type_name -> codemode.execution.v1.File
-	12, // 6: codemode.edge.v1.ExecuteStreamRequest.limits:type_name -> codemode.execution.v1.Limits
-	14, // 7: codemode.edge.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
-	10, // 8: codemode.edge.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
-	15, // 9: codemode.edge.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
-	16, // 10: codemode.edge.v1.ListLanguagesResponse.languages:type_name -> codemode.execution.v1.Language
-	0,  // 11: codemode.edge.v1.ExecutionService.Execute:input_type -> codemode.edge.v1.ExecuteRequest
-	2,  // 12: codemode.edge.v1.ExecutionService.ExecuteStream:input_type -> codemode.edge.v1.ExecuteStreamRequest
-	4,  // 13: codemode.edge.v1.ExecutionService.CreateSession:input_type -> codemode.edge.v1.CreateSessionRequest
-	6,  // 14: codemode.edge.v1.ExecutionService.CloseSession:input_type -> codemode.edge.v1.CloseSessionRequest
-	8,  // 15: codemode.edge.v1.ExecutionService.ListLanguages:input_type -> codemode.edge.v1.ListLanguagesRequest
-	1,  // 16: codemode.edge.v1.ExecutionService.Execute:output_type -> codemode.edge.v1.ExecuteResponse
-	3,  // 17: codemode.edge.v1.ExecutionService.ExecuteStream:output_type -> codemode.edge.v1.ExecuteStreamResponse
-	5,  // 18: codemode.edge.v1.ExecutionService.CreateSession:output_type -> codemode.edge.v1.CreateSessionResponse
-	7,  // 19: codemode.edge.v1.ExecutionService.CloseSession:output_type -> codemode.edge.v1.CloseSessionResponse
-	9,  // 20: codemode.edge.v1.ExecutionService.ListLanguages:output_type -> codemode.edge.v1.ListLanguagesResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	16, // 0: codemode.edge.v1.ExecuteRequest.timeout:type_name -> google.protobuf.Duration
+	17, // 1: codemode.edge.v1.ExecuteRequest.files:type_name -> codemode.execution.v1.File
+	18, // 2: codemode.edge.v1.ExecuteRequest.limits:type_name -> codemode.execution.v1.Limits
+	19, // 3: codemode.edge.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
+	16, // 4: codemode.edge.v1.ExecuteStreamRequest.timeout:type_name -> google.protobuf.Duration
+	17, // 5: codemode.edge.v1.ExecuteStreamRequest.files:type_name -> codemode.execution.v1.File
+	18, // 6: codemode.edge.v1.ExecuteStreamRequest.limits:type_name -> codemode.execution.v1.Limits
+	20, // 7: codemode.edge.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
+	16, // 8: codemode.edge.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
+	21, // 9: codemode.edge.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
+	22, // 10: codemode.edge.v1.ListLanguagesResponse.languages:type_name -> codemode.execution.v1.Language
+	23, // 11: codemode.edge.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
+	17, // 12: codemode.edge.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	17, // 13: codemode.edge.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	0,  // 14: codemode.edge.v1.ExecutionService.Execute:input_type -> codemode.edge.v1.ExecuteRequest
+	2,  // 15: codemode.edge.v1.ExecutionService.ExecuteStream:input_type -> codemode.edge.v1.ExecuteStreamRequest
+	4,  // 16: codemode.edge.v1.ExecutionService.CreateSession:input_type -> codemode.edge.v1.CreateSessionRequest
+	6,  // 17: codemode.edge.v1.ExecutionService.CloseSession:input_type -> codemode.edge.v1.CloseSessionRequest
+	10, // 18: codemode.edge.v1.ExecutionService.ListFiles:input_type -> codemode.edge.v1.ListFilesRequest
+	12, // 19: codemode.edge.v1.ExecutionService.ReadFile:input_type -> codemode.edge.v1.ReadFileRequest
+	14, // 20: codemode.edge.v1.ExecutionService.WriteFile:input_type -> codemode.edge.v1.WriteFileRequest
+	8,  // 21: codemode.edge.v1.ExecutionService.ListLanguages:input_type -> codemode.edge.v1.ListLanguagesRequest
+	1,  // 22: codemode.edge.v1.ExecutionService.Execute:output_type -> codemode.edge.v1.ExecuteResponse
+	3,  // 23: codemode.edge.v1.ExecutionService.ExecuteStream:output_type -> codemode.edge.v1.ExecuteStreamResponse
+	5,  // 24: codemode.edge.v1.ExecutionService.CreateSession:output_type -> codemode.edge.v1.CreateSessionResponse
+	7,  // 25: codemode.edge.v1.ExecutionService.CloseSession:output_type -> codemode.edge.v1.CloseSessionResponse
+	11, // 26: codemode.edge.v1.ExecutionService.ListFiles:output_type -> codemode.edge.v1.ListFilesResponse
+	13, // 27: codemode.edge.v1.ExecutionService.ReadFile:output_type -> codemode.edge.v1.ReadFileResponse
+	15, // 28: codemode.edge.v1.ExecutionService.WriteFile:output_type -> codemode.edge.v1.WriteFileResponse
+	9,  // 29: codemode.edge.v1.ExecutionService.ListLanguages:output_type -> codemode.edge.v1.ListLanguagesResponse
+	22, // [22:30] is the sub-list for method output_type
+	14, // [14:22] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_codemode_edge_v1_edge_proto_init() }
@@ -695,7 +1037,7 @@ func file_codemode_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_edge_v1_edge_proto_rawDesc), len(file_codemode_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -604,6 +604,79 @@ func (x *Language) GetVersion() string {
 	return ""
 }
 
+// FileInfo describes one entry of a workspace directory.
+type FileInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path relative to /workspace.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Size in bytes.
+	Size uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// Whether it is a directory.
+	Dir bool `protobuf:"varint,3,opt,name=dir,proto3" json:"dir,omitempty"`
+	// Permission bits.
+	Mode          uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileInfo) Reset() {
+	*x = FileInfo{}
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileInfo) ProtoMessage() {}
+
+func (x *FileInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
+func (*FileInfo) Descriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *FileInfo) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileInfo) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileInfo) GetDir() bool {
+	if x != nil {
+		return x.Dir
+	}
+	return false
+}
+
+func (x *FileInfo) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
 var File_codemode_execution_v1_execution_proto protoreflect.FileDescriptor
 
 const file_codemode_execution_v1_execution_proto_rawDesc = "" +
@@ -657,7 +730,12 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"expireTime\"8\n" +
 	"\bLanguage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversionB\xe8\x01\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"X\n" +
+	"\bFileInfo\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x10\n" +
+	"\x03dir\x18\x03 \x01(\bR\x03dir\x12\x12\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04modeB\xe8\x01\n" +
 	"\x19com.codemode.execution.v1B\x0eExecutionProtoP\x01ZEgithub.com/codemode-go/codemode/gen/codemode/execution/v1;executionv1\xa2\x02\x03CEX\xaa\x02\x15Codemode.Execution.V1\xca\x02\x15Codemode\\Execution\\V1\xe2\x02!Codemode\\Execution\\V1\\GPBMetadata\xea\x02\x17Codemode::Execution::V1b\x06proto3"
 
 var (
@@ -672,7 +750,7 @@ func file_codemode_execution_v1_execution_proto_rawDescGZIP() []byte {
 	return file_codemode_execution_v1_execution_proto_rawDescData
 }
 
-var file_codemode_execution_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_codemode_execution_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_codemode_execution_v1_execution_proto_goTypes = []any{
 	(*Execution)(nil),             // 0: codemode.execution.v1.Execution
 	(*File)(nil),                  // 1: codemode.execution.v1.File
@@ -681,17 +759,18 @@ var file_codemode_execution_v1_execution_proto_goTypes = []any{
 	(*Event)(nil),                 // 4: codemode.execution.v1.Event
 	(*Session)(nil),               // 5: codemode.execution.v1.Session
 	(*Language)(nil),              // 6: codemode.execution.v1.Language
-	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(*FileInfo)(nil),              // 7: codemode.execution.v1.FileInfo
+	(*durationpb.Duration)(nil),   // 8: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_codemode_execution_v1_execution_proto_depIdxs = []int32{
-	7, // 0: codemode.execution.v1.Execution.timeout:type_name -> google.protobuf.Duration
+	8, // 0: codemode.execution.v1.Execution.timeout:type_name -> google.protobuf.Duration
 	1, // 1: codemode.execution.v1.Execution.files:type_name -> codemode.execution.v1.File
 	2, // 2: codemode.execution.v1.Execution.limits:type_name -> codemode.execution.v1.Limits
-	7, // 3: codemode.execution.v1.Result.duration:type_name -> google.protobuf.Duration
+	8, // 3: codemode.execution.v1.Result.duration:type_name -> google.protobuf.Duration
 	3, // 4: codemode.execution.v1.Event.result:type_name -> codemode.execution.v1.Result
-	8, // 5: codemode.execution.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	8, // 6: codemode.execution.v1.Session.expire_time:type_name -> google.protobuf.Timestamp
+	9, // 5: codemode.execution.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	9, // 6: codemode.execution.v1.Session.expire_time:type_name -> google.protobuf.Timestamp
 	7, // [7:7] is the sub-list for method output_type
 	7, // [7:7] is the sub-list for method input_type
 	7, // [7:7] is the sub-list for extension type_name
@@ -715,7 +794,7 @@ func file_codemode_execution_v1_execution_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_execution_v1_execution_proto_rawDesc), len(file_codemode_execution_v1_execution_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -47,6 +47,15 @@ const (
 	// ControlPlaneServiceCloseSessionProcedure is the fully-qualified name of the ControlPlaneService's
 	// CloseSession RPC.
 	ControlPlaneServiceCloseSessionProcedure = "/codemode.controlplane.v1.ControlPlaneService/CloseSession"
+	// ControlPlaneServiceListFilesProcedure is the fully-qualified name of the ControlPlaneService's
+	// ListFiles RPC.
+	ControlPlaneServiceListFilesProcedure = "/codemode.controlplane.v1.ControlPlaneService/ListFiles"
+	// ControlPlaneServiceReadFileProcedure is the fully-qualified name of the ControlPlaneService's
+	// ReadFile RPC.
+	ControlPlaneServiceReadFileProcedure = "/codemode.controlplane.v1.ControlPlaneService/ReadFile"
+	// ControlPlaneServiceWriteFileProcedure is the fully-qualified name of the ControlPlaneService's
+	// WriteFile RPC.
+	ControlPlaneServiceWriteFileProcedure = "/codemode.controlplane.v1.ControlPlaneService/WriteFile"
 	// ControlPlaneServiceListAgentsProcedure is the fully-qualified name of the ControlPlaneService's
 	// ListAgents RPC.
 	ControlPlaneServiceListAgentsProcedure = "/codemode.controlplane.v1.ControlPlaneService/ListAgents"
@@ -66,6 +75,13 @@ type ControlPlaneServiceClient interface {
 	CreateSession(context.Context, *connect.Request[v1.CreateSessionRequest]) (*connect.Response[v1.CreateSessionResponse], error)
 	// CloseSession closes a session wherever it lives.
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
+	// ListFiles lists one directory of a session's /workspace.
+	ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error)
+	// ReadFile reads a file of a session's /workspace.
+	ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error)
+	// WriteFile writes a file into a session's /workspace, creating its
+	// parent directories.
+	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
 	// ListAgents reports every known agent and its last status.
 	ListAgents(context.Context, *connect.Request[v1.ListAgentsRequest]) (*connect.Response[v1.ListAgentsResponse], error)
 	// ListLanguages reports the languages that some ready agent runs.
@@ -108,6 +124,26 @@ func NewControlPlaneServiceClient(httpClient connect.HTTPClient, baseURL string,
 			connect.WithSchema(controlPlaneServiceMethods.ByName("CloseSession")),
 			connect.WithClientOptions(opts...),
 		),
+		listFiles: connect.NewClient[v1.ListFilesRequest, v1.ListFilesResponse](
+			httpClient,
+			baseURL+ControlPlaneServiceListFilesProcedure,
+			connect.WithSchema(controlPlaneServiceMethods.ByName("ListFiles")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		readFile: connect.NewClient[v1.ReadFileRequest, v1.ReadFileResponse](
+			httpClient,
+			baseURL+ControlPlaneServiceReadFileProcedure,
+			connect.WithSchema(controlPlaneServiceMethods.ByName("ReadFile")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		writeFile: connect.NewClient[v1.WriteFileRequest, v1.WriteFileResponse](
+			httpClient,
+			baseURL+ControlPlaneServiceWriteFileProcedure,
+			connect.WithSchema(controlPlaneServiceMethods.ByName("WriteFile")),
+			connect.WithClientOptions(opts...),
+		),
 		listAgents: connect.NewClient[v1.ListAgentsRequest, v1.ListAgentsResponse](
 			httpClient,
 			baseURL+ControlPlaneServiceListAgentsProcedure,
@@ -131,6 +167,9 @@ type controlPlaneServiceClient struct {
 	executeStream *connect.Client[v1.ExecuteStreamRequest, v1.ExecuteStreamResponse]
 	createSession *connect.Client[v1.CreateSessionRequest, v1.CreateSessionResponse]
 	closeSession  *connect.Client[v1.CloseSessionRequest, v1.CloseSessionResponse]
+	listFiles     *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
+	readFile      *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile     *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
 	listAgents    *connect.Client[v1.ListAgentsRequest, v1.ListAgentsResponse]
 	listLanguages *connect.Client[v1.ListLanguagesRequest, v1.ListLanguagesResponse]
 }
@@ -155,6 +194,21 @@ func (c *controlPlaneServiceClient) CloseSession(ctx context.Context, req *conne
 	return c.closeSession.CallUnary(ctx, req)
 }
 
+// ListFiles calls codemode.controlplane.v1.ControlPlaneService.ListFiles.
+func (c *controlPlaneServiceClient) ListFiles(ctx context.Context, req *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error) {
+	return c.listFiles.CallUnary(ctx, req)
+}
+
+// ReadFile calls codemode.controlplane.v1.ControlPlaneService.ReadFile.
+func (c *controlPlaneServiceClient) ReadFile(ctx context.Context, req *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error) {
+	return c.readFile.CallUnary(ctx, req)
+}
+
+// WriteFile calls codemode.controlplane.v1.ControlPlaneService.WriteFile.
+func (c *controlPlaneServiceClient) WriteFile(ctx context.Context, req *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error) {
+	return c.writeFile.CallUnary(ctx, req)
+}
+
 // ListAgents calls codemode.controlplane.v1.ControlPlaneService.ListAgents.
 func (c *controlPlaneServiceClient) ListAgents(ctx context.Context, req *connect.Request[v1.ListAgentsRequest]) (*connect.Response[v1.ListAgentsResponse], error) {
 	return c.listAgents.CallUnary(ctx, req)
@@ -176,6 +230,13 @@ type ControlPlaneServiceHandler interface {
 	CreateSession(context.Context, *connect.Request[v1.CreateSessionRequest]) (*connect.Response[v1.CreateSessionResponse], error)
 	// CloseSession closes a session wherever it lives.
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
+	// ListFiles lists one directory of a session's /workspace.
+	ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error)
+	// ReadFile reads a file of a session's /workspace.
+	ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error)
+	// WriteFile writes a file into a session's /workspace, creating its
+	// parent directories.
+	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
 	// ListAgents reports every known agent and its last status.
 	ListAgents(context.Context, *connect.Request[v1.ListAgentsRequest]) (*connect.Response[v1.ListAgentsResponse], error)
 	// ListLanguages reports the languages that some ready agent runs.
@@ -213,6 +274,26 @@ func NewControlPlaneServiceHandler(svc ControlPlaneServiceHandler, opts ...conne
 		connect.WithSchema(controlPlaneServiceMethods.ByName("CloseSession")),
 		connect.WithHandlerOptions(opts...),
 	)
+	controlPlaneServiceListFilesHandler := connect.NewUnaryHandler(
+		ControlPlaneServiceListFilesProcedure,
+		svc.ListFiles,
+		connect.WithSchema(controlPlaneServiceMethods.ByName("ListFiles")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlPlaneServiceReadFileHandler := connect.NewUnaryHandler(
+		ControlPlaneServiceReadFileProcedure,
+		svc.ReadFile,
+		connect.WithSchema(controlPlaneServiceMethods.ByName("ReadFile")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlPlaneServiceWriteFileHandler := connect.NewUnaryHandler(
+		ControlPlaneServiceWriteFileProcedure,
+		svc.WriteFile,
+		connect.WithSchema(controlPlaneServiceMethods.ByName("WriteFile")),
+		connect.WithHandlerOptions(opts...),
+	)
 	controlPlaneServiceListAgentsHandler := connect.NewUnaryHandler(
 		ControlPlaneServiceListAgentsProcedure,
 		svc.ListAgents,
@@ -237,6 +318,12 @@ func NewControlPlaneServiceHandler(svc ControlPlaneServiceHandler, opts ...conne
 			controlPlaneServiceCreateSessionHandler.ServeHTTP(w, r)
 		case ControlPlaneServiceCloseSessionProcedure:
 			controlPlaneServiceCloseSessionHandler.ServeHTTP(w, r)
+		case ControlPlaneServiceListFilesProcedure:
+			controlPlaneServiceListFilesHandler.ServeHTTP(w, r)
+		case ControlPlaneServiceReadFileProcedure:
+			controlPlaneServiceReadFileHandler.ServeHTTP(w, r)
+		case ControlPlaneServiceWriteFileProcedure:
+			controlPlaneServiceWriteFileHandler.ServeHTTP(w, r)
 		case ControlPlaneServiceListAgentsProcedure:
 			controlPlaneServiceListAgentsHandler.ServeHTTP(w, r)
 		case ControlPlaneServiceListLanguagesProcedure:
@@ -264,6 +351,18 @@ func (UnimplementedControlPlaneServiceHandler) CreateSession(context.Context, *c
 
 func (UnimplementedControlPlaneServiceHandler) CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.controlplane.v1.ControlPlaneService.CloseSession is not implemented"))
+}
+
+func (UnimplementedControlPlaneServiceHandler) ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.controlplane.v1.ControlPlaneService.ListFiles is not implemented"))
+}
+
+func (UnimplementedControlPlaneServiceHandler) ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.controlplane.v1.ControlPlaneService.ReadFile is not implemented"))
+}
+
+func (UnimplementedControlPlaneServiceHandler) WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.controlplane.v1.ControlPlaneService.WriteFile is not implemented"))
 }
 
 func (UnimplementedControlPlaneServiceHandler) ListAgents(context.Context, *connect.Request[v1.ListAgentsRequest]) (*connect.Response[v1.ListAgentsResponse], error) {

@@ -47,6 +47,15 @@ const (
 	// ExecutionServiceCloseSessionProcedure is the fully-qualified name of the ExecutionService's
 	// CloseSession RPC.
 	ExecutionServiceCloseSessionProcedure = "/codemode.edge.v1.ExecutionService/CloseSession"
+	// ExecutionServiceListFilesProcedure is the fully-qualified name of the ExecutionService's
+	// ListFiles RPC.
+	ExecutionServiceListFilesProcedure = "/codemode.edge.v1.ExecutionService/ListFiles"
+	// ExecutionServiceReadFileProcedure is the fully-qualified name of the ExecutionService's ReadFile
+	// RPC.
+	ExecutionServiceReadFileProcedure = "/codemode.edge.v1.ExecutionService/ReadFile"
+	// ExecutionServiceWriteFileProcedure is the fully-qualified name of the ExecutionService's
+	// WriteFile RPC.
+	ExecutionServiceWriteFileProcedure = "/codemode.edge.v1.ExecutionService/WriteFile"
 	// ExecutionServiceListLanguagesProcedure is the fully-qualified name of the ExecutionService's
 	// ListLanguages RPC.
 	ExecutionServiceListLanguagesProcedure = "/codemode.edge.v1.ExecutionService/ListLanguages"
@@ -65,6 +74,13 @@ type ExecutionServiceClient interface {
 	CreateSession(context.Context, *connect.Request[v1.CreateSessionRequest]) (*connect.Response[v1.CreateSessionResponse], error)
 	// CloseSession closes a session and destroys its sandbox.
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
+	// ListFiles lists one directory of a session's /workspace.
+	ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error)
+	// ReadFile reads a file of a session's /workspace.
+	ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error)
+	// WriteFile writes a file into a session's /workspace, creating its
+	// parent directories.
+	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
 	// ListLanguages reports the languages that can be run now.
 	ListLanguages(context.Context, *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error)
 }
@@ -104,6 +120,26 @@ func NewExecutionServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(executionServiceMethods.ByName("CloseSession")),
 			connect.WithClientOptions(opts...),
 		),
+		listFiles: connect.NewClient[v1.ListFilesRequest, v1.ListFilesResponse](
+			httpClient,
+			baseURL+ExecutionServiceListFilesProcedure,
+			connect.WithSchema(executionServiceMethods.ByName("ListFiles")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		readFile: connect.NewClient[v1.ReadFileRequest, v1.ReadFileResponse](
+			httpClient,
+			baseURL+ExecutionServiceReadFileProcedure,
+			connect.WithSchema(executionServiceMethods.ByName("ReadFile")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		writeFile: connect.NewClient[v1.WriteFileRequest, v1.WriteFileResponse](
+			httpClient,
+			baseURL+ExecutionServiceWriteFileProcedure,
+			connect.WithSchema(executionServiceMethods.ByName("WriteFile")),
+			connect.WithClientOptions(opts...),
+		),
 		listLanguages: connect.NewClient[v1.ListLanguagesRequest, v1.ListLanguagesResponse](
 			httpClient,
 			baseURL+ExecutionServiceListLanguagesProcedure,
@@ -120,6 +156,9 @@ type executionServiceClient struct {
 	executeStream *connect.Client[v1.ExecuteStreamRequest, v1.ExecuteStreamResponse]
 	createSession *connect.Client[v1.CreateSessionRequest, v1.CreateSessionResponse]
 	closeSession  *connect.Client[v1.CloseSessionRequest, v1.CloseSessionResponse]
+	listFiles     *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
+	readFile      *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile     *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
 	listLanguages *connect.Client[v1.ListLanguagesRequest, v1.ListLanguagesResponse]
 }
 
@@ -143,6 +182,21 @@ func (c *executionServiceClient) CloseSession(ctx context.Context, req *connect.
 	return c.closeSession.CallUnary(ctx, req)
 }
 
+// ListFiles calls codemode.edge.v1.ExecutionService.ListFiles.
+func (c *executionServiceClient) ListFiles(ctx context.Context, req *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error) {
+	return c.listFiles.CallUnary(ctx, req)
+}
+
+// ReadFile calls codemode.edge.v1.ExecutionService.ReadFile.
+func (c *executionServiceClient) ReadFile(ctx context.Context, req *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error) {
+	return c.readFile.CallUnary(ctx, req)
+}
+
+// WriteFile calls codemode.edge.v1.ExecutionService.WriteFile.
+func (c *executionServiceClient) WriteFile(ctx context.Context, req *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error) {
+	return c.writeFile.CallUnary(ctx, req)
+}
+
 // ListLanguages calls codemode.edge.v1.ExecutionService.ListLanguages.
 func (c *executionServiceClient) ListLanguages(ctx context.Context, req *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error) {
 	return c.listLanguages.CallUnary(ctx, req)
@@ -161,6 +215,13 @@ type ExecutionServiceHandler interface {
 	CreateSession(context.Context, *connect.Request[v1.CreateSessionRequest]) (*connect.Response[v1.CreateSessionResponse], error)
 	// CloseSession closes a session and destroys its sandbox.
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
+	// ListFiles lists one directory of a session's /workspace.
+	ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error)
+	// ReadFile reads a file of a session's /workspace.
+	ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error)
+	// WriteFile writes a file into a session's /workspace, creating its
+	// parent directories.
+	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
 	// ListLanguages reports the languages that can be run now.
 	ListLanguages(context.Context, *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error)
 }
@@ -196,6 +257,26 @@ func NewExecutionServiceHandler(svc ExecutionServiceHandler, opts ...connect.Han
 		connect.WithSchema(executionServiceMethods.ByName("CloseSession")),
 		connect.WithHandlerOptions(opts...),
 	)
+	executionServiceListFilesHandler := connect.NewUnaryHandler(
+		ExecutionServiceListFilesProcedure,
+		svc.ListFiles,
+		connect.WithSchema(executionServiceMethods.ByName("ListFiles")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	executionServiceReadFileHandler := connect.NewUnaryHandler(
+		ExecutionServiceReadFileProcedure,
+		svc.ReadFile,
+		connect.WithSchema(executionServiceMethods.ByName("ReadFile")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	executionServiceWriteFileHandler := connect.NewUnaryHandler(
+		ExecutionServiceWriteFileProcedure,
+		svc.WriteFile,
+		connect.WithSchema(executionServiceMethods.ByName("WriteFile")),
+		connect.WithHandlerOptions(opts...),
+	)
 	executionServiceListLanguagesHandler := connect.NewUnaryHandler(
 		ExecutionServiceListLanguagesProcedure,
 		svc.ListLanguages,
@@ -213,6 +294,12 @@ func NewExecutionServiceHandler(svc ExecutionServiceHandler, opts ...connect.Han
 			executionServiceCreateSessionHandler.ServeHTTP(w, r)
 		case ExecutionServiceCloseSessionProcedure:
 			executionServiceCloseSessionHandler.ServeHTTP(w, r)
+		case ExecutionServiceListFilesProcedure:
+			executionServiceListFilesHandler.ServeHTTP(w, r)
+		case ExecutionServiceReadFileProcedure:
+			executionServiceReadFileHandler.ServeHTTP(w, r)
+		case ExecutionServiceWriteFileProcedure:
+			executionServiceWriteFileHandler.ServeHTTP(w, r)
 		case ExecutionServiceListLanguagesProcedure:
 			executionServiceListLanguagesHandler.ServeHTTP(w, r)
 		default:
@@ -238,6 +325,18 @@ func (UnimplementedExecutionServiceHandler) CreateSession(context.Context, *conn
 
 func (UnimplementedExecutionServiceHandler) CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.edge.v1.ExecutionService.CloseSession is not implemented"))
+}
+
+func (UnimplementedExecutionServiceHandler) ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.edge.v1.ExecutionService.ListFiles is not implemented"))
+}
+
+func (UnimplementedExecutionServiceHandler) ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.edge.v1.ExecutionService.ReadFile is not implemented"))
+}
+
+func (UnimplementedExecutionServiceHandler) WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.edge.v1.ExecutionService.WriteFile is not implemented"))
 }
 
 func (UnimplementedExecutionServiceHandler) ListLanguages(context.Context, *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error) {

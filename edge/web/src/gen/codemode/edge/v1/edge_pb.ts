@@ -8,7 +8,7 @@
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_buf_validate_validate } from "@codemode/buf-validate/buf/validate/validate_pb.js";
-import type { Event, File, Language, Limits, Result, Session } from "../../execution/v1/execution_pb";
+import type { Event, File, FileInfo, Language, Limits, Result, Session } from "../../execution/v1/execution_pb";
 import { file_codemode_execution_v1_execution } from "../../execution/v1/execution_pb";
 import type { Duration } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration } from "@bufbuild/protobuf/wkt";
@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file codemode/edge/v1/edge.proto.
  */
 export const file_codemode_edge_v1_edge: GenFile = /*@__PURE__*/
-  fileDesc("Chtjb2RlbW9kZS9lZGdlL3YxL2VkZ2UucHJvdG8SEGNvZGVtb2RlLmVkZ2UudjEi3QIKDkV4ZWN1dGVSZXF1ZXN0EjUKCGxhbmd1YWdlGAEgASgJQiO6SCByHlIGcHl0aG9uUgRiYXNoUgJzaFIKamF2YXNjcmlwdBIZCgRjb2RlGAIgASgJQgu6SAhyBhABKICAEBI/CgpzZXNzaW9uX2lkGAMgASgJQiu6SChyJjIkXihbQS1aYS16MC05XVtBLVphLXowLTlfLi1dezAsNjN9KT8kEjkKB3RpbWVvdXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CDbpICqoBByIDCKwCKgASGAoFc3RkaW4YBSABKAxCCbpIBnoEGICAQBI0CgVmaWxlcxgGIAMoCzIbLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5GaWxlQgi6SAWSAQIQQBItCgZsaW1pdHMYByABKAsyHS5jb2RlbW9kZS5leGVjdXRpb24udjEuTGltaXRzIkAKD0V4ZWN1dGVSZXNwb25zZRItCgZyZXN1bHQYASABKAsyHS5jb2RlbW9kZS5leGVjdXRpb24udjEuUmVzdWx0IuMCChRFeGVjdXRlU3RyZWFtUmVxdWVzdBI1CghsYW5ndWFnZRgBIAEoCUIjukggch5SBnB5dGhvblIEYmFzaFICc2hSCmphdmFzY3JpcHQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyJEChVFeGVjdXRlU3RyZWFtUmVzcG9uc2USKwoFZXZlbnQYASABKAsyHC5jb2RlbW9kZS5leGVjdXRpb24udjEuRXZlbnQijgEKFENyZWF0ZVNlc3Npb25SZXF1ZXN0EjUKCGxhbmd1YWdlGAEgASgJQiO6SCByHlIGcHl0aG9uUgRiYXNoUgJzaFIKamF2YXNjcmlwdBI/CgxpZGxlX3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CDrpIC6oBCCIECICjBSoAIkgKFUNyZWF0ZVNlc3Npb25SZXNwb25zZRIvCgdzZXNzaW9uGAEgASgLMh4uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlNlc3Npb24iUwoTQ2xvc2VTZXNzaW9uUmVxdWVzdBI8CgpzZXNzaW9uX2lkGAEgASgJQii6SCVyIzIhXltBLVphLXowLTldW0EtWmEtejAtOV8uLV17MCw2M30kIhYKFENsb3NlU2Vzc2lvblJlc3BvbnNlIhYKFExpc3RMYW5ndWFnZXNSZXF1ZXN0IksKFUxpc3RMYW5ndWFnZXNSZXNwb25zZRIyCglsYW5ndWFnZXMYASADKAsyHy5jb2RlbW9kZS5leGVjdXRpb24udjEuTGFuZ3VhZ2Uy9gMKEEV4ZWN1dGlvblNlcnZpY2USUAoHRXhlY3V0ZRIgLmNvZGVtb2RlLmVkZ2UudjEuRXhlY3V0ZVJlcXVlc3QaIS5jb2RlbW9kZS5lZGdlLnYxLkV4ZWN1dGVSZXNwb25zZSIAEmQKDUV4ZWN1dGVTdHJlYW0SJi5jb2RlbW9kZS5lZGdlLnYxLkV4ZWN1dGVTdHJlYW1SZXF1ZXN0GicuY29kZW1vZGUuZWRnZS52MS5FeGVjdXRlU3RyZWFtUmVzcG9uc2UiADABEmIKDUNyZWF0ZVNlc3Npb24SJi5jb2RlbW9kZS5lZGdlLnYxLkNyZWF0ZVNlc3Npb25SZXF1ZXN0GicuY29kZW1vZGUuZWRnZS52MS5DcmVhdGVTZXNzaW9uUmVzcG9uc2UiABJfCgxDbG9zZVNlc3Npb24SJS5jb2RlbW9kZS5lZGdlLnYxLkNsb3NlU2Vzc2lvblJlcXVlc3QaJi5jb2RlbW9kZS5lZGdlLnYxLkNsb3NlU2Vzc2lvblJlc3BvbnNlIgASZQoNTGlzdExhbmd1YWdlcxImLmNvZGVtb2RlLmVkZ2UudjEuTGlzdExhbmd1YWdlc1JlcXVlc3QaJy5jb2RlbW9kZS5lZGdlLnYxLkxpc3RMYW5ndWFnZXNSZXNwb25zZSIDkAIBYgZwcm90bzM", [file_buf_validate_validate, file_codemode_execution_v1_execution, file_google_protobuf_duration]);
+  fileDesc("Chtjb2RlbW9kZS9lZGdlL3YxL2VkZ2UucHJvdG8SEGNvZGVtb2RlLmVkZ2UudjEi3QIKDkV4ZWN1dGVSZXF1ZXN0EjUKCGxhbmd1YWdlGAEgASgJQiO6SCByHlIGcHl0aG9uUgRiYXNoUgJzaFIKamF2YXNjcmlwdBIZCgRjb2RlGAIgASgJQgu6SAhyBhABKICAEBI/CgpzZXNzaW9uX2lkGAMgASgJQiu6SChyJjIkXihbQS1aYS16MC05XVtBLVphLXowLTlfLi1dezAsNjN9KT8kEjkKB3RpbWVvdXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CDbpICqoBByIDCKwCKgASGAoFc3RkaW4YBSABKAxCCbpIBnoEGICAQBI0CgVmaWxlcxgGIAMoCzIbLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5GaWxlQgi6SAWSAQIQQBItCgZsaW1pdHMYByABKAsyHS5jb2RlbW9kZS5leGVjdXRpb24udjEuTGltaXRzIkAKD0V4ZWN1dGVSZXNwb25zZRItCgZyZXN1bHQYASABKAsyHS5jb2RlbW9kZS5leGVjdXRpb24udjEuUmVzdWx0IuMCChRFeGVjdXRlU3RyZWFtUmVxdWVzdBI1CghsYW5ndWFnZRgBIAEoCUIjukggch5SBnB5dGhvblIEYmFzaFICc2hSCmphdmFzY3JpcHQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyJEChVFeGVjdXRlU3RyZWFtUmVzcG9uc2USKwoFZXZlbnQYASABKAsyHC5jb2RlbW9kZS5leGVjdXRpb24udjEuRXZlbnQijgEKFENyZWF0ZVNlc3Npb25SZXF1ZXN0EjUKCGxhbmd1YWdlGAEgASgJQiO6SCByHlIGcHl0aG9uUgRiYXNoUgJzaFIKamF2YXNjcmlwdBI/CgxpZGxlX3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CDrpIC6oBCCIECICjBSoAIkgKFUNyZWF0ZVNlc3Npb25SZXNwb25zZRIvCgdzZXNzaW9uGAEgASgLMh4uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlNlc3Npb24iUwoTQ2xvc2VTZXNzaW9uUmVxdWVzdBI8CgpzZXNzaW9uX2lkGAEgASgJQii6SCVyIzIhXltBLVphLXowLTldW0EtWmEtejAtOV8uLV17MCw2M30kIhYKFENsb3NlU2Vzc2lvblJlc3BvbnNlIhYKFExpc3RMYW5ndWFnZXNSZXF1ZXN0IksKFUxpc3RMYW5ndWFnZXNSZXNwb25zZRIyCglsYW5ndWFnZXMYASADKAsyHy5jb2RlbW9kZS5leGVjdXRpb24udjEuTGFuZ3VhZ2UijAIKEExpc3RGaWxlc1JlcXVlc3QSPAoKc2Vzc2lvbl9pZBgBIAEoCUIoukglciMyIV5bQS1aYS16MC05XVtBLVphLXowLTlfLi1dezAsNjN9JBK5AQoEcGF0aBgCIAEoCUKqAbpIpgG6AXUKFHBhdGgubm9fZG90X3NlZ21lbnRzEipwYXRoIG11c3Qgbm90IGNvbnRhaW4gIi4iIG9yICIuLiIgZWxlbWVudHMaMSF0aGlzLnNwbGl0KCcvJykuZXhpc3RzKHMsIHMgPT0gJy4nIHx8IHMgPT0gJy4uJylyLBj/ATInXihbQS1aYS16MC05Xy4tXSsoL1tBLVphLXowLTlfLi1dKykqKT8kIlYKEUxpc3RGaWxlc1Jlc3BvbnNlEi4KBWZpbGVzGAEgAygLMh8uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkZpbGVJbmZvEhEKCXRydW5jYXRlZBgCIAEoCCKpAgoPUmVhZEZpbGVSZXF1ZXN0EjwKCnNlc3Npb25faWQYASABKAlCKLpIJXIjMiFeW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSQSuAEKBHBhdGgYAiABKAlCqQG6SKUBugF1ChRwYXRoLm5vX2RvdF9zZWdtZW50cxIqcGF0aCBtdXN0IG5vdCBjb250YWluICIuIiBvciAiLi4iIGVsZW1lbnRzGjEhdGhpcy5zcGxpdCgnLycpLmV4aXN0cyhzLCBzID09ICcuJyB8fCBzID09ICcuLicpcisQARj/ATIkXltBLVphLXowLTlfLi1dKygvW0EtWmEtejAtOV8uLV0rKSokEh0KCW1heF9ieXRlcxgDIAEoBEIKukgHMgUYgICAAiI9ChBSZWFkRmlsZVJlc3BvbnNlEikKBGZpbGUYASABKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZSKDAQoQV3JpdGVGaWxlUmVxdWVzdBI8CgpzZXNzaW9uX2lkGAEgASgJQii6SCVyIzIhXltBLVphLXowLTldW0EtWmEtejAtOV8uLV17MCw2M30kEjEKBGZpbGUYAiABKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIGukgDyAEBIhMKEVdyaXRlRmlsZVJlc3BvbnNlMoEGChBFeGVjdXRpb25TZXJ2aWNlElAKB0V4ZWN1dGUSIC5jb2RlbW9kZS5lZGdlLnYxLkV4ZWN1dGVSZXF1ZXN0GiEuY29kZW1vZGUuZWRnZS52MS5FeGVjdXRlUmVzcG9uc2UiABJkCg1FeGVjdXRlU3RyZWFtEiYuY29kZW1vZGUuZWRnZS52MS5FeGVjdXRlU3RyZWFtUmVxdWVzdBonLmNvZGVtb2RlLmVkZ2UudjEuRXhlY3V0ZVN0cmVhbVJlc3BvbnNlIgAwARJiCg1DcmVhdGVTZXNzaW9uEiYuY29kZW1vZGUuZWRnZS52MS5DcmVhdGVTZXNzaW9uUmVxdWVzdBonLmNvZGVtb2RlLmVkZ2UudjEuQ3JlYXRlU2Vzc2lvblJlc3BvbnNlIgASXwoMQ2xvc2VTZXNzaW9uEiUuY29kZW1vZGUuZWRnZS52MS5DbG9zZVNlc3Npb25SZXF1ZXN0GiYuY29kZW1vZGUuZWRnZS52MS5DbG9zZVNlc3Npb25SZXNwb25zZSIAElkKCUxpc3RGaWxlcxIiLmNvZGVtb2RlLmVkZ2UudjEuTGlzdEZpbGVzUmVxdWVzdBojLmNvZGVtb2RlLmVkZ2UudjEuTGlzdEZpbGVzUmVzcG9uc2UiA5ACARJWCghSZWFkRmlsZRIhLmNvZGVtb2RlLmVkZ2UudjEuUmVhZEZpbGVSZXF1ZXN0GiIuY29kZW1vZGUuZWRnZS52MS5SZWFkRmlsZVJlc3BvbnNlIgOQAgESVgoJV3JpdGVGaWxlEiIuY29kZW1vZGUuZWRnZS52MS5Xcml0ZUZpbGVSZXF1ZXN0GiMuY29kZW1vZGUuZWRnZS52MS5Xcml0ZUZpbGVSZXNwb25zZSIAEmUKDUxpc3RMYW5ndWFnZXMSJi5jb2RlbW9kZS5lZGdlLnYxLkxpc3RMYW5ndWFnZXNSZXF1ZXN0GicuY29kZW1vZGUuZWRnZS52MS5MaXN0TGFuZ3VhZ2VzUmVzcG9uc2UiA5ACAWIGcHJvdG8z", [file_buf_validate_validate, file_codemode_execution_v1_execution, file_google_protobuf_duration]);
 
 /**
  * @generated from message codemode.edge.v1.ExecuteRequest
@@ -280,6 +280,139 @@ export const ListLanguagesResponseSchema: GenMessage<ListLanguagesResponse> = /*
   messageDesc(file_codemode_edge_v1_edge, 9);
 
 /**
+ * @generated from message codemode.edge.v1.ListFilesRequest
+ */
+export type ListFilesRequest = Message<"codemode.edge.v1.ListFilesRequest"> & {
+  /**
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+
+  /**
+   * Directory relative to /workspace; empty for /workspace itself.
+   *
+   * @generated from field: string path = 2;
+   */
+  path: string;
+};
+
+/**
+ * Describes the message codemode.edge.v1.ListFilesRequest.
+ * Use `create(ListFilesRequestSchema)` to create a new message.
+ */
+export const ListFilesRequestSchema: GenMessage<ListFilesRequest> = /*@__PURE__*/
+  messageDesc(file_codemode_edge_v1_edge, 10);
+
+/**
+ * @generated from message codemode.edge.v1.ListFilesResponse
+ */
+export type ListFilesResponse = Message<"codemode.edge.v1.ListFilesResponse"> & {
+  /**
+   * Entries of the directory, sorted by path; not recursive.
+   *
+   * @generated from field: repeated codemode.execution.v1.FileInfo files = 1;
+   */
+  files: FileInfo[];
+
+  /**
+   * The directory had more entries than are listed.
+   *
+   * @generated from field: bool truncated = 2;
+   */
+  truncated: boolean;
+};
+
+/**
+ * Describes the message codemode.edge.v1.ListFilesResponse.
+ * Use `create(ListFilesResponseSchema)` to create a new message.
+ */
+export const ListFilesResponseSchema: GenMessage<ListFilesResponse> = /*@__PURE__*/
+  messageDesc(file_codemode_edge_v1_edge, 11);
+
+/**
+ * @generated from message codemode.edge.v1.ReadFileRequest
+ */
+export type ReadFileRequest = Message<"codemode.edge.v1.ReadFileRequest"> & {
+  /**
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+
+  /**
+   * Path relative to /workspace.
+   *
+   * @generated from field: string path = 2;
+   */
+  path: string;
+
+  /**
+   * Largest content to return; a larger file is refused. 0: the agent's maximum (4 MiB).
+   *
+   * @generated from field: uint64 max_bytes = 3;
+   */
+  maxBytes: bigint;
+};
+
+/**
+ * Describes the message codemode.edge.v1.ReadFileRequest.
+ * Use `create(ReadFileRequestSchema)` to create a new message.
+ */
+export const ReadFileRequestSchema: GenMessage<ReadFileRequest> = /*@__PURE__*/
+  messageDesc(file_codemode_edge_v1_edge, 12);
+
+/**
+ * @generated from message codemode.edge.v1.ReadFileResponse
+ */
+export type ReadFileResponse = Message<"codemode.edge.v1.ReadFileResponse"> & {
+  /**
+   * @generated from field: codemode.execution.v1.File file = 1;
+   */
+  file?: File | undefined;
+};
+
+/**
+ * Describes the message codemode.edge.v1.ReadFileResponse.
+ * Use `create(ReadFileResponseSchema)` to create a new message.
+ */
+export const ReadFileResponseSchema: GenMessage<ReadFileResponse> = /*@__PURE__*/
+  messageDesc(file_codemode_edge_v1_edge, 13);
+
+/**
+ * @generated from message codemode.edge.v1.WriteFileRequest
+ */
+export type WriteFileRequest = Message<"codemode.edge.v1.WriteFileRequest"> & {
+  /**
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+
+  /**
+   * @generated from field: codemode.execution.v1.File file = 2;
+   */
+  file?: File | undefined;
+};
+
+/**
+ * Describes the message codemode.edge.v1.WriteFileRequest.
+ * Use `create(WriteFileRequestSchema)` to create a new message.
+ */
+export const WriteFileRequestSchema: GenMessage<WriteFileRequest> = /*@__PURE__*/
+  messageDesc(file_codemode_edge_v1_edge, 14);
+
+/**
+ * @generated from message codemode.edge.v1.WriteFileResponse
+ */
+export type WriteFileResponse = Message<"codemode.edge.v1.WriteFileResponse"> & {
+};
+
+/**
+ * Describes the message codemode.edge.v1.WriteFileResponse.
+ * Use `create(WriteFileResponseSchema)` to create a new message.
+ */
+export const WriteFileResponseSchema: GenMessage<WriteFileResponse> = /*@__PURE__*/
+  messageDesc(file_codemode_edge_v1_edge, 15);
+
+/**
  * ExecutionService runs code in gVisor sandboxes.
  *
  * @generated from service codemode.edge.v1.ExecutionService
@@ -327,6 +460,37 @@ export const ExecutionService: GenService<{
     methodKind: "unary";
     input: typeof CloseSessionRequestSchema;
     output: typeof CloseSessionResponseSchema;
+  },
+  /**
+   * ListFiles lists one directory of a session's /workspace.
+   *
+   * @generated from rpc codemode.edge.v1.ExecutionService.ListFiles
+   */
+  listFiles: {
+    methodKind: "unary";
+    input: typeof ListFilesRequestSchema;
+    output: typeof ListFilesResponseSchema;
+  },
+  /**
+   * ReadFile reads a file of a session's /workspace.
+   *
+   * @generated from rpc codemode.edge.v1.ExecutionService.ReadFile
+   */
+  readFile: {
+    methodKind: "unary";
+    input: typeof ReadFileRequestSchema;
+    output: typeof ReadFileResponseSchema;
+  },
+  /**
+   * WriteFile writes a file into a session's /workspace, creating its
+   * parent directories.
+   *
+   * @generated from rpc codemode.edge.v1.ExecutionService.WriteFile
+   */
+  writeFile: {
+    methodKind: "unary";
+    input: typeof WriteFileRequestSchema;
+    output: typeof WriteFileResponseSchema;
   },
   /**
    * ListLanguages reports the languages that can be run now.

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file codemode/execution/v1/execution.proto.
  */
 export const file_codemode_execution_v1_execution: GenFile = /*@__PURE__*/
-  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2AIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukggch5SBnB5dGhvblIEYmFzaFICc2hSCmphdmFzY3JpcHQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyLjAQoERmlsZRK9AQoEcGF0aBgBIAEoCUKuAbpIqgG6AXoKGWZpbGUucGF0aC5ub19kb3Rfc2VnbWVudHMSKnBhdGggbXVzdCBub3QgY29udGFpbiAiLiIgb3IgIi4uIiBlbGVtZW50cxoxIXRoaXMuc3BsaXQoJy8nKS5leGlzdHMocywgcyA9PSAnLicgfHwgcyA9PSAnLi4nKXIrEAEY/wEyJF5bQS1aYS16MC05Xy4tXSsoL1tBLVphLXowLTlfLi1dKykqJBIbCgdjb250ZW50GAIgASgMQgq6SAd6BRiAgIACIk8KBkxpbWl0cxIjCgxtZW1vcnlfYnl0ZXMYASABKARCDbpICjIIGICAgIAQKAASIAoMb3V0cHV0X2J5dGVzGAIgASgEQgq6SAcyBRiAgIAgIsUBCgZSZXN1bHQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnN0ZG91dBgCIAEoCRIOCgZzdGRlcnIYAyABKAkSEQoJdGltZWRfb3V0GAQgASgIEhEKCXRydW5jYXRlZBgFIAEoCBISCgpvb21fa2lsbGVkGAYgASgIEisKCGR1cmF0aW9uGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWFnZW50GAggASgJEhIKCnNlc3Npb25faWQYCSABKAkibAoFRXZlbnQSEAoGc3Rkb3V0GAEgASgJSAASEAoGc3RkZXJyGAIgASgJSAASLwoGcmVzdWx0GAMgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlJlc3VsdEgAQg4KBWV2ZW50EgW6SAIIASKYAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRINCgVhZ2VudBgDIAEoCRIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIikKCExhbmd1YWdlEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2AIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukggch5SBnB5dGhvblIEYmFzaFICc2hSCmphdmFzY3JpcHQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyLjAQoERmlsZRK9AQoEcGF0aBgBIAEoCUKuAbpIqgG6AXoKGWZpbGUucGF0aC5ub19kb3Rfc2VnbWVudHMSKnBhdGggbXVzdCBub3QgY29udGFpbiAiLiIgb3IgIi4uIiBlbGVtZW50cxoxIXRoaXMuc3BsaXQoJy8nKS5leGlzdHMocywgcyA9PSAnLicgfHwgcyA9PSAnLi4nKXIrEAEY/wEyJF5bQS1aYS16MC05Xy4tXSsoL1tBLVphLXowLTlfLi1dKykqJBIbCgdjb250ZW50GAIgASgMQgq6SAd6BRiAgIACIk8KBkxpbWl0cxIjCgxtZW1vcnlfYnl0ZXMYASABKARCDbpICjIIGICAgIAQKAASIAoMb3V0cHV0X2J5dGVzGAIgASgEQgq6SAcyBRiAgIAgIsUBCgZSZXN1bHQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnN0ZG91dBgCIAEoCRIOCgZzdGRlcnIYAyABKAkSEQoJdGltZWRfb3V0GAQgASgIEhEKCXRydW5jYXRlZBgFIAEoCBISCgpvb21fa2lsbGVkGAYgASgIEisKCGR1cmF0aW9uGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWFnZW50GAggASgJEhIKCnNlc3Npb25faWQYCSABKAkibAoFRXZlbnQSEAoGc3Rkb3V0GAEgASgJSAASEAoGc3RkZXJyGAIgASgJSAASLwoGcmVzdWx0GAMgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlJlc3VsdEgAQg4KBWV2ZW50EgW6SAIIASKYAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRINCgVhZ2VudBgDIAEoCRIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIikKCExhbmd1YWdlEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCSJBCghGaWxlSW5mbxIMCgRwYXRoGAEgASgJEgwKBHNpemUYAiABKAQSCwoDZGlyGAMgASgIEgwKBG1vZGUYBCABKA1iBnByb3RvMw", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Execution says what to run and under which limits. The edge's public request
@@ -343,4 +343,46 @@ export type Language = Message<"codemode.execution.v1.Language"> & {
  */
 export const LanguageSchema: GenMessage<Language> = /*@__PURE__*/
   messageDesc(file_codemode_execution_v1_execution, 6);
+
+/**
+ * FileInfo describes one entry of a workspace directory.
+ *
+ * @generated from message codemode.execution.v1.FileInfo
+ */
+export type FileInfo = Message<"codemode.execution.v1.FileInfo"> & {
+  /**
+   * Path relative to /workspace.
+   *
+   * @generated from field: string path = 1;
+   */
+  path: string;
+
+  /**
+   * Size in bytes.
+   *
+   * @generated from field: uint64 size = 2;
+   */
+  size: bigint;
+
+  /**
+   * Whether it is a directory.
+   *
+   * @generated from field: bool dir = 3;
+   */
+  dir: boolean;
+
+  /**
+   * Permission bits.
+   *
+   * @generated from field: uint32 mode = 4;
+   */
+  mode: number;
+};
+
+/**
+ * Describes the message codemode.execution.v1.FileInfo.
+ * Use `create(FileInfoSchema)` to create a new message.
+ */
+export const FileInfoSchema: GenMessage<FileInfo> = /*@__PURE__*/
+  messageDesc(file_codemode_execution_v1_execution, 7);
 
