@@ -83,6 +83,9 @@ func onUserThread(uid, gid int, f func() error) (err error) {
 				errs = append(errs, fmt.Errorf("restore groups: %w", e))
 			}
 		}
+		if e := notDumpable(); e != nil {
+			errs = append(errs, e)
+		}
 		if len(errs) > 0 {
 			err = errors.Join(err, fmt.Errorf("act as the user: %w", errors.Join(errs...)))
 		}
@@ -96,10 +99,28 @@ func onUserThread(uid, gid int, f func() error) (err error) {
 	if e := setres(syscall.SYS_SETRESUID, uid, uid, 0); e != nil {
 		return fmt.Errorf("act as the user: set uid %d: %w", uid, e)
 	}
+	// A change of effective uid resets the process's dumpable flag to the
+	// system's suid_dumpable, which might make the runner dumpable, hence
+	// traceable by the user. (gVisor and Debian's default leave it off.)
+	if err := notDumpable(); err != nil {
+		return fmt.Errorf("act as the user: %w", err)
+	}
 	if err := checkUserThread(uid); err != nil {
 		return fmt.Errorf("act as the user: %w", err)
 	}
 	return f()
+}
+
+// notDumpable clears the runner's dumpable flag (a per-process attribute)
+// and checks that it is clear.
+func notDumpable() error {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("clear dumpable: %w", err)
+	}
+	if d, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err != nil || d != 0 {
+		return fmt.Errorf("runner is dumpable (%d, %v)", d, err)
+	}
+	return nil
 }
 
 // setres calls setresuid or setresgid on the calling thread only.
