@@ -456,6 +456,22 @@ func TestSandboxAbuse(t *testing.T) {
 		t.Logf("fork bomb: %v, stderr %.200q", r.exit, r.stderr)
 		next(t)
 	})
+	t.Run("fork bomb left running, then reset", func(t *testing.T) {
+		// A session's run keeps its background processes: the bomb is
+		// still forking when Reset comes.
+		r := sb.run(ctx, &runnerv1.Run{Language: "bash", Code: "(:(){ :|:& };:) >/dev/null 2>&1 & sleep 0.3; echo left", Stateful: true, Timeout: durationpb.New(10 * time.Second)})
+		if r.err != nil || r.stdout != "left\n" {
+			t.Fatalf("run: %v %q %q %v", r.exit, r.stdout, r.stderr, r.err)
+		}
+		start := time.Now()
+		if err := sb.c.Reset(ctx); err != nil {
+			t.Fatalf("Reset with a fork bomb running: %v", err)
+		}
+		t.Logf("reset with a fork bomb running took %v", time.Since(start))
+		if r := sb.mustRun(t, "python", countUserProcs); r.stdout != "0\n" {
+			t.Fatalf("user processes after Reset: %q %q", r.stdout, r.stderr)
+		}
+	})
 	t.Run("memory bomb", func(t *testing.T) {
 		r := sb.run(ctx, &runnerv1.Run{Language: "python", Code: "x = []\nwhile True:\n    x.append(bytearray(16 << 20))", Timeout: durationpb.New(30 * time.Second)})
 		if r.err != nil {
