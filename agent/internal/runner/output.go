@@ -1,9 +1,13 @@
 package runner
 
 import (
+	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
@@ -14,8 +18,9 @@ const chunkSize = 32 << 10
 // chunk as they are read, up to a limit on both together. Past the limit it
 // keeps reading and drops the bytes, so the program is never blocked on a
 // full pipe and ends (or times out) as it would have; the Exit says
-// truncated. Once the run has ended, anything still arriving (from a
-// background process holding a pipe) is dropped too.
+// truncated. Once the run has ended, what its processes wrote before that
+// is still delivered in full, and anything written later (by a background
+// process holding a pipe) is dropped.
 type output struct {
 	id  uint64
 	out *eventWriter
@@ -25,26 +30,63 @@ type output struct {
 	truncated bool
 	closed    bool
 
-	wg sync.WaitGroup
+	wg     sync.WaitGroup
+	pipes  []*pipe
+	flushT time.Duration // bound on delivering what was written before the end
+}
+
+// pipe is one stream's read end.
+type pipe struct {
+	r        *os.File
+	draining atomic.Bool // the run has ended: read only what the pipe holds
 }
 
 func newOutput(id uint64, out *eventWriter, limit uint64) *output {
-	return &output{id: id, out: out, left: limit}
+	return &output{id: id, out: out, left: limit, flushT: flushTimeout}
 }
 
-// pump reads r until EOF in its own goroutine and closes it.
+// flushTimeout bounds how long output written before a run ended may take
+// to reach the agent. Only an agent that stopped reading makes it matter.
+const flushTimeout = 30 * time.Second
+
+// pump reads r until EOF in its own goroutine and closes it. Once finish
+// has started draining, the pump reads only the bytes the pipe holds when it
+// notices, then stops.
 func (o *output) pump(stream int, r *os.File) {
+	p := &pipe{r: r}
+	o.pipes = append(o.pipes, p)
 	o.wg.Add(1)
 	go func() {
 		defer o.wg.Done()
 		defer r.Close()
 		buf := make([]byte, chunkSize)
+		owed := int64(-1) // unknown until draining starts
 		for {
-			n, err := r.Read(buf)
+			want := buf
+			if p.draining.Load() {
+				if owed < 0 {
+					owed = pipeBuffered(r)
+				}
+				if owed == 0 {
+					return
+				}
+				// The bytes are there, so this read does not block; clear the
+				// deadline finish set to wake a reader blocked on no data.
+				_ = r.SetReadDeadline(time.Time{})
+				want = buf[:min(int64(len(buf)), owed)]
+			}
+			n, err := r.Read(want)
 			if n > 0 {
+				if owed > 0 {
+					owed -= int64(n)
+				}
 				o.write(stream, buf[:n])
 			}
-			if err != nil { // EOF: every writer is gone
+			switch {
+			case err == nil:
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				// Woken by finish; the loop decides whether anything is owed.
+			default: // EOF: every writer is gone
 				return
 			}
 		}
@@ -89,8 +131,12 @@ func (o *output) send(stream int, p []byte) {
 	_ = o.out.send(ev)
 }
 
-// finish waits until every pump has reached EOF or grace has passed, then
-// drops any later output. It reports whether output was truncated.
+// finish is called once the run has ended. It waits up to grace for every
+// pump to reach EOF; pumps still going then (a background process holds a
+// pipe, or the agent reads slowly) deliver exactly the bytes that were in
+// their pipe at that moment and stop. Anything written later is dropped.
+// finish reports whether output was truncated, which includes output lost
+// because it could not be delivered within flushTimeout.
 func (o *output) finish(grace time.Duration) bool {
 	done := make(chan struct{})
 	go func() {
@@ -102,11 +148,39 @@ func (o *output) finish(grace time.Duration) bool {
 	select {
 	case <-done:
 	case <-t.C:
+		for _, p := range o.pipes {
+			p.draining.Store(true)
+			_ = p.r.SetReadDeadline(time.Now())
+		}
+		t.Reset(o.flushT)
+		select {
+		case <-done:
+		case <-t.C:
+			o.mu.Lock()
+			o.truncated = true
+			o.mu.Unlock()
+		}
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.closed = true
 	return o.truncated
+}
+
+// pipeBuffered returns how many bytes are waiting to be read from r.
+func pipeBuffered(r *os.File) int64 {
+	var n int
+	rc, err := r.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	_ = rc.Control(func(fd uintptr) {
+		v, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ) // TIOCINQ is FIONREAD
+		if err == nil {
+			n = v
+		}
+	})
+	return int64(n)
 }
 
 // feed writes b to w in its own goroutine and closes w. A program that
