@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -62,5 +63,29 @@ func TestSessionFiles(t *testing.T) {
 	_, err = c.ListFiles(t.Context(), connect.NewRequest(&edgev1.ListFilesRequest{SessionId: "no-such-session"}))
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("list files of an unknown session: %v, want not_found", err)
+	}
+}
+
+func TestMCPFileTools(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	endpoint := s.Edge.URL() + "/mcp"
+	const sid = "mcp-files-test"
+	if res := callTool(t, endpoint, "write_file", map[string]any{"session_id": sid, "path": "in/n.txt", "content": "41"}); res.IsError {
+		t.Fatalf("write_file: %s", textOf(res))
+	}
+	res := callTool(t, endpoint, "execute_code", map[string]any{"session_id": sid, "language": "python",
+		"code": "n = int(open('in/n.txt').read())\nopen('out.txt', 'w').write(str(n + 1))"})
+	if res.IsError {
+		t.Fatalf("execute_code: %s", textOf(res))
+	}
+	if res := callTool(t, endpoint, "read_file", map[string]any{"session_id": sid, "path": "out.txt"}); res.IsError || textOf(res) != "42" {
+		t.Fatalf("read_file: isError=%v %q", res.IsError, textOf(res))
+	}
+	if res := callTool(t, endpoint, "list_files", map[string]any{"session_id": sid}); res.IsError || !strings.Contains(textOf(res), "out.txt") {
+		t.Fatalf("list_files: isError=%v %q", res.IsError, textOf(res))
+	}
+	if res := callTool(t, endpoint, "read_file", map[string]any{"session_id": sid, "path": "../../etc/passwd"}); !res.IsError {
+		t.Fatalf("read_file outside /workspace: %q, want isError", textOf(res))
 	}
 }

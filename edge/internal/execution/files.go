@@ -47,10 +47,20 @@ func (s *Service) ReadFile(ctx context.Context, tenant, id, path string, max uin
 	return res.Msg.GetFile(), nil
 }
 
-// WriteFile writes f into tenant's session id.
+// WriteFile writes f into tenant's session id. Like Execute, it opens the
+// session if it does not exist yet, so files can be put in place before the
+// first run.
 func (s *Service) WriteFile(ctx context.Context, tenant, id string, f *executionv1.File) error {
 	req, err := validated(&cpv1.WriteFileRequest{SessionId: scopedSession(tenant, id), File: f})
 	if err != nil {
+		return err
+	}
+	_, err = s.cp.WriteFile(ctx, connect.NewRequest(req))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		return err
+	}
+	open := &cpv1.CreateSessionRequest{Language: "python", SessionId: req.GetSessionId()}
+	if _, err := s.cp.CreateSession(ctx, connect.NewRequest(open)); err != nil && connect.CodeOf(err) != connect.CodeAlreadyExists {
 		return err
 	}
 	_, err = s.cp.WriteFile(ctx, connect.NewRequest(req))

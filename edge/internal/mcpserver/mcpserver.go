@@ -78,6 +78,7 @@ func Handlers(cfg Config) (withCode, withoutCode http.Handler) {
 		Description: "Run code in a fresh, isolated sandbox (no network) and return its stdout, stderr and exit code. Languages: python, bash, sh, javascript.",
 	}, a.executeCode)
 	mcp.AddTool(full, languagesTool(), a.listLanguages)
+	a.addFileTools(full)
 
 	bare := mcp.NewServer(impl, &mcp.ServerOptions{Logger: cfg.Logger})
 	mcp.AddTool(bare, languagesTool(), a.listLanguages)
