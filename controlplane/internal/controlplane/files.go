@@ -6,9 +6,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/codemode-go/codemode/controlplane/internal/router"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
-	"github.com/codemode-go/codemode/controlplane/internal/router"
 )
 
 // onSession calls fn with the agent holding session id. When the router does
