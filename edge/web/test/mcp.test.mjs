@@ -24,11 +24,11 @@ describe("/mcp", () => {
     await client?.close();
   });
 
-  test("names the server and lists both tools", async () => {
+  test("names the server and lists its tools", async () => {
     assert.equal(client.getServerVersion()?.name, "codemode");
     const { tools } = await client.listTools();
     const names = tools.map((t) => t.name).sort();
-    assert.deepEqual(names, ["execute_code", "list_languages"]);
+    assert.deepEqual(names, ["execute_code", "list_files", "list_languages", "read_file", "write_file"]);
     const exec = tools.find((t) => t.name === "execute_code");
     assert.ok(exec.inputSchema.properties.code, "execute_code takes code");
     assert.ok(exec.inputSchema.required.includes("code"), "code is required");
