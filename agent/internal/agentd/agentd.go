@@ -100,10 +100,14 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		return nil, fmt.Errorf("sandbox image %s is not present locally: build it with `make setup` (agent/host/setup.sh), or pull it where a registry is reachable", cfg.Image)
 	}
 	labels := map[string]string{sandbox.LabelAgent: cfg.Name}
+	command := []string{wire.RunnerPath}
+	if !cfg.Prestart {
+		command = append(command, "-prestart=false")
+	}
 	spec := sandbox.Spec{
 		Image:       cfg.Image,
 		Runtime:     cfg.Runtime,
-		Command:     []string{wire.RunnerPath},
+		Command:     command,
 		Binds:       map[string]string{cfg.Runner: wire.RunnerPath},
 		CapAdd:      wire.RunnerCapabilities,
 		User:        "0:0",

@@ -46,6 +46,9 @@ type Config struct {
 	// MaxReuse bounds the stateless runs one sandbox serves (scrubbed
 	// between runs) before it is destroyed.
 	MaxReuse int
+	// Prestart has each sandbox's runner start the interpreter of the next
+	// stateless run ahead of it, when the sandbox is scrubbed.
+	Prestart bool
 	// QueueTimeout bounds how long a request waits for a free sandbox.
 	QueueTimeout time.Duration
 	// WarmIdle is how long a warm sandbox beyond MinActive may stay unused
@@ -99,6 +102,7 @@ func DefaultConfig() Config {
 		MinActive:         2,
 		MaxSandboxes:      16,
 		MaxReuse:          100,
+		Prestart:          true,
 		QueueTimeout:      30 * time.Second,
 		WarmIdle:          5 * time.Minute,
 		DefaultTimeout:    30 * time.Second,
@@ -152,6 +156,8 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	f.Env("max-sandboxes", "MAX_SANDBOXES")
 	f.IntVar(&cfg.MaxReuse, "max-reuse", cfg.MaxReuse, "stateless runs one sandbox serves, scrubbed between runs, before it is destroyed")
 	f.Env("max-reuse", "MAX_REUSE")
+	f.BoolVar(&cfg.Prestart, "prestart", cfg.Prestart, "start the interpreter of a sandbox's next stateless run when it is scrubbed, so that the run does not wait for it")
+	f.Env("prestart", "PRESTART")
 	f.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "how long a request waits for a free sandbox")
 	f.Env("queue-timeout", "QUEUE_TIMEOUT")
 	f.DurationVar(&cfg.WarmIdle, "warm-idle", cfg.WarmIdle, "warm sandboxes beyond --min-active unused this long are destroyed")

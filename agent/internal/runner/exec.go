@@ -24,7 +24,10 @@ type language struct {
 	argv func(code string) []string
 	// fdArgv runs code read from fd 3.
 	fdArgv []string
-	env    []string
+	// prestartArgv starts an interpreter that waits for the code of one
+	// run on fd 3 (see prestart.go); nil if the language has none.
+	prestartArgv []string
+	env          []string
 }
 
 // languageFor returns the language called name, as in
@@ -34,9 +37,10 @@ func languageFor(name string) (language, bool) {
 	switch name {
 	case "python":
 		return language{
-			name:   name,
-			argv:   func(code string) []string { return []string{"python3", "-c", code} },
-			fdArgv: []string{"python3", "/dev/fd/3"},
+			name:         name,
+			argv:         func(code string) []string { return []string{"python3", "-c", code} },
+			fdArgv:       []string{"python3", "/dev/fd/3"},
+			prestartArgv: []string{"python3", "-c", prestartPython},
 			// Unbuffered, so that output streams as it is printed.
 			env: []string{"PYTHONUNBUFFERED=1"},
 		}, true
@@ -75,8 +79,13 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 	if !ok {
 		return nil, &reqError{runnerv1.Error_CODE_INVALID_ARGUMENT, fmt.Sprintf("unknown language %q", r.GetLanguage())}
 	}
+	// Taken (or discarded) before anything of the run touches the sandbox.
+	pre := s.takePrestarted(lang, !r.GetStateful())
 	for _, f := range r.GetFiles() {
 		if err := s.writeFile(f); err != nil {
+			if pre != nil {
+				pre.discard(s.cfg.log)
+			}
 			return nil, err
 		}
 	}
@@ -99,7 +108,7 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 		// Other languages keep only their files (and background
 		// processes) between runs.
 	}
-	return s.runOnce(ctx, o, lang, r.GetCode(), r.GetStdin(), lim, !r.GetStateful())
+	return s.runOnce(ctx, o, lang, pre, r.GetCode(), r.GetStdin(), lim, !r.GetStateful())
 }
 
 type limits struct {
@@ -108,41 +117,25 @@ type limits struct {
 	memory  uint64 // 0: the sandbox's limit only
 }
 
-// runOnce runs code in a fresh interpreter process. With sweep, the
+// runOnce runs code in a fresh interpreter process: pre if not nil, else
+// one it starts. With sweep, the
 // processes the run leaves behind are killed when it ends: a run that is not
 // part of a session has nobody to hand them to, and leftovers (the remains
 // of a fork bomb) would only weigh on the next run.
-func (s *server) runOnce(ctx context.Context, o *output, lang language, code string, stdin []byte, lim limits, sweep bool) (*runnerv1.Exit, error) {
-	argv := lang.argv(code)
-	if len(code) > maxArg {
-		argv = lang.fdArgv
-	}
-	var extra []*os.File
-	var codeW *os.File
-	if len(code) > maxArg {
-		codeR, w, err := os.Pipe()
-		if err != nil {
-			return nil, fmt.Errorf("create pipe: %w", err)
-		}
-		extra, codeW = []*os.File{codeR}, w
-	}
-	std, err := newStdio(stdin)
-	if err != nil {
-		closeAll(extra...)
-		closeAll(codeW)
-		return nil, err
-	}
+func (s *server) runOnce(ctx context.Context, o *output, lang language, pre *prestarted, code string, stdin []byte, lim limits, sweep bool) (*runnerv1.Exit, error) {
 	start, cpu0 := time.Now(), selfCPU()
-	p, err := s.procs.start(spec{argv: argv, env: s.env(lang), files: append(std.child(), extra...)})
-	std.closeChild()
-	closeAll(extra...)
-	if err != nil {
-		std.closeParent()
-		closeAll(codeW)
-		return nil, err
-	}
-	if codeW != nil {
-		feed(codeW, []byte(code))
+	how := "cold"
+	var p *proc
+	var std *stdio
+	if pre != nil {
+		how = "prestarted"
+		p, std = pre.proc, pre.std
+		pre.give(code, stdin)
+	} else {
+		var err error
+		if p, std, err = s.startCold(lang, code, stdin); err != nil {
+			return nil, err
+		}
 	}
 	forked := time.Now()
 	std.start(o)
@@ -163,8 +156,42 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, code str
 	swept := time.Now()
 	exit.Truncated = o.finish(s.cfg.drainGrace)
 	exit.Duration = durationpb.New(time.Since(start))
-	s.cfg.log.Debug("run", "lang", lang.name, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept), "runner_cpu", selfCPU()-cpu0)
+	s.cfg.log.Debug("run", "lang", lang.name, "interpreter", how, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept), "runner_cpu", selfCPU()-cpu0)
 	return exit, st.err
+}
+
+// startCold starts a fresh interpreter for code: as an argument, or on fd 3
+// when it is too long for one.
+func (s *server) startCold(lang language, code string, stdin []byte) (*proc, *stdio, error) {
+	argv := lang.argv(code)
+	var extra []*os.File
+	var codeW *os.File
+	if len(code) > maxArg {
+		argv = lang.fdArgv
+		codeR, w, err := os.Pipe()
+		if err != nil {
+			return nil, nil, fmt.Errorf("create pipe: %w", err)
+		}
+		extra, codeW = []*os.File{codeR}, w
+	}
+	std, err := newStdio(stdin, false)
+	if err != nil {
+		closeAll(extra...)
+		closeAll(codeW)
+		return nil, nil, err
+	}
+	p, err := s.procs.start(spec{argv: argv, env: s.env(lang), files: append(std.child(), extra...)})
+	std.closeChild()
+	closeAll(extra...)
+	if err != nil {
+		std.closeParent()
+		closeAll(codeW)
+		return nil, nil, err
+	}
+	if codeW != nil {
+		feed(codeW, []byte(code))
+	}
+	return p, std, nil
 }
 
 // stdio is the standard input, output and error of a process: pipes whose
@@ -176,10 +203,12 @@ type stdio struct {
 	stdin      []byte
 }
 
-func newStdio(stdin []byte) (*stdio, error) {
+// newStdio creates the pipes. Standard input is a pipe if stdin is not empty
+// or inPipe is set (its contents are then set later).
+func newStdio(stdin []byte, inPipe bool) (*stdio, error) {
 	s := &stdio{stdin: stdin}
 	var err error
-	if len(stdin) > 0 {
+	if len(stdin) > 0 || inPipe {
 		if s.inR, s.inW, err = os.Pipe(); err != nil {
 			return nil, fmt.Errorf("create pipe: %w", err)
 		}

@@ -87,7 +87,7 @@ func (s *server) runKernel(ctx context.Context, o *output, r *runnerv1.Run, lim 
 	}
 	k := s.kernel
 
-	std, err := newStdio(r.GetStdin())
+	std, err := newStdio(r.GetStdin(), false)
 	if err != nil {
 		return nil, err
 	}

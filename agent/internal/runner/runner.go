@@ -69,6 +69,9 @@ type config struct {
 	// drainGrace is how long a run's output is still awaited after its
 	// main process ended (background processes may hold the pipes open).
 	drainGrace time.Duration
+	// prestart starts an interpreter ahead of the next stateless run (see
+	// prestarted).
+	prestart bool
 }
 
 func defaultConfig(log *slog.Logger) config {
@@ -82,6 +85,7 @@ func defaultConfig(log *slog.Logger) config {
 		path:         "/usr/local/bin:/usr/bin:/bin",
 		log:          log,
 		drainGrace:   100 * time.Millisecond,
+		prestart:     true,
 	}
 }
 
@@ -95,6 +99,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	workspace := fs.String("workspace", wire.Workspace, "working directory of user code")
 	scratch := fs.String("scratch", "/tmp,/dev/shm", "comma-separated writable directories that Reset empties besides the workspace")
 	userProcs := fs.Uint64("max-user-procs", 32, "most processes and threads user code may have at once (RLIMIT_NPROC); 0: no limit")
+	prestart := fs.Bool("prestart", true, "start an interpreter ahead of the next stateless run, in the language of the last one (Python at first)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: runner [flags]\n\nThe codemode sandbox runner: framed requests on stdin, framed events on stdout.\n\n")
 		fs.PrintDefaults()
@@ -111,6 +116,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg := defaultConfig(log)
 	cfg.workspace = *workspace
 	cfg.userProcs = *userProcs
+	cfg.prestart = *prestart
 	cfg.scratch = nil
 	for _, d := range strings.Split(*scratch, ",") {
 		if d = strings.TrimSpace(d); d != "" {
@@ -173,6 +179,12 @@ type server struct {
 
 	ipcFloor ipcFloor    // touched only by Reset
 	memory   memoryFiles // for the memory watchdog
+
+	// The prestarted interpreter; the lock lets tests look at it while
+	// requests are served.
+	prestartMu   sync.Mutex
+	pre          *prestarted
+	prestartLang string // language of the next prestart; "": none
 }
 
 func newServer(cfg config, stdout io.Writer) (*server, error) {
@@ -183,19 +195,24 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open workspace: %w", err)
 	}
-	return &server{
+	s := &server{
 		cfg:    cfg,
 		out:    &eventWriter{w: stdout},
 		procs:  newProcs(cfg),
 		root:   root,
 		shells: make(map[string]*shellState),
 		memory: openMemoryFiles(cfg.cgroupMemory),
-	}, nil
+	}
+	if cfg.prestart {
+		s.prestartLang = "python"
+	}
+	return s, nil
 }
 
 // serve reads requests until stdin ends or ctx is done.
 func (s *server) serve(ctx context.Context, stdin io.Reader) error {
 	defer s.shutdown()
+	s.prestart()
 	ready := &runnerv1.Ready{Versions: s.versions(ctx)}
 	if err := s.out.send(&runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: ready}}); err != nil {
 		return err
@@ -281,6 +298,11 @@ func (s *server) cancelActive() {
 
 // handle serves one request and returns its last event (without its id).
 func (s *server) handle(ctx context.Context, req *runnerv1.Request) *runnerv1.Event {
+	if req.GetRun() == nil {
+		// Only a stateless run may take the prestarted interpreter, and
+		// user code must never run beside one it did not take.
+		s.dropPrestarted()
+	}
 	var err error
 	switch k := req.GetKind().(type) {
 	case *runnerv1.Request_Run:
@@ -322,6 +344,7 @@ func (s *server) sendError(id uint64, err error) {
 
 // shutdown kills every user process; the sandbox is going away.
 func (s *server) shutdown() {
+	s.dropPrestarted()
 	if err := s.procs.killUser(nil); err != nil {
 		s.cfg.log.Warn("kill user processes at shutdown", "err", err)
 	}

@@ -52,7 +52,8 @@ type harness struct {
 
 func isRoot() bool { return os.Geteuid() == 0 }
 
-func newHarness(t *testing.T) *harness {
+// newHarness starts a runner; opts change its configuration.
+func newHarness(t *testing.T, opts ...func(*config)) *harness {
 	t.Helper()
 	base, err := os.MkdirTemp("", "runner-test-")
 	if err != nil {
@@ -75,6 +76,9 @@ func newHarness(t *testing.T) *harness {
 	cfg.uid, cfg.gid = h.uid, h.uid
 	cfg.reapAll = false
 	cfg.cgroupMemory = ""
+	for _, o := range opts {
+		o(&cfg)
+	}
 	reqR, reqW := io.Pipe()
 	evR, evW := io.Pipe()
 	h.reqW, h.evR = reqW, evR
@@ -547,7 +551,7 @@ sleep 0.3
 	if err := h.c.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if ps, _ := h.s.procs.userProcs(0); len(ps) > 0 {
+	if ps := h.userProcsBesidesPrestarted(); len(ps) > 0 {
 		t.Fatalf("after reset: user processes %v", ps)
 	}
 	for _, d := range []string{h.ws, h.tmp, h.shm} {

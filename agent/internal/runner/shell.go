@@ -97,7 +97,7 @@ func (s *server) runShell(ctx context.Context, o *output, lang language, r *runn
 		extra, scriptW = append(extra, scriptR), w
 		argv = []string{lang.name, "/dev/fd/4"}
 	}
-	std, err := newStdio(r.GetStdin())
+	std, err := newStdio(r.GetStdin(), false)
 	if err != nil {
 		closeAll(stateR, scriptW)
 		closeAll(extra...)

@@ -1,0 +1,155 @@
+package runner
+
+import (
+	_ "embed"
+	"log/slog"
+	"os"
+	"time"
+)
+
+//go:embed prestart.py
+var prestartPython string
+
+// A prestarted interpreter is started, as the user, at the end of a Reset
+// (and before the runner says it is ready), so that the next stateless run of its language
+// finds the interpreter already initialised and only hands it the code: under
+// gVisor starting Python costs tens of milliseconds, most of a short run.
+//
+// It is a fresh process started in a clean sandbox, it serves exactly one
+// run, and it holds nothing but the interpreter's own start-up state, so it
+// carries nothing from one run to the next. Any request other than a
+// stateless run of its language discards it before that request touches the
+// sandbox, and a Reset kills it with every other process of the user, so
+// that no user code ever runs beside it.
+//
+// The language to prestart follows the sandbox's last stateless run (Python
+// until the first one); a run of a language without a prestart form turns it
+// off until a run of one that has it.
+type prestarted struct {
+	lang string
+	proc *proc
+	std  *stdio   // standard input is a pipe
+	code *os.File // the write end of the interpreter's fd 3
+}
+
+// give hands the interpreter the run's code and standard input. The caller
+// then starts std as for any run.
+func (p *prestarted) give(code string, stdin []byte) {
+	head := byte('0')
+	if len(stdin) > 0 {
+		head = '1'
+	}
+	p.std.stdin = stdin
+	b := make([]byte, 0, 1+len(code))
+	b = append(b, head)
+	feed(p.code, append(b, code...))
+}
+
+// discard kills the interpreter and waits until it is gone.
+func (p *prestarted) discard(log *slog.Logger) {
+	killGroup(p.proc.pid)
+	p.std.closeParent()
+	p.code.Close()
+	select {
+	case <-p.proc.done:
+	case <-time.After(5 * time.Second):
+		// The Reset that follows finds it, or fails.
+		log.Warn("prestarted interpreter did not end after SIGKILL", "pid", p.proc.pid)
+	}
+}
+
+func (p *prestarted) alive() bool {
+	select {
+	case <-p.proc.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// prestartReadyTimeout bounds the wait for a prestarted interpreter to be
+// ready.
+const prestartReadyTimeout = 10 * time.Second
+
+// prestart starts an interpreter for the next stateless run, unless one is
+// already there or none is wanted, and waits until it is ready. A failure
+// only leaves the next run to start its own interpreter.
+func (s *server) prestart() {
+	s.prestartMu.Lock()
+	defer s.prestartMu.Unlock()
+	if s.pre != nil || s.prestartLang == "" {
+		return
+	}
+	lang, ok := languageFor(s.prestartLang)
+	if !ok || lang.prestartArgv == nil {
+		return
+	}
+	std, err := newStdio(nil, true)
+	if err != nil {
+		s.cfg.log.Warn("prestart interpreter", "lang", lang.name, "err", err)
+		return
+	}
+	var codeR, codeW, readyR, readyW *os.File
+	codeR, codeW, err = os.Pipe()
+	if err == nil {
+		readyR, readyW, err = os.Pipe()
+	}
+	if err == nil {
+		var p *proc
+		p, err = s.procs.start(spec{argv: lang.prestartArgv, env: s.env(lang), files: append(std.child(), codeR, readyW)})
+		if err == nil {
+			s.pre = &prestarted{lang: lang.name, proc: p, std: std, code: codeW}
+		}
+	}
+	std.closeChild()
+	closeAll(codeR, readyW)
+	if s.pre == nil {
+		std.closeParent()
+		closeAll(codeW, readyR)
+		s.cfg.log.Warn("prestart interpreter", "lang", lang.name, "err", err)
+		return
+	}
+	defer readyR.Close()
+	if err := readyR.SetReadDeadline(time.Now().Add(prestartReadyTimeout)); err != nil {
+		s.cfg.log.Warn("prestart interpreter: set deadline", "err", err)
+	}
+	if _, err := readyR.Read(make([]byte, 1)); err != nil {
+		s.cfg.log.Warn("prestarted interpreter did not get ready", "lang", lang.name, "err", err)
+		s.pre.discard(s.cfg.log)
+		s.pre = nil
+	}
+}
+
+// takePrestarted returns the prestarted interpreter if a run of lang
+// (stateless or not) can use it, and discards it otherwise. A stateless run
+// also decides what the next prestart is.
+func (s *server) takePrestarted(lang language, stateless bool) *prestarted {
+	s.prestartMu.Lock()
+	defer s.prestartMu.Unlock()
+	if stateless && s.cfg.prestart {
+		s.prestartLang = ""
+		if lang.prestartArgv != nil {
+			s.prestartLang = lang.name
+		}
+	}
+	pre := s.pre
+	s.pre = nil
+	if pre == nil {
+		return nil
+	}
+	if stateless && pre.lang == lang.name && pre.alive() {
+		return pre
+	}
+	pre.discard(s.cfg.log)
+	return nil
+}
+
+// dropPrestarted discards the prestarted interpreter, if there is one.
+func (s *server) dropPrestarted() {
+	s.prestartMu.Lock()
+	defer s.prestartMu.Unlock()
+	if s.pre != nil {
+		s.pre.discard(s.cfg.log)
+		s.pre = nil
+	}
+}
