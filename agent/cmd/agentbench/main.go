@@ -86,12 +86,35 @@ type bench struct {
 	o        options
 	out, log io.Writer
 	dir      string
-	agent    *exec.Cmd
-	agentErr chan error
+	agent    *agentProc // the agent measured
+	cold     *agentProc // one whose runners prestart no interpreter
 	docker   *client.Client
 	baseline string // id of the baseline container
 	name     string // of the agent
 	rows     []row
+}
+
+// agentProc is an agent running as a process of its own.
+type agentProc struct {
+	cmd  *exec.Cmd
+	errc chan error // its exit
+	url  string
+	once sync.Once
+}
+
+// stop stops the agent (which removes its sandboxes) and waits for it.
+func (a *agentProc) stop() {
+	if a == nil {
+		return
+	}
+	a.once.Do(func() {
+		a.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-a.errc:
+		case <-time.After(time.Minute):
+			a.cmd.Process.Kill()
+		}
+	})
 }
 
 type row struct {
@@ -129,17 +152,17 @@ func (b *bench) run(ctx context.Context) error {
 	}
 
 	// The agent, as a process of its own.
-	url, err := b.startAgent(ctx)
-	if err != nil {
+	b.name = fmt.Sprintf("bench-%d", os.Getpid())
+	if b.agent, err = b.startAgent(ctx, b.name); err != nil {
 		return err
 	}
-	c := agentv1connect.NewAgentServiceClient(server.NewClient(), url)
+	c := agentv1connect.NewAgentServiceClient(server.NewClient(), b.agent.url)
 	b.logf("waiting for %d warm sandboxes", b.o.warm)
 	if err := waitWarm(ctx, c, b.o.warm); err != nil {
 		return err
 	}
 	time.Sleep(2 * time.Second) // let the start-up garbage be collected
-	rss, err := rssOf(b.agent.Process.Pid)
+	rss, err := rssOf(b.agent.cmd.Process.Pid)
 	if err != nil {
 		return err
 	}
@@ -216,6 +239,24 @@ func (b *bench) run(ctx context.Context) error {
 	c.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
 	b.addRow("agent stateful session: x = 1", 1, lat, elapsed)
 	statefulP50 := percentile(lat, 50)
+	b.agent.stop()
+
+	// The same run without prestarted interpreters: what prestarting saves.
+	b.logf("agent stateless python print(1), concurrency 1, without prestart")
+	if b.cold, err = b.startAgent(ctx, b.name+"-cold", "--prestart=false"); err != nil {
+		return err
+	}
+	cc := agentv1connect.NewAgentServiceClient(server.NewClient(), b.cold.url)
+	if err := waitWarm(ctx, cc, b.o.warm); err != nil {
+		return err
+	}
+	lat, elapsed, err = b.agentRuns(ctx, cc, &executionv1.Execution{Language: "python", Code: "print(1)"}, 1, b.o.n)
+	if err != nil {
+		return err
+	}
+	b.cold.stop()
+	b.addRow("agent stateless python print(1), --prestart=false", 1, lat, elapsed)
+	coldP50 := percentile(lat, 50)
 
 	// Report.
 	b.printTable()
@@ -230,6 +271,8 @@ func (b *bench) run(ctx context.Context) error {
 		fmt.Fprintf(b.out, "\nCPU per stateless python run at concurrency 4: sandboxes (runner run + scrub, under runsc) %.1f ms, agent %.1f ms, dockerd+containerd %.1f ms\n",
 			ms(cpu.sandboxes), ms(cpu.agent), ms(cpu.engine))
 	}
+	fmt.Fprintf(b.out, "\nPrestarted interpreters: stateless python p50 %.1f ms against %.1f ms without (%.2fx)\n",
+		ms(py1.p50), ms(coldP50), float64(py1.p50)/float64(coldP50))
 	fmt.Fprintf(b.out, "\nTargets (ratios of this run):\n")
 	check := func(name string, value, target float64, lower bool, unit string) {
 		ok := value <= target
@@ -262,21 +305,48 @@ type splitRow struct {
 // runnerSplit measures, in one sandbox made as the agent makes them, what a
 // stateless run costs inside the sandbox: the run itself and the scrub that
 // follows it, each in wall time and in the sandbox's CPU time (cgroup v1
-// accounting; 0 where it cannot be read).
+// accounting; 0 where it cannot be read). Python is measured with and
+// without a prestarted interpreter (whose start is part of the scrub).
 func (b *bench) runnerSplit(ctx context.Context) ([]splitRow, error) {
+	var rows []splitRow
+	for _, tc := range []struct {
+		lang, code string
+		prestart   bool
+		what       string
+	}{
+		{"python", "print(1)", true, "python print(1) run, prestarted interpreter"},
+		{"python", "print(1)", false, "python print(1) run, --prestart=false"},
+		{"bash", "echo 1", true, "bash echo 1 run"},
+	} {
+		run, reset, err := b.splitOne(ctx, tc.lang, tc.code, tc.prestart)
+		if err != nil {
+			return nil, err
+		}
+		scrub := "scrub (Reset) after it"
+		if tc.prestart && tc.lang == "python" {
+			scrub += ", with the next prestart"
+		}
+		rows = append(rows, splitRow{tc.what, run.wall, run.cpu}, splitRow{scrub, reset.wall, reset.cpu})
+	}
+	return rows, nil
+}
+
+// splitOne measures runs of code, each followed by a Reset, in one sandbox.
+func (b *bench) splitOne(ctx context.Context, lang, code string, prestart bool) (run, reset splitRow, err error) {
 	cfg := agentd.DefaultConfig()
 	cfg.Name = b.name + "-split"
 	cfg.Runner = filepath.Join(b.dir, "runner")
 	cfg.Image, cfg.Runtime, cfg.CPUs = b.o.image, b.o.runtime, b.o.cpus
 	cfg.MinActive, cfg.MaxSandboxes, cfg.MaxSessions = 0, 1, 0
+	cfg.Prestart = prestart
 	a, err := agentd.New(ctx, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
-		return nil, err
+		return run, reset, err
 	}
 	defer a.Close(context.Background())
 	sb, err := a.Pool().Acquire(ctx, 0)
 	if err != nil {
-		return nil, err
+		return run, reset, err
 	}
 	defer a.Pool().Release(sb, false)
 	usage := func() time.Duration {
@@ -287,31 +357,26 @@ func (b *bench) runnerSplit(ctx context.Context) ([]splitRow, error) {
 		n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
 		return time.Duration(n)
 	}
-	var rows []splitRow
-	for _, lang := range []struct{ name, code string }{{"python", "print(1)"}, {"bash", "echo 1"}} {
-		run := &runnerv1.Run{Language: lang.name, Code: lang.code, Timeout: durationpb.New(10 * time.Second), OutputLimit: 1 << 20}
-		var runW, runC, resW, resC time.Duration
-		const n = 20
-		for i := range n + 2 {
-			c0, t0 := usage(), time.Now()
-			if _, err := sb.Run(ctx, run, nil); err != nil {
-				return nil, err
-			}
-			c1, t1 := usage(), time.Now()
-			if err := sb.Reset(ctx); err != nil {
-				return nil, err
-			}
-			c2, t2 := usage(), time.Now()
-			if i < 2 {
-				continue // warm-up
-			}
-			runW, runC, resW, resC = runW+t1.Sub(t0), runC+c1-c0, resW+t2.Sub(t1), resC+c2-c1
+	r := &runnerv1.Run{Language: lang, Code: code, Timeout: durationpb.New(10 * time.Second), OutputLimit: 1 << 20}
+	const n = 20
+	for i := range n + 2 {
+		c0, t0 := usage(), time.Now()
+		if _, err := sb.Run(ctx, r, nil); err != nil {
+			return run, reset, err
 		}
-		rows = append(rows,
-			splitRow{lang.name + " " + lang.code + " run", runW / n, runC / n},
-			splitRow{"scrub (Reset) after it", resW / n, resC / n})
+		c1, t1 := usage(), time.Now()
+		if err := sb.Reset(ctx); err != nil {
+			return run, reset, err
+		}
+		c2, t2 := usage(), time.Now()
+		if i < 2 {
+			continue // warm-up
+		}
+		run.wall, run.cpu = run.wall+t1.Sub(t0), run.cpu+c1-c0
+		reset.wall, reset.cpu = reset.wall+t2.Sub(t1), reset.cpu+c2-c1
 	}
-	return rows, nil
+	run.wall, run.cpu, reset.wall, reset.cpu = run.wall/n, run.cpu/n, reset.wall/n, reset.cpu/n
+	return run, reset, nil
 }
 
 // cpuUse is CPU time used by the agent's sandboxes, the agent process and
@@ -359,7 +424,7 @@ func (b *bench) cpu(ctx context.Context) cpuUse {
 		t := time.Duration(ut+stt) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 		pid, _ := strconv.Atoi(filepath.Base(d))
 		switch {
-		case pid == b.agent.Process.Pid:
+		case pid == b.agent.cmd.Process.Pid:
 			u.agent += t
 		case comm == "dockerd" || comm == "containerd" || strings.HasPrefix(comm, "containerd-shim"):
 			u.engine += t
@@ -411,23 +476,23 @@ func percentile(lat []time.Duration, p int) time.Duration {
 }
 
 // startAgent starts the agent binary on a loopback port and returns its URL.
-func (b *bench) startAgent(ctx context.Context) (string, error) {
-	name := fmt.Sprintf("bench-%d", os.Getpid())
-	b.name = name
-	b.agent = exec.CommandContext(ctx, filepath.Join(b.dir, "agent"),
+func (b *bench) startAgent(ctx context.Context, name string, extra ...string) (*agentProc, error) {
+	args := []string{
 		"--addr", "127.0.0.1:0", "--name", name, "--min-active", strconv.Itoa(b.o.warm),
-		"--max-sandboxes", strconv.Itoa(b.o.warm+4), "--image", b.o.image, "--runtime", b.o.runtime, "--cpus", strconv.FormatFloat(b.o.cpus, 'f', -1, 64),
-		"--log-format", "json", "--log-level", "info")
-	b.agent.Cancel = func() error { return b.agent.Process.Signal(os.Interrupt) }
-	b.agent.WaitDelay = time.Minute
-	pipe, err := b.agent.StderrPipe()
+		"--max-sandboxes", strconv.Itoa(b.o.warm + 4), "--image", b.o.image, "--runtime", b.o.runtime, "--cpus", strconv.FormatFloat(b.o.cpus, 'f', -1, 64),
+		"--log-format", "json", "--log-level", "info",
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(b.dir, "agent"), append(args, extra...)...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = time.Minute
+	pipe, err := cmd.StderrPipe()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	if err := b.agent.Start(); err != nil {
-		return "", err
+	if err := cmd.Start(); err != nil {
+		return nil, err
 	}
-	b.agentErr = make(chan error, 1)
+	a := &agentProc{cmd: cmd, errc: make(chan error, 1)}
 	addrc := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(pipe)
@@ -442,14 +507,16 @@ func (b *bench) startAgent(ctx context.Context) (string, error) {
 			}
 		}
 	}()
-	go func() { b.agentErr <- b.agent.Wait() }()
+	go func() { a.errc <- cmd.Wait() }()
 	select {
 	case addr := <-addrc:
-		return "http://" + addr, nil
-	case err := <-b.agentErr:
-		return "", fmt.Errorf("agent exited: %v", err)
+		a.url = "http://" + addr
+		return a, nil
+	case err := <-a.errc:
+		return nil, fmt.Errorf("agent exited: %v", err)
 	case <-time.After(time.Minute):
-		return "", errors.New("agent did not listen within a minute")
+		a.stop()
+		return nil, errors.New("agent did not listen within a minute")
 	}
 }
 
@@ -604,14 +671,8 @@ echo $(( (e - s) / %d ))`, b.o.loopN, loops, b.o.loopN)
 }
 
 func (b *bench) cleanup() {
-	if b.agent != nil && b.agent.Process != nil {
-		b.agent.Process.Signal(os.Interrupt)
-		select {
-		case <-b.agentErr:
-		case <-time.After(time.Minute):
-			b.agent.Process.Kill()
-		}
-	}
+	b.agent.stop()
+	b.cold.stop()
 	if b.docker != nil && b.baseline != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		b.docker.ContainerRemove(ctx, b.baseline, container.RemoveOptions{Force: true})
