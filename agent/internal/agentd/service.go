@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -37,27 +36,9 @@ const runGrace = 2 * time.Second
 // runner do not start.
 const minMemory = 64 << 20
 
-// language is one runnable language.
-type language struct {
-	// Name is the name requests use.
-	Name string
-	// Interpreter is the program that runs the code (never through a shell).
-	Interpreter string
-	// File is the name the code would have as a file.
-	File string
-}
-
-// languages is the table of runnable languages. The runner has the argv of
-// each; the agent reports names and versions.
-var languages = [...]language{
-	{Name: "python", Interpreter: "python3", File: "main.py"},
-	{Name: "bash", Interpreter: "bash", File: "main.sh"},
-	{Name: "sh", Interpreter: "sh", File: "main.sh"},
-	{Name: "javascript", Interpreter: "node", File: "main.js"},
-}
-
 func knownLanguage(name string) bool {
-	return slices.ContainsFunc(languages[:], func(l language) bool { return l.Name == name })
+	_, ok := wire.LookupLanguage(name)
+	return ok
 }
 
 // Service is the agent's one internal service: the Connect handlers are a
@@ -290,8 +271,8 @@ func (s *Service) WriteFile(ctx context.Context, id string, f *executionv1.File)
 func (s *Service) Status() *agentv1.AgentStatus {
 	st := s.pool.Stats()
 	sessions := s.sessions.Len()
-	langs := make([]*executionv1.Language, 0, len(languages))
-	for _, l := range languages {
+	langs := make([]*executionv1.Language, 0, 4)
+	for _, l := range wire.Languages() {
 		langs = append(langs, &executionv1.Language{Name: l.Name, Version: st.Versions[l.Name]})
 	}
 	return &agentv1.AgentStatus{

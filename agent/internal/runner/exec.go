@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
@@ -17,50 +18,36 @@ import (
 // is handed to the interpreter on fd 3 instead of as an argument.
 const maxArg = 128<<10 - 1
 
-// language says how to run code of one language.
+// language says how to run code of one language: its entry in the one
+// table (wire.Languages) and, for some, a prestart form.
 type language struct {
-	name string
-	// argv runs code passed as an argument.
-	argv func(code string) []string
-	// fdArgv runs code read from fd 3.
-	fdArgv []string
+	wire.Language
 	// prestartArgv starts an interpreter that waits for the code of one
 	// run on fd 3 (see prestart.go); nil if the language has none.
 	prestartArgv []string
-	env          []string
 }
 
 // languageFor returns the language called name, as in
-// codemode.execution.v1.Execution.language. Interpreters are started
-// directly, never through a shell.
+// codemode.execution.v1.Execution.language.
 func languageFor(name string) (language, bool) {
-	switch name {
-	case "python":
-		return language{
-			name:         name,
-			argv:         func(code string) []string { return []string{"python3", "-c", code} },
-			fdArgv:       []string{"python3", "/dev/fd/3"},
-			prestartArgv: []string{"python3", "-c", prestartPython},
-			// Unbuffered, so that output streams as it is printed.
-			env: []string{"PYTHONUNBUFFERED=1"},
-		}, true
-	case "javascript":
-		return language{
-			name: name,
-			argv: func(code string) []string { return []string{"node", "-e", code} },
-			// node cannot load a script from a pipe by path; -e evaluates
-			// the code read from fd 3 the way -e evaluates its argument.
-			fdArgv: []string{"node", "-e", `require("vm").runInThisContext(require("fs").readFileSync(3, "utf8"), {filename: "[eval]"})`},
-		}, true
-	case "bash", "sh":
-		return language{
-			name:   name,
-			argv:   func(code string) []string { return []string{name, "-c", code} },
-			fdArgv: []string{name, "/dev/fd/3"},
-		}, true
+	l, ok := wire.LookupLanguage(name)
+	if !ok {
+		return language{}, false
 	}
-	return language{}, false
+	lang := language{Language: l}
+	if name == "python" {
+		lang.prestartArgv = []string{l.Interpreter, "-c", prestartPython}
+	}
+	return lang, true
 }
+
+// argv runs code passed as an argument.
+func (l language) argv(code string) []string {
+	return append(append([]string{l.Interpreter}, l.CodeArgs...), code)
+}
+
+// fdArgv runs code read from fd 3.
+func (l language) fdArgv() []string { return append([]string{l.Interpreter}, l.FDArgs...) }
 
 // env is the environment of user code: nothing of the runner's own.
 func (s *server) env(lang language) []string {
@@ -70,7 +57,7 @@ func (s *server) env(lang language) []string {
 		"LANG=C.UTF-8",
 		"PWD=" + s.cfg.workspace,
 	}
-	return append(env, lang.env...)
+	return append(env, lang.Env...)
 }
 
 // run serves a Run request.
@@ -99,7 +86,7 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 	}
 	o := newOutput(id, s.out, lim.output)
 	if r.GetStateful() {
-		switch lang.name {
+		switch lang.Name {
 		case "python":
 			return s.runKernel(ctx, o, r, lim)
 		case "bash", "sh":
@@ -156,7 +143,7 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, pre *pre
 	swept := time.Now()
 	exit.Truncated = o.finish(s.cfg.drainGrace)
 	exit.Duration = durationpb.New(time.Since(start))
-	s.cfg.log.Debug("run", "lang", lang.name, "interpreter", how, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept), "runner_cpu", selfCPU()-cpu0)
+	s.cfg.log.Debug("run", "lang", lang.Name, "interpreter", how, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept), "runner_cpu", selfCPU()-cpu0)
 	return exit, st.err
 }
 
@@ -167,7 +154,7 @@ func (s *server) startCold(lang language, code string, stdin []byte) (*proc, *st
 	var extra []*os.File
 	var codeW *os.File
 	if len(code) > maxArg {
-		argv = lang.fdArgv
+		argv = lang.fdArgv()
 		codeR, w, err := os.Pipe()
 		if err != nil {
 			return nil, nil, fmt.Errorf("create pipe: %w", err)

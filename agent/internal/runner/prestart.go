@@ -86,7 +86,7 @@ func (s *server) prestart() {
 	}
 	std, err := newStdio(nil, true)
 	if err != nil {
-		s.cfg.log.Warn("prestart interpreter", "lang", lang.name, "err", err)
+		s.cfg.log.Warn("prestart interpreter", "lang", lang.Name, "err", err)
 		return
 	}
 	var codeR, codeW, readyR, readyW *os.File
@@ -98,7 +98,7 @@ func (s *server) prestart() {
 		var p *proc
 		p, err = s.procs.start(spec{argv: lang.prestartArgv, env: s.env(lang), files: append(std.child(), codeR, readyW)})
 		if err == nil {
-			s.pre = &prestarted{lang: lang.name, proc: p, std: std, code: codeW}
+			s.pre = &prestarted{lang: lang.Name, proc: p, std: std, code: codeW}
 		}
 	}
 	std.closeChild()
@@ -106,7 +106,7 @@ func (s *server) prestart() {
 	if s.pre == nil {
 		std.closeParent()
 		closeAll(codeW, readyR)
-		s.cfg.log.Warn("prestart interpreter", "lang", lang.name, "err", err)
+		s.cfg.log.Warn("prestart interpreter", "lang", lang.Name, "err", err)
 		return
 	}
 	defer readyR.Close()
@@ -114,7 +114,7 @@ func (s *server) prestart() {
 		s.cfg.log.Warn("prestart interpreter: set deadline", "err", err)
 	}
 	if _, err := readyR.Read(make([]byte, 1)); err != nil {
-		s.cfg.log.Warn("prestarted interpreter did not get ready", "lang", lang.name, "err", err)
+		s.cfg.log.Warn("prestarted interpreter did not get ready", "lang", lang.Name, "err", err)
 		s.pre.discard(s.cfg.log)
 		s.pre = nil
 	}
@@ -129,7 +129,7 @@ func (s *server) takePrestarted(lang language, stateless bool) *prestarted {
 	if stateless && s.cfg.prestart {
 		s.prestartLang = ""
 		if lang.prestartArgv != nil {
-			s.prestartLang = lang.name
+			s.prestartLang = lang.Name
 		}
 	}
 	pre := s.pre
@@ -137,7 +137,7 @@ func (s *server) takePrestarted(lang language, stateless bool) *prestarted {
 	if pre == nil {
 		return nil
 	}
-	if stateless && pre.lang == lang.name && pre.alive() {
+	if stateless && pre.lang == lang.Name && pre.alive() {
 		return pre
 	}
 	pre.discard(s.cfg.log)

@@ -64,7 +64,7 @@ func (s *server) shellPrelude(lang language, st *shellState) string {
 	b.WriteString(" 2>/dev/null || cd -- ")
 	b.WriteString(shellQuote(s.cfg.workspace))
 	b.WriteString("\n")
-	if lang.name == "bash" {
+	if lang.Name == "bash" {
 		b.WriteString(bashSave)
 	} else {
 		b.WriteString(shSave)
@@ -75,7 +75,7 @@ func (s *server) shellPrelude(lang language, st *shellState) string {
 // runShell runs code in a fresh shell that continues the language's shell
 // session.
 func (s *server) runShell(ctx context.Context, o *output, lang language, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
-	st := s.shells[lang.name]
+	st := s.shells[lang.Name]
 	if st == nil {
 		st = &shellState{cwd: s.cfg.workspace}
 	}
@@ -86,7 +86,7 @@ func (s *server) runShell(ctx context.Context, o *output, lang language, r *runn
 		return nil, fmt.Errorf("create pipe: %w", err)
 	}
 	extra := []*os.File{stateW}
-	argv := []string{lang.name, "-c", script}
+	argv := []string{lang.Interpreter, "-c", script}
 	var scriptW *os.File
 	if len(script) > maxArg {
 		scriptR, w, err := os.Pipe()
@@ -95,7 +95,7 @@ func (s *server) runShell(ctx context.Context, o *output, lang language, r *runn
 			return nil, fmt.Errorf("create pipe: %w", err)
 		}
 		extra, scriptW = append(extra, scriptR), w
-		argv = []string{lang.name, "/dev/fd/4"}
+		argv = []string{lang.Interpreter, "/dev/fd/4"}
 	}
 	std, err := newStdio(r.GetStdin(), false)
 	if err != nil {
@@ -121,9 +121,9 @@ func (s *server) runShell(ctx context.Context, o *output, lang language, r *runn
 	exit := &runnerv1.Exit{Code: exitCode(p.status), TimedOut: sv.timedOut, OomKilled: sv.oom}
 	exit.Truncated = o.finish(s.cfg.drainGrace)
 	if next, ok := state.wait(s.cfg.drainGrace); ok {
-		s.shells[lang.name] = next
+		s.shells[lang.Name] = next
 	} else {
-		s.shells[lang.name] = st
+		s.shells[lang.Name] = st
 	}
 	exit.Duration = durationpb.New(time.Since(start))
 	return exit, sv.err

@@ -7,16 +7,13 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/codemode-go/codemode/agent/internal/wire"
 )
 
 // versions asks each interpreter for its version, all at once, as the user,
 // for the Ready event. An interpreter that is missing or slow is left out.
 func (s *server) versions(ctx context.Context) map[string]string {
-	probes := map[string][]string{
-		"python":     {"python3", "-I", "-S", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"},
-		"javascript": {"node", "--version"},
-		"bash":       {"bash", "-c", `echo "${BASH_VERSION%%(*}"`},
-	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var (
@@ -24,11 +21,14 @@ func (s *server) versions(ctx context.Context) map[string]string {
 		wg  sync.WaitGroup
 		out = make(map[string]string)
 	)
-	for lang, argv := range probes {
+	for _, lang := range wire.Languages() {
+		if lang.Version == nil {
+			continue
+		}
 		wg.Go(func() {
-			if v := s.probe(ctx, argv); v != "" {
+			if v := s.probe(ctx, lang.Version); v != "" {
 				mu.Lock()
-				out[lang] = strings.TrimPrefix(v, "v")
+				out[lang.Name] = strings.TrimPrefix(v, "v")
 				mu.Unlock()
 			}
 		})
