@@ -26,6 +26,12 @@
 // another is being served (other than Cancel) is answered with an Error of
 // code BUSY.
 //
+// A Reset answers Done once the sandbox is clean and, unless the runner was
+// started with -prestart=false, once the interpreter of the next stateless
+// run (the language of the last one; Python at first) is started and ready.
+// The runner sends Ready only after the same. The table of languages both
+// sides use is [Languages].
+//
 // # Notes for the container (measured under runsc)
 //
 //   - --pids-limit counts the gVisor kernel's host threads and stub
