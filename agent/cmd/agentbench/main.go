@@ -2,7 +2,9 @@
 // prints a table: stateless runs through the agent's API at concurrency 1
 // and 4, `docker exec` on a warm runsc container, Python start time inside a
 // runsc sandbox (one loop and four parallel loops), a trivial statement in a
-// stateful session, and the agent's own memory with 8 warm sandboxes.
+// stateful session, the agent's own memory with 8 warm sandboxes, and, as
+// the same run's baseline for prestarted interpreters, stateless Python on a
+// second agent started with --prestart=false.
 //
 // It builds the agent and the runner from this module, starts the agent as
 // a process on a loopback port, and removes everything it started when it
@@ -265,7 +267,11 @@ func (b *bench) run(ctx context.Context) error {
 	py4 := results["python/4"]
 	parRate := 4 * float64(time.Second) / float64(parStart)
 	for _, r := range split {
-		fmt.Fprintf(b.out, "runner in one sandbox, %s: wall %.1f ms, sandbox CPU %.1f ms\n", r.what, ms(r.wall), ms(r.cpu))
+		mem := ""
+		if r.memory > 0 {
+			mem = fmt.Sprintf(", sandbox memory after it %.1f MiB", float64(r.memory)/(1<<20))
+		}
+		fmt.Fprintf(b.out, "runner in one sandbox, %s: wall %.1f ms, sandbox CPU %.1f ms%s\n", r.what, ms(r.wall), ms(r.cpu), mem)
 	}
 	if cpu.sandboxes > 0 {
 		fmt.Fprintf(b.out, "\nCPU per stateless python run at concurrency 4: sandboxes (runner run + scrub, under runsc) %.1f ms, agent %.1f ms, dockerd+containerd %.1f ms\n",
@@ -300,6 +306,7 @@ func (b *bench) run(ctx context.Context) error {
 type splitRow struct {
 	what      string
 	wall, cpu time.Duration
+	memory    int64 // after a scrub: the sandbox's memory use (cgroup v1), 0 if unknown
 }
 
 // runnerSplit measures, in one sandbox made as the agent makes them, what a
@@ -326,7 +333,8 @@ func (b *bench) runnerSplit(ctx context.Context) ([]splitRow, error) {
 		if tc.prestart && tc.lang == "python" {
 			scrub += ", with the next prestart"
 		}
-		rows = append(rows, splitRow{tc.what, run.wall, run.cpu}, splitRow{scrub, reset.wall, reset.cpu})
+		rows = append(rows, splitRow{what: tc.what, wall: run.wall, cpu: run.cpu},
+			splitRow{what: scrub, wall: reset.wall, cpu: reset.cpu, memory: reset.memory})
 	}
 	return rows, nil
 }
@@ -376,6 +384,9 @@ func (b *bench) splitOne(ctx context.Context, lang, code string, prestart bool) 
 		reset.wall, reset.cpu = reset.wall+t2.Sub(t1), reset.cpu+c2-c1
 	}
 	run.wall, run.cpu, reset.wall, reset.cpu = run.wall/n, run.cpu/n, reset.wall/n, reset.cpu/n
+	if data, err := os.ReadFile("/sys/fs/cgroup/memory/docker/" + sb.ID() + "/memory.usage_in_bytes"); err == nil {
+		reset.memory, _ = strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	}
 	return run, reset, nil
 }
 
