@@ -436,6 +436,39 @@ print("shm", libc.shmget(0x5eed, 0, 0) >= 0, libc.msgget(0x5eed, 0) >= 0, libc.s
 	}
 }
 
+// TestSandboxPrestart checks, under gVisor, that stateless Python runs after
+// a start or a Reset are served by a prestarted interpreter, and that the
+// prestart follows the language of the sandbox's runs.
+func TestSandboxPrestart(t *testing.T) {
+	t.Parallel()
+	sb := startSandbox(t)
+	ctx := t.Context()
+	// A prestarted interpreter runs the code from its launcher's frame.
+	const which = "import sys; f = sys._getframe().f_back; print(f.f_code.co_name if f else 'cold')"
+	step := func(want string) {
+		t.Helper()
+		if r := sb.mustRun(t, "python", which); r.stdout != want+"\n" {
+			t.Fatalf("got %q (stderr %q), want %s", r.stdout, r.stderr, want)
+		}
+	}
+	reset := func() {
+		t.Helper()
+		if err := sb.c.Reset(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step("_codemode_prestart") // prestarted before Ready
+	step("cold")               // one interpreter per run
+	reset()
+	step("_codemode_prestart")
+	reset()
+	sb.mustRun(t, "bash", "true") // discards it, and stops prestarting
+	reset()
+	step("cold")
+	reset()
+	step("_codemode_prestart")
+}
+
 // TestSandboxAbuse: each abuse ends its run only, with a clear result, and
 // the next run in the same sandbox works.
 func TestSandboxAbuse(t *testing.T) {

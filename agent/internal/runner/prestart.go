@@ -68,8 +68,9 @@ func (p *prestarted) alive() bool {
 }
 
 // prestartReadyTimeout bounds the wait for a prestarted interpreter to be
-// ready.
-const prestartReadyTimeout = 10 * time.Second
+// ready: well within the agent's bound on a whole Reset (10 s), so that a
+// slow start costs the next run its head start, not the sandbox.
+const prestartReadyTimeout = 3 * time.Second
 
 // prestart starts an interpreter for the next stateless run, unless one is
 // already there or none is wanted, and waits until it is ready. A failure
