@@ -254,6 +254,14 @@ func (s *server) supervise(ctx context.Context, done <-chan struct{}, pgid int, 
 	watch := s.watchMemory(done, lim.memory)
 	select {
 	case <-done:
+		// Under load the sandbox kernel may kill a process that fails to
+		// get memory just as the watchdog fires: both are then ready, and
+		// select picks either. The run still ended for memory.
+		select {
+		case <-watch:
+			st.oom = true
+		default:
+		}
 		return st
 	case <-timer.C:
 		st.timedOut = true

@@ -201,11 +201,12 @@ func TestPrestartedInterpreter(t *testing.T) {
 
 	// A prestarted interpreter that died is not used.
 	h.reset()
-	next = h.prestartedPID()
-	killGroup(next)
-	for !gone(next) {
-		time.Sleep(time.Millisecond)
-	}
+	h.prestartedPID()
+	h.s.prestartMu.Lock()
+	pre := h.s.pre
+	h.s.prestartMu.Unlock()
+	killGroup(pre.proc.pid)
+	<-pre.proc.done // as the runner sees it
 	if r := h.mustRun("python", "print('after')"); r.stdout != "after\n" {
 		t.Fatalf("run after the prestarted interpreter died: %q %q", r.stdout, r.stderr)
 	}
