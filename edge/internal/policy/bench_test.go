@@ -164,6 +164,23 @@ func BenchmarkCall(b *testing.B) {
 	}
 }
 
+// BenchmarkCallCancellable is BenchmarkCall of the smallest module with a
+// context that can be cancelled, as every request's is: the difference is
+// the cost of registering each call for the cancel that interrupts it.
+func BenchmarkCallCancellable(b *testing.B) {
+	m := loadForBench(b, "tenantblock", false)
+	in := benchInput(b, "tenantblock")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	decode := func([]byte) error { return nil }
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := m.call(ctx, in, decode); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkEvaluate is EvaluateRequest (or EvaluateResult) with one policy:
 // the call plus encoding the input, decoding and validating the decision.
 func BenchmarkEvaluate(b *testing.B) {
@@ -221,7 +238,10 @@ func BenchmarkChain(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			e := newEngineWith(b, exampleChain(b), tc.contextInterrupt)
-			ctx := context.Background()
+			// Cancellable, as every request's context is: each call
+			// then registers for the cancel that interrupts it.
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			in := req("acme", "python", tc.code)
 			res := &executionv1.Result{Stdout: "1\nAKIAIOSFODNN7EXAMPLE\n" + strings.Repeat("output line\n", 20)}
 			var lat []time.Duration

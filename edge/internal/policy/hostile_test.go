@@ -60,6 +60,45 @@ func TestInfiniteLoopFailsClosedWithinDeadline(t *testing.T) {
 	}
 }
 
+// Cancelling a request interrupts its runaway policy call at once, long
+// before the call's deadline, and is not counted as the policy's timeout.
+func TestCancelInterruptsRunawayCall(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, module, code string
+		contextInterrupt   bool
+	}{
+		{"wat", "loop", "x", false},
+		{"go", "gohostile", "loop", false},
+		{"wat by context", "loop", "x", true},
+		{"go by context", "gohostile", "loop", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := pol(t, tc.module, PhaseRequest, 0, "")
+			p.PoolSize = 1
+			p.Deadline = Duration(10 * time.Second)
+			e := newEngineWith(t, Config{Policies: []PolicyConfig{p}}, tc.contextInterrupt)
+			ctx, cancel := context.WithCancel(t.Context())
+			const after = 50 * time.Millisecond
+			timer := time.AfterFunc(after, cancel)
+			defer timer.Stop()
+			start := time.Now()
+			_, err := e.EvaluateRequest(ctx, req("t", "python", tc.code))
+			took := time.Since(start)
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("err = %v, want context.Canceled", err)
+			}
+			t.Logf("cancelled call ended after %v (cancel at %v, deadline 10s)", took, after)
+			if took > after+slack {
+				t.Errorf("cancelled call took %v", took)
+			}
+			if c := countersOf(t, e, tc.module); c.Timeouts != 0 || c.InstancesReplaced != 1 {
+				t.Errorf("counters = %v, want no timeout, 1 replaced", c)
+			}
+		})
+	}
+}
+
 func TestMemoryBombIsCapped(t *testing.T) {
 	t.Parallel()
 	t.Run("wat", func(t *testing.T) {

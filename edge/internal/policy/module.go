@@ -355,12 +355,26 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		return err
 	}
 	cctx := inst.deadline.start(ctx, time.Duration(m.cfg.Deadline))
+	stopCancel := noStop
+	if ctx.Done() != nil {
+		// Cancelling the request interrupts the call as its deadline
+		// would.
+		stopCancel = context.AfterFunc(ctx, inst.deadline.fire)
+	}
 	err = m.run(cctx, inst, input, decode)
-	if !cctx.stop() && err == nil {
-		// The deadline fired as the call returned: its answer stands, but
-		// the instance may have been closed under it.
-		m.discard(inst, errTimeout)
+	cancelled := !stopCancel()
+	if fired := !cctx.stop(); (fired || cancelled) && err == nil {
+		// The deadline or a cancel came as the call returned: its answer
+		// stands, but the instance may have been interrupted under it.
+		cause := errTimeout
+		if cancelled {
+			cause = context.Canceled
+		}
+		m.discard(inst, cause)
 		return nil
+	}
+	if err != nil && cancelled {
+		err = fmt.Errorf("%w: %w", context.Canceled, err)
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -439,7 +453,11 @@ func (m *module) acquire(ctx context.Context) (*instance, error) {
 
 // discard closes a failed instance and makes a replacement in the background.
 func (m *module) discard(inst *instance, cause error) {
-	m.logger.Warn("policy instance discarded", "error", cause)
+	level := slog.LevelWarn
+	if errors.Is(cause, context.Canceled) {
+		level = slog.LevelDebug // the caller went away; nothing is wrong
+	}
+	m.logger.Log(context.Background(), level, "policy instance discarded", "error", cause)
 	_ = inst.mod.Close(context.Background())
 	m.counters.replaced.Add(1)
 	m.replacer.Add(1)
@@ -505,30 +523,40 @@ func (m *module) close(ctx context.Context) {
 // context.WithTimeout costs a timer, a context and a channel. Once done is
 // closed the instance is discarded, so the channel never needs reopening.
 //
-// Cancellation of the parent context is checked before each call but does
-// not interrupt a running one: the deadline bounds it.
+// Cancelling the parent context fires it early (see module.call).
 type deadlineCtx struct {
 	context.Context // the parent, for values; set per call
 	done            chan struct{}
 	timer           *time.Timer
 	at              time.Time
 	fired           atomic.Bool
+	flag            api.MutableGlobal // nil: not instrumented
 }
 
 // newDeadlineCtx returns the deadline of one instance. When it fires it
 // sets flag, the interrupt global of an instrumented module, if not nil.
 func newDeadlineCtx(flag api.MutableGlobal) *deadlineCtx {
-	d := &deadlineCtx{done: make(chan struct{})}
-	d.timer = time.AfterFunc(time.Hour, func() {
-		d.fired.Store(true)
-		if flag != nil {
-			flag.Set(1)
-		}
-		close(d.done)
-	})
+	d := &deadlineCtx{done: make(chan struct{}), flag: flag}
+	d.timer = time.AfterFunc(time.Hour, d.fire)
 	d.timer.Stop()
 	return d
 }
+
+// fire interrupts the running call, once: at the deadline, or when the
+// caller's context is cancelled.
+func (d *deadlineCtx) fire() {
+	if !d.fired.CompareAndSwap(false, true) {
+		return
+	}
+	if d.flag != nil {
+		d.flag.Set(1)
+	}
+	close(d.done)
+}
+
+// noStop stands for the stop function of a context.AfterFunc that was not
+// registered (the parent context cannot be cancelled).
+func noStop() bool { return true }
 
 // start arms the deadline for one call.
 func (d *deadlineCtx) start(parent context.Context, timeout time.Duration) *deadlineCtx {
