@@ -25,7 +25,7 @@ func (e *Engine) Status() *policyv1.ListPoliciesResponse {
 	}
 	for _, ms := range [][]*module{g.request, g.result} {
 		for _, m := range ms {
-			c := &m.counters
+			c := m.counters
 			resp.Policies = append(resp.Policies, &policyv1.PolicyStatus{
 				Name:        m.cfg.Name,
 				Sha256:      m.sha256,

@@ -118,10 +118,13 @@ func (e *Engine) load(ctx context.Context) (*generation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read policy config: %w", err)
 	}
-	return e.build(ctx, raw)
+	return e.build(ctx, raw, nil)
 }
 
-func (e *Engine) build(ctx context.Context, raw []byte) (_ *generation, err error) {
+// build loads the generation of configuration raw. Policies that are also
+// in prev (same name, phase and module digest) keep counting where they
+// were.
+func (e *Engine) build(ctx context.Context, raw []byte, prev *generation) (_ *generation, err error) {
 	cfg, err := ParseConfig(raw)
 	if err != nil {
 		return nil, err
@@ -157,6 +160,10 @@ func (e *Engine) build(ctx context.Context, raw []byte) (_ *generation, err erro
 		if err != nil {
 			return nil, fmt.Errorf("load policy %s: %w", pc.Name, err)
 		}
+		if p := prev.find(m); p != nil {
+			// Not serving yet: nothing has counted on m.
+			m.counters = p.counters
+		}
 		if pc.Phase == PhaseRequest {
 			g.request = append(g.request, m)
 		} else {
@@ -172,6 +179,22 @@ func (e *Engine) build(ctx context.Context, raw []byte) (_ *generation, err erro
 	e.logger.Info("policy generation loaded", "generation", g.id, "policies", len(cfg.Policies),
 		"config_sha256", g.configSHA, "duration", time.Since(start))
 	return g, nil
+}
+
+// find returns g's module that is the same policy as m (name, phase and
+// digest), or nil. g may be nil.
+func (g *generation) find(m *module) *module {
+	if g == nil {
+		return nil
+	}
+	for _, ms := range [][]*module{g.request, g.result} {
+		for _, o := range ms {
+			if o.cfg.Name == m.cfg.Name && o.cfg.Phase == m.cfg.Phase && o.sha256 == m.sha256 {
+				return o
+			}
+		}
+	}
+	return nil
 }
 
 // acquire returns the serving generation with a reference held.
@@ -230,7 +253,7 @@ func (e *Engine) Reload(ctx context.Context) (changed bool, err error) {
 		e.setStatus(nil)
 		return false, nil
 	}
-	g, err := e.build(ctx, raw)
+	g, err := e.build(ctx, raw, old)
 	if err != nil {
 		e.setStatus(err)
 		e.logger.Error("policy reload failed; previous generation keeps serving",

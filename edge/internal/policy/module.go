@@ -65,7 +65,10 @@ type module struct {
 	pool     chan *instance
 	done     chan struct{} // closed when the module closes: stops replacements
 	replacer sync.WaitGroup
-	counters counters
+	// counters are shared with the same policy (name, phase and digest) in
+	// the generations before and after this one, so a reload does not reset
+	// them.
+	counters *counters
 }
 
 // instance is one instantiated module, used by one call at a time.
@@ -97,8 +100,9 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 		cfg:    cfg,
 		sha256: digest,
 		logger: logger.With("policy", cfg.Name),
-		config: cfg.configBytes(),
-		done:   make(chan struct{}),
+		config:   cfg.configBytes(),
+		done:     make(chan struct{}),
+		counters: new(counters),
 	}
 	m.evaluate = exportRequest
 	if cfg.Phase == PhaseResult {

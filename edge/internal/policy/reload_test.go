@@ -174,6 +174,55 @@ func TestBrokenReloadKeepsServing(t *testing.T) {
 	}
 }
 
+// A reload keeps the counters of the policies it keeps (same name, phase
+// and module) and starts those of a changed module at zero.
+func TestReloadKeepsCounters(t *testing.T) {
+	t.Parallel()
+	block := pol(t, "tenantblock", PhaseRequest, 0, "eve")
+	other := fixed(t, "other", 1, &policyv1.RequestDecision{Verdict: policyv1.Verdict_VERDICT_ALLOW})
+	// Deadlines are not under test here (see tagged).
+	cfg := Config{Deadline: Duration(5 * time.Second), Policies: []PolicyConfig{block, other}}
+	path := writeConfig(t, "", cfg)
+	e, err := New(t.Context(), testOptions(t, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	evaluate := func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := e.EvaluateRequest(t.Context(), req("mallory", "python", "1")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	allowed := func(name string) uint64 {
+		t.Helper()
+		return countersOf(t, e, name).Allowed
+	}
+	evaluate(3)
+	if a, o := allowed("tenantblock"), allowed("other"); a != 3 || o != 3 {
+		t.Fatalf("allowed = %d, %d; want 3, 3", a, o)
+	}
+
+	// Another configuration for tenantblock, another module for "other".
+	block.Config = "eve, zed"
+	other = pol(t, "tenantblock", PhaseRequest, 1, "nobody")
+	other.Name = "other"
+	cfg.Policies = []PolicyConfig{block, other}
+	writeConfig(t, path, cfg)
+	if changed, err := e.Reload(t.Context()); err != nil || !changed {
+		t.Fatalf("Reload = %v, %v", changed, err)
+	}
+	if a, o := allowed("tenantblock"), allowed("other"); a != 3 || o != 0 {
+		t.Fatalf("after the reload allowed = %d, %d; want 3 (kept), 0 (new module)", a, o)
+	}
+	evaluate(1)
+	if a, o := allowed("tenantblock"), allowed("other"); a != 4 || o != 1 {
+		t.Fatalf("allowed = %d, %d; want 4, 1", a, o)
+	}
+}
+
 func TestAdminService(t *testing.T) {
 	t.Parallel()
 	path := writeConfig(t, "", Config{Policies: []PolicyConfig{

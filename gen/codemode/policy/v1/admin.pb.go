@@ -163,7 +163,8 @@ type PolicyStatus struct {
 	FailureMode string `protobuf:"bytes,5,opt,name=failure_mode,json=failureMode,proto3" json:"failure_mode,omitempty"`
 	// Instances kept warm for it.
 	PoolSize int32 `protobuf:"varint,6,opt,name=pool_size,json=poolSize,proto3" json:"pool_size,omitempty"`
-	// What it did since this generation loaded.
+	// What it did since this module (same name, phase and sha256) was first
+	// loaded: reloads that keep it keep counting; a new module starts at zero.
 	Counters *PolicyCounters `protobuf:"bytes,7,opt,name=counters,proto3" json:"counters,omitempty"`
 	// How calls past their deadline are stopped: "instrumented" (a check the
 	// edge adds to the module's loops) or "context" (wazero's slower
