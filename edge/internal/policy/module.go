@@ -97,9 +97,9 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 		return nil, fmt.Errorf("module digest mismatch: file has sha256 %s, config pins %s", digest, cfg.SHA256)
 	}
 	m := &module{
-		cfg:    cfg,
-		sha256: digest,
-		logger: logger.With("policy", cfg.Name),
+		cfg:      cfg,
+		sha256:   digest,
+		logger:   logger.With("policy", cfg.Name),
 		config:   cfg.configBytes(),
 		done:     make(chan struct{}),
 		counters: new(counters),
