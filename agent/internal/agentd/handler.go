@@ -58,6 +58,14 @@ func (h *handler) CloseSession(ctx context.Context, req *connect.Request[agentv1
 	return connect.NewResponse(&agentv1.CloseSessionResponse{}), nil
 }
 
+func (h *handler) GetSession(_ context.Context, req *connect.Request[agentv1.GetSessionRequest]) (*connect.Response[agentv1.GetSessionResponse], error) {
+	sess, err := h.svc.GetSession(req.Msg.GetSessionId())
+	if err != nil {
+		return nil, h.toConnect(err, "")
+	}
+	return connect.NewResponse(&agentv1.GetSessionResponse{Session: sess}), nil
+}
+
 func (h *handler) Status(context.Context, *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
 	return connect.NewResponse(&agentv1.StatusResponse{Status: h.svc.Status()}), nil
 }

@@ -215,13 +215,26 @@ func (s *Service) CreateSession(ctx context.Context, req *agentv1.CreateSessionR
 	if err != nil {
 		return nil, err
 	}
+	return s.session(info), nil
+}
+
+// GetSession describes open session id.
+func (s *Service) GetSession(id string) (*executionv1.Session, error) {
+	info, ok := s.sessions.Info(id)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", pool.ErrSessionNotFound, id)
+	}
+	return s.session(info), nil
+}
+
+func (s *Service) session(info pool.Info) *executionv1.Session {
 	return &executionv1.Session{
 		Id:         info.ID,
 		Language:   info.Language,
 		Agent:      s.cfg.Name,
 		CreateTime: timestamppb.New(info.Created),
 		ExpireTime: timestamppb.New(info.Expires),
-	}, nil
+	}
 }
 
 // CloseSession closes a session and destroys its sandbox.

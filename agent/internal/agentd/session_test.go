@@ -66,6 +66,27 @@ func TestSessionLifecycle(t *testing.T) {
 	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print('in session')", SessionId: id}); r.GetStdout() != "in session\n" {
 		t.Errorf("run: %v", r)
 	}
+	// GetSession answers while a run of the session is going.
+	running := make(chan error, 1)
+	go func() {
+		_, err := c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "import time; time.sleep(3)", SessionId: id}}))
+		running <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	start := time.Now()
+	got, err := c.GetSession(ctx, connect.NewRequest(&agentv1.GetSessionRequest{SessionId: id}))
+	if err != nil || got.Msg.GetSession().GetId() != id || got.Msg.GetSession().GetLanguage() != "python" {
+		t.Errorf("GetSession = %v, %v", got, err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("GetSession waited %v for the run", d)
+	}
+	if err := <-running; err != nil {
+		t.Errorf("run: %v", err)
+	}
+	if _, err := c.GetSession(ctx, connect.NewRequest(&agentv1.GetSessionRequest{SessionId: "no-" + id})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("GetSession of an unknown session: %v, want not_found", err)
+	}
 	st, err := c.Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
 	if err != nil || st.Msg.GetStatus().GetSessions() < 1 {
 		t.Errorf("status %v, %v: want a session", st, err)
@@ -75,6 +96,9 @@ func TestSessionLifecycle(t *testing.T) {
 	}
 	if _, err := c.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id})); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("second close: %v, want not_found", err)
+	}
+	if _, err := c.GetSession(ctx, connect.NewRequest(&agentv1.GetSessionRequest{SessionId: id})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("GetSession after close: %v, want not_found", err)
 	}
 	// An unknown session id in Execute opens the session (the seed's
 	// sessionId semantics), fresh.

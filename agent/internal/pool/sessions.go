@@ -94,6 +94,17 @@ func (s *Sessions) infoLocked(ss *Session) Info {
 	return Info{ID: ss.ID, Language: ss.Language, Created: ss.Created, Expires: last.Add(ss.idle)}
 }
 
+// Info describes session id, if it is open, without waiting for its turn.
+func (s *Sessions) Info(id string) (Info, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss, ok := s.m[id]
+	if !ok || ss.dropped {
+		return Info{}, false
+	}
+	return s.infoLocked(ss), true
+}
+
 // Create opens a session called id (a random id if empty) for language
 // with the given idle timeout (0: the default), taking a sandbox for it.
 //

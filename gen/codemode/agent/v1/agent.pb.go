@@ -408,6 +408,94 @@ func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
 	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
+type GetSessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSessionRequest) Reset() {
+	*x = GetSessionRequest{}
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionRequest) ProtoMessage() {}
+
+func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
+func (*GetSessionRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *GetSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+type GetSessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       *v1.Session            `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSessionResponse) Reset() {
+	*x = GetSessionResponse{}
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionResponse) ProtoMessage() {}
+
+func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
+func (*GetSessionResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GetSessionResponse) GetSession() *v1.Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -416,7 +504,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -428,7 +516,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -441,7 +529,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 type StatusResponse struct {
@@ -453,7 +541,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +553,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +566,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StatusResponse) GetStatus() *AgentStatus {
@@ -517,7 +605,7 @@ type AgentStatus struct {
 
 func (x *AgentStatus) Reset() {
 	*x = AgentStatus{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -529,7 +617,7 @@ func (x *AgentStatus) String() string {
 func (*AgentStatus) ProtoMessage() {}
 
 func (x *AgentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -542,7 +630,7 @@ func (x *AgentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentStatus.ProtoReflect.Descriptor instead.
 func (*AgentStatus) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AgentStatus) GetName() string {
@@ -626,7 +714,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +726,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +739,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListFilesRequest) GetSessionId() string {
@@ -680,7 +768,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +780,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +793,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListFilesResponse) GetFiles() []*v1.FileInfo {
@@ -735,7 +823,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +835,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +848,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReadFileRequest) GetSessionId() string {
@@ -793,7 +881,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +893,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +906,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadFileResponse) GetFile() *v1.File {
@@ -838,7 +926,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +938,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +951,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WriteFileRequest) GetSessionId() string {
@@ -888,7 +976,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +988,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_codemode_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +1001,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_codemode_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 var File_codemode_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -944,7 +1032,12 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\x0f\n" +
+	"\x14CloseSessionResponse\"\\\n" +
+	"\x11GetSessionRequest\x12G\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\"N\n" +
+	"\x12GetSessionResponse\x128\n" +
+	"\asession\x18\x01 \x01(\v2\x1e.codemode.execution.v1.SessionR\asession\"\x0f\n" +
 	"\rStatusRequest\"H\n" +
 	"\x0eStatusResponse\x126\n" +
 	"\x06status\x18\x01 \x01(\v2\x1e.codemode.agent.v1.AgentStatusR\x06status\"\x83\x03\n" +
@@ -984,12 +1077,14 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x127\n" +
 	"\x04file\x18\x02 \x01(\v2\x1b.codemode.execution.v1.FileB\x06\xbaH\x03\xc8\x01\x01R\x04file\"\x13\n" +
-	"\x11WriteFileResponse2\xf8\x05\n" +
+	"\x11WriteFileResponse2\xd8\x06\n" +
 	"\fAgentService\x12R\n" +
 	"\aExecute\x12!.codemode.agent.v1.ExecuteRequest\x1a\".codemode.agent.v1.ExecuteResponse\"\x00\x12f\n" +
 	"\rExecuteStream\x12'.codemode.agent.v1.ExecuteStreamRequest\x1a(.codemode.agent.v1.ExecuteStreamResponse\"\x000\x01\x12d\n" +
 	"\rCreateSession\x12'.codemode.agent.v1.CreateSessionRequest\x1a(.codemode.agent.v1.CreateSessionResponse\"\x00\x12a\n" +
-	"\fCloseSession\x12&.codemode.agent.v1.CloseSessionRequest\x1a'.codemode.agent.v1.CloseSessionResponse\"\x00\x12R\n" +
+	"\fCloseSession\x12&.codemode.agent.v1.CloseSessionRequest\x1a'.codemode.agent.v1.CloseSessionResponse\"\x00\x12^\n" +
+	"\n" +
+	"GetSession\x12$.codemode.agent.v1.GetSessionRequest\x1a%.codemode.agent.v1.GetSessionResponse\"\x03\x90\x02\x01\x12R\n" +
 	"\x06Status\x12 .codemode.agent.v1.StatusRequest\x1a!.codemode.agent.v1.StatusResponse\"\x03\x90\x02\x01\x12[\n" +
 	"\tListFiles\x12#.codemode.agent.v1.ListFilesRequest\x1a$.codemode.agent.v1.ListFilesResponse\"\x03\x90\x02\x01\x12X\n" +
 	"\bReadFile\x12\".codemode.agent.v1.ReadFileRequest\x1a#.codemode.agent.v1.ReadFileResponse\"\x03\x90\x02\x01\x12X\n" +
@@ -1009,7 +1104,7 @@ func file_codemode_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_codemode_agent_v1_agent_proto_rawDescData
 }
 
-var file_codemode_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_codemode_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_codemode_agent_v1_agent_proto_goTypes = []any{
 	(*ExecuteRequest)(nil),        // 0: codemode.agent.v1.ExecuteRequest
 	(*ExecuteResponse)(nil),       // 1: codemode.agent.v1.ExecuteResponse
@@ -1019,59 +1114,64 @@ var file_codemode_agent_v1_agent_proto_goTypes = []any{
 	(*CreateSessionResponse)(nil), // 5: codemode.agent.v1.CreateSessionResponse
 	(*CloseSessionRequest)(nil),   // 6: codemode.agent.v1.CloseSessionRequest
 	(*CloseSessionResponse)(nil),  // 7: codemode.agent.v1.CloseSessionResponse
-	(*StatusRequest)(nil),         // 8: codemode.agent.v1.StatusRequest
-	(*StatusResponse)(nil),        // 9: codemode.agent.v1.StatusResponse
-	(*AgentStatus)(nil),           // 10: codemode.agent.v1.AgentStatus
-	(*ListFilesRequest)(nil),      // 11: codemode.agent.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),     // 12: codemode.agent.v1.ListFilesResponse
-	(*ReadFileRequest)(nil),       // 13: codemode.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 14: codemode.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),      // 15: codemode.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 16: codemode.agent.v1.WriteFileResponse
-	nil,                           // 17: codemode.agent.v1.AgentStatus.LabelsEntry
-	(*v1.Execution)(nil),          // 18: codemode.execution.v1.Execution
-	(*v1.Result)(nil),             // 19: codemode.execution.v1.Result
-	(*v1.Event)(nil),              // 20: codemode.execution.v1.Event
-	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
-	(*v1.Session)(nil),            // 22: codemode.execution.v1.Session
-	(*v1.Language)(nil),           // 23: codemode.execution.v1.Language
-	(*v1.FileInfo)(nil),           // 24: codemode.execution.v1.FileInfo
-	(*v1.File)(nil),               // 25: codemode.execution.v1.File
+	(*GetSessionRequest)(nil),     // 8: codemode.agent.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),    // 9: codemode.agent.v1.GetSessionResponse
+	(*StatusRequest)(nil),         // 10: codemode.agent.v1.StatusRequest
+	(*StatusResponse)(nil),        // 11: codemode.agent.v1.StatusResponse
+	(*AgentStatus)(nil),           // 12: codemode.agent.v1.AgentStatus
+	(*ListFilesRequest)(nil),      // 13: codemode.agent.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),     // 14: codemode.agent.v1.ListFilesResponse
+	(*ReadFileRequest)(nil),       // 15: codemode.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 16: codemode.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),      // 17: codemode.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 18: codemode.agent.v1.WriteFileResponse
+	nil,                           // 19: codemode.agent.v1.AgentStatus.LabelsEntry
+	(*v1.Execution)(nil),          // 20: codemode.execution.v1.Execution
+	(*v1.Result)(nil),             // 21: codemode.execution.v1.Result
+	(*v1.Event)(nil),              // 22: codemode.execution.v1.Event
+	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
+	(*v1.Session)(nil),            // 24: codemode.execution.v1.Session
+	(*v1.Language)(nil),           // 25: codemode.execution.v1.Language
+	(*v1.FileInfo)(nil),           // 26: codemode.execution.v1.FileInfo
+	(*v1.File)(nil),               // 27: codemode.execution.v1.File
 }
 var file_codemode_agent_v1_agent_proto_depIdxs = []int32{
-	18, // 0: codemode.agent.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
-	19, // 1: codemode.agent.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
-	18, // 2: codemode.agent.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
-	20, // 3: codemode.agent.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
-	21, // 4: codemode.agent.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
-	22, // 5: codemode.agent.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
-	10, // 6: codemode.agent.v1.StatusResponse.status:type_name -> codemode.agent.v1.AgentStatus
-	17, // 7: codemode.agent.v1.AgentStatus.labels:type_name -> codemode.agent.v1.AgentStatus.LabelsEntry
-	23, // 8: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
-	24, // 9: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
-	25, // 10: codemode.agent.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
-	25, // 11: codemode.agent.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
-	0,  // 12: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
-	2,  // 13: codemode.agent.v1.AgentService.ExecuteStream:input_type -> codemode.agent.v1.ExecuteStreamRequest
-	4,  // 14: codemode.agent.v1.AgentService.CreateSession:input_type -> codemode.agent.v1.CreateSessionRequest
-	6,  // 15: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
-	8,  // 16: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
-	11, // 17: codemode.agent.v1.AgentService.ListFiles:input_type -> codemode.agent.v1.ListFilesRequest
-	13, // 18: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
-	15, // 19: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
-	1,  // 20: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
-	3,  // 21: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
-	5,  // 22: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
-	7,  // 23: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
-	9,  // 24: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
-	12, // 25: codemode.agent.v1.AgentService.ListFiles:output_type -> codemode.agent.v1.ListFilesResponse
-	14, // 26: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
-	16, // 27: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	20, // 0: codemode.agent.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
+	21, // 1: codemode.agent.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
+	20, // 2: codemode.agent.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
+	22, // 3: codemode.agent.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
+	23, // 4: codemode.agent.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
+	24, // 5: codemode.agent.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
+	24, // 6: codemode.agent.v1.GetSessionResponse.session:type_name -> codemode.execution.v1.Session
+	12, // 7: codemode.agent.v1.StatusResponse.status:type_name -> codemode.agent.v1.AgentStatus
+	19, // 8: codemode.agent.v1.AgentStatus.labels:type_name -> codemode.agent.v1.AgentStatus.LabelsEntry
+	25, // 9: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
+	26, // 10: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
+	27, // 11: codemode.agent.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	27, // 12: codemode.agent.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	0,  // 13: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
+	2,  // 14: codemode.agent.v1.AgentService.ExecuteStream:input_type -> codemode.agent.v1.ExecuteStreamRequest
+	4,  // 15: codemode.agent.v1.AgentService.CreateSession:input_type -> codemode.agent.v1.CreateSessionRequest
+	6,  // 16: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
+	8,  // 17: codemode.agent.v1.AgentService.GetSession:input_type -> codemode.agent.v1.GetSessionRequest
+	10, // 18: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
+	13, // 19: codemode.agent.v1.AgentService.ListFiles:input_type -> codemode.agent.v1.ListFilesRequest
+	15, // 20: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
+	17, // 21: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
+	1,  // 22: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
+	3,  // 23: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
+	5,  // 24: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
+	7,  // 25: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
+	9,  // 26: codemode.agent.v1.AgentService.GetSession:output_type -> codemode.agent.v1.GetSessionResponse
+	11, // 27: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
+	14, // 28: codemode.agent.v1.AgentService.ListFiles:output_type -> codemode.agent.v1.ListFilesResponse
+	16, // 29: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
+	18, // 30: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
+	22, // [22:31] is the sub-list for method output_type
+	13, // [13:22] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_codemode_agent_v1_agent_proto_init() }
@@ -1085,7 +1185,7 @@ func file_codemode_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_agent_v1_agent_proto_rawDesc), len(file_codemode_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

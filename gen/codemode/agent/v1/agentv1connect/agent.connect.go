@@ -46,6 +46,8 @@ const (
 	// AgentServiceCloseSessionProcedure is the fully-qualified name of the AgentService's CloseSession
 	// RPC.
 	AgentServiceCloseSessionProcedure = "/codemode.agent.v1.AgentService/CloseSession"
+	// AgentServiceGetSessionProcedure is the fully-qualified name of the AgentService's GetSession RPC.
+	AgentServiceGetSessionProcedure = "/codemode.agent.v1.AgentService/GetSession"
 	// AgentServiceStatusProcedure is the fully-qualified name of the AgentService's Status RPC.
 	AgentServiceStatusProcedure = "/codemode.agent.v1.AgentService/Status"
 	// AgentServiceListFilesProcedure is the fully-qualified name of the AgentService's ListFiles RPC.
@@ -66,6 +68,9 @@ type AgentServiceClient interface {
 	CreateSession(context.Context, *connect.Request[v1.CreateSessionRequest]) (*connect.Response[v1.CreateSessionResponse], error)
 	// CloseSession destroys a session's sandbox and everything in it.
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
+	// GetSession describes an open session, without waiting for a run of it
+	// to end; not_found if the agent has no session of that id.
+	GetSession(context.Context, *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error)
 	// Status reports the agent's capacity and load.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// ListFiles lists one directory of a session's /workspace.
@@ -112,6 +117,13 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("CloseSession")),
 			connect.WithClientOptions(opts...),
 		),
+		getSession: connect.NewClient[v1.GetSessionRequest, v1.GetSessionResponse](
+			httpClient,
+			baseURL+AgentServiceGetSessionProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("GetSession")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		status: connect.NewClient[v1.StatusRequest, v1.StatusResponse](
 			httpClient,
 			baseURL+AgentServiceStatusProcedure,
@@ -148,6 +160,7 @@ type agentServiceClient struct {
 	executeStream *connect.Client[v1.ExecuteStreamRequest, v1.ExecuteStreamResponse]
 	createSession *connect.Client[v1.CreateSessionRequest, v1.CreateSessionResponse]
 	closeSession  *connect.Client[v1.CloseSessionRequest, v1.CloseSessionResponse]
+	getSession    *connect.Client[v1.GetSessionRequest, v1.GetSessionResponse]
 	status        *connect.Client[v1.StatusRequest, v1.StatusResponse]
 	listFiles     *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
 	readFile      *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
@@ -172,6 +185,11 @@ func (c *agentServiceClient) CreateSession(ctx context.Context, req *connect.Req
 // CloseSession calls codemode.agent.v1.AgentService.CloseSession.
 func (c *agentServiceClient) CloseSession(ctx context.Context, req *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error) {
 	return c.closeSession.CallUnary(ctx, req)
+}
+
+// GetSession calls codemode.agent.v1.AgentService.GetSession.
+func (c *agentServiceClient) GetSession(ctx context.Context, req *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error) {
+	return c.getSession.CallUnary(ctx, req)
 }
 
 // Status calls codemode.agent.v1.AgentService.Status.
@@ -204,6 +222,9 @@ type AgentServiceHandler interface {
 	CreateSession(context.Context, *connect.Request[v1.CreateSessionRequest]) (*connect.Response[v1.CreateSessionResponse], error)
 	// CloseSession destroys a session's sandbox and everything in it.
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
+	// GetSession describes an open session, without waiting for a run of it
+	// to end; not_found if the agent has no session of that id.
+	GetSession(context.Context, *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error)
 	// Status reports the agent's capacity and load.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// ListFiles lists one directory of a session's /workspace.
@@ -246,6 +267,13 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("CloseSession")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceGetSessionHandler := connect.NewUnaryHandler(
+		AgentServiceGetSessionProcedure,
+		svc.GetSession,
+		connect.WithSchema(agentServiceMethods.ByName("GetSession")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	agentServiceStatusHandler := connect.NewUnaryHandler(
 		AgentServiceStatusProcedure,
 		svc.Status,
@@ -283,6 +311,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceCreateSessionHandler.ServeHTTP(w, r)
 		case AgentServiceCloseSessionProcedure:
 			agentServiceCloseSessionHandler.ServeHTTP(w, r)
+		case AgentServiceGetSessionProcedure:
+			agentServiceGetSessionHandler.ServeHTTP(w, r)
 		case AgentServiceStatusProcedure:
 			agentServiceStatusHandler.ServeHTTP(w, r)
 		case AgentServiceListFilesProcedure:
@@ -314,6 +344,10 @@ func (UnimplementedAgentServiceHandler) CreateSession(context.Context, *connect.
 
 func (UnimplementedAgentServiceHandler) CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.agent.v1.AgentService.CloseSession is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) GetSession(context.Context, *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.agent.v1.AgentService.GetSession is not implemented"))
 }
 
 func (UnimplementedAgentServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
