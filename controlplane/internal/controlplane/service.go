@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"slices"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -44,20 +46,64 @@ func retryable(err error) bool {
 	return false
 }
 
-// choose returns the agent for a run: the session's agent if the session is
-// known, else the best agent for the route.
-func (s *Service) choose(sessionID string, labels map[string]string, exclude []*router.Agent) (*router.Agent, error) {
-	var a *router.Agent
-	var err error
-	if sessionID != "" {
-		a, err = s.router.PickSession(sessionID, labels)
-	} else {
-		a, err = s.router.Pick(labels, exclude...)
+// choose returns the agent for a run: the session's agent if the session
+// exists (asking every agent if this control plane does not know where it
+// lives), else the best agent for the route. A session that lives on an
+// agent the route does not select is failed_precondition: running it there
+// would ignore the route, and elsewhere it does not exist.
+func (s *Service) choose(ctx context.Context, sessionID string, labels map[string]string, exclude []*router.Agent) (*router.Agent, error) {
+	if sessionID == "" {
+		a, err := s.router.Pick(labels, exclude...)
+		if err != nil {
+			return nil, connect.NewError(connect.CodeUnavailable, err)
+		}
+		return a, nil
 	}
+	if _, ok := s.router.Session(sessionID); !ok {
+		if a := s.findSession(ctx, sessionID); a != nil {
+			s.router.Bind(sessionID, a)
+		}
+	}
+	a, err := s.router.PickSession(sessionID, labels)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
+	if !a.Matches(labels) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("the session lives on an agent that this request's route (labels %v) does not select; close it and open it again under the same route", labels))
+	}
 	return a, nil
+}
+
+// findSessionTimeout bounds the search for a session on every agent.
+const findSessionTimeout = 2 * time.Second
+
+// findSession asks every agent, at once, whether it holds session id, and
+// returns the one that does, or nil. An agent that does not answer in time
+// is taken not to hold it.
+func (s *Service) findSession(ctx context.Context, id string) *router.Agent {
+	ctx, cancel := context.WithTimeout(ctx, findSessionTimeout)
+	defer cancel()
+	agents := s.router.All()
+	found := make(chan *router.Agent, len(agents))
+	for _, a := range agents {
+		go func() {
+			_, err := a.Client.GetSession(ctx, connect.NewRequest(&agentv1.GetSessionRequest{SessionId: id}))
+			if err != nil {
+				if connect.CodeOf(err) != connect.CodeNotFound {
+					s.logger.Debug("look for session", "agent", a.Address, "error", err)
+				}
+				a = nil
+			}
+			found <- a
+		}()
+	}
+	for range agents {
+		if a := <-found; a != nil {
+			return a
+		}
+	}
+	return nil
 }
 
 func requestID(id string) string {
@@ -82,7 +128,7 @@ func (s *Service) execute(ctx context.Context, ex *executionv1.Execution, labels
 	sid := ex.GetSessionId()
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
-		a, err := s.choose(sid, labels, tried)
+		a, err := s.choose(ctx, sid, labels, tried)
 		if err != nil {
 			return nil, err
 		}
@@ -113,7 +159,7 @@ func (s *Service) executeStream(ctx context.Context, ex *executionv1.Execution, 
 	sid := ex.GetSessionId()
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
-		a, err := s.choose(sid, labels, tried)
+		a, err := s.choose(ctx, sid, labels, tried)
 		if err != nil {
 			return err
 		}
@@ -158,7 +204,7 @@ func (s *Service) CreateSession(ctx context.Context, req *connect.Request[cpv1.C
 	m := req.Msg
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
-		a, err := s.choose(m.GetSessionId(), m.GetRoute().GetLabels(), tried)
+		a, err := s.choose(ctx, m.GetSessionId(), m.GetRoute().GetLabels(), tried)
 		if err != nil {
 			return nil, err
 		}

@@ -81,6 +81,15 @@ func (a *stubAgent) CloseSession(_ context.Context, req *connect.Request[agentv1
 	return connect.NewResponse(&agentv1.CloseSessionResponse{}), nil
 }
 
+func (a *stubAgent) GetSession(_ context.Context, req *connect.Request[agentv1.GetSessionRequest]) (*connect.Response[agentv1.GetSessionResponse], error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.sessions[req.Msg.GetSessionId()] {
+		return nil, connect.NewError(connect.CodeNotFound, errors.New("no such session"))
+	}
+	return connect.NewResponse(&agentv1.GetSessionResponse{Session: &executionv1.Session{Id: req.Msg.GetSessionId(), Agent: a.name}}), nil
+}
+
 // serveAgent serves a on loopback until the test ends; stop ends it early.
 func serveAgent(t *testing.T, a *stubAgent) (addr string, stop func()) {
 	t.Helper()
@@ -177,6 +186,42 @@ func TestRouting(t *testing.T) {
 			if err != nil || got != first {
 				t.Fatalf("run %d went to %q (%v), want %q", i, got, err, first)
 			}
+		}
+	})
+	t.Run("a session keeps to its route", func(t *testing.T) {
+		gpuOnly := map[string]string{"pool": "gpu"}
+		if got, err := execute(t, c, "sess-3", gpuOnly); err != nil || got != "gpu" {
+			t.Fatalf("first run went to %q (%v), want gpu", got, err)
+		}
+		for _, labels := range []map[string]string{gpuOnly, nil} {
+			if got, err := execute(t, c, "sess-3", labels); err != nil || got != "gpu" {
+				t.Fatalf("run with labels %v went to %q (%v), want gpu", labels, got, err)
+			}
+		}
+		// Another route would run the session where the route does not
+		// allow, or start it afresh elsewhere: refused.
+		_, err := execute(t, c, "sess-3", map[string]string{"pool": "general"})
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			t.Fatalf("run with another route: %v, want failed_precondition", err)
+		}
+	})
+	t.Run("a session is found where it lives by a control plane that did not place it", func(t *testing.T) {
+		// Placed on gpu by this control plane; another one (a restart)
+		// would pick idle, the most free, for an unknown session.
+		if got, err := execute(t, c, "sess-4", map[string]string{"pool": "gpu"}); err != nil || got != "gpu" {
+			t.Fatalf("first run went to %q (%v), want gpu", got, err)
+		}
+		other := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), startControlPlane(t, addrs...))
+		var got string
+		var err error
+		for range 100 { // until the new control plane has polled the agents
+			if got, err = execute(t, other, "sess-4", nil); connect.CodeOf(err) != connect.CodeUnavailable {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil || got != "gpu" {
+			t.Fatalf("run through another control plane went to %q (%v), want gpu", got, err)
 		}
 	})
 	t.Run("languages are the union", func(t *testing.T) {

@@ -67,7 +67,8 @@ func (a *Agent) score() (int, bool) {
 	return int(a.status.GetFree()) - a.inFlight, true
 }
 
-func (a *Agent) matches(labels map[string]string) bool {
+// Matches reports whether the agent has every label of labels.
+func (a *Agent) Matches(labels map[string]string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	have := a.status.GetLabels()
@@ -252,7 +253,7 @@ func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, erro
 	var best []*Agent
 	bestScore := 0
 	for _, a := range r.agents {
-		if slices.Contains(exclude, a) || !a.matches(labels) {
+		if slices.Contains(exclude, a) || !a.Matches(labels) {
 			continue
 		}
 		s, ok := a.score()
