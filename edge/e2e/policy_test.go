@@ -19,6 +19,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 	"github.com/codemode-go/codemode/gen/codemode/policy/v1/policyv1connect"
 )
@@ -218,6 +219,40 @@ func TestPolicies(t *testing.T) {
 		_, err := run(t, keyAcme, "python", "print(1)")
 		if err == nil || !strings.Contains(err.Error(), "no healthy agent matches the route") {
 			t.Fatalf("acme's run: err = %v, want no agent for pool=green", err)
+		}
+	})
+
+	t.Run("sessions are placed by the route", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		c := client()
+		sess, err := c.CreateSession(ctx, withKey(&edgev1.CreateSessionRequest{Language: "bash"}, keyBob))
+		if err != nil {
+			t.Fatalf("bob's bash session: %v\n%s", err, logs())
+		}
+		id := sess.Msg.GetSession().GetId()
+		defer c.CloseSession(context.Background(), withKey(&edgev1.CloseSessionRequest{SessionId: id}, keyBob))
+		if sess.Msg.GetSession().GetAgent() != "e2e-policy-blue" {
+			t.Fatalf("session %v, want it on e2e-policy-blue", sess.Msg.GetSession())
+		}
+		res, err := c.Execute(ctx, withKey(&edgev1.ExecuteRequest{Language: "bash", Code: "cd /tmp; echo in", SessionId: id}, keyBob))
+		if err != nil || res.Msg.GetResult().GetStdout() != "in\n" {
+			t.Fatalf("run in the session: %v %v", res, err)
+		}
+		// acme is routed to pool=green, which no agent carries: no session
+		// for acme anywhere else, explicit or opened by a file.
+		_, err = c.CreateSession(ctx, withKey(&edgev1.CreateSessionRequest{Language: "python"}, keyAcme))
+		if err == nil || !strings.Contains(err.Error(), "no healthy agent matches the route") {
+			t.Fatalf("acme's session: err = %v, want no agent for pool=green", err)
+		}
+		_, err = c.WriteFile(ctx, withKey(&edgev1.WriteFileRequest{SessionId: "acme-files", File: &executionv1.File{Path: "a.txt", Content: []byte("a")}}, keyAcme))
+		if err == nil || !strings.Contains(err.Error(), "no healthy agent matches the route") {
+			t.Fatalf("acme's file into a new session: err = %v, want no agent for pool=green", err)
+		}
+		// A suspended tenant opens no session.
+		_, err = c.CreateSession(ctx, withKey(&edgev1.CreateSessionRequest{Language: "python"}, keyMallory))
+		if connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Fatalf("mallory's session: err = %v, want permission_denied", err)
 		}
 	})
 

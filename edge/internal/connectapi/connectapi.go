@@ -33,12 +33,12 @@ func (h *Handler) call(req connect.AnyRequest, ex *executionv1.Execution) (execu
 	if err != nil {
 		return execution.Call{}, err
 	}
-	return execution.Call{
-		Execution: ex,
-		Tenant:    t,
-		Door:      req.Peer().Protocol,
-		RequestID: req.Header().Get("X-Request-Id"),
-	}, nil
+	c := h.caller(req, t)
+	return execution.Call{Execution: ex, Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID}, nil
+}
+
+func (h *Handler) caller(req connect.AnyRequest, tenant string) execution.Caller {
+	return execution.Caller{Tenant: tenant, Door: req.Peer().Protocol, RequestID: req.Header().Get("X-Request-Id")}
 }
 
 // executionRequest is what ExecuteRequest and ExecuteStreamRequest share.
@@ -89,7 +89,7 @@ func (h *Handler) CreateSession(ctx context.Context, req *connect.Request[edgev1
 	if err != nil {
 		return nil, err
 	}
-	sess, err := h.svc.CreateSession(ctx, t, req.Msg.GetLanguage(), req.Msg.GetIdleTimeout().AsDuration())
+	sess, err := h.svc.CreateSession(ctx, h.caller(req, t), req.Msg.GetLanguage(), req.Msg.GetIdleTimeout().AsDuration())
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +152,7 @@ func (h *Handler) WriteFile(ctx context.Context, req *connect.Request[edgev1.Wri
 	if err != nil {
 		return nil, err
 	}
-	if err := h.svc.WriteFile(ctx, t, req.Msg.GetSessionId(), req.Msg.GetFile()); err != nil {
+	if err := h.svc.WriteFile(ctx, h.caller(req, t), req.Msg.GetSessionId(), req.Msg.GetFile()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&edgev1.WriteFileResponse{}), nil

@@ -173,19 +173,30 @@ func (s *Service) logFailure(call Call, err error) {
 	s.logger.Log(context.Background(), lvl, "execute failed", "request_id", call.RequestID, "tenant", call.Tenant, "door", call.Door, "error", err)
 }
 
-// CreateSession creates a session for tenant and returns it with the id the
-// tenant is to use.
-func (s *Service) CreateSession(ctx context.Context, tenant, language string, idle time.Duration) (*executionv1.Session, error) {
+// Caller is who makes a request that is not an execution: the tenant, the
+// door and the request id, as in Call.
+type Caller struct {
+	Tenant, Door, RequestID string
+}
+
+// CreateSession creates a session for the caller and returns it with the id
+// the caller is to use. The request policies place it (see placeSession).
+func (s *Service) CreateSession(ctx context.Context, c Caller, language string, idle time.Duration) (*executionv1.Session, error) {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	public := hex.EncodeToString(b[:])
-	req := &cpv1.CreateSessionRequest{Language: language, SessionId: scopedSession(tenant, public)}
+	req := &cpv1.CreateSessionRequest{Language: language, SessionId: scopedSession(c.Tenant, public)}
 	if idle > 0 {
 		req.IdleTimeout = durationpb.New(idle)
 	}
 	if err := protovalidate.Validate(req); err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
+	route, err := s.placeSession(ctx, c, language, req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	req.Route = route
 	res, err := s.cp.CreateSession(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, err

@@ -47,11 +47,11 @@ func (s *Service) ReadFile(ctx context.Context, tenant, id, path string, max uin
 	return res.Msg.GetFile(), nil
 }
 
-// WriteFile writes f into tenant's session id. Like Execute, it opens the
-// session if it does not exist yet, so files can be put in place before the
-// first run.
-func (s *Service) WriteFile(ctx context.Context, tenant, id string, f *executionv1.File) error {
-	req, err := validated(&cpv1.WriteFileRequest{SessionId: scopedSession(tenant, id), File: f})
+// WriteFile writes f into the caller's session id. Like Execute, it opens
+// the session (for Python, placed by the request policies) if it does not
+// exist yet, so files can be put in place before the first run.
+func (s *Service) WriteFile(ctx context.Context, c Caller, id string, f *executionv1.File) error {
+	req, err := validated(&cpv1.WriteFileRequest{SessionId: scopedSession(c.Tenant, id), File: f})
 	if err != nil {
 		return err
 	}
@@ -59,7 +59,11 @@ func (s *Service) WriteFile(ctx context.Context, tenant, id string, f *execution
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		return err
 	}
-	open := &cpv1.CreateSessionRequest{Language: "python", SessionId: req.GetSessionId()}
+	route, err := s.placeSession(ctx, c, "python", req.GetSessionId())
+	if err != nil {
+		return err
+	}
+	open := &cpv1.CreateSessionRequest{Language: "python", SessionId: req.GetSessionId(), Route: route}
 	if _, err := s.cp.CreateSession(ctx, connect.NewRequest(open)); err != nil && connect.CodeOf(err) != connect.CodeAlreadyExists {
 		return err
 	}

@@ -47,6 +47,27 @@ func (s *Service) vetRequest(ctx context.Context, call Call, ex *executionv1.Exe
 	return out, nil
 }
 
+// placeSession runs the request-phase policies for a session about to be
+// opened for c in language (session id scopedID), so that sessions go where
+// the runs in them will be routed: the chain sees an execution with that
+// language and session id and no code. A denial refuses the session and the
+// route places it; rewrites and limits are for runs and are not used here.
+func (s *Service) placeSession(ctx context.Context, c Caller, language, scopedID string) (*cpv1.Route, error) {
+	if s.policies == nil {
+		return nil, nil
+	}
+	if c.RequestID == "" {
+		c.RequestID = NewRequestID()
+	}
+	call := Call{Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID}
+	v, err := s.vetRequest(ctx, call, &executionv1.Execution{Language: language, SessionId: scopedID})
+	if err != nil {
+		s.logFailure(call, err)
+		return nil, err
+	}
+	return v.route, nil
+}
+
 // vetResult runs the result-phase policies on r.
 func (s *Service) vetResult(ctx context.Context, call Call, v vetted, r *executionv1.Result) (*executionv1.Result, error) {
 	if s.policies == nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/codemode-go/codemode/edge/internal/execution"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
 
@@ -77,7 +78,8 @@ func (a *adapter) writeFile(ctx context.Context, req *mcp.CallToolRequest, in Wr
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := a.svc.WriteFile(ctx, t, in.SessionID, &executionv1.File{Path: in.Path, Content: []byte(in.Content)}); err != nil {
+	c := execution.Caller{Tenant: t, Door: "mcp", RequestID: execution.NewRequestID()}
+	if err := a.svc.WriteFile(ctx, c, in.SessionID, &executionv1.File{Path: in.Path, Content: []byte(in.Content)}); err != nil {
 		return nil, nil, err
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("wrote %d bytes to /workspace/%s", len(in.Content), in.Path)}}}, nil, nil
