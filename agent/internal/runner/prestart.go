@@ -2,6 +2,7 @@ package runner
 
 import (
 	_ "embed"
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
@@ -107,7 +108,7 @@ func (s *server) prestart() {
 	if s.pre == nil {
 		std.closeParent()
 		closeAll(codeW, readyR)
-		s.cfg.log.Warn("prestart interpreter", "lang", lang.Name, "err", err)
+		s.prestartFailed(lang.Name, fmt.Errorf("start: %w", err))
 		return
 	}
 	defer readyR.Close()
@@ -115,10 +116,28 @@ func (s *server) prestart() {
 		s.cfg.log.Warn("prestart interpreter: set deadline", "err", err)
 	}
 	if _, err := readyR.Read(make([]byte, 1)); err != nil {
-		s.cfg.log.Warn("prestarted interpreter did not get ready", "lang", lang.Name, "err", err)
 		s.pre.discard(s.cfg.log)
 		s.pre = nil
+		s.prestartFailed(lang.Name, fmt.Errorf("not ready: %w", err))
+		return
 	}
+	s.prestartFailures = 0
+}
+
+// maxPrestartFailures is how many prestarts in a row may fail before the
+// runner stops trying (an image without the interpreter, say): each failure
+// is logged, and runs start their own interpreters as without prestarting.
+const maxPrestartFailures = 3
+
+func (s *server) prestartFailed(lang string, err error) {
+	s.prestartFailures++
+	if s.prestartFailures < maxPrestartFailures {
+		s.cfg.log.Warn("prestart interpreter", "lang", lang, "err", err)
+		return
+	}
+	s.cfg.log.Warn("prestart interpreter failed repeatedly; prestarting stops", "lang", lang, "failures", s.prestartFailures, "err", err)
+	s.prestartOff = true
+	s.prestartLang = ""
 }
 
 // takePrestarted returns the prestarted interpreter if a run of lang
@@ -127,7 +146,7 @@ func (s *server) prestart() {
 func (s *server) takePrestarted(lang language, stateless bool) *prestarted {
 	s.prestartMu.Lock()
 	defer s.prestartMu.Unlock()
-	if stateless && s.cfg.prestart {
+	if stateless && s.cfg.prestart && !s.prestartOff {
 		s.prestartLang = ""
 		if lang.prestartArgv != nil {
 			s.prestartLang = lang.Name

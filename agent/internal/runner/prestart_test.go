@@ -1,7 +1,11 @@
 package runner
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
@@ -221,5 +226,52 @@ func TestPrestartOff(t *testing.T) {
 	if isRoot() {
 		h.reset()
 	}
+	h.noPrestarted()
+}
+
+// Without the interpreter in the sandbox, prestarting fails a few times and
+// then stops; runs go on as without it.
+func TestPrestartStopsAfterFailures(t *testing.T) {
+	if !isRoot() {
+		t.Skip("Reset kills processes by uid: needs root to run user code under a uid of its own")
+	}
+	t.Parallel()
+	// Reachable by the user code's uid, which t.TempDir's parent is not.
+	bin, err := os.MkdirTemp("", "runner-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(bin) })
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"bash", "sh"} {
+		target, err := exec.LookPath(name)
+		if err != nil {
+			t.Skip(err)
+		}
+		if err := os.Symlink(target, filepath.Join(bin, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHarness(t, func(c *config) { c.path = bin }) // no python3
+	for i := 0; i < maxPrestartFailures; i++ {
+		h.reset()
+	}
+	h.s.prestartMu.Lock()
+	off, failures := h.s.prestartOff, h.s.prestartFailures
+	h.s.prestartMu.Unlock()
+	if !off || failures != maxPrestartFailures {
+		t.Fatalf("after %d failed prestarts: off %v, failures %d", maxPrestartFailures, off, failures)
+	}
+	h.noPrestarted()
+	if r := h.mustRun("bash", "echo still"); r.stdout != "still\n" {
+		t.Fatalf("bash run: %q %q", r.stdout, r.stderr)
+	}
+	r := h.run(t.Context(), &runnerv1.Run{Language: "python", Code: "print(1)"})
+	if !errors.Is(r.err, wire.ErrFailedPrecondition) {
+		t.Fatalf("python run without python3: %v, want failed_precondition", r.err)
+	}
+	h.reset()
 	h.noPrestarted()
 }

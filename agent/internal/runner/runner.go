@@ -185,6 +185,10 @@ type server struct {
 	prestartMu   sync.Mutex
 	pre          *prestarted
 	prestartLang string // language of the next prestart; "": none
+	// Prestarts that failed in a row; at maxPrestartFailures prestarting
+	// is off for good.
+	prestartFailures int
+	prestartOff      bool
 }
 
 func newServer(cfg config, stdout io.Writer) (*server, error) {
