@@ -112,7 +112,7 @@ func (s *Service) Execute(ctx context.Context, exec *executionv1.Execution, emit
 	}
 
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
-	sb, err := s.pool.Acquire(qctx, memory)
+	sb, err := s.pool.AcquireFor(qctx, memory, exec.GetLanguage())
 	cancel()
 	if err != nil {
 		return nil, err

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -226,6 +227,14 @@ func (p *Pool) DefaultMemory() int64 { return p.cfg.Spec.MemoryBytes }
 // [ErrExhausted] (wrapped, with ctx's error) if ctx ends while waiting;
 // [ErrClosed].
 func (p *Pool) Acquire(ctx context.Context, memory int64) (*Sandbox, error) {
+	return p.AcquireFor(ctx, memory, "")
+}
+
+// AcquireFor is Acquire for a run in language: among the warm sandboxes it
+// takes the most recently used one whose runner has an interpreter of that
+// language prestarted, if any (see [Sandbox.Prestarted]), so that the run
+// does not wait for one to start.
+func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*Sandbox, error) {
 	if memory == 0 {
 		memory = p.cfg.Spec.MemoryBytes
 	}
@@ -246,8 +255,17 @@ func (p *Pool) Acquire(ctx context.Context, memory int64) (*Sandbox, error) {
 			return nil, fmt.Errorf("take a sandbox: %w", sandbox.ErrUnavailable)
 		}
 		if dflt && len(p.warm) > 0 {
-			sb := p.warm[len(p.warm)-1]
-			p.warm = p.warm[:len(p.warm)-1]
+			i := len(p.warm) - 1
+			if language != "" {
+				for j := i; j >= 0; j-- {
+					if p.warm[j].Prestarted() == language {
+						i = j
+						break
+					}
+				}
+			}
+			sb := p.warm[i]
+			p.warm = slices.Delete(p.warm, i, i+1)
 			if sb.dead() {
 				// It died while it waited (killed from outside, or the
 				// engine went away): replace it.

@@ -113,9 +113,11 @@ func newFakeContainer(id string) *fakeContainer {
 
 func (c *fakeContainer) serve() {
 	defer c.kill()
-	if err := wire.WriteFrame(c.outW, &runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: &runnerv1.Ready{Versions: map[string]string{"python": "3.fake"}}}}); err != nil {
+	if err := wire.WriteFrame(c.outW, &runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: &runnerv1.Ready{Versions: map[string]string{"python": "3.fake"}, Prestarted: "python"}}}); err != nil {
 		return
 	}
+	// As the runner does, it prestarts the language of the last run.
+	prestarted := "python"
 	for {
 		req := new(runnerv1.Request)
 		if err := wire.ReadFrame(c.inR, req); err != nil {
@@ -127,6 +129,7 @@ func (c *fakeContainer) serve() {
 			if k.Run.GetCode() == "die" {
 				return
 			}
+			prestarted = k.Run.GetLanguage()
 			wire.WriteFrame(c.outW, &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Stdout{Stdout: []byte(k.Run.GetCode())}})
 			ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Exit{Exit: &runnerv1.Exit{}}}
 		case *runnerv1.Request_Reset_:
@@ -134,7 +137,7 @@ func (c *fakeContainer) serve() {
 			if c.failNext.Swap(false) {
 				ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Error{Error: &runnerv1.Error{Message: "dirty"}}}
 			} else {
-				ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{}}}
+				ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{Prestarted: prestarted}}}
 			}
 		default:
 			ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{}}}
@@ -236,6 +239,41 @@ func TestPoolRecyclesBoundedTimes(t *testing.T) {
 	}
 	if got := d.get("c001"); got != nil && !isDone(got) {
 		t.Errorf("worn-out sandbox still live")
+	}
+}
+
+// A run takes a warm sandbox whose runner has its language prestarted, if
+// one has, before the most recently used one.
+func TestPoolPrefersPrestartedLanguage(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, func(c *Config) { c.MinWarm, c.Max = 2, 2 })
+	waitUntil(t, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
+	used := map[string]string{} // language -> sandbox id
+	for _, lang := range []string{"javascript", "python"} {
+		sb, err := p.AcquireFor(t.Context(), 0, lang)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sb.Run(t.Context(), &runnerv1.Run{Language: lang, Code: "x"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		used[lang] = sb.ID()
+		p.Release(sb, true) // scrubbed: it prestarts lang
+	}
+	waitUntil(t, "both back", func() bool { return p.Stats().Warm == 2 })
+	// python's sandbox came back last; javascript's is still preferred for
+	// javascript, and each language finds its own.
+	for _, lang := range []string{"javascript", "python", "javascript"} {
+		sb, err := p.AcquireFor(t.Context(), 0, lang)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.ID() != used[lang] || sb.Prestarted() != lang {
+			t.Errorf("a %s run took %s (prestarted %q), want %s", lang, sb.ID(), sb.Prestarted(), used[lang])
+		}
+		p.Release(sb, true) // scrubbed without a run: still prestarted
+		waitUntil(t, "it back", func() bool { return p.Stats().Warm == 2 })
 	}
 }
 

@@ -469,6 +469,22 @@ func TestSandboxPrestart(t *testing.T) {
 	step("cold")
 	reset()
 	step("_codemode_prestart")
+
+	// Node.js: a prestarted one runs the code through its launcher's vm
+	// call, which shows in a stack trace.
+	const whichJS = `console.log(new Error().stack.includes("at Script.runInThisContext") ? "prestarted" : "cold")`
+	stepJS := func(want string) {
+		t.Helper()
+		if r := sb.mustRun(t, "javascript", whichJS); r.stdout != want+"\n" {
+			t.Fatalf("javascript: got %q (stderr %q), want %s", r.stdout, r.stderr, want)
+		}
+	}
+	reset()
+	stepJS("cold") // Python was prestarted
+	reset()
+	stepJS("prestarted")
+	reset()
+	step("cold") // node was prestarted
 }
 
 // TestSandboxAbuse: each abuse ends its run only, with a clear result, and

@@ -35,8 +35,11 @@ func languageFor(name string) (language, bool) {
 		return language{}, false
 	}
 	lang := language{Language: l}
-	if name == "python" {
+	switch name {
+	case "python":
 		lang.prestartArgv = []string{l.Interpreter, "-c", prestartPython}
+	case "javascript":
+		lang.prestartArgv = []string{l.Interpreter, "-e", prestartNode}
 	}
 	return lang, true
 }

@@ -11,6 +11,9 @@ import (
 //go:embed prestart.py
 var prestartPython string
 
+//go:embed prestart.js
+var prestartNode string
+
 // A prestarted interpreter is started, as the user, at the end of a Reset
 // (and before the runner says it is ready), so that the next stateless run of its language
 // finds the interpreter already initialised and only hands it the code: under
@@ -162,6 +165,17 @@ func (s *server) takePrestarted(lang language, stateless bool) *prestarted {
 	}
 	pre.discard(s.cfg.log)
 	return nil
+}
+
+// prestartedLang is the language of the prestarted interpreter, "" if
+// there is none.
+func (s *server) prestartedLang() string {
+	s.prestartMu.Lock()
+	defer s.prestartMu.Unlock()
+	if s.pre == nil {
+		return ""
+	}
+	return s.pre.lang
 }
 
 // dropPrestarted discards the prestarted interpreter, if there is one.

@@ -81,16 +81,7 @@ func gone(pid int) bool {
 // interpreter started for it: same output, errors, exit code, arguments,
 // namespace, standard input and file descriptors.
 func TestPrestartedPythonIsLikeCold(t *testing.T) {
-	if !isRoot() {
-		t.Skip("Reset kills processes by uid: needs root to run user code under a uid of its own")
-	}
-	t.Parallel()
-	cold := newHarness(t, func(c *config) { c.prestart = false })
-	warm := newHarness(t)
-	cases := []struct {
-		name, code, stdin string
-		files             map[string]string
-	}{
+	testPrestartedLikeCold(t, "python", []prestartCase{
 		{name: "print", code: "print('hi', 6*7)"},
 		{name: "exit code", code: "import sys; sys.exit(3)"},
 		{name: "exit message", code: "import sys; sys.exit('bye')"},
@@ -115,11 +106,58 @@ func TestPrestartedPythonIsLikeCold(t *testing.T) {
 		{name: "import from workspace", code: "import helper; print(helper.VALUE)", files: map[string]string{"helper.py": "VALUE = 42\n"}},
 		{name: "big code", code: bigCode("python")},
 		{name: "warnings", code: "import warnings; warnings.warn('careful')"},
+	}, nil)
+}
+
+// A Node.js run in a prestarted interpreter differs from `node -e` only in
+// the internal frames of a stack trace (the launcher's vm call); output, the
+// error, its source line and the exit code are the same.
+func TestPrestartedNodeIsLikeCold(t *testing.T) {
+	testPrestartedLikeCold(t, "javascript", []prestartCase{
+		{name: "print", code: "console.log('hi', 6*7)"},
+		{name: "globals", code: "console.log(process.argv, typeof require, typeof module, typeof exports, __filename, __dirname, process.cwd() === process.env.HOME)"},
+		{name: "throw", code: "function f() { null.x }\nf()"},
+		{name: "syntax error", code: "x = ("},
+		{name: "exit", code: "process.exit(3)"},
+		{name: "exit code", code: "process.exitCode = 4; console.error('e')"},
+		{name: "unhandled rejection", code: "Promise.reject(new Error('rej'))"},
+		{name: "timers", code: "setTimeout(() => console.log('later'), 50); console.log('now')"},
+		{name: "no stdin", code: "console.log(JSON.stringify(require('fs').readFileSync(0, 'utf8')))"},
+		{name: "stdin", code: "process.stdin.on('data', d => process.stdout.write(d.toString().toUpperCase()))", stdin: "abc\n"},
+		{name: "require from workspace", code: "console.log(require('./helper.js').value)", files: map[string]string{"helper.js": "module.exports = {value: 42}\n"}},
+		{name: "unicode", code: "console.log('héllo ✓')"},
+		{name: "big code", code: bigCode("javascript")},
+	}, func(stderr string) string {
+		var keep []string
+		for _, l := range strings.Split(stderr, "\n") {
+			if !strings.HasPrefix(l, "    at ") {
+				keep = append(keep, l)
+			}
+		}
+		return strings.Join(keep, "\n")
+	})
+}
+
+type prestartCase struct {
+	name, code, stdin string
+	files             map[string]string
+}
+
+// testPrestartedLikeCold runs each case in a runner without prestarting and
+// in a prestarted interpreter of another, and compares what they print and
+// how they exit. stderr, if not nil, normalises standard error first.
+func testPrestartedLikeCold(t *testing.T, lang string, cases []prestartCase, stderr func(string) string) {
+	if !isRoot() {
+		t.Skip("Reset kills processes by uid: needs root to run user code under a uid of its own")
 	}
+	t.Parallel()
+	cold := newHarness(t, func(c *config) { c.prestart = false })
+	warm := newHarness(t)
+	warm.mustRun(lang, bigCode(lang)) // the next prestart is in lang
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			run := func(h *harness) result {
-				r := &runnerv1.Run{Language: "python", Code: tc.code, Stdin: []byte(tc.stdin), Timeout: durationpb.New(20 * time.Second)}
+				r := &runnerv1.Run{Language: lang, Code: tc.code, Stdin: []byte(tc.stdin), Timeout: durationpb.New(20 * time.Second)}
 				for name, content := range tc.files {
 					r.Files = append(r.Files, &runnerv1.File{Path: name, Content: []byte(content)})
 				}
@@ -133,6 +171,12 @@ func TestPrestartedPythonIsLikeCold(t *testing.T) {
 			want := run(cold)
 			warm.reset()
 			pid := warm.prestartedPID()
+			warm.s.prestartMu.Lock()
+			preLang := warm.s.pre.lang
+			warm.s.prestartMu.Unlock()
+			if preLang != lang {
+				t.Fatalf("prestarted %s, want %s", preLang, lang)
+			}
 			got := run(warm)
 			// The two runners have workspaces of their own.
 			for _, r := range []*result{&want, &got} {
@@ -141,6 +185,9 @@ func TestPrestartedPythonIsLikeCold(t *testing.T) {
 					h = warm
 				}
 				r.stdout = strings.ReplaceAll(r.stdout, h.ws, "WORKSPACE")
+				if stderr != nil {
+					r.stderr = stderr(r.stderr)
+				}
 			}
 			if !gone(pid) {
 				t.Fatalf("the prestarted interpreter %d outlived the run", pid)

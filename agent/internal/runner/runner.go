@@ -217,7 +217,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 func (s *server) serve(ctx context.Context, stdin io.Reader) error {
 	defer s.shutdown()
 	s.prestart()
-	ready := &runnerv1.Ready{Versions: s.versions(ctx)}
+	ready := &runnerv1.Ready{Versions: s.versions(ctx), Prestarted: s.prestartedLang()}
 	if err := s.out.send(&runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: ready}}); err != nil {
 		return err
 	}
@@ -316,7 +316,7 @@ func (s *server) handle(ctx context.Context, req *runnerv1.Request) *runnerv1.Ev
 		}
 	case *runnerv1.Request_Reset_:
 		if err = s.reset(ctx); err == nil {
-			return &runnerv1.Event{Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{}}}
+			return &runnerv1.Event{Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{Prestarted: s.prestartedLang()}}}
 		}
 	case *runnerv1.Request_WriteFile:
 		if err = s.writeFile(k.WriteFile.GetFile()); err == nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -74,6 +75,10 @@ type Client struct {
 	readyCh   chan struct{}
 	readyOnce sync.Once
 	ready     *runnerv1.Ready
+
+	// prestarted is the language the runner last said it prestarted an
+	// interpreter for (Ready, then each Reset).
+	prestarted atomic.Pointer[string]
 
 	cancelGrace time.Duration // CancelGrace, shorter in tests
 }
@@ -265,8 +270,31 @@ func (c *Client) Run(ctx context.Context, run *runnerv1.Run, out func(stream Str
 // sandbox must then be destroyed, not reused), or the errors described on
 // [Client].
 func (c *Client) Reset(ctx context.Context) error {
-	_, err := c.call(ctx, &runnerv1.Request{Kind: &runnerv1.Request_Reset_{Reset_: &runnerv1.Reset{}}})
-	return err
+	none := ""
+	c.prestarted.Store(&none) // until the runner says otherwise
+	ev, err := c.call(ctx, &runnerv1.Request{Kind: &runnerv1.Request_Reset_{Reset_: &runnerv1.Reset{}}})
+	if err != nil {
+		return err
+	}
+	lang := ev.GetDone().GetPrestarted()
+	c.prestarted.Store(&lang)
+	return nil
+}
+
+// Prestarted is the language of the interpreter the runner has started
+// ahead of the next stateless run, as it said when it became ready or at
+// the end of the last Reset; "" if none (or not known yet). A run of another
+// language, or anything but a stateless run, discards it.
+func (c *Client) Prestarted() string {
+	if p := c.prestarted.Load(); p != nil {
+		return *p
+	}
+	select {
+	case <-c.readyCh:
+		return c.ready.GetPrestarted()
+	default:
+		return ""
+	}
 }
 
 // WriteFile writes f into the workspace, creating its parent directories,

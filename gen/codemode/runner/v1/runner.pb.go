@@ -854,7 +854,10 @@ func (*Event_FileList) isEvent_Kind() {}
 type Ready struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Interpreter versions by language name.
-	Versions      map[string]string `protobuf:"bytes,1,rep,name=versions,proto3" json:"versions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Versions map[string]string `protobuf:"bytes,1,rep,name=versions,proto3" json:"versions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Language of the interpreter started ahead of the next stateless run;
+	// empty: none.
+	Prestarted    string `protobuf:"bytes,2,opt,name=prestarted,proto3" json:"prestarted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -894,6 +897,13 @@ func (x *Ready) GetVersions() map[string]string {
 		return x.Versions
 	}
 	return nil
+}
+
+func (x *Ready) GetPrestarted() string {
+	if x != nil {
+		return x.Prestarted
+	}
+	return ""
 }
 
 type Exit struct {
@@ -1040,7 +1050,10 @@ func (x *Error) GetCode() Error_Code {
 }
 
 type Done struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// For a Reset: language of the interpreter started ahead of the next
+	// stateless run; empty: none.
+	Prestarted    string `protobuf:"bytes,1,opt,name=prestarted,proto3" json:"prestarted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1073,6 +1086,13 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
 	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Done) GetPrestarted() string {
+	if x != nil {
+		return x.Prestarted
+	}
+	return ""
 }
 
 type FileList struct {
@@ -1247,9 +1267,12 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\x04done\x18\a \x01(\v2\x18.codemode.runner.v1.DoneH\x00R\x04done\x12.\n" +
 	"\x04file\x18\b \x01(\v2\x18.codemode.runner.v1.FileH\x00R\x04file\x12;\n" +
 	"\tfile_list\x18\t \x01(\v2\x1c.codemode.runner.v1.FileListH\x00R\bfileListB\x06\n" +
-	"\x04kind\"\x89\x01\n" +
+	"\x04kind\"\xa9\x01\n" +
 	"\x05Ready\x12C\n" +
-	"\bversions\x18\x01 \x03(\v2'.codemode.runner.v1.Ready.VersionsEntryR\bversions\x1a;\n" +
+	"\bversions\x18\x01 \x03(\v2'.codemode.runner.v1.Ready.VersionsEntryR\bversions\x12\x1e\n" +
+	"\n" +
+	"prestarted\x18\x02 \x01(\tR\n" +
+	"prestarted\x1a;\n" +
 	"\rVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xca\x01\n" +
@@ -1271,8 +1294,11 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eCODE_NOT_FOUND\x10\x02\x12\x1b\n" +
 	"\x17CODE_RESOURCE_EXHAUSTED\x10\x03\x12\r\n" +
 	"\tCODE_BUSY\x10\x04\x12\x1c\n" +
-	"\x18CODE_FAILED_PRECONDITION\x10\x05\"\x06\n" +
-	"\x04Done\"\\\n" +
+	"\x18CODE_FAILED_PRECONDITION\x10\x05\"&\n" +
+	"\x04Done\x12\x1e\n" +
+	"\n" +
+	"prestarted\x18\x01 \x01(\tR\n" +
+	"prestarted\"\\\n" +
 	"\bFileList\x122\n" +
 	"\x05files\x18\x01 \x03(\v2\x1c.codemode.runner.v1.FileInfoR\x05files\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"X\n" +
