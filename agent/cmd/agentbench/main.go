@@ -472,17 +472,21 @@ func (b *bench) addRow(name string, conc int, lat []time.Duration, elapsed time.
 
 func (b *bench) printTable() {
 	fmt.Fprintf(b.out, "\nruntime %s, image %s, %.2g CPUs per sandbox (agent and baseline alike), host CPUs %d\n", b.o.runtime, b.o.image, b.o.cpus, runtime.NumCPU())
-	fmt.Fprintf(b.out, "%-62s %4s %5s %9s %9s %9s %9s\n", "measurement", "conc", "n", "p50 ms", "p95 ms", "p99 ms", "per s")
+	w := len("measurement")
+	for _, r := range b.rows {
+		w = max(w, len(r.name))
+	}
+	fmt.Fprintf(b.out, "%-*s %4s %5s %9s %9s %9s %9s\n", w, "measurement", "conc", "n", "p50 ms", "p95 ms", "p99 ms", "per s")
 	for _, r := range b.rows {
 		if r.noPercents {
 			p50 := "-"
 			if r.p50 > 0 {
 				p50 = fmt.Sprintf("%.1f", ms(r.p50))
 			}
-			fmt.Fprintf(b.out, "%-62s %4d %5d %9s %9s %9s %9.1f\n", r.name, r.conc, r.n, p50, "-", "-", r.rate)
+			fmt.Fprintf(b.out, "%-*s %4d %5d %9s %9s %9s %9.1f\n", w, r.name, r.conc, r.n, p50, "-", "-", r.rate)
 			continue
 		}
-		fmt.Fprintf(b.out, "%-62s %4d %5d %9.1f %9.1f %9.1f %9.1f\n", r.name, r.conc, r.n, ms(r.p50), ms(r.p95), ms(r.p99), r.rate)
+		fmt.Fprintf(b.out, "%-*s %4d %5d %9.1f %9.1f %9.1f %9.1f\n", w, r.name, r.conc, r.n, ms(r.p50), ms(r.p95), ms(r.p99), r.rate)
 	}
 }
 
