@@ -61,6 +61,28 @@ for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null; echo; done | gre
 	if resB.GetStdout() != want {
 		t.Errorf("run B saw what A left:\n%s\nstderr: %s\nwant:\n%s", resB.GetStdout(), resB.GetStderr(), want)
 	}
+
+	// Python: A plants start-up hooks where a new interpreter loads them
+	// (the user site directory under HOME=/workspace) and shows that one
+	// does; B runs in the interpreter prestarted after the scrub, which
+	// must have loaded none of them.
+	resA2 := a.exec(t, &executionv1.Execution{Language: "python", Code: `
+import os, site, subprocess, sys
+d = site.getusersitepackages()
+os.makedirs(d, exist_ok=True)
+open(os.path.join(d, "usercustomize.py"), "w").write("print('planted usercustomize')\n")
+open(os.path.join(d, "planted.pth"), "w").write("import sys; print('planted pth')\n")
+sys.stdout.flush()
+subprocess.run([sys.executable, "-c", "pass"])`})
+	if got := resA2.GetStdout(); !strings.Contains(got, "planted usercustomize") || !strings.Contains(got, "planted pth") {
+		t.Fatalf("run A2 could not plant start-up hooks: %q %q", got, resA2.GetStderr())
+	}
+	// Loaded hooks would print before B2's own line.
+	resB2 := a.exec(t, &executionv1.Execution{Language: "python", Code: `import sys; print("usercustomize" in sys.modules)`})
+	if got := resB2.GetStdout(); got != "False\n" {
+		t.Errorf("run B2's interpreter loaded what A2 planted: %q %q", got, resB2.GetStderr())
+	}
+
 	after := a.containerIDs(t)
 	if len(before) != 1 || len(after) != 1 || before[0] != after[0] {
 		t.Errorf("containers before %v, after %v: want A and B in one sandbox", before, after)
