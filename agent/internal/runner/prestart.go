@@ -15,9 +15,10 @@ var prestartPython string
 var prestartNode string
 
 // A prestarted interpreter is started, as the user, at the end of a Reset
-// (and before the runner says it is ready), so that the next stateless run of its language
-// finds the interpreter already initialised and only hands it the code: under
-// gVisor starting Python costs tens of milliseconds, most of a short run.
+// (and before the runner says it is ready), so that the next stateless run
+// of its language finds the interpreter already initialised and only hands
+// it the code: under gVisor starting Python costs tens of milliseconds and
+// starting node hundreds, most of a short run.
 //
 // It is a fresh process started in a clean sandbox, it serves exactly one
 // run, and it holds nothing but the interpreter's own start-up state, so it
@@ -143,9 +144,9 @@ func (s *server) prestartFailed(lang string, err error) {
 	s.prestartLang = ""
 }
 
-// takePrestarted returns the prestarted interpreter if a run of lang
-// (stateless or not) can use it, and discards it otherwise. A stateless run
-// also decides what the next prestart is.
+// takePrestarted returns the prestarted interpreter if a run of lang can
+// use it (only a stateless one can), and discards it otherwise. A stateless
+// run also decides what the next prestart is.
 func (s *server) takePrestarted(lang language, stateless bool) *prestarted {
 	s.prestartMu.Lock()
 	defer s.prestartMu.Unlock()
