@@ -89,13 +89,14 @@ func (s *Service) findSession(ctx context.Context, id string) *router.Agent {
 	for _, a := range agents {
 		go func() {
 			_, err := a.Client.GetSession(ctx, connect.NewRequest(&agentv1.GetSessionRequest{SessionId: id}))
-			if err != nil {
-				if connect.CodeOf(err) != connect.CodeNotFound {
-					s.logger.Debug("look for session", "agent", a.Address, "error", err)
-				}
-				a = nil
+			switch {
+			case err == nil:
+				found <- a
+				return
+			case connect.CodeOf(err) != connect.CodeNotFound:
+				s.logger.Debug("look for session", "agent", a.Address, "error", err)
 			}
-			found <- a
+			found <- nil
 		}()
 	}
 	for range agents {
