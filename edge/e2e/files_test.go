@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -20,7 +21,9 @@ func TestSessionFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := sess.Msg.GetSession().GetId()
-	t.Cleanup(func() { c.CloseSession(t.Context(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: id})) })
+	t.Cleanup(func() {
+		c.CloseSession(context.Background(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: id}))
+	})
 
 	if _, err := c.WriteFile(t.Context(), connect.NewRequest(&edgev1.WriteFileRequest{
 		SessionId: id, File: &executionv1.File{Path: "data/in.txt", Content: []byte("6 7")},

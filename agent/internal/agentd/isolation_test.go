@@ -1,6 +1,7 @@
 package agentd
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -111,8 +112,8 @@ func TestSessionIsolation(t *testing.T) {
 	a := shared(t)
 	s1, s2 := randomName("iso1"), randomName("iso2")
 	t.Cleanup(func() {
-		a.client("connect").CloseSession(t.Context(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: s1}))
-		a.client("connect").CloseSession(t.Context(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: s2}))
+		a.client("connect").CloseSession(context.Background(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: s1}))
+		a.client("connect").CloseSession(context.Background(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: s2}))
 	})
 	res := a.exec(t, &executionv1.Execution{Language: "bash", SessionId: s1, Code: "echo mine > /workspace/s1.txt; echo ok"})
 	if res.GetStdout() != "ok\n" || res.GetSessionId() != s1 {

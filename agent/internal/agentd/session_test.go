@@ -1,6 +1,7 @@
 package agentd
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +34,7 @@ func TestStatefulSessions(t *testing.T) {
 			t.Parallel()
 			id := randomName("st")
 			t.Cleanup(func() {
-				a.client("connect").CloseSession(t.Context(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
+				a.client("connect").CloseSession(context.Background(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
 			})
 			for _, step := range tt.steps {
 				res := a.exec(t, &executionv1.Execution{Language: tt.lang, Code: step[0], SessionId: id})
@@ -156,7 +157,9 @@ func TestSessionFiles(t *testing.T) {
 	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "python", SessionId: id})); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.CloseSession(t.Context(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id})) })
+	t.Cleanup(func() {
+		c.CloseSession(context.Background(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
+	})
 	if _, err := c.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{SessionId: id, File: &executionv1.File{Path: "data/in.txt", Content: []byte("hello")}})); err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +203,7 @@ func TestSessionSurvivesItsProgram(t *testing.T) {
 	a := shared(t)
 	id := randomName("survive")
 	t.Cleanup(func() {
-		a.client("connect").CloseSession(t.Context(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
+		a.client("connect").CloseSession(context.Background(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
 	})
 	steps := []struct {
 		code  string
