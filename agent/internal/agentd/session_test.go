@@ -28,6 +28,7 @@ func TestStatefulSessions(t *testing.T) {
 			{"print(round(area(2), 3))", "12.566\n"},
 		}},
 		{"bash cd", "bash", [][2]string{{"mkdir -p /workspace/sub/dir && cd /workspace/sub", ""}, {"cd dir; pwd", "/workspace/sub/dir\n"}, {"pwd", "/workspace/sub/dir\n"}}},
+		{"bash variables and functions", "bash", [][2]string{{"x=41; next() { echo $((x + 1)); }", ""}, {"next", "42\n"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

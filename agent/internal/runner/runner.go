@@ -9,9 +9,9 @@
 // with a clean environment, in /workspace. It streams the program's output as
 // it is produced, caps it, enforces the run's timeout by killing the process
 // group and every other process of the user, keeps stateful interpreters
-// (a Python kernel, shell working directory and exports) for sessions, serves
-// file requests confined to /workspace, and scrubs the sandbox for reuse
-// (Reset). See RATIONALE.md for the decisions behind it.
+// (a Python kernel, a shell's working directory, variables and functions)
+// for sessions, serves file requests confined to /workspace, and scrubs the
+// sandbox for reuse (Reset). See RATIONALE.md for the decisions behind it.
 package runner
 
 import (

@@ -671,12 +671,26 @@ func TestStatefulShell(t *testing.T) {
 				return r
 			}
 			run("mkdir -p 'a b/c' && cd 'a b/c' && export GREETING=\"it's \\\"quoted\\\"\" && LOCAL=1")
-			if r := run("pwd; echo \"$GREETING\"; echo \"${LOCAL:-unset}\""); r.stdout != h.ws+"/a b/c\nit's \"quoted\"\nunset\n" {
+			// bash keeps unexported variables too; sh only exported ones.
+			local := "unset"
+			if lang == "bash" {
+				local = "1"
+			}
+			if r := run("pwd; echo \"$GREETING\"; echo \"${LOCAL:-unset}\""); r.stdout != h.ws+"/a b/c\nit's \"quoted\"\n"+local+"\n" || r.stderr != "" {
 				t.Fatalf("state not kept: %q %q", r.stdout, r.stderr)
 			}
 			run("cd ..; unset GREETING; exit 3")
 			if r := run("pwd; echo \"${GREETING:-gone}\""); r.stdout != h.ws+"/a b\ngone\n" {
 				t.Fatalf("state after exit 3: %q %q", r.stdout, r.stderr)
+			}
+			if lang == "bash" {
+				// Functions, arrays, attributes and odd values, but none
+				// of bash's own variables, and no noise on stderr.
+				run("greet() { echo \"hello $1\"; }; declare -a list=(one 'two words'); declare -A map=([k]=v); declare -i n=41; multi=$'line1\\nline2'; readonly FIXED=1; RANDOM=7")
+				r := run("greet bob; echo \"${list[1]} ${map[k]} $((n+1))\"; printf '%s|' \"$multi\"; echo; echo \"${FIXED:-no}\"")
+				if want := "hello bob\ntwo words v 42\nline1\nline2|\n1\n"; r.stdout != want || r.stderr != "" {
+					t.Fatalf("bash state: %q %q, want %q", r.stdout, r.stderr, want)
+				}
 			}
 			// A run killed at its timeout keeps the previous state.
 			r := h.run(t.Context(), &runnerv1.Run{Language: lang, Code: "cd /; sleep 3600", Stateful: true, Timeout: durationpb.New(300 * time.Millisecond)})

@@ -15,8 +15,8 @@ import (
 )
 
 // shellState is what a shell session keeps between runs: the working
-// directory and the exported variables, in the form the shell itself printed
-// them (so that it can read them back).
+// directory and the shell's variables (and, for bash, its functions), in the
+// form the shell itself printed them (so that it can read them back).
 type shellState struct {
 	cwd     string
 	exports string
@@ -27,18 +27,33 @@ const maxShellState = 1 << 20
 
 // Each run of a shell session is a fresh shell that first restores the state
 // of the previous run and, when it exits, writes its new state to fd 3: the
-// working directory, a NUL, its exported variables, a NUL. A run that ends
-// without running the EXIT trap (killed, or the user replaced the trap)
+// working directory, a NUL, the definitions to restore, a NUL. A run that
+// ends without running the EXIT trap (killed, or the user replaced the trap)
 // leaves the state as it was.
+//
+// bash keeps every variable (with its attributes: arrays, integers,
+// read-only...) except those bash itself maintains, such as RANDOM, SECONDS,
+// UID or BASH_* (IFS and OPTIND start afresh), and every function; sh (dash,
+// which cannot list its functions or tell its own variables apart) keeps the
+// exported variables. Restoring is silent: the run's stderr is the user's.
 const (
 	bashSave = `__codemode_save() {
 	local IFS=$' \t\n' __codemode_n
+	local -a __codemode_v=() __codemode_fn=()
+	for __codemode_n in $(compgen -v); do
+		case $__codemode_n in
+		BASH|BASH_*|BASHOPTS|BASHPID|SHELLOPTS|PWD|OLDPWD|SHLVL|_|PPID|UID|EUID|GROUPS|HOSTNAME|HOSTTYPE|MACHTYPE|OSTYPE|RANDOM|SRANDOM|SECONDS|LINENO|EPOCHREALTIME|EPOCHSECONDS|HISTCMD|FUNCNAME|PIPESTATUS|DIRSTACK|COMP_*|OPTERR|OPTIND|IFS|__codemode_*) continue ;;
+		esac
+		__codemode_v+=("$__codemode_n")
+	done
+	for __codemode_n in $(compgen -A function); do
+		case $__codemode_n in __codemode_*) ;; *) __codemode_fn+=("$__codemode_n") ;; esac
+	done
 	{
 		pwd
 		printf '\0'
-		for __codemode_n in $(compgen -e); do
-			case $__codemode_n in BASHOPTS|SHELLOPTS|BASH_*|PWD|SHLVL|_) ;; *) declare -p "$__codemode_n" ;; esac
-		done
+		(( ${#__codemode_v[@]} )) && declare -p "${__codemode_v[@]}"
+		(( ${#__codemode_fn[@]} )) && declare -f "${__codemode_fn[@]}"
 		printf '\0'
 	} >&3 2>/dev/null
 }
@@ -58,8 +73,9 @@ func shellQuote(s string) string {
 
 func (s *server) shellPrelude(lang language, st *shellState) string {
 	var b strings.Builder
+	b.WriteString("{ :\n")
 	b.WriteString(st.exports)
-	b.WriteString("\ncd -- ")
+	b.WriteString("\n} 2>/dev/null\ncd -- ")
 	b.WriteString(shellQuote(st.cwd))
 	b.WriteString(" 2>/dev/null || cd -- ")
 	b.WriteString(shellQuote(s.cfg.workspace))

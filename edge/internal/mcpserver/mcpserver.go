@@ -25,7 +25,7 @@ import (
 type ExecuteInput struct {
 	Code           string  `json:"code" jsonschema:"source code to run"`
 	Language       string  `json:"language,omitempty" jsonschema:"python (default), bash, sh or javascript"`
-	SessionID      string  `json:"session_id,omitempty" jsonschema:"run in this session: files, working directory and (for python) variables persist between calls with the same id; omit for a fresh sandbox"`
+	SessionID      string  `json:"session_id,omitempty" jsonschema:"run in this session: files, the working directory and (for python and bash) variables and functions persist between calls with the same id; omit for a fresh sandbox"`
 	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"wall-clock limit in seconds, at most 300 (default 30)"`
 	Stdin          string  `json:"stdin,omitempty" jsonschema:"text given to the program's standard input"`
 }
