@@ -134,7 +134,7 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, pre *pre
 	exit := &runnerv1.Exit{
 		Code:      exitCode(p.status),
 		TimedOut:  st.timedOut,
-		OomKilled: st.oom,
+		OomKilled: st.oom || st.diedOfMemory(p.status),
 	}
 	if sweep && st.err == nil {
 		var keep []int
@@ -243,6 +243,9 @@ func closeAll(fs ...*os.File) {
 type stopped struct {
 	timedOut, cancelled, oom bool
 	err                      error // the run's processes could not be killed
+	// The most memory the sandbox used during the run as the watchdog saw
+	// it, and the sandbox's limit (0: unknown); see diedOfMemory.
+	memPeak, memLimit uint64
 }
 
 // supervise waits until done is closed. When the timeout passes first, or
@@ -250,18 +253,18 @@ type stopped struct {
 // group pgid and every other process of the user except process group
 // keepPgid (a stateful interpreter that is not part of this run), and waits
 // until exited is closed.
-func (s *server) supervise(ctx context.Context, done <-chan struct{}, pgid int, exited <-chan struct{}, lim limits, keepPgid int) stopped {
-	var st stopped
+func (s *server) supervise(ctx context.Context, done <-chan struct{}, pgid int, exited <-chan struct{}, lim limits, keepPgid int) (st stopped) {
 	timer := time.NewTimer(lim.timeout)
 	defer timer.Stop()
 	watch := s.watchMemory(done, lim.memory)
+	defer func() { st.memPeak, st.memLimit = watch.peak.Load(), watch.limit }()
 	select {
 	case <-done:
 		// Under load the sandbox kernel may kill a process that fails to
 		// get memory just as the watchdog fires: both are then ready, and
 		// select picks either. The run still ended for memory.
 		select {
-		case <-watch:
+		case <-watch.fired:
 			st.oom = true
 		default:
 		}
@@ -270,7 +273,7 @@ func (s *server) supervise(ctx context.Context, done <-chan struct{}, pgid int, 
 		st.timedOut = true
 	case <-ctx.Done():
 		st.cancelled = true
-	case <-watch:
+	case <-watch.fired:
 		st.oom = true
 	}
 	killGroup(pgid)

@@ -136,6 +136,7 @@ func (s *server) runKernel(ctx context.Context, o *output, r *runnerv1.Run, lim 
 		// ended.
 		s.killKernel()
 		exit.Code = exitCode(k.proc.status)
+		exit.OomKilled = exit.OomKilled || st.diedOfMemory(k.proc.status)
 		exit.StateLost = true
 	}
 	exit.Truncated = o.finish(s.cfg.drainGrace)
@@ -144,7 +145,7 @@ func (s *server) runKernel(ctx context.Context, o *output, r *runnerv1.Run, lim 
 		switch {
 		case st.timedOut:
 			why = "the interpreter was killed at the timeout"
-		case st.oom:
+		case exit.OomKilled:
 			why = "the interpreter was killed for using too much memory"
 		case st.cancelled:
 			why = "the run was cancelled"

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -52,28 +54,37 @@ func (m memoryFiles) close() {
 	closeAll(m.usage, m.limit)
 }
 
-// watchMemory returns a channel that is closed if the sandbox's memory usage
-// comes within memoryHeadroom of its limit, or reaches runLimit (if not 0),
-// before done is closed. Without a readable memory cgroup, or without any
-// limit, it returns nil (never ready).
-func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) <-chan struct{} {
+// memWatch is the memory watchdog of one run.
+type memWatch struct {
+	fired chan struct{} // closed when usage crossed the threshold; nil: never
+	peak  atomic.Uint64 // the most usage seen during the run
+	limit uint64        // the sandbox's limit; 0: unknown
+}
+
+// watchMemory starts watching the sandbox's memory usage until done is
+// closed. Its fired channel is closed if usage comes within memoryHeadroom of
+// the sandbox's limit, or reaches runLimit (if not 0). Without a readable
+// memory cgroup, or without any limit, fired is nil (never ready).
+func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) *memWatch {
+	w := &memWatch{}
 	usage := s.memory.usage
 	if usage == nil {
-		return nil
+		return w
 	}
 	threshold := uint64(1<<64 - 1)
 	// Read per run: the limit of a running container can be changed.
 	limit, ok := preadUint(s.memory.limit)
 	if ok && limit > 0 && limit < 1<<62 {
 		threshold = limit - min(limit, memoryHeadroom(limit))
+		w.limit = limit
 	}
 	if runLimit > 0 {
 		threshold = min(threshold, runLimit)
 	}
 	if threshold == 1<<64-1 {
-		return nil
+		return w
 	}
-	fired := make(chan struct{})
+	w.fired = make(chan struct{})
 	go func() {
 		t := time.NewTicker(memoryPoll)
 		defer t.Stop()
@@ -82,15 +93,34 @@ func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) <-chan struc
 			case <-done:
 				return
 			case <-t.C:
-				if u, ok := preadUint(usage); ok && u >= threshold {
+				u, ok := preadUint(usage)
+				if !ok {
+					continue
+				}
+				if u > w.peak.Load() {
+					w.peak.Store(u)
+				}
+				if u >= threshold {
 					s.cfg.log.Warn("memory limit reached: killing the run", "usage", u, "threshold", threshold)
-					close(fired)
+					close(w.fired)
 					return
 				}
 			}
 		}
 	}()
-	return fired
+	return w
+}
+
+// diedOfMemory reports whether a run whose main process ended with ws most
+// likely died for memory although the watchdog did not stop it: killed by
+// a SIGKILL the runner did not send, after the sandbox's memory use had
+// passed half its limit. Under gVisor the sandbox kernel kills a process
+// that runs it out of memory; a fast enough allocator gets there between two
+// polls of the watchdog.
+func (st stopped) diedOfMemory(ws syscall.WaitStatus) bool {
+	return !st.timedOut && !st.cancelled && !st.oom &&
+		ws.Signaled() && ws.Signal() == syscall.SIGKILL &&
+		st.memLimit > 0 && st.memPeak >= st.memLimit/2
 }
 
 // preadUint reads the number in a control file from its start.

@@ -134,7 +134,7 @@ func (s *server) runShell(ctx context.Context, o *output, lang language, r *runn
 	state := readShellState(stateR)
 	std.start(o)
 	sv := s.supervise(ctx, p.done, p.pid, p.done, lim, s.keepPgid())
-	exit := &runnerv1.Exit{Code: exitCode(p.status), TimedOut: sv.timedOut, OomKilled: sv.oom}
+	exit := &runnerv1.Exit{Code: exitCode(p.status), TimedOut: sv.timedOut, OomKilled: sv.oom || sv.diedOfMemory(p.status)}
 	exit.Truncated = o.finish(s.cfg.drainGrace)
 	if next, ok := state.wait(s.cfg.drainGrace); ok {
 		s.shells[lang.Name] = next
