@@ -65,7 +65,11 @@ func policyStack(t testing.TB) (s *Stack, keys string) {
 		return pc{Name: name, Path: filepath.Base(path), SHA256: policytest.Digest(t, path), Phase: phase, Order: order, Config: config}
 	}
 	cfg := map[string]any{
-		"labels": map[string][]string{"pool": {"blue", "green"}},
+		// Deadlines are not under test here (the policy package's tests
+		// cover them); under -race on a loaded machine a Go policy's call
+		// can pass the default 20 ms and fail closed.
+		"deadline": "2s",
+		"labels":   map[string][]string{"pool": {"blue", "green"}},
 		"policies": []pc{
 			p("tenantblock", "request", 5, "mallory"),
 			p("languages", "request", 10, "*: python, bash"),
