@@ -118,7 +118,9 @@ func startSandbox(t testing.TB) *sandbox {
 	args := []string{"run", "-i", "--rm", "--name", name,
 		"--runtime=runsc", "--network=none", "--read-only",
 		"--tmpfs", "/workspace:size=64m", "--tmpfs", "/tmp:size=16m",
-		"--memory=256m", "--pids-limit=128", "--cpus=1",
+		// The agent's default pids limit: 128 held a fork bomb on a quiet
+		// host but not always with the host saturated (see wire's notes).
+		"--memory=256m", "--pids-limit=256", "--cpus=1",
 		"--cap-drop=ALL", "--security-opt=no-new-privileges", "--user=0:0",
 		"--label=codemode.test=runner",
 		"-v", bin + ":" + wire.RunnerPath + ":ro", "--entrypoint", wire.RunnerPath,

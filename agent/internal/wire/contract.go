@@ -39,7 +39,9 @@
 //     "max"). A fork bomb that pushes the sandbox kernel into the limit kills
 //     the whole sandbox. The runner caps the user's processes and threads with
 //     RLIMIT_NPROC (flag -max-user-procs, default 32); with that, a limit of
-//     128 contains a fork bomb, 64 does not.
+//     128 contains a fork bomb on a quiet host and 64 does not. With the
+//     host's CPUs saturated the sandbox kernel runs more threads, and 128
+//     once fell short; the agent's default is 256.
 //   - Docker mounts --tmpfs noexec by default: add "exec" to the /workspace
 //     options if user code may run files it writes (./script.sh, compiled
 //     programs). The runner gives /workspace to [UserUID] itself at start, so
