@@ -98,8 +98,6 @@ func TestTimeout(t *testing.T) {
 		{"output while looping", "python", "while True: print('x' * 100)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			// One at a time, from a warm sandbox: the time measured is
-			// the run's, not a sandbox start's.
 			a.waitWarm(t, 1)
 			t0 := time.Now()
 			res := a.exec(t, &executionv1.Execution{Language: tt.lang, Code: tt.code, Timeout: durationpb.New(2 * time.Second)})
@@ -107,8 +105,14 @@ func TestTimeout(t *testing.T) {
 			if !res.GetTimedOut() || res.GetExitCode() == 0 {
 				t.Errorf("result %v, want timed out", res)
 			}
-			if took > 5*time.Second {
-				t.Errorf("took %v for a 2 s timeout", took)
+			// The run's own duration, as the runner measured it: the
+			// call's may include waiting for a sandbox, which the tests
+			// running beside this one on the shared agent can take.
+			if d := res.GetDuration().AsDuration(); d > 4*time.Second {
+				t.Errorf("run took %v for a 2 s timeout", d)
+			}
+			if took > 30*time.Second {
+				t.Errorf("call took %v for a 2 s timeout", took)
 			}
 			t.Logf("timed out after %v (run %v)", took.Round(time.Millisecond), res.GetDuration().AsDuration())
 			if res := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(1)"}); res.GetStdout() != "1\n" {
