@@ -597,12 +597,7 @@ func (b *bench) agentRuns(ctx context.Context, c agentv1connect.AgentServiceClie
 	for range conc {
 		wg.Go(func() {
 			for range next {
-				s := time.Now()
-				res, err := c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: e}))
-				d := time.Since(s)
-				if err == nil && res.Msg.GetResult().GetExitCode() != 0 {
-					err = fmt.Errorf("exit %d: %s", res.Msg.GetResult().GetExitCode(), res.Msg.GetResult().GetStderr())
-				}
+				d, err := timedRun(ctx, c, e)
 				mu.Lock()
 				if err != nil && first == nil {
 					first = err
@@ -651,19 +646,27 @@ func (b *bench) pacedRuns(ctx context.Context, c agentv1connect.AgentServiceClie
 			return nil, 0, ctx.Err()
 		case <-time.After(pace):
 		}
-		s := time.Now()
-		res, err := c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: e}))
-		if err == nil && res.Msg.GetResult().GetExitCode() != 0 {
-			err = fmt.Errorf("exit %d: %s", res.Msg.GetResult().GetExitCode(), res.Msg.GetResult().GetStderr())
-		}
+		d, err := timedRun(ctx, c, e)
 		if err != nil {
 			return nil, 0, err
 		}
 		if i >= 3 { // warm-up
-			lat = append(lat, time.Since(s))
+			lat = append(lat, d)
 		}
 	}
 	return lat, time.Since(t0), nil
+}
+
+// timedRun runs e once and returns how long the call took; a run that
+// does not exit 0 is an error.
+func timedRun(ctx context.Context, c agentv1connect.AgentServiceClient, e *executionv1.Execution) (time.Duration, error) {
+	s := time.Now()
+	res, err := c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: e}))
+	d := time.Since(s)
+	if err == nil && res.Msg.GetResult().GetExitCode() != 0 {
+		err = fmt.Errorf("exit %d: %s", res.Msg.GetResult().GetExitCode(), res.Msg.GetResult().GetStderr())
+	}
+	return d, err
 }
 
 // startBaseline starts a runsc container from the same image with a

@@ -26,14 +26,7 @@ type kernel struct {
 	sock *os.File // the runner's end of the control socket
 }
 
-func (k *kernel) alive() bool {
-	select {
-	case <-k.proc.done:
-		return false
-	default:
-		return true
-	}
-}
+func (k *kernel) alive() bool { return k.proc.alive() }
 
 // stop kills the kernel and everything in its process group.
 func (k *kernel) stop() {

@@ -63,15 +63,6 @@ func (p *prestarted) discard(log *slog.Logger) {
 	}
 }
 
-func (p *prestarted) alive() bool {
-	select {
-	case <-p.proc.done:
-		return false
-	default:
-		return true
-	}
-}
-
 // prestartReadyTimeout bounds the wait for a prestarted interpreter to be
 // ready: well within the agent's bound on a whole Reset (10 s), so that a
 // slow start costs the next run its head start, not the sandbox.
@@ -140,7 +131,6 @@ func (s *server) prestartFailed(lang string, err error) {
 		return
 	}
 	s.cfg.log.Warn("prestart interpreter failed repeatedly; prestarting stops", "lang", lang, "failures", s.prestartFailures, "err", err)
-	s.prestartOff = true
 	s.prestartLang = ""
 }
 
@@ -150,7 +140,7 @@ func (s *server) prestartFailed(lang string, err error) {
 func (s *server) takePrestarted(lang language, stateless bool) *prestarted {
 	s.prestartMu.Lock()
 	defer s.prestartMu.Unlock()
-	if stateless && s.cfg.prestart && !s.prestartOff {
+	if stateless && s.cfg.prestart && s.prestartFailures < maxPrestartFailures {
 		s.prestartLang = ""
 		if lang.prestartArgv != nil {
 			s.prestartLang = lang.Name
@@ -161,7 +151,7 @@ func (s *server) takePrestarted(lang language, stateless bool) *prestarted {
 	if pre == nil {
 		return nil
 	}
-	if stateless && pre.lang == lang.Name && pre.alive() {
+	if stateless && pre.lang == lang.Name && pre.proc.alive() {
 		return pre
 	}
 	pre.discard(s.cfg.log)

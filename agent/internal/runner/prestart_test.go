@@ -306,7 +306,8 @@ func TestPrestartStopsAfterFailures(t *testing.T) {
 		h.reset()
 	}
 	h.s.prestartMu.Lock()
-	off, failures := h.s.prestartOff, h.s.prestartFailures
+	failures := h.s.prestartFailures
+	off := failures >= maxPrestartFailures && h.s.prestartLang == ""
 	h.s.prestartMu.Unlock()
 	if !off || failures != maxPrestartFailures {
 		t.Fatalf("after %d failed prestarts: off %v, failures %d", maxPrestartFailures, off, failures)

@@ -110,6 +110,16 @@ func (p *procs) forkThread() {
 
 func newProcFor(pid int) *proc { return &proc{pid: pid, done: make(chan struct{})} }
 
+// alive reports whether the process has not been reaped yet.
+func (p *proc) alive() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
 // reap collects every exited child.
 func (p *procs) reap() {
 	for {

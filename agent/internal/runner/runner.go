@@ -188,7 +188,6 @@ type server struct {
 	// Prestarts that failed in a row; at maxPrestartFailures prestarting
 	// is off for good.
 	prestartFailures int
-	prestartOff      bool
 }
 
 func newServer(cfg config, stdout io.Writer) (*server, error) {

@@ -114,6 +114,7 @@ func (c *Client) read(r io.Reader) {
 		if ready := ev.GetReady(); ready != nil {
 			c.readyOnce.Do(func() {
 				c.ready = ready
+				c.prestarted.Store(&ready.Prestarted)
 				close(c.readyCh)
 			})
 			continue
@@ -289,12 +290,7 @@ func (c *Client) Prestarted() string {
 	if p := c.prestarted.Load(); p != nil {
 		return *p
 	}
-	select {
-	case <-c.readyCh:
-		return c.ready.GetPrestarted()
-	default:
-		return ""
-	}
+	return ""
 }
 
 // WriteFile writes f into the workspace, creating its parent directories,

@@ -19,12 +19,25 @@ const unavailable = policyv1.Cause_CAUSE_POLICY_UNAVAILABLE
 // the measured figure is logged.
 const slack = 150 * time.Millisecond
 
+// runaway is a guest that never answers in time: module, run on code.
+type runaway struct {
+	name, module, code string
+	contextInterrupt   bool
+}
+
+// runawayEngine loads tc's module as the one request policy, with one
+// instance and the given deadline.
+func runawayEngine(t *testing.T, tc runaway, deadline time.Duration) *Engine {
+	t.Helper()
+	p := pol(t, tc.module, PhaseRequest, 0, "")
+	p.PoolSize = 1
+	p.Deadline = Duration(deadline)
+	return newEngineWith(t, Config{Policies: []PolicyConfig{p}}, tc.contextInterrupt)
+}
+
 func TestInfiniteLoopFailsClosedWithinDeadline(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name, module, code string
-		contextInterrupt   bool
-	}{
+	for _, tc := range []runaway{
 		{"wat", "loop", "x", false},
 		{"go", "gohostile", "loop", false},
 		{"go sleep", "gohostile", "sleep", false},
@@ -34,10 +47,7 @@ func TestInfiniteLoopFailsClosedWithinDeadline(t *testing.T) {
 		// Not parallel: spinning guests on every core would delay the
 		// deadline timers themselves (see RATIONALE.md).
 		t.Run(tc.name, func(t *testing.T) {
-			p := pol(t, tc.module, PhaseRequest, 0, "")
-			p.PoolSize = 1
-			p.Deadline = Duration(20 * time.Millisecond)
-			e := newEngineWith(t, Config{Policies: []PolicyConfig{p}}, tc.contextInterrupt)
+			e := runawayEngine(t, tc, 20*time.Millisecond)
 			start := time.Now()
 			_, err := e.EvaluateRequest(t.Context(), req("t", "python", tc.code))
 			took := time.Since(start)
@@ -73,20 +83,14 @@ func TestInfiniteLoopFailsClosedWithinDeadline(t *testing.T) {
 // before the call's deadline, and is not counted as the policy's timeout.
 func TestCancelInterruptsRunawayCall(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name, module, code string
-		contextInterrupt   bool
-	}{
+	for _, tc := range []runaway{
 		{"wat", "loop", "x", false},
 		{"go", "gohostile", "loop", false},
 		{"wat by context", "loop", "x", true},
 		{"go by context", "gohostile", "loop", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := pol(t, tc.module, PhaseRequest, 0, "")
-			p.PoolSize = 1
-			p.Deadline = Duration(10 * time.Second)
-			e := newEngineWith(t, Config{Policies: []PolicyConfig{p}}, tc.contextInterrupt)
+			e := runawayEngine(t, tc, 10*time.Second)
 			ctx, cancel := context.WithCancel(t.Context())
 			const after = 50 * time.Millisecond
 			timer := time.AfterFunc(after, cancel)
