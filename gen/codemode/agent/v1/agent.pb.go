@@ -31,9 +31,15 @@ type ExecuteRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Execution *v1.Execution          `protobuf:"bytes,1,opt,name=execution,proto3" json:"execution,omitempty"`
 	// Identifier of the request, for logs.
-	RequestId     string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Open the session when the agent has no session of session_id and never
+	// had one (first use). Without it, such a session is not_found.
+	AllowNewSession bool `protobuf:"varint,4,opt,name=allow_new_session,json=allowNewSession,proto3" json:"allow_new_session,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ExecuteRequest) Reset() {
@@ -78,6 +84,20 @@ func (x *ExecuteRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *ExecuteRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ExecuteRequest) GetAllowNewSession() bool {
+	if x != nil {
+		return x.AllowNewSession
+	}
+	return false
 }
 
 type ExecuteResponse struct {
@@ -128,9 +148,15 @@ type ExecuteStreamRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Execution *v1.Execution          `protobuf:"bytes,1,opt,name=execution,proto3" json:"execution,omitempty"`
 	// Identifier of the request, for logs.
-	RequestId     string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Open the session when the agent has no session of session_id and never
+	// had one (first use). Without it, such a session is not_found.
+	AllowNewSession bool `protobuf:"varint,4,opt,name=allow_new_session,json=allowNewSession,proto3" json:"allow_new_session,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ExecuteStreamRequest) Reset() {
@@ -175,6 +201,20 @@ func (x *ExecuteStreamRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *ExecuteStreamRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ExecuteStreamRequest) GetAllowNewSession() bool {
+	if x != nil {
+		return x.AllowNewSession
+	}
+	return false
 }
 
 type ExecuteStreamResponse struct {
@@ -228,7 +268,10 @@ type CreateSessionRequest struct {
 	// Identifier to give the session. Empty: the agent makes a random one.
 	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The session is closed after this long without a run. Unset: the agent's default.
-	IdleTimeout   *durationpb.Duration `protobuf:"bytes,3,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	IdleTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -284,6 +327,13 @@ func (x *CreateSessionRequest) GetIdleTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *CreateSessionRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type CreateSessionResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       *v1.Session            `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -329,8 +379,11 @@ func (x *CreateSessionResponse) GetSession() *v1.Session {
 }
 
 type CloseSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -372,6 +425,13 @@ func (x *CloseSessionRequest) GetSessionId() string {
 	return ""
 }
 
+func (x *CloseSessionRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type CloseSessionResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -409,8 +469,11 @@ func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
 }
 
 type GetSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -448,6 +511,13 @@ func (*GetSessionRequest) Descriptor() ([]byte, []int) {
 func (x *GetSessionRequest) GetSessionId() string {
 	if x != nil {
 		return x.SessionId
+	}
+	return ""
+}
+
+func (x *GetSessionRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -707,7 +777,10 @@ type ListFilesRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// Directory relative to /workspace; empty for /workspace itself.
-	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -752,6 +825,13 @@ func (x *ListFilesRequest) GetSessionId() string {
 func (x *ListFilesRequest) GetPath() string {
 	if x != nil {
 		return x.Path
+	}
+	return ""
+}
+
+func (x *ListFilesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -816,7 +896,10 @@ type ReadFileRequest struct {
 	// Path relative to /workspace.
 	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	// Largest content to return; a larger file is refused. 0: the agent's maximum (4 MiB).
-	MaxBytes      uint64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes uint64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -872,6 +955,13 @@ func (x *ReadFileRequest) GetMaxBytes() uint64 {
 	return 0
 }
 
+func (x *ReadFileRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type ReadFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	File          *v1.File               `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
@@ -917,9 +1007,12 @@ func (x *ReadFileResponse) GetFile() *v1.File {
 }
 
 type WriteFileRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	File          *v1.File               `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	File      *v1.File               `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -968,6 +1061,13 @@ func (x *WriteFileRequest) GetFile() *v1.File {
 	return nil
 }
 
+func (x *WriteFileRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type WriteFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1008,34 +1108,41 @@ var File_codemode_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1dcodemode/agent/v1/agent.proto\x12\x11codemode.agent.v1\x1a\x1bbuf/validate/validate.proto\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\x81\x01\n" +
+	"\x1dcodemode/agent/v1/agent.proto\x12\x11codemode.agent.v1\x1a\x1bbuf/validate/validate.proto\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\xec\x01\n" +
 	"\x0eExecuteRequest\x12F\n" +
 	"\texecution\x18\x01 \x01(\v2 .codemode.execution.v1.ExecutionB\x06\xbaH\x03\xc8\x01\x01R\texecution\x12'\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\"H\n" +
+	"request_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\x12=\n" +
+	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\x12*\n" +
+	"\x11allow_new_session\x18\x04 \x01(\bR\x0fallowNewSession\"H\n" +
 	"\x0fExecuteResponse\x125\n" +
-	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\x87\x01\n" +
+	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\xf2\x01\n" +
 	"\x14ExecuteStreamRequest\x12F\n" +
 	"\texecution\x18\x01 \x01(\v2 .codemode.execution.v1.ExecutionB\x06\xbaH\x03\xc8\x01\x01R\texecution\x12'\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\"K\n" +
+	"request_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\x12=\n" +
+	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\x12*\n" +
+	"\x11allow_new_session\x18\x04 \x01(\bR\x0fallowNewSession\"K\n" +
 	"\x15ExecuteStreamResponse\x122\n" +
-	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xf1\x01\n" +
+	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xb0\x02\n" +
 	"\x14CreateSessionRequest\x12?\n" +
 	"\blanguage\x18\x01 \x01(\tB#\xbaH r\x1eR\x06pythonR\x04bashR\x02shR\n" +
 	"javascriptR\blanguage\x12J\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12L\n" +
-	"\fidle_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x05*\x00R\vidleTimeout\"Q\n" +
+	"\fidle_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x05*\x00R\vidleTimeout\x12=\n" +
+	"\x06tenant\x18\x04 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"Q\n" +
 	"\x15CreateSessionResponse\x128\n" +
-	"\asession\x18\x01 \x01(\v2\x1e.codemode.execution.v1.SessionR\asession\"^\n" +
+	"\asession\x18\x01 \x01(\v2\x1e.codemode.execution.v1.SessionR\asession\"\x9d\x01\n" +
 	"\x13CloseSessionRequest\x12G\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\\\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12=\n" +
+	"\x06tenant\x18\x02 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"\x16\n" +
+	"\x14CloseSessionResponse\"\x9b\x01\n" +
 	"\x11GetSessionRequest\x12G\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\"N\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12=\n" +
+	"\x06tenant\x18\x02 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"N\n" +
 	"\x12GetSessionResponse\x128\n" +
 	"\asession\x18\x01 \x01(\v2\x1e.codemode.execution.v1.SessionR\asession\"\x0f\n" +
 	"\rStatusRequest\"H\n" +
@@ -1055,28 +1162,31 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\bR\x05ready\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9d\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdc\x02\n" +
 	"\x10ListFilesRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbf\x01\n" +
 	"\x04path\x18\x02 \x01(\tB\xaa\x01\xbaH\xa6\x01\xba\x01u\n" +
-	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r,\x18\xff\x012'^([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$R\x04path\"h\n" +
+	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r,\x18\xff\x012'^([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$R\x04path\x12=\n" +
+	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"h\n" +
 	"\x11ListFilesResponse\x125\n" +
 	"\x05files\x18\x01 \x03(\v2\x1f.codemode.execution.v1.FileInfoR\x05files\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\xc4\x02\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x83\x03\n" +
 	"\x0fReadFileRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbe\x01\n" +
 	"\x04path\x18\x02 \x01(\tB\xa9\x01\xbaH\xa5\x01\xba\x01u\n" +
 	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r+\x10\x01\x18\xff\x012$^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$R\x04path\x12'\n" +
 	"\tmax_bytes\x18\x03 \x01(\x04B\n" +
-	"\xbaH\a2\x05\x18\x80\x80\x80\x02R\bmaxBytes\"C\n" +
+	"\xbaH\a2\x05\x18\x80\x80\x80\x02R\bmaxBytes\x12=\n" +
+	"\x06tenant\x18\x04 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"C\n" +
 	"\x10ReadFileResponse\x12/\n" +
-	"\x04file\x18\x01 \x01(\v2\x1b.codemode.execution.v1.FileR\x04file\"\x94\x01\n" +
+	"\x04file\x18\x01 \x01(\v2\x1b.codemode.execution.v1.FileR\x04file\"\xd3\x01\n" +
 	"\x10WriteFileRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x127\n" +
-	"\x04file\x18\x02 \x01(\v2\x1b.codemode.execution.v1.FileB\x06\xbaH\x03\xc8\x01\x01R\x04file\"\x13\n" +
+	"\x04file\x18\x02 \x01(\v2\x1b.codemode.execution.v1.FileB\x06\xbaH\x03\xc8\x01\x01R\x04file\x12=\n" +
+	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"\x13\n" +
 	"\x11WriteFileResponse2\xd8\x06\n" +
 	"\fAgentService\x12R\n" +
 	"\aExecute\x12!.codemode.agent.v1.ExecuteRequest\x1a\".codemode.agent.v1.ExecuteResponse\"\x00\x12f\n" +

@@ -79,7 +79,10 @@ type ExecuteRequest struct {
 	Execution *v1.Execution          `protobuf:"bytes,1,opt,name=execution,proto3" json:"execution,omitempty"`
 	Route     *Route                 `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
 	// Identifier of the request, for logs.
-	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -135,6 +138,13 @@ func (x *ExecuteRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *ExecuteRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type ExecuteResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        *v1.Result             `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
@@ -184,7 +194,10 @@ type ExecuteStreamRequest struct {
 	Execution *v1.Execution          `protobuf:"bytes,1,opt,name=execution,proto3" json:"execution,omitempty"`
 	Route     *Route                 `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
 	// Identifier of the request, for logs.
-	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -240,6 +253,13 @@ func (x *ExecuteStreamRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *ExecuteStreamRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type ExecuteStreamResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Event         *v1.Event              `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
@@ -285,11 +305,14 @@ func (x *ExecuteStreamResponse) GetEvent() *v1.Event {
 }
 
 type CreateSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Language      string                 `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"`
-	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	IdleTimeout   *durationpb.Duration   `protobuf:"bytes,3,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
-	Route         *Route                 `protobuf:"bytes,4,opt,name=route,proto3" json:"route,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Language    string                 `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"`
+	SessionId   string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	IdleTimeout *durationpb.Duration   `protobuf:"bytes,3,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	Route       *Route                 `protobuf:"bytes,4,opt,name=route,proto3" json:"route,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -352,6 +375,13 @@ func (x *CreateSessionRequest) GetRoute() *Route {
 	return nil
 }
 
+func (x *CreateSessionRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type CreateSessionResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       *v1.Session            `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -397,8 +427,11 @@ func (x *CreateSessionResponse) GetSession() *v1.Session {
 }
 
 type CloseSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -436,6 +469,13 @@ func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
 func (x *CloseSessionRequest) GetSessionId() string {
 	if x != nil {
 		return x.SessionId
+	}
+	return ""
+}
+
+func (x *CloseSessionRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -722,7 +762,10 @@ type ListFilesRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// Directory relative to /workspace; empty for /workspace itself.
-	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -767,6 +810,13 @@ func (x *ListFilesRequest) GetSessionId() string {
 func (x *ListFilesRequest) GetPath() string {
 	if x != nil {
 		return x.Path
+	}
+	return ""
+}
+
+func (x *ListFilesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -831,7 +881,10 @@ type ReadFileRequest struct {
 	// Path relative to /workspace.
 	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	// Largest content to return; a larger file is refused. 0: the agent's maximum (4 MiB).
-	MaxBytes      uint64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes uint64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -887,6 +940,13 @@ func (x *ReadFileRequest) GetMaxBytes() uint64 {
 	return 0
 }
 
+func (x *ReadFileRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type ReadFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	File          *v1.File               `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
@@ -932,9 +992,12 @@ func (x *ReadFileResponse) GetFile() *v1.File {
 }
 
 type WriteFileRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	File          *v1.File               `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	File      *v1.File               `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	// Tenant the request is made for. A session belongs to the tenant that
+	// opened it: calls for another tenant find no such session.
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -983,6 +1046,13 @@ func (x *WriteFileRequest) GetFile() *v1.File {
 	return nil
 }
 
+func (x *WriteFileRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type WriteFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1028,33 +1098,37 @@ const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x06labels\x18\x01 \x03(\v2+.codemode.controlplane.v1.Route.LabelsEntryB9\xbaH6\x9a\x013\x10\x10\")r'\x10\x01\x18?2!^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$*\x04r\x02\x18?R\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb8\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf7\x01\n" +
 	"\x0eExecuteRequest\x12F\n" +
 	"\texecution\x18\x01 \x01(\v2 .codemode.execution.v1.ExecutionB\x06\xbaH\x03\xc8\x01\x01R\texecution\x125\n" +
 	"\x05route\x18\x02 \x01(\v2\x1f.codemode.controlplane.v1.RouteR\x05route\x12'\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\"H\n" +
+	"request_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\x12=\n" +
+	"\x06tenant\x18\x04 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"H\n" +
 	"\x0fExecuteResponse\x125\n" +
-	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\xbe\x01\n" +
+	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\xfd\x01\n" +
 	"\x14ExecuteStreamRequest\x12F\n" +
 	"\texecution\x18\x01 \x01(\v2 .codemode.execution.v1.ExecutionB\x06\xbaH\x03\xc8\x01\x01R\texecution\x125\n" +
 	"\x05route\x18\x02 \x01(\v2\x1f.codemode.controlplane.v1.RouteR\x05route\x12'\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\"K\n" +
+	"request_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\x12=\n" +
+	"\x06tenant\x18\x04 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"K\n" +
 	"\x15ExecuteStreamResponse\x122\n" +
-	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xa8\x02\n" +
+	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xe7\x02\n" +
 	"\x14CreateSessionRequest\x12?\n" +
 	"\blanguage\x18\x01 \x01(\tB#\xbaH r\x1eR\x06pythonR\x04bashR\x02shR\n" +
 	"javascriptR\blanguage\x12J\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12L\n" +
 	"\fidle_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x05*\x00R\vidleTimeout\x125\n" +
-	"\x05route\x18\x04 \x01(\v2\x1f.codemode.controlplane.v1.RouteR\x05route\"Q\n" +
+	"\x05route\x18\x04 \x01(\v2\x1f.codemode.controlplane.v1.RouteR\x05route\x12=\n" +
+	"\x06tenant\x18\x05 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"Q\n" +
 	"\x15CreateSessionResponse\x128\n" +
-	"\asession\x18\x01 \x01(\v2\x1e.codemode.execution.v1.SessionR\asession\"^\n" +
+	"\asession\x18\x01 \x01(\v2\x1e.codemode.execution.v1.SessionR\asession\"\x9d\x01\n" +
 	"\x13CloseSessionRequest\x12G\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\"\x16\n" +
+	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12=\n" +
+	"\x06tenant\x18\x02 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"\x16\n" +
 	"\x14CloseSessionResponse\"\x13\n" +
 	"\x11ListAgentsRequest\"M\n" +
 	"\x12ListAgentsResponse\x127\n" +
@@ -1067,28 +1141,31 @@ const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\tR\x05error\"\x16\n" +
 	"\x14ListLanguagesRequest\"V\n" +
 	"\x15ListLanguagesResponse\x12=\n" +
-	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages\"\x9d\x02\n" +
+	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages\"\xdc\x02\n" +
 	"\x10ListFilesRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbf\x01\n" +
 	"\x04path\x18\x02 \x01(\tB\xaa\x01\xbaH\xa6\x01\xba\x01u\n" +
-	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r,\x18\xff\x012'^([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$R\x04path\"h\n" +
+	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r,\x18\xff\x012'^([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$R\x04path\x12=\n" +
+	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"h\n" +
 	"\x11ListFilesResponse\x125\n" +
 	"\x05files\x18\x01 \x03(\v2\x1f.codemode.execution.v1.FileInfoR\x05files\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\xc4\x02\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x83\x03\n" +
 	"\x0fReadFileRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbe\x01\n" +
 	"\x04path\x18\x02 \x01(\tB\xa9\x01\xbaH\xa5\x01\xba\x01u\n" +
 	"\x14path.no_dot_segments\x12*path must not contain \".\" or \"..\" elements\x1a1!this.split('/').exists(s, s == '.' || s == '..')r+\x10\x01\x18\xff\x012$^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$R\x04path\x12'\n" +
 	"\tmax_bytes\x18\x03 \x01(\x04B\n" +
-	"\xbaH\a2\x05\x18\x80\x80\x80\x02R\bmaxBytes\"C\n" +
+	"\xbaH\a2\x05\x18\x80\x80\x80\x02R\bmaxBytes\x12=\n" +
+	"\x06tenant\x18\x04 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"C\n" +
 	"\x10ReadFileResponse\x12/\n" +
-	"\x04file\x18\x01 \x01(\v2\x1b.codemode.execution.v1.FileR\x04file\"\x94\x01\n" +
+	"\x04file\x18\x01 \x01(\v2\x1b.codemode.execution.v1.FileR\x04file\"\xd3\x01\n" +
 	"\x10WriteFileRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x127\n" +
-	"\x04file\x18\x02 \x01(\v2\x1b.codemode.execution.v1.FileB\x06\xbaH\x03\xc8\x01\x01R\x04file\"\x13\n" +
+	"\x04file\x18\x02 \x01(\v2\x1b.codemode.execution.v1.FileB\x06\xbaH\x03\xc8\x01\x01R\x04file\x12=\n" +
+	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"\x13\n" +
 	"\x11WriteFileResponse2\xf2\a\n" +
 	"\x13ControlPlaneService\x12`\n" +
 	"\aExecute\x12(.codemode.controlplane.v1.ExecuteRequest\x1a).codemode.controlplane.v1.ExecuteResponse\"\x00\x12t\n" +

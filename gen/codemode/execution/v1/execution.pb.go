@@ -27,6 +27,67 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Why a session is not there.
+type SessionNotFound_Reason int32
+
+const (
+	SessionNotFound_REASON_UNSPECIFIED SessionNotFound_Reason = 0
+	// No session of that id ever existed for the caller.
+	SessionNotFound_REASON_UNKNOWN SessionNotFound_Reason = 1
+	// The session was closed (CloseSession or close_session).
+	SessionNotFound_REASON_CLOSED SessionNotFound_Reason = 2
+	// The session was closed after its idle timeout passed without a run.
+	SessionNotFound_REASON_EXPIRED SessionNotFound_Reason = 3
+	// The session was lost with its agent (the agent restarted, or its
+	// sandbox died); its files and state are gone.
+	SessionNotFound_REASON_LOST SessionNotFound_Reason = 4
+)
+
+// Enum value maps for SessionNotFound_Reason.
+var (
+	SessionNotFound_Reason_name = map[int32]string{
+		0: "REASON_UNSPECIFIED",
+		1: "REASON_UNKNOWN",
+		2: "REASON_CLOSED",
+		3: "REASON_EXPIRED",
+		4: "REASON_LOST",
+	}
+	SessionNotFound_Reason_value = map[string]int32{
+		"REASON_UNSPECIFIED": 0,
+		"REASON_UNKNOWN":     1,
+		"REASON_CLOSED":      2,
+		"REASON_EXPIRED":     3,
+		"REASON_LOST":        4,
+	}
+)
+
+func (x SessionNotFound_Reason) Enum() *SessionNotFound_Reason {
+	p := new(SessionNotFound_Reason)
+	*p = x
+	return p
+}
+
+func (x SessionNotFound_Reason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SessionNotFound_Reason) Descriptor() protoreflect.EnumDescriptor {
+	return file_codemode_execution_v1_execution_proto_enumTypes[0].Descriptor()
+}
+
+func (SessionNotFound_Reason) Type() protoreflect.EnumType {
+	return &file_codemode_execution_v1_execution_proto_enumTypes[0]
+}
+
+func (x SessionNotFound_Reason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SessionNotFound_Reason.Descriptor instead.
+func (SessionNotFound_Reason) EnumDescriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{8, 0}
+}
+
 // Execution says what to run and under which limits. The edge's public request
 // carries the same fields; the control plane and the agents receive this message.
 type Execution struct {
@@ -677,6 +738,62 @@ func (x *FileInfo) GetMode() uint32 {
 	return 0
 }
 
+// SessionNotFound is attached as a detail to a not_found error about a
+// session itself (not a file in it): it says what became of the session, so
+// that a caller can tell a typo from a session that ended.
+type SessionNotFound struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Reason SessionNotFound_Reason `protobuf:"varint,1,opt,name=reason,proto3,enum=codemode.execution.v1.SessionNotFound_Reason" json:"reason,omitempty"`
+	// When the session ended, if known.
+	EndTime       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionNotFound) Reset() {
+	*x = SessionNotFound{}
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionNotFound) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionNotFound) ProtoMessage() {}
+
+func (x *SessionNotFound) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionNotFound.ProtoReflect.Descriptor instead.
+func (*SessionNotFound) Descriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SessionNotFound) GetReason() SessionNotFound_Reason {
+	if x != nil {
+		return x.Reason
+	}
+	return SessionNotFound_REASON_UNSPECIFIED
+}
+
+func (x *SessionNotFound) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
 var File_codemode_execution_v1_execution_proto protoreflect.FileDescriptor
 
 const file_codemode_execution_v1_execution_proto_rawDesc = "" +
@@ -735,7 +852,16 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x10\n" +
 	"\x03dir\x18\x03 \x01(\bR\x03dir\x12\x12\n" +
-	"\x04mode\x18\x04 \x01(\rR\x04modeB\xe8\x01\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04mode\"\xfd\x01\n" +
+	"\x0fSessionNotFound\x12E\n" +
+	"\x06reason\x18\x01 \x01(\x0e2-.codemode.execution.v1.SessionNotFound.ReasonR\x06reason\x125\n" +
+	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"l\n" +
+	"\x06Reason\x12\x16\n" +
+	"\x12REASON_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eREASON_UNKNOWN\x10\x01\x12\x11\n" +
+	"\rREASON_CLOSED\x10\x02\x12\x12\n" +
+	"\x0eREASON_EXPIRED\x10\x03\x12\x0f\n" +
+	"\vREASON_LOST\x10\x04B\xe8\x01\n" +
 	"\x19com.codemode.execution.v1B\x0eExecutionProtoP\x01ZEgithub.com/codemode-go/codemode/gen/codemode/execution/v1;executionv1\xa2\x02\x03CEX\xaa\x02\x15Codemode.Execution.V1\xca\x02\x15Codemode\\Execution\\V1\xe2\x02!Codemode\\Execution\\V1\\GPBMetadata\xea\x02\x17Codemode::Execution::V1b\x06proto3"
 
 var (
@@ -750,32 +876,37 @@ func file_codemode_execution_v1_execution_proto_rawDescGZIP() []byte {
 	return file_codemode_execution_v1_execution_proto_rawDescData
 }
 
-var file_codemode_execution_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_codemode_execution_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_codemode_execution_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_codemode_execution_v1_execution_proto_goTypes = []any{
-	(*Execution)(nil),             // 0: codemode.execution.v1.Execution
-	(*File)(nil),                  // 1: codemode.execution.v1.File
-	(*Limits)(nil),                // 2: codemode.execution.v1.Limits
-	(*Result)(nil),                // 3: codemode.execution.v1.Result
-	(*Event)(nil),                 // 4: codemode.execution.v1.Event
-	(*Session)(nil),               // 5: codemode.execution.v1.Session
-	(*Language)(nil),              // 6: codemode.execution.v1.Language
-	(*FileInfo)(nil),              // 7: codemode.execution.v1.FileInfo
-	(*durationpb.Duration)(nil),   // 8: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(SessionNotFound_Reason)(0),   // 0: codemode.execution.v1.SessionNotFound.Reason
+	(*Execution)(nil),             // 1: codemode.execution.v1.Execution
+	(*File)(nil),                  // 2: codemode.execution.v1.File
+	(*Limits)(nil),                // 3: codemode.execution.v1.Limits
+	(*Result)(nil),                // 4: codemode.execution.v1.Result
+	(*Event)(nil),                 // 5: codemode.execution.v1.Event
+	(*Session)(nil),               // 6: codemode.execution.v1.Session
+	(*Language)(nil),              // 7: codemode.execution.v1.Language
+	(*FileInfo)(nil),              // 8: codemode.execution.v1.FileInfo
+	(*SessionNotFound)(nil),       // 9: codemode.execution.v1.SessionNotFound
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_codemode_execution_v1_execution_proto_depIdxs = []int32{
-	8, // 0: codemode.execution.v1.Execution.timeout:type_name -> google.protobuf.Duration
-	1, // 1: codemode.execution.v1.Execution.files:type_name -> codemode.execution.v1.File
-	2, // 2: codemode.execution.v1.Execution.limits:type_name -> codemode.execution.v1.Limits
-	8, // 3: codemode.execution.v1.Result.duration:type_name -> google.protobuf.Duration
-	3, // 4: codemode.execution.v1.Event.result:type_name -> codemode.execution.v1.Result
-	9, // 5: codemode.execution.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	9, // 6: codemode.execution.v1.Session.expire_time:type_name -> google.protobuf.Timestamp
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	10, // 0: codemode.execution.v1.Execution.timeout:type_name -> google.protobuf.Duration
+	2,  // 1: codemode.execution.v1.Execution.files:type_name -> codemode.execution.v1.File
+	3,  // 2: codemode.execution.v1.Execution.limits:type_name -> codemode.execution.v1.Limits
+	10, // 3: codemode.execution.v1.Result.duration:type_name -> google.protobuf.Duration
+	4,  // 4: codemode.execution.v1.Event.result:type_name -> codemode.execution.v1.Result
+	11, // 5: codemode.execution.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	11, // 6: codemode.execution.v1.Session.expire_time:type_name -> google.protobuf.Timestamp
+	0,  // 7: codemode.execution.v1.SessionNotFound.reason:type_name -> codemode.execution.v1.SessionNotFound.Reason
+	11, // 8: codemode.execution.v1.SessionNotFound.end_time:type_name -> google.protobuf.Timestamp
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_codemode_execution_v1_execution_proto_init() }
@@ -793,13 +924,14 @@ func file_codemode_execution_v1_execution_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_execution_v1_execution_proto_rawDesc), len(file_codemode_execution_v1_execution_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   8,
+			NumEnums:      1,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_codemode_execution_v1_execution_proto_goTypes,
 		DependencyIndexes: file_codemode_execution_v1_execution_proto_depIdxs,
+		EnumInfos:         file_codemode_execution_v1_execution_proto_enumTypes,
 		MessageInfos:      file_codemode_execution_v1_execution_proto_msgTypes,
 	}.Build()
 	File_codemode_execution_v1_execution_proto = out.File

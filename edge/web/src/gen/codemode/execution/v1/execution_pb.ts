@@ -5,8 +5,8 @@
 // Package codemode.execution.v1 holds the messages that every codemode service
 // shares: what to run, what came of it, and the events of a streamed run.
 
-import type { GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_buf_validate_validate } from "@codemode/buf-validate/buf/validate/validate_pb.js";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file codemode/execution/v1/execution.proto.
  */
 export const file_codemode_execution_v1_execution: GenFile = /*@__PURE__*/
-  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2AIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukggch5SBnB5dGhvblIEYmFzaFICc2hSCmphdmFzY3JpcHQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyLjAQoERmlsZRK9AQoEcGF0aBgBIAEoCUKuAbpIqgG6AXoKGWZpbGUucGF0aC5ub19kb3Rfc2VnbWVudHMSKnBhdGggbXVzdCBub3QgY29udGFpbiAiLiIgb3IgIi4uIiBlbGVtZW50cxoxIXRoaXMuc3BsaXQoJy8nKS5leGlzdHMocywgcyA9PSAnLicgfHwgcyA9PSAnLi4nKXIrEAEY/wEyJF5bQS1aYS16MC05Xy4tXSsoL1tBLVphLXowLTlfLi1dKykqJBIbCgdjb250ZW50GAIgASgMQgq6SAd6BRiAgIACIk8KBkxpbWl0cxIjCgxtZW1vcnlfYnl0ZXMYASABKARCDbpICjIIGICAgIAQKAASIAoMb3V0cHV0X2J5dGVzGAIgASgEQgq6SAcyBRiAgIAgIsUBCgZSZXN1bHQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnN0ZG91dBgCIAEoCRIOCgZzdGRlcnIYAyABKAkSEQoJdGltZWRfb3V0GAQgASgIEhEKCXRydW5jYXRlZBgFIAEoCBISCgpvb21fa2lsbGVkGAYgASgIEisKCGR1cmF0aW9uGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWFnZW50GAggASgJEhIKCnNlc3Npb25faWQYCSABKAkibAoFRXZlbnQSEAoGc3Rkb3V0GAEgASgJSAASEAoGc3RkZXJyGAIgASgJSAASLwoGcmVzdWx0GAMgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlJlc3VsdEgAQg4KBWV2ZW50EgW6SAIIASKYAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRINCgVhZ2VudBgDIAEoCRIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIikKCExhbmd1YWdlEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCSJBCghGaWxlSW5mbxIMCgRwYXRoGAEgASgJEgwKBHNpemUYAiABKAQSCwoDZGlyGAMgASgIEgwKBG1vZGUYBCABKA1iBnByb3RvMw", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2AIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukggch5SBnB5dGhvblIEYmFzaFICc2hSCmphdmFzY3JpcHQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyLjAQoERmlsZRK9AQoEcGF0aBgBIAEoCUKuAbpIqgG6AXoKGWZpbGUucGF0aC5ub19kb3Rfc2VnbWVudHMSKnBhdGggbXVzdCBub3QgY29udGFpbiAiLiIgb3IgIi4uIiBlbGVtZW50cxoxIXRoaXMuc3BsaXQoJy8nKS5leGlzdHMocywgcyA9PSAnLicgfHwgcyA9PSAnLi4nKXIrEAEY/wEyJF5bQS1aYS16MC05Xy4tXSsoL1tBLVphLXowLTlfLi1dKykqJBIbCgdjb250ZW50GAIgASgMQgq6SAd6BRiAgIACIk8KBkxpbWl0cxIjCgxtZW1vcnlfYnl0ZXMYASABKARCDbpICjIIGICAgIAQKAASIAoMb3V0cHV0X2J5dGVzGAIgASgEQgq6SAcyBRiAgIAgIsUBCgZSZXN1bHQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnN0ZG91dBgCIAEoCRIOCgZzdGRlcnIYAyABKAkSEQoJdGltZWRfb3V0GAQgASgIEhEKCXRydW5jYXRlZBgFIAEoCBISCgpvb21fa2lsbGVkGAYgASgIEisKCGR1cmF0aW9uGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWFnZW50GAggASgJEhIKCnNlc3Npb25faWQYCSABKAkibAoFRXZlbnQSEAoGc3Rkb3V0GAEgASgJSAASEAoGc3RkZXJyGAIgASgJSAASLwoGcmVzdWx0GAMgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlJlc3VsdEgAQg4KBWV2ZW50EgW6SAIIASKYAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRINCgVhZ2VudBgDIAEoCRIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIikKCExhbmd1YWdlEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCSJBCghGaWxlSW5mbxIMCgRwYXRoGAEgASgJEgwKBHNpemUYAiABKAQSCwoDZGlyGAMgASgIEgwKBG1vZGUYBCABKA0i7AEKD1Nlc3Npb25Ob3RGb3VuZBI9CgZyZWFzb24YASABKA4yLS5jb2RlbW9kZS5leGVjdXRpb24udjEuU2Vzc2lvbk5vdEZvdW5kLlJlYXNvbhIsCghlbmRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAibAoGUmVhc29uEhYKElJFQVNPTl9VTlNQRUNJRklFRBAAEhIKDlJFQVNPTl9VTktOT1dOEAESEQoNUkVBU09OX0NMT1NFRBACEhIKDlJFQVNPTl9FWFBJUkVEEAMSDwoLUkVBU09OX0xPU1QQBGIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Execution says what to run and under which limits. The edge's public request
@@ -385,4 +385,79 @@ export type FileInfo = Message<"codemode.execution.v1.FileInfo"> & {
  */
 export const FileInfoSchema: GenMessage<FileInfo> = /*@__PURE__*/
   messageDesc(file_codemode_execution_v1_execution, 7);
+
+/**
+ * SessionNotFound is attached as a detail to a not_found error about a
+ * session itself (not a file in it): it says what became of the session, so
+ * that a caller can tell a typo from a session that ended.
+ *
+ * @generated from message codemode.execution.v1.SessionNotFound
+ */
+export type SessionNotFound = Message<"codemode.execution.v1.SessionNotFound"> & {
+  /**
+   * @generated from field: codemode.execution.v1.SessionNotFound.Reason reason = 1;
+   */
+  reason: SessionNotFound_Reason;
+
+  /**
+   * When the session ended, if known.
+   *
+   * @generated from field: google.protobuf.Timestamp end_time = 2;
+   */
+  endTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message codemode.execution.v1.SessionNotFound.
+ * Use `create(SessionNotFoundSchema)` to create a new message.
+ */
+export const SessionNotFoundSchema: GenMessage<SessionNotFound> = /*@__PURE__*/
+  messageDesc(file_codemode_execution_v1_execution, 8);
+
+/**
+ * Why a session is not there.
+ *
+ * @generated from enum codemode.execution.v1.SessionNotFound.Reason
+ */
+export enum SessionNotFound_Reason {
+  /**
+   * @generated from enum value: REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * No session of that id ever existed for the caller.
+   *
+   * @generated from enum value: REASON_UNKNOWN = 1;
+   */
+  UNKNOWN = 1,
+
+  /**
+   * The session was closed (CloseSession or close_session).
+   *
+   * @generated from enum value: REASON_CLOSED = 2;
+   */
+  CLOSED = 2,
+
+  /**
+   * The session was closed after its idle timeout passed without a run.
+   *
+   * @generated from enum value: REASON_EXPIRED = 3;
+   */
+  EXPIRED = 3,
+
+  /**
+   * The session was lost with its agent (the agent restarted, or its
+   * sandbox died); its files and state are gone.
+   *
+   * @generated from enum value: REASON_LOST = 4;
+   */
+  LOST = 4,
+}
+
+/**
+ * Describes the enum codemode.execution.v1.SessionNotFound.Reason.
+ */
+export const SessionNotFound_ReasonSchema: GenEnum<SessionNotFound_Reason> = /*@__PURE__*/
+  enumDesc(file_codemode_execution_v1_execution, 8, 0);
 
