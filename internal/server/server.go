@@ -9,6 +9,9 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,6 +44,14 @@ type Server struct {
 	// ShutdownTimeout bounds how long Serve waits for in-flight requests once
 	// its context is done. Streams still open then are cut.
 	ShutdownTimeout time.Duration
+
+	// Authenticate, when set, is called with every request but CORS
+	// preflights, before anything reads its body. An error refuses the
+	// request as unauthenticated (in the request's own protocol: a Connect,
+	// gRPC or gRPC-Web error, else HTTP 401 with a JSON body), and the body
+	// is never read. Otherwise the request goes on with the context it
+	// returns, which may carry what it learnt (a tenant).
+	Authenticate func(r *http.Request) (context.Context, error)
 }
 
 // New returns a Server that logs to logger. Every handler made with its
@@ -99,7 +110,108 @@ func (s *Server) Handler() http.Handler {
 	reflector := grpcreflect.NewStaticReflector(names...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
-	return withCORS(mux)
+	return withCORS(withRequestID(s.authenticated(mux)))
+}
+
+// authenticated runs Authenticate before h.
+func (s *Server) authenticated(h http.Handler) http.Handler {
+	if s.Authenticate == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, err := s.Authenticate(r)
+		if err != nil {
+			s.logger.Debug("request refused", "request_id", r.Header.Get(RequestIDHeader), "path", r.URL.Path, "remote", r.RemoteAddr, "error", err)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="codemode"`)
+			WriteError(w, r, connect.NewError(connect.CodeUnauthenticated, err))
+			return
+		}
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// errorWriter writes errors in the protocol of the request.
+var errorWriter = connect.NewErrorWriter()
+
+// WriteError answers r with err: in its protocol if it is a Connect, gRPC
+// or gRPC-Web request, else as HTTP (the status Connect uses for err's code)
+// with a JSON body {"error": message, "code": code}.
+func WriteError(w http.ResponseWriter, r *http.Request, err *connect.Error) {
+	if errorWriter.IsSupported(r) {
+		_ = errorWriter.Write(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(HTTPStatus(err.Code()))
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Message(), "code": err.Code().String()})
+}
+
+// HTTPStatus maps a Connect code to the HTTP status the Connect protocol
+// uses for it.
+func HTTPStatus(code connect.Code) int {
+	switch code {
+	case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeOutOfRange:
+		return http.StatusBadRequest
+	case connect.CodeNotFound:
+		return http.StatusNotFound
+	case connect.CodeAlreadyExists, connect.CodeAborted:
+		return http.StatusConflict
+	case connect.CodePermissionDenied:
+		return http.StatusForbidden
+	case connect.CodeUnauthenticated:
+		return http.StatusUnauthorized
+	case connect.CodeResourceExhausted:
+		return http.StatusTooManyRequests
+	case connect.CodeDeadlineExceeded:
+		return http.StatusGatewayTimeout
+	case connect.CodeUnavailable:
+		return http.StatusServiceUnavailable
+	case connect.CodeUnimplemented:
+		return http.StatusNotImplemented
+	case connect.CodeCanceled:
+		return 499
+	}
+	return http.StatusInternalServerError
+}
+
+// RequestIDHeader carries a request's id, in requests and responses.
+const RequestIDHeader = "X-Request-Id"
+
+// withRequestID gives every request an id: the caller's X-Request-Id when it
+// is a plain token of at most 64 bytes, else a new random one. The id is set
+// on the request (handlers read it there) and on the response, so that a
+// caller can quote it when reporting a problem.
+func withRequestID(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(RequestIDHeader)
+		if !validRequestID(id) {
+			id = NewRequestID()
+			r.Header.Set(RequestIDHeader, id)
+		}
+		w.Header().Set(RequestIDHeader, id)
+		h.ServeHTTP(w, r)
+	})
+}
+
+// NewRequestID returns a random request id.
+func NewRequestID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func validRequestID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // Serve serves on ln until ctx is done, then shuts down gracefully: it stops
@@ -142,7 +254,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 func withCORS(h http.Handler) http.Handler {
 	methods := strings.Join(cors.AllowedMethods(), ", ")
 	allowed := strings.Join(append(cors.AllowedHeaders(), "Authorization", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID"), ", ")
-	exposed := strings.Join(append(cors.ExposedHeaders(), "Mcp-Session-Id"), ", ")
+	exposed := strings.Join(append(cors.ExposedHeaders(), "Mcp-Session-Id", RequestIDHeader, "Retry-After"), ", ")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if origin := r.Header.Get("Origin"); origin != "" {
 			hdr := w.Header()

@@ -1,0 +1,187 @@
+// Package cluster authenticates the calls between codemode's services. The
+// edge, the control plane and the agents of one deployment share a secret;
+// every internal call carries it as a bearer token, and the control plane and
+// the agents refuse any call without it before reading its body. Without a
+// secret, an internal service serves on loopback only (see [BindAddr]).
+//
+// The secret is read from a file (--cluster-secret-file,
+// CODEMODE_CLUSTER_SECRET_FILE) or from the variable CODEMODE_CLUSTER_SECRET;
+// it is never taken from the command line, where other users could read it,
+// and never logged. A Secret is immutable and safe for concurrent use.
+package cluster
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/codemode-go/codemode/internal/cli"
+)
+
+// Environment variables of the secret.
+const (
+	SecretFileEnv = "CODEMODE_CLUSTER_SECRET_FILE"
+	SecretEnv     = "CODEMODE_CLUSTER_SECRET"
+)
+
+// MinSecretLen is the shortest secret accepted, in bytes.
+const MinSecretLen = 32
+
+// ErrUnauthenticated is the refusal of a call without the cluster's secret.
+var ErrUnauthenticated = errors.New("this is an internal service of codemode: calls must carry the cluster secret (Authorization: Bearer <secret>)")
+
+// Secret is a deployment's shared secret.
+type Secret struct {
+	token string
+	sum   [sha256.Size]byte
+}
+
+// NewSecret returns the secret s (surrounding white space removed).
+func NewSecret(s string) (*Secret, error) {
+	s = strings.TrimSpace(s)
+	if len(s) < MinSecretLen {
+		return nil, fmt.Errorf("cluster secret is %d bytes: want at least %d (for example `head -c 32 /dev/urandom | base64`)", len(s), MinSecretLen)
+	}
+	if strings.ContainsAny(s, " \t\r\n") {
+		return nil, errors.New("cluster secret contains white space")
+	}
+	return &Secret{token: s, sum: sha256.Sum256([]byte(s))}, nil
+}
+
+// Flags defines --cluster-secret-file on f. The returned function, called
+// after f is parsed, loads the secret: from that file, else from
+// CODEMODE_CLUSTER_SECRET (read with getenv); nil when neither is set.
+func Flags(f *cli.Flags) func(getenv func(string) string) (*Secret, error) {
+	file := f.String("cluster-secret-file", "", "file holding the secret that the edge, control plane and agents share (or set "+SecretEnv+"); without one, internal services serve on loopback only")
+	f.Env("cluster-secret-file", SecretFileEnv)
+	return func(getenv func(string) string) (*Secret, error) {
+		if *file != "" {
+			b, err := os.ReadFile(*file)
+			if err != nil {
+				return nil, fmt.Errorf("read cluster secret: %w", err)
+			}
+			s, err := NewSecret(string(b))
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", *file, err)
+			}
+			return s, nil
+		}
+		if v := getenv(SecretEnv); v != "" {
+			s, err := NewSecret(v)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", SecretEnv, err)
+			}
+			return s, nil
+		}
+		return nil, nil
+	}
+}
+
+// healthPrefix is the path of gRPC health checks, which stay open so that
+// orchestrators can probe a service without the secret.
+const healthPrefix = "/grpc.health.v1.Health/"
+
+// Authenticate checks that r carries the secret, and returns r's context;
+// it fits server.Server.Authenticate. gRPC health checks pass without it.
+// It reads only r's header, so a refused body is never read. A nil Secret
+// lets every request through.
+func (s *Secret) Authenticate(r *http.Request) (context.Context, error) {
+	if s == nil || strings.HasPrefix(r.URL.Path, healthPrefix) {
+		return r.Context(), nil
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return nil, ErrUnauthenticated
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
+	if subtle.ConstantTimeCompare(sum[:], s.sum[:]) != 1 {
+		return nil, ErrUnauthenticated
+	}
+	return r.Context(), nil
+}
+
+// Client returns c with a transport that sends the secret with every
+// request. A nil Secret returns c unchanged.
+func (s *Secret) Client(c *http.Client) *http.Client {
+	if s == nil {
+		return c
+	}
+	out := *c
+	base := c.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	out.Transport = &bearer{token: "Bearer " + s.token, base: base}
+	return &out
+}
+
+type bearer struct {
+	token string
+	base  http.RoundTripper
+}
+
+func (b *bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", b.token)
+	return b.base.RoundTrip(r)
+}
+
+// Key derives a key for purpose from the secret, so that one secret can
+// serve several uses without one use revealing another's key. Without a
+// secret it derives from a fixed value: usable, but only as strong as the
+// loopback binding that comes with having no secret.
+func (s *Secret) Key(purpose string) []byte {
+	seed := []byte("codemode: no cluster secret")
+	if s != nil {
+		seed = []byte(s.token)
+	}
+	m := hmac.New(sha256.New, seed)
+	m.Write([]byte(purpose))
+	return m.Sum(nil)
+}
+
+// BindAddr returns the address an internal service (what: "agent",
+// "control plane") may listen on. With a secret, addr is returned as it is.
+// Without one, only loopback is allowed: see [LoopbackAddr]; the error says
+// how to configure a secret.
+func BindAddr(addr string, secured bool, what string) (string, error) {
+	if secured {
+		return addr, nil
+	}
+	a, err := LoopbackAddr(addr)
+	if errors.Is(err, ErrNotLoopback) {
+		return "", fmt.Errorf("%s: refusing to serve on %s without a cluster secret: anyone who reaches it could run code and read sessions without passing the edge's API keys and policies. "+
+			"Give the edge, control plane and agents the same secret (--cluster-secret-file FILE or %s=FILE, the file holding at least %d random bytes, e.g. from `head -c 32 /dev/urandom | base64`), "+
+			"or serve on a loopback address such as 127.0.0.1", what, addr, SecretFileEnv, MinSecretLen)
+	}
+	return a, err
+}
+
+// ErrNotLoopback is returned by [LoopbackAddr] for an address off loopback.
+var ErrNotLoopback = errors.New("not a loopback address")
+
+// LoopbackAddr returns addr if it is on loopback, with a bare port
+// (":8080") bound to 127.0.0.1; any other host is [ErrNotLoopback].
+func LoopbackAddr(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("address %q: %w", addr, err)
+	}
+	if host == "" {
+		return net.JoinHostPort("127.0.0.1", port), nil
+	}
+	if host == "localhost" {
+		return addr, nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return addr, nil
+	}
+	return "", fmt.Errorf("%s: %w", addr, ErrNotLoopback)
+}
