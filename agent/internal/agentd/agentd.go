@@ -23,6 +23,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -35,6 +36,9 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	}
 	logger, err := cli.NewLogger(stderr, cfg.LogFormat, cfg.LogLevel)
 	if err != nil {
+		return err
+	}
+	if cfg.Addr, err = cluster.BindAddr(cfg.Addr, cfg.Secret != nil, "agent"); err != nil {
 		return err
 	}
 	a, err := New(ctx, cfg, logger)
@@ -187,6 +191,9 @@ func (a *Agent) register(srv *server.Server) {
 func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	srv := server.New(a.log.With("component", "server"))
 	srv.ShutdownTimeout = a.cfg.ShutdownTimeout
+	if a.cfg.Secret != nil {
+		srv.Authenticate = a.cfg.Secret.Authenticate
+	}
 	a.register(srv)
 	// Serve marks the server serving before it accepts; from the first
 	// accept on, health follows the engine.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/cluster"
 )
 
 // Config configures an agent. ParseConfig fills it from flags and
@@ -81,6 +82,10 @@ type Config struct {
 	// ShutdownTimeout bounds the graceful shutdown of the server.
 	ShutdownTimeout time.Duration
 
+	// Secret is the cluster secret every caller must send; nil: none, and
+	// the agent serves on loopback only.
+	Secret *cluster.Secret
+
 	// LogFormat ("text" or "json") and LogLevel configure the logger Run
 	// builds.
 	LogFormat, LogLevel string
@@ -130,7 +135,7 @@ func DefaultConfig() Config {
 func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config, error) {
 	cfg := DefaultConfig()
 	f := cli.NewFlags("agent", w)
-	f.Func("addr", "address to serve gRPC, gRPC-Web and Connect on; a bare port means all interfaces (default \":30031\")", func(s string) error {
+	f.Func("addr", "address to serve gRPC, gRPC-Web and Connect on; a bare port means all interfaces with a cluster secret, 127.0.0.1 without one (default \":30031\")", func(s string) error {
 		cfg.Addr = normalizeAddr(s)
 		return nil
 	})
@@ -185,10 +190,16 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	f.Env("max-sessions", "MAX_SESSIONS")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long shutdown waits for requests in flight")
 	f.Env("shutdown-timeout", "SHUTDOWN_TIMEOUT")
+	loadSecret := cluster.Flags(f)
 	format, level := cli.LogFlags(f)
 	if err := f.Parse(args, getenv); err != nil {
 		return Config{}, err
 	}
+	secret, err := loadSecret(getenv)
+	if err != nil {
+		return Config{}, err
+	}
+	cfg.Secret = secret
 	cfg.LogFormat, cfg.LogLevel = *format, *level
 	if cfg.DockerHost == "" {
 		cfg.DockerHost = getenv("DOCKER_HOST")

@@ -3,9 +3,11 @@ package agentd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/codemode-go/codemode/agent/internal/pool"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
@@ -24,7 +26,7 @@ type handler struct {
 }
 
 func (h *handler) Execute(ctx context.Context, req *connect.Request[agentv1.ExecuteRequest]) (*connect.Response[agentv1.ExecuteResponse], error) {
-	res, err := h.svc.Execute(ctx, req.Msg.GetExecution(), nil)
+	res, err := h.svc.Execute(ctx, req.Msg.GetTenant(), req.Msg.GetAllowNewSession(), req.Msg.GetExecution(), nil)
 	if err != nil {
 		return nil, h.toConnect(err, req.Msg.GetRequestId())
 	}
@@ -33,7 +35,7 @@ func (h *handler) Execute(ctx context.Context, req *connect.Request[agentv1.Exec
 }
 
 func (h *handler) ExecuteStream(ctx context.Context, req *connect.Request[agentv1.ExecuteStreamRequest], stream *connect.ServerStream[agentv1.ExecuteStreamResponse]) error {
-	res, err := h.svc.Execute(ctx, req.Msg.GetExecution(), func(ev *executionv1.Event) error {
+	res, err := h.svc.Execute(ctx, req.Msg.GetTenant(), req.Msg.GetAllowNewSession(), req.Msg.GetExecution(), func(ev *executionv1.Event) error {
 		return stream.Send(&agentv1.ExecuteStreamResponse{Event: ev})
 	})
 	if err != nil {
@@ -52,14 +54,14 @@ func (h *handler) CreateSession(ctx context.Context, req *connect.Request[agentv
 }
 
 func (h *handler) CloseSession(ctx context.Context, req *connect.Request[agentv1.CloseSessionRequest]) (*connect.Response[agentv1.CloseSessionResponse], error) {
-	if err := h.svc.CloseSession(ctx, req.Msg.GetSessionId()); err != nil {
+	if err := h.svc.CloseSession(ctx, req.Msg.GetSessionId(), req.Msg.GetTenant()); err != nil {
 		return nil, h.toConnect(err, "")
 	}
 	return connect.NewResponse(&agentv1.CloseSessionResponse{}), nil
 }
 
 func (h *handler) GetSession(_ context.Context, req *connect.Request[agentv1.GetSessionRequest]) (*connect.Response[agentv1.GetSessionResponse], error) {
-	sess, err := h.svc.GetSession(req.Msg.GetSessionId())
+	sess, err := h.svc.GetSession(req.Msg.GetSessionId(), req.Msg.GetTenant())
 	if err != nil {
 		return nil, h.toConnect(err, "")
 	}
@@ -71,7 +73,7 @@ func (h *handler) Status(context.Context, *connect.Request[agentv1.StatusRequest
 }
 
 func (h *handler) ListFiles(ctx context.Context, req *connect.Request[agentv1.ListFilesRequest]) (*connect.Response[agentv1.ListFilesResponse], error) {
-	res, err := h.svc.ListFiles(ctx, req.Msg.GetSessionId(), req.Msg.GetPath())
+	res, err := h.svc.ListFiles(ctx, req.Msg.GetSessionId(), req.Msg.GetTenant(), req.Msg.GetPath())
 	if err != nil {
 		return nil, h.toConnect(err, "")
 	}
@@ -79,7 +81,7 @@ func (h *handler) ListFiles(ctx context.Context, req *connect.Request[agentv1.Li
 }
 
 func (h *handler) ReadFile(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
-	f, err := h.svc.ReadFile(ctx, req.Msg.GetSessionId(), req.Msg.GetPath(), req.Msg.GetMaxBytes())
+	f, err := h.svc.ReadFile(ctx, req.Msg.GetSessionId(), req.Msg.GetTenant(), req.Msg.GetPath(), req.Msg.GetMaxBytes())
 	if err != nil {
 		return nil, h.toConnect(err, "")
 	}
@@ -87,7 +89,7 @@ func (h *handler) ReadFile(ctx context.Context, req *connect.Request[agentv1.Rea
 }
 
 func (h *handler) WriteFile(ctx context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
-	if err := h.svc.WriteFile(ctx, req.Msg.GetSessionId(), req.Msg.GetFile()); err != nil {
+	if err := h.svc.WriteFile(ctx, req.Msg.GetSessionId(), req.Msg.GetTenant(), req.Msg.GetFile()); err != nil {
 		return nil, h.toConnect(err, "")
 	}
 	return connect.NewResponse(&agentv1.WriteFileResponse{}), nil
@@ -100,16 +102,41 @@ func (h *handler) logRun(requestID string, e *executionv1.Execution, res *execut
 }
 
 // toConnect turns a service error into the Connect error the caller sees:
-// a code that says what to do, and a message without host details.
+// a code that says what to do, and a message without host details. It is
+// the agent's one mapping of errors to codes.
 func (h *handler) toConnect(err error, requestID string) error {
 	code, msg := classify(err)
 	switch code {
 	case connect.CodeInternal, connect.CodeUnavailable:
-		h.log.Warn("execution failed", "request_id", requestID, "code", code.String(), "err", err)
+		h.log.Warn("execution failed", "request_id", requestID, "code", code.String(), "error", err)
 	default:
-		h.log.Debug("request refused", "request_id", requestID, "code", code.String(), "err", err)
+		h.log.Debug("request refused", "request_id", requestID, "code", code.String(), "error", err)
 	}
-	return connect.NewError(code, errors.New(msg))
+	out := connect.NewError(code, errors.New(msg))
+	if errors.Is(err, pool.ErrSessionNotFound) {
+		if d, derr := connect.NewErrorDetail(sessionNotFound(err)); derr == nil {
+			out.AddDetail(d)
+		}
+	}
+	return out
+}
+
+// sessionNotFound describes err, which matches pool.ErrSessionNotFound.
+func sessionNotFound(err error) *executionv1.SessionNotFound {
+	var ended *pool.EndedError
+	if !errors.As(err, &ended) {
+		return &executionv1.SessionNotFound{Reason: executionv1.SessionNotFound_REASON_UNKNOWN}
+	}
+	out := &executionv1.SessionNotFound{EndTime: timestamppb.New(ended.Ended)}
+	switch ended.Reason {
+	case pool.EndClosed:
+		out.Reason = executionv1.SessionNotFound_REASON_CLOSED
+	case pool.EndExpired:
+		out.Reason = executionv1.SessionNotFound_REASON_EXPIRED
+	default:
+		out.Reason = executionv1.SessionNotFound_REASON_LOST
+	}
+	return out
 }
 
 // classify maps an error of the service to a Connect code and a message for
@@ -137,7 +164,13 @@ func classify(err error) (connect.Code, string) {
 	case errors.Is(err, pool.ErrSessionExists):
 		return connect.CodeAlreadyExists, err.Error()
 	case errors.Is(err, pool.ErrSessionNotFound):
-		return connect.CodeNotFound, err.Error()
+		var ended *pool.EndedError
+		if errors.As(err, &ended) {
+			return connect.CodeNotFound, fmt.Sprintf("the session %s", map[pool.EndReason]string{
+				pool.EndClosed: "was closed", pool.EndExpired: "expired after its idle timeout", pool.EndLost: "was lost",
+			}[ended.Reason])
+		}
+		return connect.CodeNotFound, "no such session"
 	case errors.Is(err, pool.ErrTooManySessions):
 		return connect.CodeResourceExhausted, err.Error()
 	case errors.Is(err, pool.ErrExhausted):

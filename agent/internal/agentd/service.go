@@ -55,7 +55,10 @@ type Service struct {
 // receiver never holds the run up beyond its timeout) and the returned
 // result carries no output; otherwise the result carries all of it. A
 // program that fails is a result, not an error.
-func (s *Service) Execute(ctx context.Context, exec *executionv1.Execution, emit func(*executionv1.Event) error) (*executionv1.Result, error) {
+//
+// A run in a session is for tenant, who must own the session; allowNew lets
+// it open a session of that id that never existed.
+func (s *Service) Execute(ctx context.Context, tenant string, allowNew bool, exec *executionv1.Execution, emit func(*executionv1.Event) error) (*executionv1.Result, error) {
 	if !knownLanguage(exec.GetLanguage()) {
 		return nil, fmt.Errorf("%w: unknown language %q", errInvalid, exec.GetLanguage())
 	}
@@ -98,7 +101,7 @@ func (s *Service) Execute(ctx context.Context, exec *executionv1.Execution, emit
 	defer out.close()
 	if id := exec.GetSessionId(); id != "" {
 		var res *executionv1.Result
-		_, err := s.sessions.Use(ctx, id, exec.GetLanguage(), memory, func(sb *pool.Sandbox) (bool, error) {
+		_, err := s.sessions.Use(ctx, id, tenant, exec.GetLanguage(), memory, allowNew, func(sb *pool.Sandbox) (bool, error) {
 			var broken bool
 			var err error
 			res, broken, err = s.run(ctx, sb, run, timeout, out)
@@ -211,18 +214,18 @@ func (s *Service) CreateSession(ctx context.Context, req *agentv1.CreateSessionR
 	}
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
 	defer cancel()
-	info, err := s.sessions.Create(qctx, req.GetSessionId(), lang, idle)
+	info, err := s.sessions.Create(qctx, req.GetSessionId(), req.GetTenant(), lang, idle)
 	if err != nil {
 		return nil, err
 	}
 	return s.session(info), nil
 }
 
-// GetSession describes open session id.
-func (s *Service) GetSession(id string) (*executionv1.Session, error) {
-	info, ok := s.sessions.Info(id)
-	if !ok {
-		return nil, fmt.Errorf("%w: %s", pool.ErrSessionNotFound, id)
+// GetSession describes tenant's open session id.
+func (s *Service) GetSession(id, tenant string) (*executionv1.Session, error) {
+	info, err := s.sessions.Info(id, tenant)
+	if err != nil {
+		return nil, err
 	}
 	return s.session(info), nil
 }
@@ -237,15 +240,15 @@ func (s *Service) session(info pool.Info) *executionv1.Session {
 	}
 }
 
-// CloseSession closes a session and destroys its sandbox.
-func (s *Service) CloseSession(_ context.Context, id string) error {
-	return s.sessions.Close(id)
+// CloseSession closes tenant's session id and destroys its sandbox.
+func (s *Service) CloseSession(_ context.Context, id, tenant string) error {
+	return s.sessions.Close(id, tenant)
 }
 
-// ListFiles lists a directory of session id's workspace.
-func (s *Service) ListFiles(ctx context.Context, id, path string) (*agentv1.ListFilesResponse, error) {
+// ListFiles lists a directory of tenant's session id's workspace.
+func (s *Service) ListFiles(ctx context.Context, id, tenant, path string) (*agentv1.ListFilesResponse, error) {
 	res := &agentv1.ListFilesResponse{}
-	err := s.sessions.With(ctx, id, func(sb *pool.Sandbox) error {
+	err := s.sessions.With(ctx, id, tenant, func(sb *pool.Sandbox) error {
 		l, err := sb.List(ctx, path)
 		if err != nil {
 			return err
@@ -259,10 +262,10 @@ func (s *Service) ListFiles(ctx context.Context, id, path string) (*agentv1.List
 	return res, err
 }
 
-// ReadFile reads a file of session id's workspace.
-func (s *Service) ReadFile(ctx context.Context, id, path string, max uint64) (*executionv1.File, error) {
+// ReadFile reads a file of tenant's session id's workspace.
+func (s *Service) ReadFile(ctx context.Context, id, tenant, path string, max uint64) (*executionv1.File, error) {
 	var file *executionv1.File
-	err := s.sessions.With(ctx, id, func(sb *pool.Sandbox) error {
+	err := s.sessions.With(ctx, id, tenant, func(sb *pool.Sandbox) error {
 		f, err := sb.ReadFile(ctx, path, max)
 		if err != nil {
 			return err
@@ -273,9 +276,9 @@ func (s *Service) ReadFile(ctx context.Context, id, path string, max uint64) (*e
 	return file, err
 }
 
-// WriteFile writes a file into session id's workspace.
-func (s *Service) WriteFile(ctx context.Context, id string, f *executionv1.File) error {
-	return s.sessions.With(ctx, id, func(sb *pool.Sandbox) error {
+// WriteFile writes a file into tenant's session id's workspace.
+func (s *Service) WriteFile(ctx context.Context, id, tenant string, f *executionv1.File) error {
+	return s.sessions.With(ctx, id, tenant, func(sb *pool.Sandbox) error {
 		return sb.WriteFile(ctx, &runnerv1.File{Path: f.GetPath(), Content: f.GetContent()})
 	})
 }

@@ -408,16 +408,33 @@ func TestSessions(t *testing.T) {
 	s := NewSessions(p, SessionsConfig{Max: 2, IdleTTL: 200 * time.Millisecond, MaxIdleTTL: 2 * time.Hour})
 	t.Cleanup(s.CloseAll)
 	ctx := t.Context()
-	if _, err := s.Create(ctx, "a", "python", time.Hour); err != nil {
+	if _, err := s.Create(ctx, "a", "t1", "python", time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Create(ctx, "a", "python", 0); !errors.Is(err, ErrSessionExists) {
+	if _, err := s.Create(ctx, "a", "t1", "python", 0); !errors.Is(err, ErrSessionExists) {
 		t.Errorf("duplicate: %v", err)
+	}
+	// Another tenant finds no session "a", and cannot open one.
+	if _, err := s.Info("a", "t2"); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("Info of another tenant's session: %v", err)
+	}
+	if err := s.With(ctx, "a", "t2", func(*Sandbox) error { return nil }); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("With on another tenant's session: %v", err)
+	}
+	if _, err := s.Use(ctx, "a", "t2", "python", 0, true, func(*Sandbox) (bool, error) { return false, nil }); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("Use of another tenant's session: %v", err)
+	}
+	if err := s.Close("a", "t2"); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("Close of another tenant's session: %v", err)
+	}
+	// Without allowNew, an id that never existed is not opened.
+	if _, err := s.Use(ctx, "new", "t1", "python", 0, false, func(*Sandbox) (bool, error) { return false, nil }); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("Use without allowNew: %v", err)
 	}
 	// Use opens an unknown session, which cannot idle out while in use;
 	// then it idles out.
-	if _, err := s.Use(ctx, "b", "python", 0, func(sb *Sandbox) (bool, error) {
-		if _, err := s.Create(ctx, "c", "python", 0); !errors.Is(err, ErrTooManySessions) {
+	if _, err := s.Use(ctx, "b", "t1", "python", 0, true, func(sb *Sandbox) (bool, error) {
+		if _, err := s.Create(ctx, "c", "t1", "python", 0); !errors.Is(err, ErrTooManySessions) {
 			t.Errorf("third session: %v", err)
 		}
 		return false, run(t, sb, "x")
@@ -425,16 +442,41 @@ func TestSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "session b idled out", func() bool { return s.Len() == 1 })
-	if err := s.With(ctx, "b", func(*Sandbox) error { return nil }); !errors.Is(err, ErrSessionNotFound) {
-		t.Errorf("With on a closed session: %v", err)
+	var ended *EndedError
+	if err := s.With(ctx, "b", "t1", func(*Sandbox) error { return nil }); !errors.As(err, &ended) || ended.Reason != EndExpired {
+		t.Errorf("With on an expired session: %v", err)
 	}
-	// A session whose sandbox dies is closed.
-	_, err := s.Use(ctx, "a", "python", 0, func(sb *Sandbox) (bool, error) {
+	// An id that existed is never opened again, even when allowed.
+	if _, err := s.Use(ctx, "b", "t1", "python", 0, true, func(*Sandbox) (bool, error) { return false, nil }); !errors.As(err, &ended) || ended.Reason != EndExpired {
+		t.Errorf("Use of an expired session: %v", err)
+	}
+	if _, err := s.Create(ctx, "b", "t1", "python", 0); !errors.Is(err, ErrSessionExists) {
+		t.Errorf("Create with an ended session's id: %v", err)
+	}
+	// Another tenant is not told that it ended.
+	if _, err := s.Info("b", "t2"); errors.As(err, &ended) || !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("Info of another tenant's ended session: %v", err)
+	}
+	// A session whose sandbox dies is closed, and lost.
+	_, err := s.Use(ctx, "a", "t1", "python", 0, false, func(sb *Sandbox) (bool, error) {
 		err := run(t, sb, "die")
 		return errors.Is(err, wire.ErrRunnerGone), err
 	})
 	if !errors.Is(err, wire.ErrRunnerGone) || s.Len() != 0 {
 		t.Errorf("run that killed the sandbox: %v, %d sessions", err, s.Len())
+	}
+	if _, err := s.Info("a", "t1"); !errors.As(err, &ended) || ended.Reason != EndLost {
+		t.Errorf("Info of a lost session: %v", err)
+	}
+	// A closed session says so.
+	if _, err := s.Create(ctx, "d", "t1", "python", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close("d", "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close("d", "t1"); !errors.As(err, &ended) || ended.Reason != EndClosed {
+		t.Errorf("second Close: %v", err)
 	}
 	if st := p.Stats(); st.Held != 0 {
 		t.Errorf("held sandboxes after sessions closed: %+v", st)

@@ -20,6 +20,54 @@ var (
 	ErrTooManySessions = errors.New("too many sessions")
 )
 
+// EndReason says why a session ended.
+type EndReason int
+
+// Reasons a session ends.
+const (
+	EndClosed  EndReason = iota + 1 // closed on request
+	EndExpired                      // idle for longer than its timeout
+	EndLost                         // its sandbox broke, or the agent stopped
+)
+
+func (r EndReason) String() string {
+	switch r {
+	case EndClosed:
+		return "closed"
+	case EndExpired:
+		return "expired"
+	case EndLost:
+		return "lost"
+	}
+	return "unknown"
+}
+
+// EndedError is the error of a call on a session that ended. It matches
+// ErrSessionNotFound.
+type EndedError struct {
+	Reason EndReason
+	Ended  time.Time
+}
+
+func (e *EndedError) Error() string {
+	return fmt.Sprintf("session not found: it %s at %s", map[EndReason]string{
+		EndClosed: "was closed", EndExpired: "expired", EndLost: "was lost",
+	}[e.Reason], e.Ended.UTC().Format(time.RFC3339))
+}
+
+func (e *EndedError) Unwrap() error { return ErrSessionNotFound }
+
+// MaxEnded bounds the ended sessions remembered, oldest forgotten first.
+const MaxEnded = 1 << 16
+
+// ended is what is remembered of a session that ended, so that its id is
+// never opened again as a new, empty session.
+type ended struct {
+	tenant string
+	reason EndReason
+	at     time.Time
+}
+
 // SessionsConfig configures Sessions.
 type SessionsConfig struct {
 	// Max bounds the open sessions.
@@ -38,9 +86,11 @@ type Sessions struct {
 	cfg  SessionsConfig
 	log  *slog.Logger
 
-	mu     sync.Mutex
-	m      map[string]*Session
-	closed bool
+	mu         sync.Mutex
+	m          map[string]*Session
+	ended      map[string]ended
+	endedOrder []string // ids in ended, oldest first
+	closed     bool
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -50,6 +100,7 @@ type Sessions struct {
 // such are owned by Sessions.
 type Session struct {
 	ID       string
+	Tenant   string
 	Language string
 	Created  time.Time
 
@@ -74,7 +125,7 @@ func NewSessions(pool *Pool, cfg SessionsConfig) *Sessions {
 		cfg.MaxIdleTTL = cfg.IdleTTL
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Sessions{pool: pool, cfg: cfg, log: cfg.Logger, m: map[string]*Session{}, stop: cancel, done: make(chan struct{})}
+	s := &Sessions{pool: pool, cfg: cfg, log: cfg.Logger, m: map[string]*Session{}, ended: map[string]ended{}, stop: cancel, done: make(chan struct{})}
 	go s.janitor(ctx)
 	return s
 }
@@ -94,25 +145,54 @@ func (s *Sessions) infoLocked(ss *Session) Info {
 	return Info{ID: ss.ID, Language: ss.Language, Created: ss.Created, Expires: last.Add(ss.idle)}
 }
 
-// Info describes session id, if it is open, without waiting for its turn.
-func (s *Sessions) Info(id string) (Info, bool) {
+// Info describes tenant's session id, if it is open, without waiting for
+// its turn.
+//
+// # Errors
+//
+// [ErrSessionNotFound], or an [*EndedError] if the session ended.
+func (s *Sessions) Info(id, tenant string) (Info, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ss, ok := s.m[id]
-	if !ok || ss.dropped {
-		return Info{}, false
+	if !ok || ss.dropped || ss.Tenant != tenant {
+		return Info{}, s.notFoundLocked(id, tenant)
 	}
-	return s.infoLocked(ss), true
+	return s.infoLocked(ss), nil
 }
 
-// Create opens a session called id (a random id if empty) for language
-// with the given idle timeout (0: the default), taking a sandbox for it.
+// notFoundLocked is the error for tenant's session id, which is not open:
+// an [*EndedError] if it was tenant's and ended, else [ErrSessionNotFound].
+func (s *Sessions) notFoundLocked(id, tenant string) error {
+	if e, ok := s.ended[id]; ok && e.tenant == tenant {
+		return &EndedError{Reason: e.reason, Ended: e.at}
+	}
+	return ErrSessionNotFound
+}
+
+// endLocked remembers that ss ended for reason.
+func (s *Sessions) endLocked(ss *Session, reason EndReason) {
+	if _, ok := s.ended[ss.ID]; ok {
+		return
+	}
+	for len(s.endedOrder) >= MaxEnded {
+		delete(s.ended, s.endedOrder[0])
+		s.endedOrder[0] = ""
+		s.endedOrder = s.endedOrder[1:]
+	}
+	s.ended[ss.ID] = ended{tenant: ss.Tenant, reason: reason, at: time.Now()}
+	s.endedOrder = append(s.endedOrder, ss.ID)
+}
+
+// Create opens a session called id (a random id if empty) for tenant and
+// language with the given idle timeout (0: the default), taking a sandbox
+// for it. The id of a session that ended is not used again.
 //
 // # Errors
 //
 // [ErrSessionExists], [ErrTooManySessions], or the errors of [Pool.Acquire].
-func (s *Sessions) Create(ctx context.Context, id, language string, idle time.Duration) (Info, error) {
-	ss, created, err := s.open(ctx, id, language, idle, 0, createNew)
+func (s *Sessions) Create(ctx context.Context, id, tenant, language string, idle time.Duration) (Info, error) {
+	ss, created, err := s.open(ctx, id, tenant, language, idle, 0, createNew)
 	if err != nil {
 		return Info{}, err
 	}
@@ -124,16 +204,25 @@ func (s *Sessions) Create(ctx context.Context, id, language string, idle time.Du
 	return s.infoLocked(ss), nil
 }
 
-// Use runs fn with the sandbox of session id, creating the session if
-// there is none of that name (for language and memory, with the default
-// idle timeout). Runs of one session take turns. If fn reports the sandbox
-// broken, the session is closed.
-func (s *Sessions) Use(ctx context.Context, id, language string, memory int64, fn func(*Sandbox) (broken bool, err error)) (Info, error) {
-	return s.use(ctx, id, language, memory, openOrNew, fn)
+// Use runs fn with the sandbox of tenant's session id. If allowNew, a
+// session of that id that never existed is opened (for language and
+// memory, with the default idle timeout). Runs of one session take turns.
+// If fn reports the sandbox broken, the session is closed.
+//
+// # Errors
+//
+// [ErrSessionNotFound] or an [*EndedError] if there is no such session
+// (and it may not or cannot be opened), and the errors of [Sessions.Create].
+func (s *Sessions) Use(ctx context.Context, id, tenant, language string, memory int64, allowNew bool, fn func(*Sandbox) (broken bool, err error)) (Info, error) {
+	mode := existing
+	if allowNew {
+		mode = openOrNew
+	}
+	return s.use(ctx, id, tenant, language, memory, mode, fn)
 }
 
-func (s *Sessions) use(ctx context.Context, id, language string, memory int64, mode openMode, fn func(*Sandbox) (broken bool, err error)) (Info, error) {
-	ss, _, err := s.open(ctx, id, language, 0, memory, mode)
+func (s *Sessions) use(ctx context.Context, id, tenant, language string, memory int64, mode openMode, fn func(*Sandbox) (broken bool, err error)) (Info, error) {
+	ss, _, err := s.open(ctx, id, tenant, language, 0, memory, mode)
 	if err != nil {
 		return Info{}, err
 	}
@@ -144,9 +233,10 @@ func (s *Sessions) use(ctx context.Context, id, language string, memory int64, m
 	}
 	s.mu.Lock()
 	if ss.dropped {
+		err := s.notFoundLocked(id, tenant)
 		s.mu.Unlock()
 		<-ss.turn
-		return Info{}, fmt.Errorf("%w: %s was closed", ErrSessionNotFound, id)
+		return Info{}, err
 	}
 	ss.active++
 	s.mu.Unlock()
@@ -160,19 +250,19 @@ func (s *Sessions) use(ctx context.Context, id, language string, memory int64, m
 	s.mu.Unlock()
 	<-ss.turn
 	if broken {
-		s.drop(ss, "sandbox broken")
+		s.drop(ss, EndLost, "sandbox broken")
 	}
 	return info, err
 }
 
-// With runs fn with the sandbox of the open session id, taking the
+// With runs fn with the sandbox of tenant's open session id, taking the
 // session's turn as a run does.
 //
 // # Errors
 //
-// [ErrSessionNotFound] if there is no such session.
-func (s *Sessions) With(ctx context.Context, id string, fn func(*Sandbox) error) error {
-	_, err := s.use(ctx, id, "", 0, existing, func(sb *Sandbox) (bool, error) {
+// [ErrSessionNotFound] or an [*EndedError] if there is no such session.
+func (s *Sessions) With(ctx context.Context, id, tenant string, fn func(*Sandbox) error) error {
+	_, err := s.use(ctx, id, tenant, "", 0, existing, func(sb *Sandbox) (bool, error) {
 		err := fn(sb)
 		return errors.Is(err, wire.ErrRunnerGone), err
 	})
@@ -188,8 +278,10 @@ const (
 	existing                  // an existing session only
 )
 
-// open finds or creates a session.
-func (s *Sessions) open(ctx context.Context, id, language string, idle time.Duration, memory int64, mode openMode) (*Session, bool, error) {
+// open finds or creates tenant's session id. A session of another tenant
+// is not found (or, for createNew, exists); one that ended is an
+// [*EndedError] and is never opened again.
+func (s *Sessions) open(ctx context.Context, id, tenant, language string, idle time.Duration, memory int64, mode openMode) (*Session, bool, error) {
 	if idle <= 0 {
 		idle = s.cfg.IdleTTL
 	}
@@ -202,10 +294,23 @@ func (s *Sessions) open(ctx context.Context, id, language string, idle time.Dura
 	if id == "" {
 		id = newSessionID()
 	}
+	if e, ok := s.ended[id]; ok {
+		s.mu.Unlock()
+		if mode == createNew {
+			return nil, false, fmt.Errorf("%w: the id belonged to a session that ended; ids are not used again", ErrSessionExists)
+		}
+		if e.tenant != tenant {
+			return nil, false, ErrSessionNotFound
+		}
+		return nil, false, &EndedError{Reason: e.reason, Ended: e.at}
+	}
 	if ss, ok := s.m[id]; ok {
 		s.mu.Unlock()
 		if mode == createNew {
-			return nil, false, fmt.Errorf("%w: %s", ErrSessionExists, id)
+			return nil, false, ErrSessionExists
+		}
+		if ss.Tenant != tenant {
+			return nil, false, ErrSessionNotFound
 		}
 		select {
 		case <-ss.ready:
@@ -219,7 +324,7 @@ func (s *Sessions) open(ctx context.Context, id, language string, idle time.Dura
 	}
 	if mode == existing {
 		s.mu.Unlock()
-		return nil, false, fmt.Errorf("%w: %s", ErrSessionNotFound, id)
+		return nil, false, ErrSessionNotFound
 	}
 	if len(s.m) >= s.cfg.Max {
 		s.mu.Unlock()
@@ -227,7 +332,7 @@ func (s *Sessions) open(ctx context.Context, id, language string, idle time.Dura
 	}
 	now := time.Now()
 	ss := &Session{
-		ID: id, Language: language, Created: now, idle: idle, memory: memory,
+		ID: id, Tenant: tenant, Language: language, Created: now, idle: idle, memory: memory,
 		ready: make(chan struct{}), turn: make(chan struct{}, 1), last: now,
 	}
 	s.m[id] = ss
@@ -239,7 +344,7 @@ func (s *Sessions) open(ctx context.Context, id, language string, idle time.Dura
 		ss.err = err
 		delete(s.m, id)
 	} else if ss.dropped || s.closed {
-		ss.err = fmt.Errorf("%w: %s was closed", ErrSessionNotFound, id)
+		ss.err = s.notFoundLocked(id, tenant)
 		s.pool.Drop(sb)
 	} else {
 		ss.sb = sb
@@ -250,31 +355,39 @@ func (s *Sessions) open(ctx context.Context, id, language string, idle time.Dura
 	if ss.err != nil {
 		return nil, false, ss.err
 	}
-	s.log.Info("session opened", "session_id", id, "language", language, "sandbox_id", shortID(sb.ID()))
+	s.log.Info("session opened", "session_id", id, "tenant", tenant, "language", language, "sandbox_id", shortID(sb.ID()))
 	return ss, true, nil
 }
 
-// Close closes session id and destroys its sandbox, also under a run in
-// progress (which then fails).
-func (s *Sessions) Close(id string) error {
+// Close closes tenant's session id and destroys its sandbox, also under a
+// run in progress (which then fails).
+//
+// # Errors
+//
+// [ErrSessionNotFound] or an [*EndedError] if there is no such session.
+func (s *Sessions) Close(id, tenant string) error {
 	s.mu.Lock()
 	ss, ok := s.m[id]
-	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("%w: %s", ErrSessionNotFound, id)
+	if !ok || ss.Tenant != tenant {
+		err := s.notFoundLocked(id, tenant)
+		s.mu.Unlock()
+		return err
 	}
-	s.drop(ss, "closed")
+	s.mu.Unlock()
+	s.drop(ss, EndClosed, "closed")
 	return nil
 }
 
-// drop removes ss from the table and destroys its sandbox once it has one.
-func (s *Sessions) drop(ss *Session, why string) {
+// drop removes ss from the table, remembers that it ended for reason, and
+// destroys its sandbox once it has one.
+func (s *Sessions) drop(ss *Session, reason EndReason, why string) {
 	s.mu.Lock()
 	if ss.dropped {
 		s.mu.Unlock()
 		return
 	}
 	ss.dropped = true
+	s.endLocked(ss, reason)
 	if s.m[ss.ID] == ss {
 		delete(s.m, ss.ID)
 	}
@@ -326,7 +439,7 @@ func (s *Sessions) CloseAll() {
 	s.stop()
 	<-s.done
 	for _, ss := range all {
-		s.drop(ss, "agent stopping")
+		s.drop(ss, EndLost, "agent stopping")
 	}
 }
 
@@ -357,7 +470,7 @@ func (s *Sessions) janitor(ctx context.Context) {
 		}
 		s.mu.Unlock()
 		for _, ss := range idle {
-			s.drop(ss, "idle")
+			s.drop(ss, EndExpired, "idle")
 		}
 	}
 }
