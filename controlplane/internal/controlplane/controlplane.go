@@ -18,6 +18,7 @@ import (
 	"github.com/codemode-go/codemode/controlplane/internal/router"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -29,11 +30,14 @@ type Config struct {
 	Agents []string
 	// PollInterval is how often agents' status is read.
 	PollInterval time.Duration
+	// Secret authenticates the edges' calls and this control plane's calls
+	// to the agents; nil: none, and the control plane serves on loopback only.
+	Secret *cluster.Secret
 }
 
 // Defaults.
 const (
-	DefaultAddr         = ":8080"
+	DefaultAddr         = ":8080" // 127.0.0.1:8080 without a cluster secret
 	DefaultAgents       = "127.0.0.1:30031"
 	DefaultPollInterval = 500 * time.Millisecond
 )
@@ -73,12 +77,13 @@ func ParseAgents(s string) []string {
 // Run is the controlplane program.
 func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) error {
 	fs := cli.NewFlags("controlplane", stderr)
-	addr := fs.String("addr", DefaultAddr, "address to serve gRPC, gRPC-Web, Connect, POST /run and GET /status on")
+	addr := fs.String("addr", DefaultAddr, "address to serve gRPC, gRPC-Web, Connect, POST /run and GET /status on; without a cluster secret, loopback only (a bare port binds 127.0.0.1)")
 	fs.Env("addr", "CONTROLPLANE_ADDR")
 	agents := fs.String("agents", DefaultAgents, "agents as host:port;host:port")
 	fs.Env("agents", "REMOTE_HOSTS")
 	poll := fs.Duration("poll-interval", DefaultPollInterval, "how often to read each agent's status")
 	fs.Env("poll-interval", "POLL_INTERVAL")
+	loadSecret := cluster.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
@@ -87,9 +92,16 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll}
+	secret, err := loadSecret(os.Getenv)
+	if err != nil {
+		return err
+	}
+	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll, Secret: secret}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
+	}
+	if cfg.Addr, err = cluster.BindAddr(cfg.Addr, secret != nil, "control plane"); err != nil {
+		return err
 	}
 	ln, err := server.Listen(ctx, cfg.Addr)
 	if err != nil {
@@ -103,7 +115,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	r, err := router.New(router.Config{
 		Addresses:    cfg.Agents,
 		PollInterval: cfg.PollInterval,
-		HTTPClient:   server.NewClient(),
+		HTTPClient:   cfg.Secret.Client(server.NewClient()),
 		Logger:       logger,
 	})
 	if err != nil {
@@ -114,6 +126,9 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	defer r.Close()
 	svc := NewService(r, logger)
 	srv := server.New(logger)
+	if cfg.Secret != nil {
+		srv.Authenticate = cfg.Secret.Authenticate
+	}
 	srv.HandleService(controlplanev1connect.NewControlPlaneServiceHandler(svc, srv.HandlerOptions()...))
 	srv.Handle("/run", http.HandlerFunc(svc.handleRun))
 	srv.Handle("/status", http.HandlerFunc(svc.handleStatus))

@@ -2,49 +2,48 @@ package controlplane
 
 import (
 	"context"
-	"errors"
+	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/codemode-go/codemode/controlplane/internal/router"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
 
-// onSession calls fn with the agent holding session id. When the router does
-// not know the session (the control plane restarted), every agent is asked
-// until one has it. A session no agent has is not_found.
-func (s *Service) onSession(ctx context.Context, id string, fn func(*router.Agent) error) error {
-	agents := s.router.All()
-	if a, ok := s.router.Session(id); ok {
-		agents = []*router.Agent{a}
+// onSession calls fn with the agent holding tenant's session id. When the
+// router does not know the session (the control plane restarted), every
+// agent is asked. A session no agent has is not_found, with the reason when
+// it is known to have ended.
+func (s *Service) onSession(ctx context.Context, id, tenant string, fn func(*router.Agent) error) error {
+	if reason, ended, ok := s.router.Gone(id); ok {
+		return goneError(reason, ended)
 	}
-	var errs []error
-	for _, a := range agents {
-		err := fn(a)
-		if err == nil {
-			s.router.Bind(id, a)
-			return nil
+	a, confirmed, ok := s.router.Session(id)
+	if !ok {
+		found, err := s.findSession(ctx, tenant, id)
+		if err != nil {
+			return err
 		}
-		if connect.CodeOf(err) != connect.CodeNotFound || len(agents) == 1 {
-			errs = append(errs, err)
+		if found == nil {
+			return goneError(executionv1.SessionNotFound_REASON_UNKNOWN, time.Time{})
 		}
+		a, confirmed = found, true
 	}
-	if len(errs) > 0 {
-		var ce *connect.Error
-		if errors.As(errs[0], &ce) {
-			return ce
-		}
-		return connect.NewError(connect.CodeUnavailable, errors.New("agent unreachable"))
+	err := fn(a)
+	if err == nil {
+		s.router.Bind(id, a)
+		return nil
 	}
-	return connect.NewError(connect.CodeNotFound, errors.New("no such session"))
+	return s.agentError(a, "", s.sessionError(id, confirmed, err))
 }
 
 // ListFiles implements ControlPlaneService.
 func (s *Service) ListFiles(ctx context.Context, req *connect.Request[cpv1.ListFilesRequest]) (*connect.Response[cpv1.ListFilesResponse], error) {
 	var out *cpv1.ListFilesResponse
-	err := s.onSession(ctx, req.Msg.GetSessionId(), func(a *router.Agent) error {
-		res, err := a.Client.ListFiles(ctx, connect.NewRequest(&agentv1.ListFilesRequest{SessionId: req.Msg.GetSessionId(), Path: req.Msg.GetPath()}))
+	err := s.onSession(ctx, req.Msg.GetSessionId(), req.Msg.GetTenant(), func(a *router.Agent) error {
+		res, err := a.Client.ListFiles(ctx, connect.NewRequest(&agentv1.ListFilesRequest{SessionId: req.Msg.GetSessionId(), Path: req.Msg.GetPath(), Tenant: req.Msg.GetTenant()}))
 		if err != nil {
 			return err
 		}
@@ -60,9 +59,9 @@ func (s *Service) ListFiles(ctx context.Context, req *connect.Request[cpv1.ListF
 // ReadFile implements ControlPlaneService.
 func (s *Service) ReadFile(ctx context.Context, req *connect.Request[cpv1.ReadFileRequest]) (*connect.Response[cpv1.ReadFileResponse], error) {
 	var out *cpv1.ReadFileResponse
-	err := s.onSession(ctx, req.Msg.GetSessionId(), func(a *router.Agent) error {
+	err := s.onSession(ctx, req.Msg.GetSessionId(), req.Msg.GetTenant(), func(a *router.Agent) error {
 		res, err := a.Client.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{
-			SessionId: req.Msg.GetSessionId(), Path: req.Msg.GetPath(), MaxBytes: req.Msg.GetMaxBytes(),
+			SessionId: req.Msg.GetSessionId(), Path: req.Msg.GetPath(), MaxBytes: req.Msg.GetMaxBytes(), Tenant: req.Msg.GetTenant(),
 		}))
 		if err != nil {
 			return err
@@ -78,8 +77,8 @@ func (s *Service) ReadFile(ctx context.Context, req *connect.Request[cpv1.ReadFi
 
 // WriteFile implements ControlPlaneService.
 func (s *Service) WriteFile(ctx context.Context, req *connect.Request[cpv1.WriteFileRequest]) (*connect.Response[cpv1.WriteFileResponse], error) {
-	err := s.onSession(ctx, req.Msg.GetSessionId(), func(a *router.Agent) error {
-		_, err := a.Client.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{SessionId: req.Msg.GetSessionId(), File: req.Msg.GetFile()}))
+	err := s.onSession(ctx, req.Msg.GetSessionId(), req.Msg.GetTenant(), func(a *router.Agent) error {
+		_, err := a.Client.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{SessionId: req.Msg.GetSessionId(), File: req.Msg.GetFile(), Tenant: req.Msg.GetTenant()}))
 		return err
 	})
 	if err != nil {

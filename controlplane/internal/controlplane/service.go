@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/codemode-go/codemode/controlplane/internal/router"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
@@ -48,63 +50,185 @@ func retryable(err error) bool {
 
 // choose returns the agent for a run: the session's agent if the session
 // exists (asking every agent if this control plane does not know where it
-// lives), else the best agent for the route. A session that lives on an
-// agent the route does not select is failed_precondition: running it there
-// would ignore the route, and elsewhere it does not exist.
-func (s *Service) choose(ctx context.Context, sessionID string, labels map[string]string, exclude []*router.Agent) (*router.Agent, error) {
+// lives), else the best agent for the route. allowNew says whether the
+// agent may open the session: not when the agent has confirmed it before,
+// since then a session it does not know was lost, not new. A session known
+// to have ended is not_found. A session that lives on an agent the route
+// does not select is failed_precondition: running it there would ignore the
+// route, and elsewhere it does not exist.
+func (s *Service) choose(ctx context.Context, tenant, sessionID string, labels map[string]string, exclude []*router.Agent) (a *router.Agent, allowNew bool, err error) {
 	if sessionID == "" {
 		a, err := s.router.Pick(labels, exclude...)
 		if err != nil {
-			return nil, connect.NewError(connect.CodeUnavailable, err)
+			return nil, false, connect.NewError(connect.CodeUnavailable, err)
 		}
-		return a, nil
+		return a, false, nil
 	}
-	if _, ok := s.router.Session(sessionID); !ok {
-		if a := s.findSession(ctx, sessionID); a != nil {
-			s.router.Bind(sessionID, a)
+	if reason, ended, ok := s.router.Gone(sessionID); ok {
+		return nil, false, goneError(reason, ended)
+	}
+	a, confirmed, ok := s.router.Session(sessionID)
+	if !ok {
+		found, err := s.findSession(ctx, tenant, sessionID)
+		if err != nil {
+			return nil, false, err
+		}
+		if found != nil {
+			s.router.Bind(sessionID, found)
+			a, confirmed = found, true
 		}
 	}
-	a, err := s.router.PickSession(sessionID, labels)
-	if err != nil {
-		return nil, connect.NewError(connect.CodeUnavailable, err)
+	if a == nil {
+		if a, err = s.router.PickSession(sessionID, labels); err != nil {
+			if reason, ended, ok := s.router.Gone(sessionID); ok {
+				return nil, false, goneError(reason, ended)
+			}
+			return nil, false, connect.NewError(connect.CodeUnavailable, err)
+		}
 	}
 	if !a.Matches(labels) {
-		return nil, connect.NewError(connect.CodeFailedPrecondition,
+		return nil, false, connect.NewError(connect.CodeFailedPrecondition,
 			fmt.Errorf("the session lives on an agent that this request's route (labels %v) does not select; close it and open it again under the same route", labels))
 	}
-	return a, nil
+	return a, !confirmed, nil
 }
 
 // findSessionTimeout bounds the search for a session on every agent.
 const findSessionTimeout = 2 * time.Second
 
-// findSession asks every agent, at once, whether it holds session id, and
-// returns the one that does, or nil. An agent that does not answer in time
-// is taken not to hold it.
-func (s *Service) findSession(ctx context.Context, id string) *router.Agent {
+// findSession asks every agent, at once, whether it holds tenant's session
+// id, and returns the one that does, or nil. An agent that knows the session
+// ended makes it not_found with the reason. An agent that does not answer in
+// time is taken not to hold it.
+func (s *Service) findSession(ctx context.Context, tenant, id string) (*router.Agent, error) {
 	ctx, cancel := context.WithTimeout(ctx, findSessionTimeout)
 	defer cancel()
 	agents := s.router.All()
-	found := make(chan *router.Agent, len(agents))
+	type answer struct {
+		a   *router.Agent
+		err error
+	}
+	found := make(chan answer, len(agents))
 	for _, a := range agents {
 		go func() {
-			_, err := a.Client.GetSession(ctx, connect.NewRequest(&agentv1.GetSessionRequest{SessionId: id}))
+			_, err := a.Client.GetSession(ctx, connect.NewRequest(&agentv1.GetSessionRequest{SessionId: id, Tenant: tenant}))
 			switch {
 			case err == nil:
-				found <- a
+				found <- answer{a: a}
 				return
-			case connect.CodeOf(err) != connect.CodeNotFound:
+			case connect.CodeOf(err) == connect.CodeNotFound:
+				if r := notFoundReason(err); r != executionv1.SessionNotFound_REASON_UNKNOWN && r != executionv1.SessionNotFound_REASON_UNSPECIFIED {
+					found <- answer{err: err}
+					return
+				}
+			default:
 				s.logger.Debug("look for session", "agent", a.Address, "error", err)
 			}
-			found <- nil
+			found <- answer{}
 		}()
 	}
+	var gone error
 	for range agents {
-		if a := <-found; a != nil {
-			return a
+		ans := <-found
+		if ans.a != nil {
+			return ans.a, nil
+		}
+		if ans.err != nil && gone == nil {
+			gone = ans.err
 		}
 	}
-	return nil
+	if gone != nil {
+		return nil, s.sessionError(id, false, gone)
+	}
+	return nil, nil
+}
+
+// sessionError records what err, an agent's answer to a call on session
+// id, says of the session, and returns the error for the caller. A session
+// the agent had confirmed (confirmed) and no longer knows was lost with it.
+func (s *Service) sessionError(id string, confirmed bool, err error) error {
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		return err
+	}
+	gone, _ := sessionNotFound(err)
+	switch gone.GetReason() {
+	case executionv1.SessionNotFound_REASON_CLOSED, executionv1.SessionNotFound_REASON_EXPIRED, executionv1.SessionNotFound_REASON_LOST:
+		s.router.MarkGone(id, gone.GetReason(), gone.GetEndTime().AsTime())
+		return err
+	}
+	if confirmed {
+		now := time.Now()
+		s.router.MarkGone(id, executionv1.SessionNotFound_REASON_LOST, now)
+		return goneError(executionv1.SessionNotFound_REASON_LOST, now)
+	}
+	return err
+}
+
+// goneError is the not_found error of a session that ended.
+func goneError(reason executionv1.SessionNotFound_Reason, ended time.Time) error {
+	what := map[executionv1.SessionNotFound_Reason]string{
+		executionv1.SessionNotFound_REASON_CLOSED:  "was closed",
+		executionv1.SessionNotFound_REASON_EXPIRED: "expired after its idle timeout",
+		executionv1.SessionNotFound_REASON_LOST:    "was lost with its agent",
+	}[reason]
+	if what == "" {
+		what = "does not exist"
+	}
+	err := connect.NewError(connect.CodeNotFound, fmt.Errorf("the session %s", what))
+	gone := &executionv1.SessionNotFound{Reason: reason}
+	if !ended.IsZero() {
+		gone.EndTime = timestamppb.New(ended)
+	}
+	if d, derr := connect.NewErrorDetail(gone); derr == nil {
+		err.AddDetail(d)
+	}
+	return err
+}
+
+// sessionNotFound returns the SessionNotFound detail of err, if any.
+func sessionNotFound(err error) (*executionv1.SessionNotFound, bool) {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return nil, false
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if gone, ok := v.(*executionv1.SessionNotFound); ok {
+				return gone, true
+			}
+		}
+	}
+	return nil, false
+}
+
+func notFoundReason(err error) executionv1.SessionNotFound_Reason {
+	gone, _ := sessionNotFound(err)
+	return gone.GetReason()
+}
+
+// agentError returns err, from a call to agent a, for the caller. An error
+// that the agent did not send (it could not be reached) names no address:
+// the detail goes to the log.
+func (s *Service) agentError(a *router.Agent, reqID string, err error) error {
+	if err == nil || connect.IsWireError(err) {
+		return err
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeCanceled, connect.CodeDeadlineExceeded:
+		return err
+	}
+	s.logger.Warn("agent unreachable", "agent", a.Address, "request_id", reqID, "error", err)
+	return connect.NewError(connect.CodeUnavailable, errors.New("an agent could not be reached; try again"))
+}
+
+// failureLevel is the log level of a failed call to an agent: refusals the
+// caller caused are debug, the rest warnings.
+func failureLevel(err error) slog.Level {
+	switch connect.CodeOf(err) {
+	case connect.CodeNotFound, connect.CodeInvalidArgument, connect.CodeCanceled, connect.CodeFailedPrecondition, connect.CodeAlreadyExists:
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
 }
 
 func requestID(id string) string {
@@ -118,28 +242,35 @@ func requestID(id string) string {
 
 // Execute implements ControlPlaneService.
 func (s *Service) Execute(ctx context.Context, req *connect.Request[cpv1.ExecuteRequest]) (*connect.Response[cpv1.ExecuteResponse], error) {
-	res, err := s.execute(ctx, req.Msg.GetExecution(), req.Msg.GetRoute().GetLabels(), requestID(req.Msg.GetRequestId()))
+	res, err := s.execute(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetRoute().GetLabels(), requestID(req.Msg.GetRequestId()))
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&cpv1.ExecuteResponse{Result: res}), nil
 }
 
-func (s *Service) execute(ctx context.Context, ex *executionv1.Execution, labels map[string]string, reqID string) (*executionv1.Result, error) {
+func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Execution, labels map[string]string, reqID string) (*executionv1.Result, error) {
 	sid := ex.GetSessionId()
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
-		a, err := s.choose(ctx, sid, labels, tried)
+		a, allowNew, err := s.choose(ctx, tenant, sid, labels, tried)
 		if err != nil {
 			return nil, err
 		}
 		release := a.Acquire()
-		res, err := a.Client.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: ex, RequestId: reqID}))
+		res, err := a.Client.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: ex, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}))
 		release()
 		if err == nil {
+			if sid != "" {
+				s.router.Bind(sid, a)
+			}
 			return res.Msg.GetResult(), nil
 		}
-		s.logger.Warn("agent execute failed", "agent", a.Address, "request_id", reqID, "session_id", sid, "attempt", attempt, "error", err)
+		if sid != "" {
+			err = s.sessionError(sid, !allowNew, err)
+		}
+		err = s.agentError(a, reqID, err)
+		s.logger.Log(ctx, failureLevel(err), "agent execute failed", "agent", a.Address, "request_id", reqID, "session_id", sid, "attempt", attempt, "error", err)
 		if connect.CodeOf(err) == connect.CodeUnavailable && ctx.Err() == nil {
 			a.MarkDown(err)
 		}
@@ -152,23 +283,31 @@ func (s *Service) execute(ctx context.Context, ex *executionv1.Execution, labels
 
 // ExecuteStream implements ControlPlaneService.
 func (s *Service) ExecuteStream(ctx context.Context, req *connect.Request[cpv1.ExecuteStreamRequest], stream *connect.ServerStream[cpv1.ExecuteStreamResponse]) error {
-	return s.executeStream(ctx, req.Msg.GetExecution(), req.Msg.GetRoute().GetLabels(), requestID(req.Msg.GetRequestId()),
+	return s.executeStream(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetRoute().GetLabels(), requestID(req.Msg.GetRequestId()),
 		func(ev *executionv1.Event) error { return stream.Send(&cpv1.ExecuteStreamResponse{Event: ev}) })
 }
 
-func (s *Service) executeStream(ctx context.Context, ex *executionv1.Execution, labels map[string]string, reqID string, send func(*executionv1.Event) error) error {
+func (s *Service) executeStream(ctx context.Context, tenant string, ex *executionv1.Execution, labels map[string]string, reqID string, send func(*executionv1.Event) error) error {
 	sid := ex.GetSessionId()
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
-		a, err := s.choose(ctx, sid, labels, tried)
+		a, allowNew, err := s.choose(ctx, tenant, sid, labels, tried)
 		if err != nil {
 			return err
 		}
-		sent, err := s.streamFrom(ctx, a, ex, reqID, send)
+		req := &agentv1.ExecuteStreamRequest{Execution: ex, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}
+		sent, err := s.streamFrom(ctx, a, req, send)
 		if err == nil {
+			if sid != "" {
+				s.router.Bind(sid, a)
+			}
 			return nil
 		}
-		s.logger.Warn("agent execute stream failed", "agent", a.Address, "request_id", reqID, "session_id", sid, "attempt", attempt, "error", err)
+		if sid != "" && !sent {
+			err = s.sessionError(sid, !allowNew, err)
+		}
+		err = s.agentError(a, reqID, err)
+		s.logger.Log(ctx, failureLevel(err), "agent execute stream failed", "agent", a.Address, "request_id", reqID, "session_id", sid, "attempt", attempt, "error", err)
 		if connect.CodeOf(err) == connect.CodeUnavailable && ctx.Err() == nil && !sent {
 			a.MarkDown(err)
 		}
@@ -181,12 +320,12 @@ func (s *Service) executeStream(ctx context.Context, ex *executionv1.Execution, 
 
 // streamFrom relays one agent's stream; sent reports whether any event went
 // on to the caller (after which the run cannot be offered elsewhere).
-func (s *Service) streamFrom(ctx context.Context, a *router.Agent, ex *executionv1.Execution, reqID string, send func(*executionv1.Event) error) (sent bool, err error) {
+func (s *Service) streamFrom(ctx context.Context, a *router.Agent, req *agentv1.ExecuteStreamRequest, send func(*executionv1.Event) error) (sent bool, err error) {
 	release := a.Acquire()
 	defer release()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := a.Client.ExecuteStream(ctx, connect.NewRequest(&agentv1.ExecuteStreamRequest{Execution: ex, RequestId: reqID}))
+	st, err := a.Client.ExecuteStream(ctx, connect.NewRequest(req))
 	if err != nil {
 		return false, err
 	}
@@ -205,7 +344,7 @@ func (s *Service) CreateSession(ctx context.Context, req *connect.Request[cpv1.C
 	m := req.Msg
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
-		a, err := s.choose(ctx, m.GetSessionId(), m.GetRoute().GetLabels(), tried)
+		a, _, err := s.choose(ctx, m.GetTenant(), m.GetSessionId(), m.GetRoute().GetLabels(), tried)
 		if err != nil {
 			return nil, err
 		}
@@ -213,12 +352,14 @@ func (s *Service) CreateSession(ctx context.Context, req *connect.Request[cpv1.C
 			Language:    m.GetLanguage(),
 			SessionId:   m.GetSessionId(),
 			IdleTimeout: m.GetIdleTimeout(),
+			Tenant:      m.GetTenant(),
 		}))
 		if err == nil {
 			sess := res.Msg.GetSession()
 			s.router.Bind(sess.GetId(), a)
 			return connect.NewResponse(&cpv1.CreateSessionResponse{Session: sess}), nil
 		}
+		err = s.agentError(a, "", err)
 		if !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
 			return nil, err
 		}
@@ -230,14 +371,14 @@ func (s *Service) CreateSession(ctx context.Context, req *connect.Request[cpv1.C
 // does not know (it may have restarted) is looked for on every agent.
 func (s *Service) CloseSession(ctx context.Context, req *connect.Request[cpv1.CloseSessionRequest]) (*connect.Response[cpv1.CloseSessionResponse], error) {
 	id := req.Msg.GetSessionId()
-	err := s.onSession(ctx, id, func(a *router.Agent) error {
-		_, err := a.Client.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
+	err := s.onSession(ctx, id, req.Msg.GetTenant(), func(a *router.Agent) error {
+		_, err := a.Client.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id, Tenant: req.Msg.GetTenant()}))
 		return err
 	})
-	s.router.Unbind(id)
 	if err != nil {
 		return nil, err
 	}
+	s.router.MarkGone(id, executionv1.SessionNotFound_REASON_CLOSED, time.Now())
 	return connect.NewResponse(&cpv1.CloseSessionResponse{}), nil
 }
 

@@ -22,10 +22,15 @@ import (
 
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
 
 // ErrNoAgent is returned by Pick when no healthy agent matches the route.
 var ErrNoAgent = errors.New("no healthy agent matches the route")
+
+// ErrSessionGone is returned by PickSession for a session known to have
+// ended (see Gone).
+var ErrSessionGone = errors.New("the session has ended")
 
 // Agent is one agent as the router tracks it.
 type Agent struct {
@@ -108,6 +113,14 @@ func (a *Agent) MarkDown(err error) {
 type binding struct {
 	agent *Agent
 	used  time.Time
+	// confirmed: the agent has said it holds the session (a run, a file
+	// call or the creation succeeded). A confirmed session that the agent
+	// no longer knows was lost with it.
+	confirmed bool
+	// gone, when set, says why the session ended; the binding is then a
+	// tombstone, kept for SessionTTL so that the id is never reborn.
+	gone  executionv1.SessionNotFound_Reason
+	ended time.Time
 }
 
 // SessionTTL is how long the router remembers a session no run has used.
@@ -277,12 +290,40 @@ func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, erro
 	return a, nil
 }
 
-// Session returns the agent that holds session id, if the router knows it.
-func (r *Router) Session(id string) (*Agent, bool) {
+// Session returns the agent that holds session id, if the router knows it
+// and the session has not ended, and whether the agent has confirmed it.
+func (r *Router) Session(id string) (a *Agent, confirmed, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b, ok := r.sessions[id]
-	return b.agent, ok
+	if !ok || b.gone != executionv1.SessionNotFound_REASON_UNSPECIFIED {
+		return nil, false, false
+	}
+	return b.agent, b.confirmed, true
+}
+
+// Gone reports whether session id is known to have ended, why and when.
+func (r *Router) Gone(id string) (reason executionv1.SessionNotFound_Reason, ended time.Time, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, found := r.sessions[id]
+	if !found || b.gone == executionv1.SessionNotFound_REASON_UNSPECIFIED {
+		return 0, time.Time{}, false
+	}
+	return b.gone, b.ended, true
+}
+
+// MarkGone records that session id ended for reason at ended, so that a
+// later call for it is not_found with that reason rather than a new session.
+func (r *Router) MarkGone(id string, reason executionv1.SessionNotFound_Reason, ended time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.sessions[id]
+	if b.gone != executionv1.SessionNotFound_REASON_UNSPECIFIED {
+		return
+	}
+	b.gone, b.ended, b.used = reason, ended, time.Now()
+	r.sessions[id] = b
 }
 
 // forget drops sessions last used before cutoff.
@@ -303,12 +344,15 @@ func (r *Router) PickSession(id string, labels map[string]string) (*Agent, error
 	now := time.Now()
 	r.mu.Lock()
 	b, ok := r.sessions[id]
-	if ok {
+	if ok && b.gone == executionv1.SessionNotFound_REASON_UNSPECIFIED {
 		b.used = now
 		r.sessions[id] = b
 	}
 	r.mu.Unlock()
 	if ok {
+		if b.gone != executionv1.SessionNotFound_REASON_UNSPECIFIED {
+			return nil, ErrSessionGone
+		}
 		return b.agent, nil
 	}
 	picked, err := r.Pick(labels)
@@ -318,24 +362,24 @@ func (r *Router) PickSession(id string, labels map[string]string) (*Agent, error
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if b, ok := r.sessions[id]; ok {
+		if b.gone != executionv1.SessionNotFound_REASON_UNSPECIFIED {
+			return nil, ErrSessionGone
+		}
 		return b.agent, nil
 	}
 	r.sessions[id] = binding{agent: picked, used: now}
 	return picked, nil
 }
 
-// Bind records that agent a holds session id.
+// Bind records that agent a has confirmed it holds session id. A session
+// known to have ended stays ended.
 func (r *Router) Bind(id string, a *Agent) {
 	r.mu.Lock()
-	r.sessions[id] = binding{agent: a, used: time.Now()}
-	r.mu.Unlock()
-}
-
-// Unbind forgets session id.
-func (r *Router) Unbind(id string) {
-	r.mu.Lock()
-	delete(r.sessions, id)
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	if b, ok := r.sessions[id]; ok && b.gone != executionv1.SessionNotFound_REASON_UNSPECIFIED {
+		return
+	}
+	r.sessions[id] = binding{agent: a, used: time.Now(), confirmed: true}
 }
 
 // All returns every agent, healthy or not.

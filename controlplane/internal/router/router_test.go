@@ -1,6 +1,7 @@
 package router
 
 import (
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"testing"
 	"time"
 
@@ -64,12 +65,39 @@ func TestSessionsAreForgottenAfterTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.forget(time.Now().Add(-time.Hour))
-	if _, ok := r.Session("s1"); !ok {
+	if _, _, ok := r.Session("s1"); !ok {
 		t.Fatal("a session used just now was forgotten")
 	}
 	r.forget(time.Now().Add(time.Second))
-	if _, ok := r.Session("s1"); ok {
+	if _, _, ok := r.Session("s1"); ok {
 		t.Fatal("a session unused past the cutoff is still remembered")
+	}
+}
+
+func TestEndedSessionsStayEnded(t *testing.T) {
+	t.Parallel()
+	r := newTestRouter(t, 1)
+	a, err := r.PickSession("s1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, confirmed, _ := r.Session("s1"); confirmed {
+		t.Error("a session no agent has confirmed is confirmed")
+	}
+	r.Bind("s1", a)
+	if _, confirmed, _ := r.Session("s1"); !confirmed {
+		t.Error("a bound session is not confirmed")
+	}
+	r.MarkGone("s1", executionv1.SessionNotFound_REASON_CLOSED, time.Now())
+	if _, _, ok := r.Session("s1"); ok {
+		t.Error("an ended session is still routed to")
+	}
+	if _, err := r.PickSession("s1", nil); err != ErrSessionGone {
+		t.Errorf("PickSession of an ended session: %v, want ErrSessionGone", err)
+	}
+	r.Bind("s1", a)
+	if reason, _, ok := r.Gone("s1"); !ok || reason != executionv1.SessionNotFound_REASON_CLOSED {
+		t.Errorf("Gone after Bind: %v %v, want closed", reason, ok)
 	}
 }
 
