@@ -13,6 +13,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/server"
 )
 
 // Handler implements ExecutionService.
@@ -28,17 +29,22 @@ func New(svc *execution.Service, tenants *tenant.Resolver) *Handler {
 	return &Handler{svc: svc, tenants: tenants}
 }
 
-func (h *Handler) call(req connect.AnyRequest, ex *executionv1.Execution) (execution.Call, error) {
-	t, err := h.tenant(req)
+func (h *Handler) call(ctx context.Context, req connect.AnyRequest, ex *executionv1.Execution) (execution.Call, error) {
+	c, err := h.caller(ctx, req)
 	if err != nil {
 		return execution.Call{}, err
 	}
-	c := h.caller(req, t)
 	return execution.Call{Execution: ex, Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID}, nil
 }
 
-func (h *Handler) caller(req connect.AnyRequest, tenant string) execution.Caller {
-	return execution.Caller{Tenant: tenant, Door: req.Peer().Protocol, RequestID: req.Header().Get("X-Request-Id")}
+// caller returns who makes req: its tenant (resolved before the body was
+// read, see tenant.Resolver.Authenticate), door and request id.
+func (h *Handler) caller(ctx context.Context, req connect.AnyRequest) (execution.Caller, error) {
+	t, err := h.tenants.Of(ctx, req.Header())
+	if err != nil {
+		return execution.Caller{}, connect.NewError(connect.CodeUnauthenticated, err)
+	}
+	return execution.Caller{Tenant: t, Door: req.Peer().Protocol, RequestID: req.Header().Get(server.RequestIDHeader)}, nil
 }
 
 // executionRequest is what ExecuteRequest and ExecuteStreamRequest share.
@@ -61,7 +67,7 @@ func toExecution(m executionRequest) *executionv1.Execution {
 
 // Execute implements ExecutionService.
 func (h *Handler) Execute(ctx context.Context, req *connect.Request[edgev1.ExecuteRequest]) (*connect.Response[edgev1.ExecuteResponse], error) {
-	call, err := h.call(req, toExecution(req.Msg))
+	call, err := h.call(ctx, req, toExecution(req.Msg))
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +80,7 @@ func (h *Handler) Execute(ctx context.Context, req *connect.Request[edgev1.Execu
 
 // ExecuteStream implements ExecutionService.
 func (h *Handler) ExecuteStream(ctx context.Context, req *connect.Request[edgev1.ExecuteStreamRequest], stream *connect.ServerStream[edgev1.ExecuteStreamResponse]) error {
-	call, err := h.call(req, toExecution(req.Msg))
+	call, err := h.call(ctx, req, toExecution(req.Msg))
 	if err != nil {
 		return err
 	}
@@ -85,11 +91,11 @@ func (h *Handler) ExecuteStream(ctx context.Context, req *connect.Request[edgev1
 
 // CreateSession implements ExecutionService.
 func (h *Handler) CreateSession(ctx context.Context, req *connect.Request[edgev1.CreateSessionRequest]) (*connect.Response[edgev1.CreateSessionResponse], error) {
-	t, err := h.tenant(req)
+	c, err := h.caller(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	sess, err := h.svc.CreateSession(ctx, h.caller(req, t), req.Msg.GetLanguage(), req.Msg.GetIdleTimeout().AsDuration())
+	sess, err := h.svc.CreateSession(ctx, c, req.Msg.GetLanguage(), req.Msg.GetIdleTimeout().AsDuration())
 	if err != nil {
 		return nil, err
 	}
@@ -98,11 +104,11 @@ func (h *Handler) CreateSession(ctx context.Context, req *connect.Request[edgev1
 
 // CloseSession implements ExecutionService.
 func (h *Handler) CloseSession(ctx context.Context, req *connect.Request[edgev1.CloseSessionRequest]) (*connect.Response[edgev1.CloseSessionResponse], error) {
-	t, err := h.tenant(req)
+	c, err := h.caller(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	if err := h.svc.CloseSession(ctx, t, req.Msg.GetSessionId()); err != nil {
+	if err := h.svc.CloseSession(ctx, c, req.Msg.GetSessionId()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&edgev1.CloseSessionResponse{}), nil
@@ -110,10 +116,11 @@ func (h *Handler) CloseSession(ctx context.Context, req *connect.Request[edgev1.
 
 // ListLanguages implements ExecutionService.
 func (h *Handler) ListLanguages(ctx context.Context, req *connect.Request[edgev1.ListLanguagesRequest]) (*connect.Response[edgev1.ListLanguagesResponse], error) {
-	if _, err := h.tenant(req); err != nil {
+	c, err := h.caller(ctx, req)
+	if err != nil {
 		return nil, err
 	}
-	langs, err := h.svc.Languages(ctx)
+	langs, err := h.svc.Languages(ctx, c)
 	if err != nil {
 		return nil, err
 	}
@@ -122,11 +129,11 @@ func (h *Handler) ListLanguages(ctx context.Context, req *connect.Request[edgev1
 
 // ListFiles implements ExecutionService.
 func (h *Handler) ListFiles(ctx context.Context, req *connect.Request[edgev1.ListFilesRequest]) (*connect.Response[edgev1.ListFilesResponse], error) {
-	t, err := h.tenant(req)
+	c, err := h.caller(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	files, truncated, err := h.svc.ListFiles(ctx, t, req.Msg.GetSessionId(), req.Msg.GetPath())
+	files, truncated, err := h.svc.ListFiles(ctx, c, req.Msg.GetSessionId(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -135,11 +142,11 @@ func (h *Handler) ListFiles(ctx context.Context, req *connect.Request[edgev1.Lis
 
 // ReadFile implements ExecutionService.
 func (h *Handler) ReadFile(ctx context.Context, req *connect.Request[edgev1.ReadFileRequest]) (*connect.Response[edgev1.ReadFileResponse], error) {
-	t, err := h.tenant(req)
+	c, err := h.caller(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	f, err := h.svc.ReadFile(ctx, t, req.Msg.GetSessionId(), req.Msg.GetPath(), req.Msg.GetMaxBytes())
+	f, err := h.svc.ReadFile(ctx, c, req.Msg.GetSessionId(), req.Msg.GetPath(), req.Msg.GetMaxBytes())
 	if err != nil {
 		return nil, err
 	}
@@ -148,21 +155,12 @@ func (h *Handler) ReadFile(ctx context.Context, req *connect.Request[edgev1.Read
 
 // WriteFile implements ExecutionService.
 func (h *Handler) WriteFile(ctx context.Context, req *connect.Request[edgev1.WriteFileRequest]) (*connect.Response[edgev1.WriteFileResponse], error) {
-	t, err := h.tenant(req)
+	c, err := h.caller(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	if err := h.svc.WriteFile(ctx, h.caller(req, t), req.Msg.GetSessionId(), req.Msg.GetFile()); err != nil {
+	if err := h.svc.WriteFile(ctx, c, req.Msg.GetSessionId(), req.Msg.GetFile()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&edgev1.WriteFileResponse{}), nil
-}
-
-// tenant resolves the caller's tenant, or unauthenticated.
-func (h *Handler) tenant(req connect.AnyRequest) (string, error) {
-	t, err := h.tenants.Resolve(req.Header())
-	if err != nil {
-		return "", connect.NewError(connect.CodeUnauthenticated, err)
-	}
-	return t, nil
 }

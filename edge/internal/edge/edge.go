@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -20,11 +21,13 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
 	"github.com/codemode-go/codemode/edge/internal/policy"
+	"github.com/codemode-go/codemode/edge/internal/seed"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	"github.com/codemode-go/codemode/edge/web"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -50,6 +53,13 @@ type Config struct {
 	// PolicyAdminToken enables the PolicyAdminService for callers that send
 	// it as a bearer token; empty: the admin service refuses every call.
 	PolicyAdminToken string
+	// ClusterSecret is sent with every call to the control plane, and keys
+	// the mapping of session ids; nil: none (a loopback-only deployment).
+	ClusterSecret *cluster.Secret
+	// PublicWithoutKeys lets an edge with no API keys serve on an address
+	// other than loopback: an open door where anyone who reaches it runs
+	// code. Without it, such an edge serves on loopback only.
+	PublicWithoutKeys bool
 }
 
 // Defaults.
@@ -92,6 +102,9 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	fs.Env("policy-cache-dir", "CODEMODE_POLICY_CACHE_DIR")
 	policyToken := fs.String("policy-admin-token", "", "bearer token of the PolicyAdminService; empty disables it")
 	fs.Env("policy-admin-token", "CODEMODE_POLICY_ADMIN_TOKEN")
+	public := fs.Bool("public-without-keys", false, "serve on addresses other than loopback even with no --api-keys: anyone who reaches the edge runs code")
+	fs.Env("public-without-keys", "CODEMODE_PUBLIC_WITHOUT_KEYS")
+	loadSecret := cluster.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
@@ -100,19 +113,63 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	secret, err := loadSecret(os.Getenv)
+	if err != nil {
+		return err
+	}
 	cfg := Config{Addr: *addr, ControlPlane: *cp, APIKeys: *keys,
-		PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken}
+		PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
+		ClusterSecret: secret, PublicWithoutKeys: *public}
 	if !strings.Contains(cfg.ControlPlane, "://") {
 		cfg.ControlPlane = "http://" + cfg.ControlPlane
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
+	if cfg.Addr, err = bindAddr(cfg); err != nil {
+		return err
+	}
+	if secret == nil {
+		logger.Warn("no cluster secret: calls to the control plane are not authenticated; deploy the internal services on loopback only")
+	}
 	ln, err := server.Listen(ctx, cfg.Addr)
 	if err != nil {
 		return err
 	}
 	return Serve(ctx, cfg, ln, logger.With("component", "edge"))
+}
+
+// bindAddr returns the address the edge may serve on: any address when it
+// has API keys or is told to be public, else loopback only.
+func bindAddr(cfg Config) (string, error) {
+	if cfg.APIKeys != "" || cfg.PublicWithoutKeys {
+		return cfg.Addr, nil
+	}
+	a, err := cluster.LoopbackAddr(cfg.Addr)
+	if errors.Is(err, cluster.ErrNotLoopback) {
+		return "", fmt.Errorf("edge: refusing to serve on %s with no API keys: anyone who reaches it could run code. "+
+			"Give the edge --api-keys FILE (CODEMODE_API_KEYS), serve on a loopback address such as 127.0.0.1:8000, "+
+			"or pass --public-without-keys (CODEMODE_PUBLIC_WITHOUT_KEYS=true) if an open door is what you want", cfg.Addr)
+	}
+	return a, err
+}
+
+// needsKey reports whether a request to path needs an API key: every door
+// that runs code or touches a session does. The web page, health checks,
+// reflection and the policy admin service (which has its own token) do not.
+func needsKey(path string) bool {
+	return strings.HasPrefix(path, "/"+edgev1connect.ExecutionServiceName+"/") ||
+		path == "/mcp" || path == "/mcp-no-code-execute" || path == "/run" || path == "/status"
+}
+
+// authenticate resolves the tenant of a request to a door, before its body is read.
+func authenticate(tenants *tenant.Resolver) func(*http.Request) (context.Context, error) {
+	return func(r *http.Request) (context.Context, error) {
+		if needsKey(r.URL.Path) {
+			return tenants.Authenticate(r)
+		}
+		return r.Context(), nil
+	}
 }
 
 // Serve serves the edge on ln until ctx is done.
@@ -122,7 +179,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		ln.Close()
 		return err
 	}
-	cp := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), strings.TrimRight(cfg.ControlPlane, "/"))
+	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(server.NewClient()), strings.TrimRight(cfg.ControlPlane, "/"))
 	policies, err := policy.New(ctx, policy.Options{ConfigPath: cfg.PolicyConfig, CacheDir: cfg.PolicyCacheDir, Logger: logger})
 	if err != nil {
 		ln.Close()
@@ -130,14 +187,17 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	}
 	defer policies.Close(context.WithoutCancel(ctx))
 	go policies.Watch(ctx, policyWatchInterval)
-	svc := execution.New(cp, logger, execution.WithPolicies(policies))
+	svc := execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.ClusterSecret.Key(execution.SessionKeyPurpose)))
 
 	srv := server.New(logger)
+	srv.Authenticate = authenticate(tenants)
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions()...))
 	withCode, withoutCode := mcpserver.Handlers(mcpserver.Config{Service: svc, Tenants: tenants, Logger: logger.With("component", "mcp"), Version: Version})
 	srv.Handle("/mcp", withCode)
 	srv.Handle("/mcp-no-code-execute", withoutCode)
+	srv.Handle("/run", seed.RunHandler(svc))
+	srv.Handle("/status", seed.StatusHandler(svc))
 	srv.Handle("/", web.Handler())
 	return srv.Serve(ctx, ln)
 }

@@ -8,6 +8,7 @@ package execution
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -17,12 +18,16 @@ import (
 
 	"buf.build/go/protovalidate"
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/edge/internal/admission"
 	"github.com/codemode-go/codemode/edge/internal/policy"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/cluster"
+	"github.com/codemode-go/codemode/internal/server"
 )
 
 // Call is one request to run code, as a door hands it to the Service.
@@ -37,12 +42,22 @@ type Call struct {
 	RequestID string
 }
 
+// caller returns who makes call.
+func (c *Call) caller() Caller {
+	return Caller{Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID}
+}
+
 // Service runs code through the control plane.
 type Service struct {
-	cp       controlplanev1connect.ControlPlaneServiceClient
-	logger   *slog.Logger
-	policies *policy.Engine // nil: no policies
+	cp         controlplanev1connect.ControlPlaneServiceClient
+	logger     *slog.Logger
+	policies   *policy.Engine // nil: no policies
+	sessionKey []byte
+	admission  *admission.Limiter // nil: no limits
 }
+
+// SessionKeyPurpose names the key that maps session ids (see WithSessionKey).
+const SessionKeyPurpose = "codemode session ids v1"
 
 // New returns a Service that forwards to the control plane client cp.
 func New(cp controlplanev1connect.ControlPlaneServiceClient, logger *slog.Logger, opts ...Option) *Service {
@@ -50,73 +65,80 @@ func New(cp controlplanev1connect.ControlPlaneServiceClient, logger *slog.Logger
 	for _, o := range opts {
 		o(s)
 	}
+	if s.sessionKey == nil {
+		s.sessionKey = (*cluster.Secret)(nil).Key(SessionKeyPurpose)
+	}
 	return s
 }
 
-// NewRequestID returns a random request id.
-func NewRequestID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+// WithSessionKey sets the key that maps a tenant's session ids to the ids
+// the control plane and agents know (see scoped). Every edge of a cluster
+// must use the same key, derived from the cluster secret.
+func WithSessionKey(key []byte) Option {
+	return func(s *Service) { s.sessionKey = key }
 }
 
-// scopedSession maps a caller's session id into its tenant's namespace, so
-// that one tenant can never reach another's session, whatever id it sends.
-func scopedSession(tenant, id string) string {
+// NewRequestID returns a random request id.
+func NewRequestID() string { return server.NewRequestID() }
+
+// scoped maps tenant's session id to the id the control plane and agents
+// know: a MAC of tenant and id under a key that never leaves the cluster.
+// Knowing another tenant's id, or anything derived from it, does not give
+// the scoped id; and the tenant travels with every internal call, so that
+// the agent checks it too.
+func (s *Service) scoped(tenant, id string) string {
 	if id == "" {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(tenant + "\x00" + id))
-	return "s" + hex.EncodeToString(sum[:20])
+	m := hmac.New(sha256.New, s.sessionKey)
+	m.Write([]byte(tenant))
+	m.Write([]byte{0})
+	m.Write([]byte(id))
+	return "s" + hex.EncodeToString(m.Sum(nil)[:20])
 }
 
 // prepare validates call and returns the execution to forward, with its
 // session id scoped to the tenant.
-func prepare(call *Call) (*executionv1.Execution, error) {
+func (s *Service) prepare(call *Call) (*executionv1.Execution, error) {
+	if call.RequestID == "" {
+		call.RequestID = NewRequestID()
+	}
 	if call.Execution == nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("no execution"))
 	}
 	if err := protovalidate.Validate(call.Execution); err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
-	if call.RequestID == "" {
-		call.RequestID = NewRequestID()
-	}
-	ex := call.Execution
-	out := &executionv1.Execution{
-		Language:  ex.GetLanguage(),
-		Code:      ex.GetCode(),
-		SessionId: scopedSession(call.Tenant, ex.GetSessionId()),
-		Timeout:   ex.GetTimeout(),
-		Stdin:     ex.GetStdin(),
-		Files:     ex.GetFiles(),
-		Limits:    ex.GetLimits(),
-	}
-	return out, nil
+	ex := proto.CloneOf(call.Execution)
+	ex.SessionId = s.scoped(call.Tenant, ex.GetSessionId())
+	return ex, nil
 }
 
 // Execute runs call and returns its result.
-func (s *Service) Execute(ctx context.Context, call Call) (*executionv1.Result, error) {
-	ex, err := prepare(&call)
+func (s *Service) Execute(ctx context.Context, call Call) (_ *executionv1.Result, err error) {
+	ex, err := s.prepare(&call)
 	if err != nil {
 		return nil, err
 	}
+	defer s.publicError(call.caller(), call.Execution.GetSessionId(), &err)
+	release, err := s.admit(ctx, call.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	v, err := s.vetRequest(ctx, call, ex)
 	if err != nil {
-		s.logFailure(call, err)
 		return nil, err
 	}
 	ex = v.ex
 	start := time.Now()
-	res, err := s.cp.Execute(ctx, connect.NewRequest(&cpv1.ExecuteRequest{Execution: ex, RequestId: call.RequestID, Route: v.route}))
+	res, err := s.cp.Execute(ctx, connect.NewRequest(&cpv1.ExecuteRequest{Execution: ex, RequestId: call.RequestID, Route: v.route, Tenant: call.Tenant}))
 	if err != nil {
-		s.logFailure(call, err)
 		return nil, err
 	}
 	r := res.Msg.GetResult()
 	r.SessionId = call.Execution.GetSessionId()
 	if r, err = s.vetResult(ctx, call, v, r); err != nil {
-		s.logFailure(call, err)
 		return nil, err
 	}
 	s.logger.Debug("executed", "request_id", call.RequestID, "tenant", call.Tenant, "door", call.Door,
@@ -126,14 +148,19 @@ func (s *Service) Execute(ctx context.Context, call Call) (*executionv1.Result, 
 
 // ExecuteStream runs call, passing each event to send as it comes. The last
 // event is the result.
-func (s *Service) ExecuteStream(ctx context.Context, call Call, send func(*executionv1.Event) error) error {
-	ex, err := prepare(&call)
+func (s *Service) ExecuteStream(ctx context.Context, call Call, send func(*executionv1.Event) error) (err error) {
+	ex, err := s.prepare(&call)
 	if err != nil {
 		return err
 	}
+	defer s.publicError(call.caller(), call.Execution.GetSessionId(), &err)
+	release, err := s.admit(ctx, call.Tenant)
+	if err != nil {
+		return err
+	}
+	defer release()
 	v, err := s.vetRequest(ctx, call, ex)
 	if err != nil {
-		s.logFailure(call, err)
 		return err
 	}
 	ex = v.ex
@@ -142,9 +169,8 @@ func (s *Service) ExecuteStream(ctx context.Context, call Call, send func(*execu
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := s.cp.ExecuteStream(ctx, connect.NewRequest(&cpv1.ExecuteStreamRequest{Execution: ex, RequestId: call.RequestID, Route: v.route}))
+	st, err := s.cp.ExecuteStream(ctx, connect.NewRequest(&cpv1.ExecuteStreamRequest{Execution: ex, RequestId: call.RequestID, Route: v.route, Tenant: call.Tenant}))
 	if err != nil {
-		s.logFailure(call, err)
 		return err
 	}
 	defer st.Close()
@@ -157,20 +183,7 @@ func (s *Service) ExecuteStream(ctx context.Context, call Call, send func(*execu
 			return err
 		}
 	}
-	if err := st.Err(); err != nil {
-		s.logFailure(call, err)
-		return err
-	}
-	return nil
-}
-
-func (s *Service) logFailure(call Call, err error) {
-	lvl := slog.LevelWarn
-	switch connect.CodeOf(err) {
-	case connect.CodeInvalidArgument, connect.CodeCanceled, connect.CodePermissionDenied, connect.CodeNotFound:
-		lvl = slog.LevelDebug
-	}
-	s.logger.Log(context.Background(), lvl, "execute failed", "request_id", call.RequestID, "tenant", call.Tenant, "door", call.Door, "error", err)
+	return st.Err()
 }
 
 // Caller is who makes a request that is not an execution: the tenant, the
@@ -179,24 +192,37 @@ type Caller struct {
 	Tenant, Door, RequestID string
 }
 
+// withID returns c with a request id, made if it has none.
+func (c Caller) withID() Caller {
+	if c.RequestID == "" {
+		c.RequestID = NewRequestID()
+	}
+	return c
+}
+
 // CreateSession creates a session for the caller and returns it with the id
 // the caller is to use. The request policies place it (see placeSession).
-func (s *Service) CreateSession(ctx context.Context, c Caller, language string, idle time.Duration) (*executionv1.Session, error) {
+func (s *Service) CreateSession(ctx context.Context, c Caller, language string, idle time.Duration) (_ *executionv1.Session, err error) {
+	c = c.withID()
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	public := hex.EncodeToString(b[:])
-	req := &cpv1.CreateSessionRequest{Language: language, SessionId: scopedSession(c.Tenant, public)}
-	if idle > 0 {
-		req.IdleTimeout = durationpb.New(idle)
-	}
-	if err := protovalidate.Validate(req); err != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, err)
-	}
-	route, err := s.placeSession(ctx, c, language, req.GetSessionId())
+	defer s.publicError(c, public, &err)
+	req, err := validated(&cpv1.CreateSessionRequest{Language: language, SessionId: s.scoped(c.Tenant, public), Tenant: c.Tenant})
 	if err != nil {
 		return nil, err
 	}
-	req.Route = route
+	if idle > 0 {
+		req.IdleTimeout = durationpb.New(idle)
+	}
+	release, err := s.admit(ctx, c.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if req.Route, err = s.placeSession(ctx, c, language, req.GetSessionId()); err != nil {
+		return nil, err
+	}
 	res, err := s.cp.CreateSession(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, err
@@ -206,17 +232,30 @@ func (s *Service) CreateSession(ctx context.Context, c Caller, language string, 
 	return sess, nil
 }
 
-// CloseSession closes tenant's session id.
-func (s *Service) CloseSession(ctx context.Context, tenant, id string) error {
+// CloseSession closes the caller's session id.
+func (s *Service) CloseSession(ctx context.Context, c Caller, id string) (err error) {
+	c = c.withID()
+	defer s.publicError(c, id, &err)
+	req, err := validated(&cpv1.CloseSessionRequest{SessionId: s.scoped(c.Tenant, id), Tenant: c.Tenant})
+	if err != nil {
+		return err
+	}
 	if id == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("session_id is empty"))
 	}
-	_, err := s.cp.CloseSession(ctx, connect.NewRequest(&cpv1.CloseSessionRequest{SessionId: scopedSession(tenant, id)}))
+	release, err := s.admit(ctx, c.Tenant)
+	if err != nil {
+		return err
+	}
+	defer release()
+	_, err = s.cp.CloseSession(ctx, connect.NewRequest(req))
 	return err
 }
 
 // Languages returns the languages some agent can run now.
-func (s *Service) Languages(ctx context.Context) ([]*executionv1.Language, error) {
+func (s *Service) Languages(ctx context.Context, c Caller) (_ []*executionv1.Language, err error) {
+	c = c.withID()
+	defer s.publicError(c, "", &err)
 	res, err := s.cp.ListLanguages(ctx, connect.NewRequest(&cpv1.ListLanguagesRequest{}))
 	if err != nil {
 		return nil, err

@@ -62,7 +62,6 @@ func (s *Service) placeSession(ctx context.Context, c Caller, language, scopedID
 	call := Call{Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID}
 	v, err := s.vetRequest(ctx, call, &executionv1.Execution{Language: language, SessionId: scopedID})
 	if err != nil {
-		s.logFailure(call, err)
 		return nil, err
 	}
 	return v.route, nil

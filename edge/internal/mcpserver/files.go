@@ -8,7 +8,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/codemode-go/codemode/edge/internal/execution"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
 
@@ -74,25 +73,24 @@ func (a *adapter) addFileTools(s *mcp.Server) {
 }
 
 func (a *adapter) writeFile(ctx context.Context, req *mcp.CallToolRequest, in WriteFileInput) (*mcp.CallToolResult, any, error) {
-	t, err := a.tenant(req)
+	c, err := a.caller(ctx, req)
 	if err != nil {
 		return nil, nil, err
 	}
-	c := execution.Caller{Tenant: t, Door: "mcp", RequestID: execution.NewRequestID()}
 	if err := a.svc.WriteFile(ctx, c, in.SessionID, &executionv1.File{Path: in.Path, Content: []byte(in.Content)}); err != nil {
-		return nil, nil, err
+		return nil, nil, failed(c, err)
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("wrote %d bytes to /workspace/%s", len(in.Content), in.Path)}}}, nil, nil
 }
 
 func (a *adapter) readFile(ctx context.Context, req *mcp.CallToolRequest, in ReadFileInput) (*mcp.CallToolResult, FileOutput, error) {
-	t, err := a.tenant(req)
+	c, err := a.caller(ctx, req)
 	if err != nil {
 		return nil, FileOutput{}, err
 	}
-	f, err := a.svc.ReadFile(ctx, t, in.SessionID, in.Path, 0)
+	f, err := a.svc.ReadFile(ctx, c, in.SessionID, in.Path, 0)
 	if err != nil {
-		return nil, FileOutput{}, err
+		return nil, FileOutput{}, failed(c, err)
 	}
 	content := f.GetContent()
 	if !utf8.Valid(content) {
@@ -103,13 +101,13 @@ func (a *adapter) readFile(ctx context.Context, req *mcp.CallToolRequest, in Rea
 }
 
 func (a *adapter) listFiles(ctx context.Context, req *mcp.CallToolRequest, in ListFilesInput) (*mcp.CallToolResult, ListFilesOutput, error) {
-	t, err := a.tenant(req)
+	c, err := a.caller(ctx, req)
 	if err != nil {
 		return nil, ListFilesOutput{}, err
 	}
-	files, truncated, err := a.svc.ListFiles(ctx, t, in.SessionID, in.Path)
+	files, truncated, err := a.svc.ListFiles(ctx, c, in.SessionID, in.Path)
 	if err != nil {
-		return nil, ListFilesOutput{}, err
+		return nil, ListFilesOutput{}, failed(c, err)
 	}
 	out := ListFilesOutput{Files: []FileEntry{}, Truncated: truncated}
 	var b strings.Builder

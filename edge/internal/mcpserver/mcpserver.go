@@ -19,6 +19,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/server"
 )
 
 // ExecuteInput is execute_code's input.
@@ -84,8 +85,8 @@ func Handlers(cfg Config) (withCode, withoutCode http.Handler) {
 	mcp.AddTool(bare, languagesTool(), a.listLanguages)
 
 	opts := &mcp.StreamableHTTPOptions{Logger: cfg.Logger, SessionTimeout: 30 * time.Minute}
-	withCode = authenticated(cfg.Tenants, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return full }, opts))
-	withoutCode = authenticated(cfg.Tenants, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return bare }, opts))
+	withCode = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return full }, opts)
+	withoutCode = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return bare }, opts)
 	return withCode, withoutCode
 }
 
@@ -98,36 +99,47 @@ func languagesTool() *mcp.Tool {
 	}
 }
 
-// authenticated turns away requests without a valid API key before MCP sees them.
-func authenticated(tenants *tenant.Resolver, h http.Handler) http.Handler {
-	if !tenants.Enabled() {
-		return h
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := tenants.Resolve(r.Header); err != nil {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="codemode"`)
-			http.Error(w, err.Error(), http.StatusUnauthorized)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
 type adapter struct {
 	svc     *execution.Service
 	tenants *tenant.Resolver
 }
 
-func (a *adapter) tenant(req *mcp.CallToolRequest) (string, error) {
+// caller returns who makes req. The edge resolved the tenant from the
+// HTTP request's key before MCP read its body; the handlers resolve it again
+// from the header that the SDK hands over, which is the same.
+func (a *adapter) caller(ctx context.Context, req *mcp.CallToolRequest) (execution.Caller, error) {
 	var h http.Header
 	if req.Extra != nil {
 		h = req.Extra.Header
 	}
-	return a.tenants.Resolve(h)
+	t, err := a.tenants.Of(ctx, h)
+	if err != nil {
+		return execution.Caller{}, err
+	}
+	c := execution.Caller{Tenant: t, Door: "mcp", RequestID: h.Get(server.RequestIDHeader)}
+	if c.RequestID == "" {
+		c.RequestID = execution.NewRequestID()
+	}
+	return c, nil
+}
+
+// failed returns err for a tool result with isError, naming the request id
+// so that a user can report it.
+func failed(c execution.Caller, err error) error {
+	if strings.Contains(err.Error(), c.RequestID) {
+		return err
+	}
+	return fmt.Errorf("%w (request id %s)", err, c.RequestID)
+}
+
+// withRequestID records the request id in a result's _meta.
+func withRequestID(res *mcp.CallToolResult, c execution.Caller) *mcp.CallToolResult {
+	res.Meta = mcp.Meta{"codemode/request_id": c.RequestID}
+	return res
 }
 
 func (a *adapter) executeCode(ctx context.Context, req *mcp.CallToolRequest, in ExecuteInput) (*mcp.CallToolResult, ExecuteOutput, error) {
-	t, err := a.tenant(req)
+	c, err := a.caller(ctx, req)
 	if err != nil {
 		return nil, ExecuteOutput{}, err
 	}
@@ -139,21 +151,17 @@ func (a *adapter) executeCode(ctx context.Context, req *mcp.CallToolRequest, in 
 	if in.TimeoutSeconds != 0 {
 		ex.Timeout = durationpb.New(time.Duration(in.TimeoutSeconds * float64(time.Second)))
 	}
-	var rid string
-	if req.Extra != nil && req.Extra.Header != nil {
-		rid = req.Extra.Header.Get("X-Request-Id")
-	}
-	res, err := a.svc.Execute(ctx, execution.Call{Execution: ex, Tenant: t, Door: "mcp", RequestID: rid})
+	res, err := a.svc.Execute(ctx, execution.Call{Execution: ex, Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID})
 	if err != nil {
 		// Returned as a tool result with isError, so the model can read it.
-		return nil, ExecuteOutput{}, err
+		return nil, ExecuteOutput{}, failed(c, err)
 	}
 	out := ExecuteOutput{
 		Stdout: res.GetStdout(), Stderr: res.GetStderr(), ExitCode: res.GetExitCode(),
 		TimedOut: res.GetTimedOut(), Truncated: res.GetTruncated(), OOMKilled: res.GetOomKilled(),
 		DurationMS: res.GetDuration().AsDuration().Milliseconds(), SessionID: res.GetSessionId(),
 	}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: Summary(res)}}}, out, nil
+	return withRequestID(&mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: Summary(res)}}}, c), out, nil
 }
 
 // Summary renders a result as text for a model to read: stdout, then stderr,
@@ -193,12 +201,13 @@ func Summary(res *executionv1.Result) string {
 }
 
 func (a *adapter) listLanguages(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, LanguagesOutput, error) {
-	if _, err := a.tenant(req); err != nil {
-		return nil, LanguagesOutput{}, err
-	}
-	langs, err := a.svc.Languages(ctx)
+	c, err := a.caller(ctx, req)
 	if err != nil {
 		return nil, LanguagesOutput{}, err
+	}
+	langs, err := a.svc.Languages(ctx, c)
+	if err != nil {
+		return nil, LanguagesOutput{}, failed(c, err)
 	}
 	out := LanguagesOutput{Languages: []Language{}}
 	var names []string

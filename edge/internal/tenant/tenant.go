@@ -9,6 +9,7 @@
 package tenant
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -87,4 +88,36 @@ func (r *Resolver) Resolve(h http.Header) (string, error) {
 		}
 	}
 	return "", ErrUnauthenticated
+}
+
+type contextKey struct{}
+
+// NewContext returns ctx carrying tenant t.
+func NewContext(ctx context.Context, t string) context.Context {
+	return context.WithValue(ctx, contextKey{}, t)
+}
+
+// FromContext returns the tenant that [Resolver.Authenticate] put in ctx.
+func FromContext(ctx context.Context) (string, bool) {
+	t, ok := ctx.Value(contextKey{}).(string)
+	return t, ok
+}
+
+// Authenticate resolves the tenant of r from its header alone (nothing reads
+// the body before it) and returns r's context carrying it.
+func (r *Resolver) Authenticate(req *http.Request) (context.Context, error) {
+	t, err := r.Resolve(req.Header)
+	if err != nil {
+		return nil, err
+	}
+	return NewContext(req.Context(), t), nil
+}
+
+// Of returns the tenant of a request with context ctx and header h: the one
+// Authenticate put in ctx, else the one h's key resolves to.
+func (r *Resolver) Of(ctx context.Context, h http.Header) (string, error) {
+	if t, ok := FromContext(ctx); ok {
+		return t, nil
+	}
+	return r.Resolve(h)
 }
