@@ -183,11 +183,14 @@ func TestSeedRun(t *testing.T) {
 	t.Parallel()
 	s := shared(t)
 	var out struct{ Output, Error string }
-	code := postJSON(t, s.ControlPlane.URL()+"/run", `{"code":"print(6*7)","language":"python","sessionId":""}`, &out)
+	// The control plane's copies are internal: they take the cluster secret.
+	code := postJSONWith(t, s.ControlPlane.URL()+"/run", s.Secret, `{"code":"print(6*7)","language":"python","sessionId":""}`, &out)
 	if code != http.StatusOK || out.Output != "42\n" || out.Error != "" {
 		t.Fatalf("HTTP %d %+v", code, out)
 	}
-	res, err := http.Get(s.ControlPlane.URL() + "/status")
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, s.ControlPlane.URL()+"/status", nil)
+	req.Header.Set("Authorization", "Bearer "+s.Secret)
+	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

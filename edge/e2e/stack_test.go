@@ -3,6 +3,8 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -188,26 +190,48 @@ func (p *Process) Kill() {
 	<-p.done
 }
 
-// Stack is an agent, a control plane and an edge wired together.
+// Stack is an agent, a control plane and an edge wired together, sharing a
+// cluster secret.
 type Stack struct {
 	Agent, ControlPlane, Edge *Process
 	AgentName                 string
+	// Secret is the cluster secret of the stack's three services.
+	Secret string
+}
+
+// ClusterEnv is the environment that gives a process the stack's secret.
+func (s *Stack) ClusterEnv() []string {
+	return []string{"CODEMODE_CLUSTER_SECRET=" + s.Secret}
+}
+
+// StartEdge starts another edge in front of the stack's control plane,
+// with the stack's secret and the given extra environment and flags.
+func (s *Stack) StartEdge(env []string, args ...string) (*Process, error) {
+	env = append(append(s.ClusterEnv(), "CODE_EXECUTION_HOST="+s.ControlPlane.URL()), env...)
+	return start("edge", env, append([]string{"--addr", "127.0.0.1:0"}, args...)...)
+}
+
+// newSecret returns a random cluster secret.
+func newSecret() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // StartStack starts a stack whose agent has the given name and extra flags.
 func StartStack(agentName string, agentArgs ...string) (*Stack, error) {
-	s := &Stack{AgentName: agentName}
+	s := &Stack{AgentName: agentName, Secret: newSecret()}
 	var err error
-	s.Agent, err = start("agent", nil, append([]string{"--addr", "127.0.0.1:0", "--name", agentName, "--runner", filepath.Join(binDir, "runner")}, agentArgs...)...)
+	s.Agent, err = start("agent", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0", "--name", agentName, "--runner", filepath.Join(binDir, "runner")}, agentArgs...)...)
 	if err != nil {
 		return nil, err
 	}
-	s.ControlPlane, err = start("controlplane", []string{"REMOTE_HOSTS=" + s.Agent.Addr}, "--addr", "127.0.0.1:0", "--poll-interval", "200ms")
+	s.ControlPlane, err = start("controlplane", append(s.ClusterEnv(), "REMOTE_HOSTS="+s.Agent.Addr), "--addr", "127.0.0.1:0", "--poll-interval", "200ms")
 	if err != nil {
 		s.Stop()
 		return nil, err
 	}
-	s.Edge, err = start("edge", []string{"CODE_EXECUTION_HOST=" + s.ControlPlane.URL()}, "--addr", "127.0.0.1:0")
+	s.Edge, err = s.StartEdge(nil)
 	if err != nil {
 		s.Stop()
 		return nil, err
@@ -221,7 +245,7 @@ func StartStack(agentName string, agentArgs ...string) (*Stack, error) {
 
 // waitAgentHealthy waits until the control plane reports the agent ready.
 func (s *Stack) waitAgentHealthy(timeout time.Duration) error {
-	cp := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), s.ControlPlane.URL())
+	cp := s.ControlPlaneClient()
 	deadline := time.Now().Add(timeout)
 	for {
 		res, err := cp.ListAgents(context.Background(), connect.NewRequest(&cpv1.ListAgentsRequest{}))
@@ -233,6 +257,26 @@ func (s *Stack) waitAgentHealthy(timeout time.Duration) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// ControlPlaneClient is a client of the stack's control plane that sends the
+// cluster secret.
+func (s *Stack) ControlPlaneClient() controlplanev1connect.ControlPlaneServiceClient {
+	c := server.NewClient()
+	c.Transport = bearerTransport{secret: s.Secret, base: c.Transport}
+	return controlplanev1connect.NewControlPlaneServiceClient(c, s.ControlPlane.URL())
+}
+
+// bearerTransport sends a bearer token with every request.
+type bearerTransport struct {
+	secret string
+	base   http.RoundTripper
+}
+
+func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.secret)
+	return b.base.RoundTrip(r)
 }
 
 // Stop stops the edge, the control plane and the agent, in that order.

@@ -205,7 +205,7 @@ func (a *testAgent) client(protocol string) agentv1connect.AgentServiceClient {
 // error.
 func (a *testAgent) exec(t testing.TB, e *executionv1.Execution) *executionv1.Result {
 	t.Helper()
-	res, err := a.client("connect").Execute(context.Background(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: e}))
+	res, err := a.client("connect").Execute(context.Background(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: e, AllowNewSession: true}))
 	if err != nil {
 		t.Fatalf("Execute(%.60q): %v", e.GetCode(), err)
 	}

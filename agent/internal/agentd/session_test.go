@@ -2,6 +2,7 @@ package agentd
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -102,12 +103,81 @@ func TestSessionLifecycle(t *testing.T) {
 	if _, err := c.GetSession(ctx, connect.NewRequest(&agentv1.GetSessionRequest{SessionId: id})); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("GetSession after close: %v, want not_found", err)
 	}
-	// An unknown session id in Execute opens the session (the seed's
-	// sessionId semantics), fresh.
-	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print('x' in globals())", SessionId: id}); r.GetStdout() != "False\n" {
-		t.Errorf("run after close: %v", r)
+	// A closed session is never opened again as a new one, even where a
+	// new id would be: the run is not_found, saying it was closed.
+	_, err = c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{AllowNewSession: true,
+		Execution: &executionv1.Execution{Language: "python", Code: "print('x' in globals())", SessionId: id}}))
+	if connect.CodeOf(err) != connect.CodeNotFound || notFoundReason(err) != executionv1.SessionNotFound_REASON_CLOSED {
+		t.Errorf("run after close: %v (reason %v), want not_found, closed", err, notFoundReason(err))
 	}
-	c.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
+}
+
+// notFoundReason returns the reason of err's SessionNotFound detail.
+func notFoundReason(err error) executionv1.SessionNotFound_Reason {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return executionv1.SessionNotFound_REASON_UNSPECIFIED
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if m, ok := v.(*executionv1.SessionNotFound); ok {
+				return m.GetReason()
+			}
+		}
+	}
+	return executionv1.SessionNotFound_REASON_UNSPECIFIED
+}
+
+// TestSessionBelongsToItsTenant checks that the agent itself keeps tenants
+// apart: whatever session id another tenant sends, it finds no session.
+func TestSessionBelongsToItsTenant(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+	c := a.client("connect")
+	ctx := t.Context()
+	id := "owned-" + strings.ReplaceAll(t.Name(), "/", "-")
+	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "python", SessionId: id, Tenant: "team-a"})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.CloseSession(context.Background(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id, Tenant: "team-a"}))
+	})
+	run := func(tenant, code string, allowNew bool) (*executionv1.Result, error) {
+		res, err := c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Tenant: tenant, AllowNewSession: allowNew,
+			Execution: &executionv1.Execution{Language: "python", Code: code, SessionId: id}}))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg.GetResult(), nil
+	}
+	if _, err := run("team-a", "secret = 'a'\nopen('/workspace/mine.txt', 'w').write('a')", false); err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"team-b", ""} {
+		if _, err := run(tenant, "print(secret)", true); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("%q: Execute in another tenant's session: %v, want not_found", tenant, err)
+		}
+		if _, err := c.GetSession(ctx, connect.NewRequest(&agentv1.GetSessionRequest{SessionId: id, Tenant: tenant})); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("%q: GetSession: %v, want not_found", tenant, err)
+		}
+		if _, err := c.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{SessionId: id, Tenant: tenant, Path: "mine.txt"})); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("%q: ReadFile: %v, want not_found", tenant, err)
+		}
+		if _, err := c.ListFiles(ctx, connect.NewRequest(&agentv1.ListFilesRequest{SessionId: id, Tenant: tenant})); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("%q: ListFiles: %v, want not_found", tenant, err)
+		}
+		if _, err := c.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{SessionId: id, Tenant: tenant, File: &executionv1.File{Path: "mine.txt", Content: []byte("b")}})); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("%q: WriteFile: %v, want not_found", tenant, err)
+		}
+		if _, err := c.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id, Tenant: tenant})); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("%q: CloseSession: %v, want not_found", tenant, err)
+		}
+	}
+	// The owner's session is untouched.
+	res, err := run("team-a", "print(secret, open('/workspace/mine.txt').read())", false)
+	if err != nil || res.GetStdout() != "a a\n" {
+		t.Errorf("owner's run after the other tenant's attempts: %v %v", res, err)
+	}
 }
 
 // TestSessionLimits closes idle sessions and bounds their number.
