@@ -7,10 +7,27 @@ BUF   ?= npx --yes @bufbuild/buf@1.75.0
 BIN   := bin
 export BUF
 
-# Ports of `make up`; the seed's variables work too.
-EDGE_ADDR    ?= :8000
-WORKER_PORT  ?= :30031
-CONTROLPLANE_ADDR ?= :8080
+# Addresses of `make up`; the seed's variables work too. A bare PORT or :PORT
+# means 127.0.0.1:PORT: the stack listens on loopback only unless a host is
+# named (HOST:PORT is used as given).
+EDGE_ADDR    ?= 127.0.0.1:8000
+WORKER_PORT  ?= 127.0.0.1:30031
+CONTROLPLANE_ADDR ?= 127.0.0.1:8080
+# The cluster secret internal calls carry as a bearer token; `make up` creates
+# it once (32 random bytes, base64, mode 0600) and gives its path to all three.
+CODEMODE_STATE_DIR  ?= /var/lib/codemode
+CODEMODE_CLUSTER_SECRET_FILE ?= $(CODEMODE_STATE_DIR)/cluster-secret
+
+# Seconds `make up` waits for the edge to answer before it gives up.
+UP_TIMEOUT ?= 120
+
+# $(call listen_addr,ADDR): PORT and :PORT become 127.0.0.1:PORT.
+listen_addr = $(if $(findstring :,$(patsubst :%,%,$(1))),$(1),127.0.0.1:$(patsubst :%,%,$(1)))
+# $(call dial_addr,ADDR): where to reach a listener on ADDR from this host.
+dial_addr = $(if $(filter 0.0.0.0:% [::]:%,$(1)),127.0.0.1:$(lastword $(subst :, ,$(1))),$(1))
+up_agent        := $(call listen_addr,$(WORKER_PORT))
+up_controlplane := $(call listen_addr,$(CONTROLPLANE_ADDR))
+up_edge         := $(call listen_addr,$(EDGE_ADDR))
 
 .PHONY: all setup build generate web checkgenerate lint breaking test up clean policies bench-agent bench-policy
 
@@ -56,24 +73,36 @@ test: setup lint breaking checkgenerate
 
 ## up: set up, build, and run agent, control plane and edge on this host; Ctrl-C stops all three
 up: setup build
-	@set -m; pids=(); \
-	stop() { trap - INT TERM; echo; echo "stopping..."; kill -TERM "$${pids[@]}" 2>/dev/null; wait "$${pids[@]}" 2>/dev/null; echo "stopped"; exit 0; }; \
+	@f='$(CODEMODE_CLUSTER_SECRET_FILE)'; mkdir -p "$$(dirname "$$f")"; \
+	if [ ! -s "$$f" ]; then \
+		tmp=$$(mktemp "$$f.XXXXXX") && head -c 32 /dev/urandom | base64 >"$$tmp" && \
+		{ ln "$$tmp" "$$f" 2>/dev/null || [ -s "$$f" ] || mv -f "$$tmp" "$$f"; }; rm -f "$$tmp"; \
+	fi; \
+	chmod 600 "$$f"
+	@set -m; pids=(); names=(); \
+	stop() { trap - INT TERM; echo; echo "stopping..."; kill -TERM "$${pids[@]}" 2>/dev/null; wait "$${pids[@]}" 2>/dev/null; echo "stopped"; exit $${1:-0}; }; \
 	trap stop INT TERM; \
-	WORKER_PORT=$(WORKER_PORT) $(BIN)/agent & pids+=($$!); \
-	REMOTE_HOSTS=127.0.0.1:$(lastword $(subst :, ,$(WORKER_PORT))) CONTROLPLANE_ADDR=$(CONTROLPLANE_ADDR) $(BIN)/controlplane & pids+=($$!); \
-	CODE_EXECUTION_HOST=http://127.0.0.1:$(lastword $(subst :, ,$(CONTROLPLANE_ADDR))) EDGE_ADDR=$(EDGE_ADDR) $(BIN)/edge & pids+=($$!); \
-	e=$(lastword $(subst :, ,$(EDGE_ADDR))); c=$(lastword $(subst :, ,$(CONTROLPLANE_ADDR))); \
-	for i in $$(seq 1 600); do curl -fsS -o /dev/null -X POST -H 'Content-Type: application/json' -d '{}' \
-		http://127.0.0.1:$$e/codemode.edge.v1.ExecutionService/ListLanguages 2>/dev/null && break; sleep 0.1; done; \
+	export CODEMODE_CLUSTER_SECRET_FILE='$(CODEMODE_CLUSTER_SECRET_FILE)'; \
+	WORKER_PORT=$(up_agent) $(BIN)/agent & pids+=($$!); names+=(agent); \
+	REMOTE_HOSTS=$(call dial_addr,$(up_agent)) CONTROLPLANE_ADDR=$(up_controlplane) $(BIN)/controlplane & pids+=($$!); names+=(controlplane); \
+	CODE_EXECUTION_HOST=http://$(call dial_addr,$(up_controlplane)) EDGE_ADDR=$(up_edge) $(BIN)/edge & pids+=($$!); names+=(edge); \
+	running() { for p in "$${pids[@]}"; do kill -0 "$$p" 2>/dev/null || return 1; done; }; \
+	e=$(call dial_addr,$(up_edge)); up=; deadline=$$((SECONDS + $(UP_TIMEOUT))); \
+	while running && [ $$SECONDS -lt $$deadline ]; do \
+		curl -fsS -m 5 -o /dev/null -X POST -H 'Content-Type: application/json' -d '{}' \
+			http://$$e/codemode.edge.v1.ExecutionService/ListLanguages 2>/dev/null && { up=1; break; }; sleep 0.1; done; \
+	if [ -z "$$up" ]; then echo "codemode did not come up within $(UP_TIMEOUT)s (see the logs above)"; stop 1; fi; \
 	echo; \
 	echo "codemode is up:"; \
-	echo "  web playground     http://127.0.0.1:$$e/"; \
-	echo "  MCP                http://127.0.0.1:$$e/mcp  (without code execution: /mcp-no-code-execute)"; \
-	echo "  Connect / gRPC / gRPC-Web   127.0.0.1:$$e  codemode.edge.v1.ExecutionService"; \
-	echo "  seed POST /run, GET /status http://127.0.0.1:$$c"; \
-	echo "  agent              127.0.0.1:$(lastword $(subst :, ,$(WORKER_PORT)))"; \
+	echo "  web playground     http://$$e/"; \
+	echo "  MCP                http://$$e/mcp  (without code execution: /mcp-no-code-execute)"; \
+	echo "  Connect / gRPC / gRPC-Web   $$e  codemode.edge.v1.ExecutionService"; \
+	echo "  seed POST /run, GET /status http://$(call dial_addr,$(up_controlplane))"; \
+	echo "  agent              $(call dial_addr,$(up_agent))"; \
 	echo "Ctrl-C stops all three."; \
-	wait "$${pids[@]}"
+	wait -n "$${pids[@]}"; \
+	for k in "$${!pids[@]}"; do kill -0 "$${pids[$$k]}" 2>/dev/null || echo "$${names[$$k]} exited"; done; \
+	stop 1
 
 ## policies: build the example Wasm policies and a config loading them into bin/policies
 policies:

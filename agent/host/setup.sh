@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Prepares this host to run codemode's sandboxes, idempotently, as root on Debian:
-#   1. Docker Engine from the distribution, started without systemd, runsc registered;
+#   1. Docker Engine from the distribution, started without systemd in a
+#      session of its own (signals meant for the caller never reach it),
+#      runsc registered;
 #   2. gVisor's runsc, built static from source through the Go module proxy;
 #   3. the sandbox image (python3, bash, nodejs), built locally with debootstrap.
 # Every step is skipped when its result is already there. Safe to run after an
@@ -82,7 +84,11 @@ else
   pkill -x dockerd 2>/dev/null || true
   pkill -x containerd 2>/dev/null || true
   rm -f /var/run/docker.sock
-  nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+  # dockerd gets a session of its own: Ctrl-C on `make up` or `make test`
+  # signals the whole foreground process group, and a daemon in that group
+  # would die with it while the agent still has sandboxes to remove. With
+  # no controlling terminal it gets no hang-up from one either.
+  setsid -f dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null
   for _ in $(seq 1 300); do
     docker_up && break
     sleep 0.2
