@@ -1,0 +1,149 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+const testSecret = "0123456789abcdef0123456789abcdef"
+
+func TestNewSecret(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		in string
+		ok bool
+	}{
+		{testSecret, true},
+		{"  " + testSecret + "\n", true},
+		{testSecret[:31], false},
+		{"", false},
+		{testSecret[:16] + " " + testSecret[16:], false},
+	} {
+		_, err := NewSecret(tt.in)
+		if (err == nil) != tt.ok {
+			t.Errorf("NewSecret(%q): %v, want ok %v", tt.in, err, tt.ok)
+		}
+	}
+}
+
+func TestAuthenticate(t *testing.T) {
+	t.Parallel()
+	s, err := NewSecret(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, path, header string
+		ok                 bool
+	}{
+		{"right", "/codemode.agent.v1.AgentService/Execute", "Bearer " + testSecret, true},
+		{"missing", "/codemode.agent.v1.AgentService/Execute", "", false},
+		{"wrong", "/codemode.agent.v1.AgentService/Execute", "Bearer " + strings.ToUpper(testSecret), false},
+		{"prefix", "/codemode.agent.v1.AgentService/Execute", "Bearer " + testSecret[:20], false},
+		{"basic", "/run", "Basic " + testSecret, false},
+		{"reflection", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "", false},
+		{"health", "/grpc.health.v1.Health/Check", "", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, tt.path, nil)
+			if tt.header != "" {
+				r.Header.Set("Authorization", tt.header)
+			}
+			_, err := s.Authenticate(r)
+			if (err == nil) != tt.ok {
+				t.Errorf("Authenticate: %v, want ok %v", err, tt.ok)
+			}
+			if err != nil && !errors.Is(err, ErrUnauthenticated) {
+				t.Errorf("error %v is not ErrUnauthenticated", err)
+			}
+		})
+	}
+	// No secret: everything passes (the service is on loopback).
+	var none *Secret
+	if _, err := none.Authenticate(httptest.NewRequest(http.MethodPost, "/run", nil)); err != nil {
+		t.Errorf("nil secret: %v", err)
+	}
+}
+
+func TestClientSendsTheSecret(t *testing.T) {
+	t.Parallel()
+	s, _ := NewSecret(testSecret)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := s.Authenticate(r); err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+		}
+	}))
+	defer srv.Close()
+	for _, tt := range []struct {
+		name   string
+		client *http.Client
+		want   int
+	}{
+		{"with", s.Client(srv.Client()), http.StatusOK},
+		{"without", srv.Client(), http.StatusUnauthorized},
+	} {
+		res, err := tt.client.Post(srv.URL+"/x", "text/plain", bytes.NewReader(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != tt.want {
+			t.Errorf("%s the secret: HTTP %d, want %d", tt.name, res.StatusCode, tt.want)
+		}
+	}
+}
+
+func TestBindAddr(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		addr    string
+		secured bool
+		want    string // "" for an error
+	}{
+		{":8080", false, "127.0.0.1:8080"},
+		{"127.0.0.1:8080", false, "127.0.0.1:8080"},
+		{"127.0.0.2:8080", false, "127.0.0.2:8080"},
+		{"localhost:8080", false, "localhost:8080"},
+		{"[::1]:8080", false, "[::1]:8080"},
+		{"0.0.0.0:8080", false, ""},
+		{"[::]:8080", false, ""},
+		{"10.1.2.3:8080", false, ""},
+		{"example.internal:8080", false, ""},
+		{":8080", true, ":8080"},
+		{"0.0.0.0:8080", true, "0.0.0.0:8080"},
+	} {
+		got, err := BindAddr(tt.addr, tt.secured, "agent")
+		switch {
+		case tt.want == "" && err == nil:
+			t.Errorf("BindAddr(%q, %v) = %q, want an error", tt.addr, tt.secured, got)
+		case tt.want == "" && !strings.Contains(err.Error(), SecretFileEnv):
+			t.Errorf("BindAddr(%q): error %q does not say how to configure a secret", tt.addr, err)
+		case tt.want != "" && (err != nil || got != tt.want):
+			t.Errorf("BindAddr(%q, %v) = %q, %v, want %q", tt.addr, tt.secured, got, err, tt.want)
+		}
+	}
+}
+
+func TestKey(t *testing.T) {
+	t.Parallel()
+	a, _ := NewSecret(testSecret)
+	b, _ := NewSecret(strings.Repeat("z", 32))
+	var none *Secret
+	keys := map[string][]byte{
+		"a/x": a.Key("x"), "a/y": a.Key("y"), "b/x": b.Key("x"), "none/x": none.Key("x"),
+	}
+	seen := map[string]string{}
+	for name, k := range keys {
+		if other, ok := seen[string(k)]; ok {
+			t.Errorf("keys %s and %s are equal", name, other)
+		}
+		seen[string(k)] = name
+	}
+	if !bytes.Equal(a.Key("x"), a.Key("x")) {
+		t.Error("Key is not deterministic")
+	}
+}
