@@ -98,7 +98,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	switch {
 	case err != nil:
 		// The engine may come later; the pool waits for it.
-		logger.Warn("cannot check the sandbox image yet", "image", cfg.Image, "err", err)
+		logger.Warn("cannot check the sandbox image yet", "image", cfg.Image, "error", err)
 	case !ok:
 		driver.Close()
 		return nil, fmt.Errorf("sandbox image %s is not present locally: build it with `make setup` (agent/host/setup.sh), or pull it where a registry is reachable", cfg.Image)
@@ -230,7 +230,7 @@ func (a *Agent) Close(ctx context.Context) error {
 	err := a.pool.Close(ctx)
 	a.driver.Close()
 	if err != nil {
-		a.log.Warn("remove sandboxes at shutdown", "err", err)
+		a.log.Warn("remove sandboxes at shutdown", "error", err)
 		return err
 	}
 	a.log.Info("agent stopped; sandboxes removed")

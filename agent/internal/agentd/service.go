@@ -168,7 +168,7 @@ func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, 
 			s.pool.NoteError(serr)
 			return nil, true, fmt.Errorf("sandbox %s lost: %w", shortID(sb.ID()), serr)
 		}
-		s.log.Warn("sandbox died during a run", "sandbox_id", shortID(sb.ID()), "err", err, "exit_code", st.ExitCode)
+		s.log.Warn("sandbox died during a run", "sandbox_id", shortID(sb.ID()), "error", err, "exit_code", st.ExitCode)
 		s.pool.NoteError(serr)
 		return nil, true, fmt.Errorf("%w: %w", errSandboxDied, err)
 

@@ -358,7 +358,7 @@ func (p *Pool) recycleLocked(sb *Sandbox, reusable bool) {
 		p.recycling--
 		switch {
 		case err != nil:
-			p.log.Warn("scrub sandbox; destroying it", "sandbox_id", shortID(sb.ID()), "err", err)
+			p.log.Warn("scrub sandbox; destroying it", "sandbox_id", shortID(sb.ID()), "error", err)
 			p.destroyLocked(sb)
 		case p.closed || !p.ready:
 			p.destroyLocked(sb)
@@ -488,7 +488,7 @@ func (p *Pool) fill(ctx context.Context) {
 				backoff := min(time.Duration(1<<min(p.failures, 5))*250*time.Millisecond, 10*time.Second)
 				p.nextFill = time.Now().Add(backoff)
 				if ctx.Err() == nil {
-					p.log.Warn("start warm sandbox", "err", err, "retry_in", backoff)
+					p.log.Warn("start warm sandbox", "error", err, "retry_in", backoff)
 				}
 				p.noteErr(err)
 				return
@@ -542,7 +542,7 @@ func (p *Pool) reconnect(ctx context.Context) {
 	p.mu.Unlock()
 	switch {
 	case err != nil && wasReady:
-		p.log.Warn("container engine unavailable; answering unavailable until it is back", "err", err)
+		p.log.Warn("container engine unavailable; answering unavailable until it is back", "error", err)
 		p.mu.Lock()
 		p.ready = false
 		warm := p.warm
@@ -571,7 +571,7 @@ func (p *Pool) reconnect(ctx context.Context) {
 		n, err := p.cfg.Driver.RemoveAll(rctx, p.cfg.Labels, keep)
 		cancel()
 		if err != nil {
-			p.log.Warn("remove leftover sandboxes", "err", err)
+			p.log.Warn("remove leftover sandboxes", "error", err)
 			return
 		}
 		if n > 0 {

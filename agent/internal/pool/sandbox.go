@@ -119,7 +119,7 @@ func (p *Pool) destroyNow(sb *Sandbox) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := sb.c.Remove(ctx); err != nil {
-		p.log.Warn("remove sandbox", "sandbox_id", shortID(sb.ID()), "err", err)
+		p.log.Warn("remove sandbox", "sandbox_id", shortID(sb.ID()), "error", err)
 		p.noteErr(err)
 	}
 }
