@@ -147,10 +147,10 @@ func (s *Service) findSession(ctx context.Context, tenant, id string) (*router.A
 // id, says of the session, and returns the error for the caller. A session
 // the agent had confirmed (confirmed) and no longer knows was lost with it.
 func (s *Service) sessionError(id string, confirmed bool, err error) error {
-	if connect.CodeOf(err) != connect.CodeNotFound {
-		return err
+	gone, ok := sessionNotFound(err)
+	if connect.CodeOf(err) != connect.CodeNotFound || !ok {
+		return err // not about the session: a file that is not there, say
 	}
-	gone, _ := sessionNotFound(err)
 	switch gone.GetReason() {
 	case executionv1.SessionNotFound_REASON_CLOSED, executionv1.SessionNotFound_REASON_EXPIRED, executionv1.SessionNotFound_REASON_LOST:
 		s.router.MarkGone(id, gone.GetReason(), gone.GetEndTime().AsTime())
@@ -214,8 +214,9 @@ func (s *Service) agentError(a *router.Agent, reqID string, err error) error {
 		return err
 	}
 	switch connect.CodeOf(err) {
-	case connect.CodeCanceled, connect.CodeDeadlineExceeded:
-		return err
+	case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeInternal:
+	default:
+		return err // made here, or the caller's deadline
 	}
 	s.logger.Warn("agent unreachable", "agent", a.Address, "request_id", reqID, "error", err)
 	return connect.NewError(connect.CodeUnavailable, errors.New("an agent could not be reached; try again"))
