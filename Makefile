@@ -97,7 +97,7 @@ up: setup build
 	echo "  web playground     http://$$e/"; \
 	echo "  MCP                http://$$e/mcp  (without code execution: /mcp-no-code-execute)"; \
 	echo "  Connect / gRPC / gRPC-Web   $$e  codemode.edge.v1.ExecutionService"; \
-	echo "  seed POST /run, GET /status http://$(call dial_addr,$(up_controlplane))"; \
+	echo "  seed POST /run, GET /status http://$$e  (internal copies, with the cluster secret: http://$(call dial_addr,$(up_controlplane)))"; \
 	echo "  agent              $(call dial_addr,$(up_agent))"; \
 	echo "Ctrl-C stops all three."; \
 	wait -n "$${pids[@]}"; \
