@@ -60,6 +60,7 @@ type Agent struct {
 	driver   *sandbox.Docker
 	pool     *pool.Pool
 	sessions *pool.Sessions
+	journal  *pool.Journal // nil: none
 	svc      *Service
 
 	srvMu sync.Mutex
@@ -141,13 +142,25 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	p.Start(ctx)
+	var journal *pool.Journal
+	if cfg.StateDir != "" {
+		if journal, err = pool.OpenJournal(cfg.StateDir); err != nil {
+			p.Close(context.WithoutCancel(ctx))
+			driver.Close()
+			return nil, err
+		}
+		if n := journal.Lost(); n > 0 {
+			logger.Warn("sessions lost when the agent last stopped", "sessions", n)
+		}
+	}
 	sessions := pool.NewSessions(p, pool.SessionsConfig{
 		Max:        cfg.MaxSessions,
 		IdleTTL:    cfg.SessionIdleTTL,
 		MaxIdleTTL: cfg.MaxSessionIdleTTL,
+		Journal:    journal,
 		Logger:     logger.With("component", "sessions"),
 	})
-	a.pool, a.sessions = p, sessions
+	a.pool, a.sessions, a.journal = p, sessions, journal
 	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, sessions: sessions}
 	logger.Info("agent started", "name", cfg.Name, "labels", labelString(cfg.Labels), "image", cfg.Image,
 		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes)
@@ -227,6 +240,11 @@ func (l *firstAccept) Accept() (net.Conn, error) {
 // Close closes every session and removes every sandbox of the agent.
 func (a *Agent) Close(ctx context.Context) error {
 	a.sessions.CloseAll()
+	if a.journal != nil {
+		if err := a.journal.Close(); err != nil {
+			a.log.Warn("close the session journal", "error", err)
+		}
+	}
 	err := a.pool.Close(ctx)
 	a.driver.Close()
 	if err != nil {

@@ -86,6 +86,11 @@ type Config struct {
 	// the agent serves on loopback only.
 	Secret *cluster.Secret
 
+	// StateDir keeps what the agent must remember across restarts: the
+	// journal of its sessions, so that sessions lost in a restart answer
+	// "lost" rather than open again empty. Empty: remember nothing.
+	StateDir string
+
 	// LogFormat ("text" or "json") and LogLevel configure the logger Run
 	// builds.
 	LogFormat, LogLevel string
@@ -190,6 +195,8 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	f.Env("max-sessions", "MAX_SESSIONS")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long shutdown waits for requests in flight")
 	f.Env("shutdown-timeout", "SHUTDOWN_TIMEOUT")
+	f.StringVar(&cfg.StateDir, "state-dir", "", "directory for the agent's state across restarts (its session journal); \"none\" keeps nothing (default: $CODEMODE_STATE_DIR/agents/NAME, CODEMODE_STATE_DIR defaulting to /var/lib/codemode)")
+	f.Env("state-dir", "AGENT_STATE_DIR")
 	loadSecret := cluster.Flags(f)
 	format, level := cli.LogFlags(f)
 	if err := f.Parse(args, getenv); err != nil {
@@ -200,6 +207,16 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 		return Config{}, err
 	}
 	cfg.Secret = secret
+	switch cfg.StateDir {
+	case "":
+		base := getenv("CODEMODE_STATE_DIR")
+		if base == "" {
+			base = "/var/lib/codemode"
+		}
+		cfg.StateDir = filepath.Join(base, "agents", cfg.Name)
+	case "none":
+		cfg.StateDir = ""
+	}
 	cfg.LogFormat, cfg.LogLevel = *format, *level
 	if cfg.DockerHost == "" {
 		cfg.DockerHost = getenv("DOCKER_HOST")

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -480,5 +482,64 @@ func TestSessions(t *testing.T) {
 	}
 	if st := p.Stats(); st.Held != 0 {
 		t.Errorf("held sandboxes after sessions closed: %+v", st)
+	}
+}
+
+// TestJournal checks that sessions ended, and sessions open when the agent
+// stopped, are known after a restart: as closed, expired or lost, for their
+// tenant only; and that a line cut short by a crash is skipped.
+func TestJournal(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	d := newFakeDriver()
+	p := newTestPool(t, d, func(c *Config) { c.Max = 3 })
+	ctx := t.Context()
+
+	j, err := OpenJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewSessions(p, SessionsConfig{Max: 3, IdleTTL: time.Hour, MaxIdleTTL: time.Hour, Journal: j})
+	for _, id := range []string{"closed", "open"} {
+		if _, err := s.Create(ctx, id, "t1", "python", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close("closed", "t1"); err != nil {
+		t.Fatal(err)
+	}
+	// The agent is killed: its sessions are never closed, the journal is
+	// left as it is, with a torn last line.
+	s.stop()
+	<-s.done
+	j.Close()
+	f, err := os.OpenFile(filepath.Join(dir, "sessions.jsonl"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(`{"op":"open","id":"torn`)
+	f.Close()
+
+	j2, err := OpenJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j2.Close() })
+	if n := j2.Lost(); n != 1 {
+		t.Errorf("Lost() = %d, want 1", n)
+	}
+	s2 := NewSessions(p, SessionsConfig{Max: 3, IdleTTL: time.Hour, MaxIdleTTL: time.Hour, Journal: j2})
+	t.Cleanup(s2.CloseAll)
+	var ended *EndedError
+	for id, want := range map[string]EndReason{"closed": EndClosed, "open": EndLost} {
+		if _, err := s2.Use(ctx, id, "t1", "python", 0, true, func(*Sandbox) (bool, error) { return false, nil }); !errors.As(err, &ended) || ended.Reason != want {
+			t.Errorf("%s after restart: %v, want %v", id, err, want)
+		}
+		if _, err := s2.Info(id, "t2"); errors.As(err, &ended) || !errors.Is(err, ErrSessionNotFound) {
+			t.Errorf("%s for another tenant: %v, want plain not found", id, err)
+		}
+	}
+	if _, err := s2.Use(ctx, "torn", "t1", "python", 0, true, func(*Sandbox) (bool, error) { return false, nil }); err != nil {
+		t.Errorf("an id only a torn line names: %v, want a new session", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -77,7 +78,10 @@ type SessionsConfig struct {
 	IdleTTL time.Duration
 	// MaxIdleTTL bounds the idle time a session may ask for.
 	MaxIdleTTL time.Duration
-	Logger     *slog.Logger
+	// Journal, if not nil, records sessions on disk, so that the sessions
+	// an earlier agent lost stay known as lost. Sessions does not close it.
+	Journal *Journal
+	Logger  *slog.Logger
 }
 
 // Sessions are sandboxes held for one user across runs.
@@ -126,6 +130,14 @@ func NewSessions(pool *Pool, cfg SessionsConfig) *Sessions {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sessions{pool: pool, cfg: cfg, log: cfg.Logger, m: map[string]*Session{}, ended: map[string]ended{}, stop: cancel, done: make(chan struct{})}
+	if j := cfg.Journal; j != nil {
+		for id, e := range j.replay {
+			s.ended[id] = e
+			s.endedOrder = append(s.endedOrder, id)
+		}
+		slices.SortFunc(s.endedOrder, func(a, b string) int { return s.ended[a].at.Compare(s.ended[b].at) })
+		j.replay = nil
+	}
 	go s.janitor(ctx)
 	return s
 }
@@ -180,8 +192,14 @@ func (s *Sessions) endLocked(ss *Session, reason EndReason) {
 		s.endedOrder[0] = ""
 		s.endedOrder = s.endedOrder[1:]
 	}
-	s.ended[ss.ID] = ended{tenant: ss.Tenant, reason: reason, at: time.Now()}
+	e := ended{tenant: ss.Tenant, reason: reason, at: time.Now()}
+	s.ended[ss.ID] = e
 	s.endedOrder = append(s.endedOrder, ss.ID)
+	if j := s.cfg.Journal; j != nil {
+		if err := j.Ended(ss.ID, ss.Tenant, reason, e.at); err != nil {
+			s.log.Warn("record a session's end", "session_id", ss.ID, "error", err)
+		}
+	}
 }
 
 // Create opens a session called id (a random id if empty) for tenant and
@@ -349,6 +367,12 @@ func (s *Sessions) open(ctx context.Context, id, tenant, language string, idle t
 	} else {
 		ss.sb = sb
 		ss.last = time.Now()
+		// Recorded under the lock, so that its end is always recorded after it.
+		if j := s.cfg.Journal; j != nil {
+			if err := j.Opened(id, tenant, ss.Created); err != nil {
+				s.log.Warn("record a session", "session_id", id, "error", err)
+			}
+		}
 	}
 	close(ss.ready)
 	s.mu.Unlock()
