@@ -84,7 +84,7 @@ func TestMakeUp(t *testing.T) {
 		fmt.Sprintf("CONTROLPLANE_ADDR=:%d", cpPort),
 		fmt.Sprintf("WORKER_PORT=%d", agentPort))
 	cmd.Dir = root
-	cmd.Env = append(makeFreeEnv(), "AGENT_NAME="+agentName, "MIN_ACTIVE=1")
+	cmd.Env = append(makeFreeEnv(), "AGENT_NAME="+agentName, "MIN_ACTIVE=1", "AGENT_STATE_DIR="+t.TempDir())
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// A process group of its own, like a shell's foreground job: the
 	// test's Ctrl-C goes to it and nowhere else.

@@ -197,6 +197,8 @@ type Stack struct {
 	AgentName                 string
 	// Secret is the cluster secret of the stack's three services.
 	Secret string
+	// agentArgs are the agent's flags, kept to restart it the same way.
+	agentArgs []string
 }
 
 // ClusterEnv is the environment that gives a process the stack's secret.
@@ -221,8 +223,12 @@ func newSecret() string {
 // StartStack starts a stack whose agent has the given name and extra flags.
 func StartStack(agentName string, agentArgs ...string) (*Stack, error) {
 	s := &Stack{AgentName: agentName, Secret: newSecret()}
-	var err error
-	s.Agent, err = start("agent", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0", "--name", agentName, "--runner", filepath.Join(binDir, "runner")}, agentArgs...)...)
+	state, err := os.MkdirTemp(binDir, "agent-state-")
+	if err != nil {
+		return nil, err
+	}
+	s.agentArgs = append([]string{"--name", agentName, "--runner", filepath.Join(binDir, "runner"), "--state-dir", state}, agentArgs...)
+	s.Agent, err = start("agent", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0"}, s.agentArgs...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -395,33 +395,68 @@ func TestEndedSessionsAreNotFound(t *testing.T) {
 	}
 	check("closed-one", "was closed")
 
+	// The control plane remembers that the agent confirmed the session.
 	open("kept-one")
 	if err := s.RestartAgent(); err != nil {
 		t.Fatal(err)
 	}
 	check("kept-one", "was lost")
+
+	// With the control plane restarted too, the agent's journal remembers.
+	open("kept-two")
+	if err := s.RestartAgent(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RestartControlPlane(); err != nil {
+		t.Fatal(err)
+	}
+	check("kept-two", "was lost")
+	check("closed-one", "was closed")
 	// A new id still opens a session on first use.
 	open("new-one")
 }
 
 // RestartAgent stops the stack's agent and starts it again on the same
-// address, then waits until the control plane sees it ready.
+// address, with the same flags and state, then waits until the control
+// plane sees it ready.
 func (s *Stack) RestartAgent() error {
 	if err := s.Agent.Stop(time.Minute); err != nil {
 		return err
 	}
-	var err error
-	for range 50 { // the port may linger a moment
-		s.Agent, err = start("agent", s.ClusterEnv(), "--addr", s.Agent.Addr, "--name", s.AgentName, "--runner", filepath.Join(binDir, "runner"), "--min-active", "1")
-		if err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	p, err := restart(s.Agent, s.ClusterEnv(), s.agentArgs...)
 	if err != nil {
 		return err
 	}
+	s.Agent = p
 	return s.waitAgentHealthy(2 * time.Minute)
+}
+
+// RestartControlPlane stops the stack's control plane and starts it again
+// on the same address: it forgets every session it knew.
+func (s *Stack) RestartControlPlane() error {
+	if err := s.ControlPlane.Stop(time.Minute); err != nil {
+		return err
+	}
+	p, err := restart(s.ControlPlane, append(s.ClusterEnv(), "REMOTE_HOSTS="+s.Agent.Addr), "--poll-interval", "200ms")
+	if err != nil {
+		return err
+	}
+	s.ControlPlane = p
+	return s.waitAgentHealthy(2 * time.Minute)
+}
+
+// restart starts p's binary again on p's address, which may linger a
+// moment after p stopped.
+func restart(p *Process, env []string, args ...string) (*Process, error) {
+	var err error
+	for range 50 {
+		var np *Process
+		if np, err = start(p.Name, env, append([]string{"--addr", p.Addr}, args...)...); err == nil {
+			return np, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil, err
 }
 
 // TestErrorsHideInternals points an edge at a control plane that is not
