@@ -2,6 +2,7 @@ package agentd
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,104 @@ subprocess.run([sys.executable, "-c", "pass"])`})
 	resB2 := a.exec(t, &executionv1.Execution{Language: "python", Code: `import sys; print("usercustomize" in sys.modules)`})
 	if got := resB2.GetStdout(); got != "False\n" {
 		t.Errorf("run B2's interpreter loaded what A2 planted: %q %q", got, resB2.GetStderr())
+	}
+
+	after := a.containerIDs(t)
+	if len(before) != 1 || len(after) != 1 || before[0] != after[0] {
+		t.Errorf("containers before %v, after %v: want A and B in one sandbox", before, after)
+	}
+}
+
+// ipcProbe is Python that creates (with create true) or looks for every
+// kind of IPC object a run can leave in its sandbox, under names and keys
+// derived from tag (a line put before it sets tag and create), and prints
+// one line per kind with the errno of the attempt (0: it worked). Last, it
+// lists the POSIX message queues of the sandbox's IPC namespace, which have
+// no directory in the sandbox: it enters a user namespace of its own, where
+// it may mount the mqueue file system (gVisor then shows the sandbox's
+// queues).
+const ipcProbe = `
+import ctypes, os, sys, zlib
+libc = ctypes.CDLL(None, use_errno=True)
+libc.sem_open.restype = ctypes.c_void_p
+name = ("/" + tag).encode()
+key = zlib.crc32(tag.encode()) & 0x7fffffff
+def err(ok):
+    return 0 if ok else ctypes.get_errno()
+flags = (os.O_CREAT | os.O_EXCL | os.O_RDWR) if create else os.O_RDONLY
+mqd = libc.mq_open(name, flags, ctypes.c_uint(0o666), None)
+print("mq_open", err(mqd >= 0))
+if create and mqd >= 0:
+    # gVisor has no mq_timedsend (ENOSYS); Linux queues the message.
+    print("mq_send", err(libc.mq_send(mqd, b"secret", ctypes.c_size_t(6), ctypes.c_uint(0)) == 0), file=sys.stderr)
+print("shm_open", err(libc.shm_open(name, flags, ctypes.c_uint(0o666)) >= 0))
+print("sem_open", err(libc.sem_open(name + b"-sem", flags & ~os.O_RDWR, ctypes.c_uint(0o666), ctypes.c_uint(1)) is not None))
+ipc = 0o1666 if create else 0
+print("shmget", err(libc.shmget(key, 4096 if create else 0, ipc) >= 0))
+print("msgget", err(libc.msgget(key, ipc) >= 0))
+print("semget", err(libc.semget(key, 1 if create else 0, ipc) >= 0))
+sys.stdout.flush()
+def mqueues():
+    c = ctypes.c_long
+    if libc.unshare(0x10000000 | 0x00020000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS
+        return None, "unshare: " + os.strerror(ctypes.get_errno())
+    fs = libc.syscall(c(430), b"mqueue", c(1))  # fsopen(FSOPEN_CLOEXEC)
+    if fs < 0:
+        return None, "fsopen: " + os.strerror(ctypes.get_errno())
+    if libc.syscall(c(431), c(fs), c(6), None, None, c(0)) != 0:  # fsconfig(FSCONFIG_CMD_CREATE)
+        return None, "fsconfig: " + os.strerror(ctypes.get_errno())
+    mnt = libc.syscall(c(432), c(fs), c(1), c(0))  # fsmount(FSMOUNT_CLOEXEC)
+    if mnt < 0:
+        return None, "fsmount: " + os.strerror(ctypes.get_errno())
+    return sorted(os.listdir(os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=mnt))), None
+names, why = mqueues()
+if names is None:
+    print("cannot list message queues:", why, file=sys.stderr)
+else:
+    print("mqueues", " ".join(names))
+`
+
+// TestStatelessIsolationIPC runs A, which leaves one IPC object of every
+// kind behind (a POSIX message queue, POSIX shared memory and a named
+// semaphore, System V shared memory, a message queue and a semaphore set),
+// then B, which must find none of them, in the same sandbox, scrubbed.
+// POSIX message queues have no file in the sandbox; B also lists them as
+// user code can.
+func TestStatelessIsolationIPC(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, func(c *Config) {
+		c.MinActive = 1
+		c.MaxSandboxes = 1
+		c.MaxSessions = 0
+	})
+	a.waitWarm(t, 1)
+	before := a.containerIDs(t)
+	tag := randomName("codemode-ipc")
+	probe := func(create string) *executionv1.Result {
+		return a.exec(t, &executionv1.Execution{Language: "python", Code: fmt.Sprintf("tag, create = %q, %s\n", tag, create) + ipcProbe})
+	}
+
+	resA := probe("True")
+	kinds := "mq_open %d\nshm_open %d\nsem_open %d\nshmget %d\nmsgget %d\nsemget %d\n"
+	created := fmt.Sprintf(kinds, 0, 0, 0, 0, 0, 0)
+	if !strings.HasPrefix(resA.GetStdout(), created) {
+		t.Fatalf("run A could not create its IPC objects:\n%s\nstderr: %s\nwant:\n%s", resA.GetStdout(), resA.GetStderr(), created)
+	}
+	// The listing is the stronger check of B; where user code cannot list
+	// (user namespaces turned off), B is checked by names only.
+	listed := strings.Contains(resA.GetStdout(), "\nmqueues "+tag+"\n")
+	if !listed {
+		t.Logf("run A cannot list message queues: %q %q", resA.GetStdout(), resA.GetStderr())
+	}
+
+	resB := probe("False")
+	const enoent = 2
+	want := fmt.Sprintf(kinds, enoent, enoent, enoent, enoent, enoent, enoent)
+	if listed {
+		want += "mqueues \n"
+	}
+	if got := resB.GetStdout(); got != want {
+		t.Errorf("run B found what A left:\n%s\nstderr: %s\nwant:\n%s", got, resB.GetStderr(), want)
 	}
 
 	after := a.containerIDs(t)

@@ -390,7 +390,7 @@ if os.fork() == 0:
         time.sleep(3600)
 ' &
 python3 -c '
-import ctypes
+import ctypes, os
 libc = ctypes.CDLL(None)
 # Push the ids past where a scan of the first few hundred would look.
 for i in range(600):
@@ -398,13 +398,16 @@ for i in range(600):
     libc.msgctl(libc.msgget(0, 0o1600), 0, None)
     libc.semctl(libc.semget(0, 1, 0o1600), 0, 0, None)
 print("shm", libc.shmget(0x5eed, 4096, 0o1600) >= 0, libc.msgget(0x5eed, 0o1600) >= 0, libc.semget(0x5eed, 1, 0o1600) >= 0)
+# POSIX message queues, which have no file in the sandbox (gVisor has no
+# mq_send: the names carry the data).
+print("mq", sum(libc.mq_open(b"/codemode-reset-%d" % i, os.O_CREAT | os.O_RDWR, ctypes.c_uint(0o666), None) >= 0 for i in range(100)))
 '
 sleep 0.5
 ls /proc | grep -c '^[0-9]'
 `
 	// As a session's run: a stateless run's leftovers die with it already.
 	r := sb.run(ctx, &runnerv1.Run{Language: "bash", Code: a, Stateful: true})
-	if r.err != nil || !strings.Contains(r.stdout, "shm True True True") {
+	if r.err != nil || !strings.Contains(r.stdout, "shm True True True\nmq 100\n") {
 		t.Fatalf("run A: %q %q", r.stdout, r.stderr)
 	}
 	if r := sb.run(ctx, &runnerv1.Run{Language: "python", Code: "secret = 'A'", Stateful: true}); r.err != nil {
@@ -420,13 +423,14 @@ ls -A /workspace /tmp /dev/shm
 for p in /proc/[0-9]*; do [ "$(stat -c %U $p)" = nobody ] && [ "${p#/proc/}" != "$$" ] && [ "${p#/proc/}" != "$BASHPID" ] && echo "proc $(cat $p/cmdline | tr '\0' ' ')"; done
 pwd
 python3 -c '
-import ctypes
+import ctypes, os
 libc = ctypes.CDLL(None)
 print("shm", libc.shmget(0x5eed, 0, 0) >= 0, libc.msgget(0x5eed, 0) >= 0, libc.semget(0x5eed, 0, 0) >= 0)
+print("mq", sum(libc.mq_open(b"/codemode-reset-%d" % i, os.O_RDONLY) >= 0 for i in range(100)))
 '
 `
 	r = sb.mustRun(t, "bash", b)
-	want := "/dev/shm:\n\n/tmp:\n\n/workspace:\n/workspace\nshm False False False\n"
+	want := "/dev/shm:\n\n/tmp:\n\n/workspace:\n/workspace\nshm False False False\nmq 0\n"
 	// The loop's own subshells may show up as "proc bash ..."; nothing else may.
 	var lines []string
 	for _, l := range strings.Split(r.stdout, "\n") {
@@ -441,6 +445,26 @@ print("shm", libc.shmget(0x5eed, 0, 0) >= 0, libc.msgget(0x5eed, 0) >= 0, libc.s
 	r = sb.run(ctx, &runnerv1.Run{Language: "python", Code: "print(secret)", Stateful: true})
 	if !strings.Contains(r.stderr, "NameError") {
 		t.Fatalf("session state after Reset: %q %q", r.stdout, r.stderr)
+	}
+}
+
+// TestSandboxResetTooManyQueues checks that Reset fails, rather than take
+// seconds, after a run made more POSIX message queues than it removes one by
+// one (gVisor sets no limit); the agent then replaces the sandbox.
+func TestSandboxResetTooManyQueues(t *testing.T) {
+	t.Parallel()
+	sb := startSandbox(t)
+	code := fmt.Sprintf(`
+import ctypes, os
+libc = ctypes.CDLL(None)
+print(sum(libc.mq_open(b"/q%%d" %% i, os.O_CREAT | os.O_RDWR, ctypes.c_uint(0o600), None) >= 0 for i in range(%d)))
+`, maxMqueues+1)
+	if r := sb.mustRun(t, "python", code); r.stdout != fmt.Sprintf("%d\n", maxMqueues+1) {
+		t.Fatalf("create queues: %q %q", r.stdout, r.stderr)
+	}
+	err := sb.c.Reset(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "message queues") {
+		t.Fatalf("Reset = %v, want an error about message queues", err)
 	}
 }
 

@@ -72,6 +72,10 @@ type config struct {
 	// prestart starts an interpreter ahead of the next stateless run (see
 	// prestarted).
 	prestart bool
+	// self is the runner's binary, started as the helper that opens the
+	// message queues (see openMqueues); "": no helper (tests, where the
+	// binary is the test's).
+	self string
 }
 
 func defaultConfig(log *slog.Logger) config {
@@ -91,8 +95,12 @@ func defaultConfig(log *slog.Logger) config {
 
 // Run is the runner's main: it serves requests from stdin until stdin ends
 // or ctx is done, then kills every user process. args are the command-line
-// flags (see -help).
+// flags (see -help); the single argument "mount-mqueue" makes the process
+// the runner's own helper instead (see openMqueues).
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 1 && args[0] == mqueueHelperArg {
+		return runMqueueHelper()
+	}
 	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -117,6 +125,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg.workspace = *workspace
 	cfg.userProcs = *userProcs
 	cfg.prestart = *prestart
+	cfg.self = "/proc/self/exe"
 	cfg.scratch = nil
 	for _, d := range strings.Split(*scratch, ",") {
 		if d = strings.TrimSpace(d); d != "" {
@@ -178,6 +187,8 @@ type server struct {
 	shells map[string]*shellState // by language
 
 	ipcFloor ipcFloor    // touched only by Reset
+	mqueues  *os.File    // see openMqueues; nil if it failed, and then Reset fails
+	mqErr    error       // why mqueues is nil
 	memory   memoryFiles // for the memory watchdog
 
 	// The prestarted interpreter; the lock lets tests look at it while
@@ -194,8 +205,21 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	if err := prepareDirs(cfg); err != nil {
 		return nil, err
 	}
+	// Before newProcs starts the reaper, which would take the exit status
+	// of the helper this may start.
+	t := time.Now()
+	mq, via, mqErr := openMqueues(cfg.self, cfg.uid, cfg.gid)
+	if mqErr != nil {
+		// Not fatal here (tests run unprivileged), but no Reset will pass.
+		cfg.log.Warn("cannot remove POSIX message queues on reset", "err", mqErr)
+	} else {
+		cfg.log.Debug("message queues", "via", via, "took", time.Since(t))
+	}
 	root, err := os.OpenRoot(cfg.workspace)
 	if err != nil {
+		if mq != nil {
+			mq.Close()
+		}
 		return nil, fmt.Errorf("open workspace: %w", err)
 	}
 	s := &server{
@@ -205,6 +229,9 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		root:   root,
 		shells: make(map[string]*shellState),
 		memory: openMemoryFiles(cfg.cgroupMemory),
+
+		mqueues: mq,
+		mqErr:   mqErr,
 	}
 	if cfg.prestart {
 		s.prestartLang = "python"
@@ -353,6 +380,9 @@ func (s *server) shutdown() {
 	}
 	s.root.Close()
 	s.memory.close()
+	if s.mqueues != nil {
+		s.mqueues.Close()
+	}
 }
 
 // reqError is a failure that the runner reports with an Error event of a

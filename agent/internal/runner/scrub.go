@@ -39,10 +39,11 @@ func prepareDirs(cfg config) error {
 // reset makes the sandbox as clean as a fresh one for the next, unrelated
 // run: every user process killed (double-forked, setsid and nohup ones
 // included, since they all keep the user's uid), the user's System V IPC
-// objects removed, the workspace and scratch directories emptied, and the
-// interpreter state of sessions dropped; then it prestarts the interpreter
-// of the next run (see prestarted). It fails if any of that cannot be
-// verified; the agent then destroys the sandbox.
+// objects and POSIX message queues removed, the workspace and scratch
+// directories emptied (POSIX shared memory and named semaphores are files
+// in /dev/shm), and the interpreter state of sessions dropped; then it
+// prestarts the interpreter of the next run (see prestarted). It fails if
+// any of that cannot be verified; the agent then destroys the sandbox.
 func (s *server) reset(ctx context.Context) error {
 	t0 := time.Now()
 	s.killKernel()
@@ -72,6 +73,16 @@ func (s *server) reset(ctx context.Context) error {
 		return fmt.Errorf("reset: %w", err)
 	}
 	t3 := time.Now()
+	// POSIX message queues, as root (see openMqueues). No process of the
+	// user is left to open or make one.
+	if s.mqueues == nil {
+		return fmt.Errorf("reset: %w", s.mqErr)
+	}
+	queues, err := removeMqueues(s.mqueues, s.cfg.uid)
+	if err != nil {
+		return fmt.Errorf("reset: %w", err)
+	}
+	t3q := time.Now()
 	var changed []string // directories that were not empty
 	for _, d := range append([]string{s.cfg.workspace}, s.cfg.scratch...) {
 		n, err := emptyDir(d)
@@ -100,10 +111,20 @@ func (s *server) reset(ctx context.Context) error {
 			return fmt.Errorf("reset: %s is not empty: %d entries left", filepath.Base(d), len(names))
 		}
 	}
+	// Like the directories: read again only if it was not empty.
+	if queues > 0 {
+		left, err := userMqueues(s.mqueues, s.cfg.uid)
+		if err != nil {
+			return fmt.Errorf("reset: %w", err)
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("reset: %d message queues left", len(left))
+		}
+	}
 	t5 := time.Now()
 	// The sandbox is clean: get the next run's interpreter ready.
 	s.prestart()
-	s.cfg.log.Debug("reset", "kill", t1.Sub(t0), "as_user", t2.Sub(t1), "kill_again", t3.Sub(t2), "wipe", t4.Sub(t3), "verify", t5.Sub(t4), "prestart", time.Since(t5))
+	s.cfg.log.Debug("reset", "kill", t1.Sub(t0), "as_user", t2.Sub(t1), "kill_again", t3.Sub(t2), "mqueues", t3q.Sub(t3), "wipe", t4.Sub(t3q), "verify", t5.Sub(t4), "prestart", time.Since(t5))
 	return nil
 }
 
