@@ -261,9 +261,10 @@ func (c *Client) Run(ctx context.Context, run *runnerv1.Run, out func(stream Str
 	}
 }
 
-// Reset kills every process of user code and empties /workspace, /tmp and
-// /dev/shm, so that the sandbox can serve an unrelated run. Interpreter
-// state of stateful runs is dropped too.
+// Reset kills every process of user code, empties /workspace, /tmp and
+// /dev/shm, and removes the user's System V IPC objects and POSIX message
+// queues, so that the sandbox can serve an unrelated run. Interpreter state
+// of stateful runs is dropped too.
 //
 // # Errors
 //
