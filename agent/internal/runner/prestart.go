@@ -83,7 +83,7 @@ func (s *server) prestart() {
 	}
 	std, err := newStdio(nil, true)
 	if err != nil {
-		s.cfg.log.Warn("prestart interpreter", "lang", lang.Name, "err", err)
+		s.cfg.log.Warn("prestart interpreter", "lang", lang.Name, "error", err)
 		return
 	}
 	var codeR, codeW, readyR, readyW *os.File
@@ -108,7 +108,7 @@ func (s *server) prestart() {
 	}
 	defer readyR.Close()
 	if err := readyR.SetReadDeadline(time.Now().Add(prestartReadyTimeout)); err != nil {
-		s.cfg.log.Warn("prestart interpreter: set deadline", "err", err)
+		s.cfg.log.Warn("prestart interpreter: set deadline", "error", err)
 	}
 	if _, err := readyR.Read(make([]byte, 1)); err != nil {
 		s.pre.discard(s.cfg.log)
@@ -127,10 +127,10 @@ const maxPrestartFailures = 3
 func (s *server) prestartFailed(lang string, err error) {
 	s.prestartFailures++
 	if s.prestartFailures < maxPrestartFailures {
-		s.cfg.log.Warn("prestart interpreter", "lang", lang, "err", err)
+		s.cfg.log.Warn("prestart interpreter", "lang", lang, "error", err)
 		return
 	}
-	s.cfg.log.Warn("prestart interpreter failed repeatedly; prestarting stops", "lang", lang, "failures", s.prestartFailures, "err", err)
+	s.cfg.log.Warn("prestart interpreter failed repeatedly; prestarting stops", "lang", lang, "failures", s.prestartFailures, "error", err)
 	s.prestartLang = ""
 }
 

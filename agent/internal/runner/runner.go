@@ -152,7 +152,7 @@ func harden(cfg config) error {
 		return fmt.Errorf("clear dumpable: %w", err)
 	}
 	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
-		cfg.log.Warn("set RLIMIT_CORE", "err", err)
+		cfg.log.Warn("set RLIMIT_CORE", "error", err)
 	}
 	n := cfg.userProcs
 	if b, err := os.ReadFile("/sys/fs/cgroup/pids/pids.max"); err == nil {
@@ -163,7 +163,7 @@ func harden(cfg config) error {
 	}
 	if n > 0 {
 		if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}); err != nil {
-			cfg.log.Warn("set RLIMIT_NPROC", "err", err)
+			cfg.log.Warn("set RLIMIT_NPROC", "error", err)
 		} else {
 			cfg.log.Debug("user process limit", "nproc", n)
 		}
@@ -211,7 +211,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	mq, via, mqErr := openMqueues(cfg.self, cfg.uid, cfg.gid)
 	if mqErr != nil {
 		// Not fatal here (tests run unprivileged), but no Reset will pass.
-		cfg.log.Warn("cannot remove POSIX message queues on reset", "err", mqErr)
+		cfg.log.Warn("cannot remove POSIX message queues on reset", "error", mqErr)
 	} else {
 		cfg.log.Debug("message queues", "via", via, "took", time.Since(t))
 	}
@@ -313,7 +313,7 @@ func (s *server) dispatch(ctx context.Context, wg *sync.WaitGroup, req *runnerv1
 		s.mu.Unlock()
 		ev.Id = id
 		if err := s.out.send(ev); err != nil {
-			s.cfg.log.Error("send answer", "request_id", id, "err", err)
+			s.cfg.log.Error("send answer", "request_id", id, "error", err)
 		}
 	})
 }
@@ -368,7 +368,7 @@ func (s *server) sendError(id uint64, err error) {
 	ev := errorEvent(err)
 	ev.Id = id
 	if err := s.out.send(ev); err != nil {
-		s.cfg.log.Error("send error", "request_id", id, "err", err)
+		s.cfg.log.Error("send error", "request_id", id, "error", err)
 	}
 }
 
@@ -376,7 +376,7 @@ func (s *server) sendError(id uint64, err error) {
 func (s *server) shutdown() {
 	s.dropPrestarted()
 	if err := s.procs.killUser(nil); err != nil {
-		s.cfg.log.Warn("kill user processes at shutdown", "err", err)
+		s.cfg.log.Warn("kill user processes at shutdown", "error", err)
 	}
 	s.root.Close()
 	s.memory.close()
