@@ -2,7 +2,8 @@
 // gRPC, gRPC-Web and Connect (JSON and binary) clients all reach the same
 // address. It adds what every codemode service needs: HTTP/2 without TLS (h2c),
 // gRPC health checks, gRPC server reflection, protovalidate on every request,
-// CORS for browsers, a ReadHeaderTimeout, and graceful shutdown.
+// CORS for browsers, a ReadHeaderTimeout, optional Limits on request bodies
+// and connections, and graceful shutdown.
 //
 // A Server is configured before Serve and must not be changed afterwards.
 package server
@@ -52,6 +53,12 @@ type Server struct {
 	// is never read. Otherwise the request goes on with the context it
 	// returns, which may carry what it learnt (a tenant).
 	Authenticate func(r *http.Request) (context.Context, error)
+
+	// Limits bound request bodies, connections and their timeouts (see
+	// Limits). Set them before building handlers with HandlerOptions: the
+	// message size limit is one of those options.
+	Limits Limits
+	turns  largeBodyTurns
 }
 
 // New returns a Server that logs to logger. Every handler made with its
@@ -69,13 +76,13 @@ func New(logger *slog.Logger) *Server {
 // HandlerOptions returns the options every Connect handler of this server
 // should be built with, followed by extra.
 func (s *Server) HandlerOptions(extra ...connect.HandlerOption) []connect.HandlerOption {
-	return append(append([]connect.HandlerOption(nil), s.opts...), extra...)
+	return append(append(append([]connect.HandlerOption(nil), s.opts...), s.Limits.connectOptions()...), extra...)
 }
 
 // HandleService mounts a generated Connect handler and registers the
 // service for health checks and reflection.
 func (s *Server) HandleService(path string, h http.Handler) {
-	s.mux.Handle(path, h)
+	s.mux.Handle(path, s.rpcBody(h))
 	name := strings.Trim(path, "/")
 	s.services = append(s.services, name)
 	s.health.SetStatus(name, grpchealth.StatusServing)
@@ -84,7 +91,7 @@ func (s *Server) HandleService(path string, h http.Handler) {
 // Handle mounts a plain HTTP handler (MCP, the web page, seed-compatible
 // endpoints) next to the Connect services.
 func (s *Server) Handle(pattern string, h http.Handler) {
-	s.mux.Handle(pattern, h)
+	s.mux.Handle(pattern, s.plainBody(h))
 }
 
 // SetServing sets the health status of every registered service and of the
@@ -105,12 +112,12 @@ func (s *Server) SetServing(serving bool) {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", s.mux)
-	mux.Handle(grpchealth.NewHandler(s.health))
+	mux.Handle(s.rpc(grpchealth.NewHandler(s.health, s.Limits.connectOptions()...)))
 	names := append([]string{grpchealth.HealthV1ServiceName}, s.services...)
 	reflector := grpcreflect.NewStaticReflector(names...)
-	mux.Handle(grpcreflect.NewHandlerV1(reflector))
-	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
-	return withCORS(withRequestID(s.authenticated(mux)))
+	mux.Handle(s.rpc(grpcreflect.NewHandlerV1(reflector, s.Limits.connectOptions()...)))
+	mux.Handle(s.rpc(grpcreflect.NewHandlerV1Alpha(reflector, s.Limits.connectOptions()...)))
+	return withCORS(withRequestID(s.bodyDeadline(s.authenticated(mux))))
 }
 
 // authenticated runs Authenticate before h.
@@ -225,12 +232,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		Handler:           s.Handler(),
 		Protocols:         &protocols,
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
+		IdleTimeout:       s.Limits.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	s.SetServing(true)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(s.Limits.listener(ln)) }()
 	s.logger.Info("listening", "addr", ln.Addr().String(), "services", s.services)
 	select {
 	case err := <-errc:

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/codemode-go/codemode/edge/internal/admission"
 	"github.com/codemode-go/codemode/edge/internal/connectapi"
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
@@ -60,6 +61,13 @@ type Config struct {
 	// other than loopback: an open door where anyone who reaches it runs
 	// code. Without it, such an edge serves on loopback only.
 	PublicWithoutKeys bool
+	// Limits bound request bodies (size and the time to send them), idle
+	// connections and connections overall; see server.Limits. The zero
+	// value bounds none of them.
+	Limits server.Limits
+	// Admission limits each tenant's calls in flight and per second; see
+	// admission.Config. The zero value limits nothing.
+	Admission admission.Config
 }
 
 // Defaults.
@@ -84,6 +92,12 @@ func (c Config) Validate() error {
 	case u.Scheme != "http" || u.Host == "":
 		errs = append(errs, fmt.Errorf("control plane URL %q: want http://host:port", c.ControlPlane))
 	}
+	if err := c.Limits.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Admission.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -104,6 +118,22 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	fs.Env("policy-admin-token", "CODEMODE_POLICY_ADMIN_TOKEN")
 	public := fs.Bool("public-without-keys", false, "serve on addresses other than loopback even with no --api-keys: anyone who reaches the edge runs code")
 	fs.Env("public-without-keys", "CODEMODE_PUBLIC_WITHOUT_KEYS")
+	maxBytes := fs.Int64("max-request-bytes", server.DefaultMaxRequestBytes, "largest request body, in bytes, on every door: Connect, gRPC and gRPC-Web answer resource_exhausted, MCP and HTTP 413; 0 for no limit")
+	fs.Env("max-request-bytes", "CODEMODE_MAX_REQUEST_BYTES")
+	bodyTimeout := fs.Duration("body-timeout", server.DefaultBodyTimeout, "time a client has to send a request's body (not to wait for the answer); 0 for no limit")
+	fs.Env("body-timeout", "CODEMODE_BODY_TIMEOUT")
+	idleTimeout := fs.Duration("idle-timeout", server.DefaultIdleTimeout, "close connections with no request in flight for this long; 0 to keep them")
+	fs.Env("idle-timeout", "CODEMODE_IDLE_TIMEOUT")
+	maxConns := fs.Int("max-conns", server.DefaultMaxConns, "connections served at once; more wait to be accepted; 0 for no cap")
+	fs.Env("max-conns", "CODEMODE_MAX_CONNS")
+	largeBodies := fs.Int("large-bodies", server.DefaultLargeBodies, "requests that may read a body over 1 MiB at once, bounding the memory bodies take; others wait their turn within --body-timeout; 0 for no limit")
+	fs.Env("large-bodies", "CODEMODE_LARGE_BODIES")
+	tenantConcurrency := fs.Int("tenant-concurrency", admission.DefaultConcurrency, "calls (runs, sessions, files) of one tenant in flight at once; more are refused with resource_exhausted; 0 for no limit")
+	fs.Env("tenant-concurrency", "CODEMODE_TENANT_CONCURRENCY")
+	tenantRate := fs.Float64("tenant-rate", admission.DefaultRate, "calls of one tenant per second, on average; more are refused with resource_exhausted; 0 for no limit")
+	fs.Env("tenant-rate", "CODEMODE_TENANT_RATE")
+	tenantBurst := fs.Int("tenant-burst", admission.DefaultBurst, "calls of one tenant that may start at once above --tenant-rate, after a quiet spell; at least 1 when --tenant-rate is set")
+	fs.Env("tenant-burst", "CODEMODE_TENANT_BURST")
 	loadSecret := cluster.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
 	if err := fs.Parse(args, os.Getenv); err != nil {
@@ -119,7 +149,9 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	}
 	cfg := Config{Addr: *addr, ControlPlane: *cp, APIKeys: *keys,
 		PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
-		ClusterSecret: secret, PublicWithoutKeys: *public}
+		ClusterSecret: secret, PublicWithoutKeys: *public,
+		Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
+		Admission: admission.Config{Concurrency: *tenantConcurrency, Rate: *tenantRate, Burst: *tenantBurst}}
 	if !strings.Contains(cfg.ControlPlane, "://") {
 		cfg.ControlPlane = "http://" + cfg.ControlPlane
 	}
@@ -187,9 +219,11 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	}
 	defer policies.Close(context.WithoutCancel(ctx))
 	go policies.Watch(ctx, policyWatchInterval)
-	svc := execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.ClusterSecret.Key(execution.SessionKeyPurpose)))
+	svc := execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.ClusterSecret.Key(execution.SessionKeyPurpose)),
+		execution.WithAdmission(admission.New(cfg.Admission)))
 
 	srv := server.New(logger)
+	srv.Limits = cfg.Limits
 	srv.Authenticate = authenticate(tenants)
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions()...))
