@@ -140,8 +140,10 @@ func TestInvalidRequests(t *testing.T) {
 			}
 			var out struct{ Error string }
 			body := `{"language":` + quote(tc.language) + `,"code":` + quote(tc.code) + `}`
-			if code := postJSON(t, s.ControlPlane.URL()+"/run", body, &out); code != http.StatusBadRequest || !strings.Contains(out.Error, tc.want) {
-				t.Errorf("/run: HTTP %d error %q, want 400 about %s", code, out.Error, tc.want)
+			for _, door := range []struct{ url, key string }{{s.Edge.URL(), ""}, {s.ControlPlane.URL(), s.Secret}} {
+				if code := postJSONWith(t, door.url+"/run", door.key, body, &out); code != http.StatusBadRequest || !strings.Contains(out.Error, tc.want) {
+					t.Errorf("%s/run: HTTP %d error %q, want 400 about %s", door.url, code, out.Error, tc.want)
+				}
 			}
 		})
 	}

@@ -120,7 +120,7 @@ func TestWebWithAPIKeys(t *testing.T) {
 	if err := os.WriteFile(keys, []byte(`{"`+key+`": "web-test"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	edge, err := start("edge", []string{"CODE_EXECUTION_HOST=" + s.ControlPlane.URL()}, "--addr", "127.0.0.1:0", "--api-keys", keys)
+	edge, err := s.StartEdge(nil, "--api-keys", keys)
 	if err != nil {
 		t.Fatalf("start edge with API keys: %v", err)
 	}

@@ -12,7 +12,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -141,16 +140,21 @@ func (s *Server) authenticated(h http.Handler) http.Handler {
 var errorWriter = connect.NewErrorWriter()
 
 // WriteError answers r with err: in its protocol if it is a Connect, gRPC
-// or gRPC-Web request, else as HTTP (the status Connect uses for err's code)
-// with a JSON body {"error": message, "code": code}.
+// or gRPC-Web call (a path /package.Service/Method), else as HTTP (the
+// status Connect uses for err's code) with a JSON body {"error": message,
+// "code": code}, the shape MCP clients and the seed's /run callers read.
 func WriteError(w http.ResponseWriter, r *http.Request, err *connect.Error) {
-	if errorWriter.IsSupported(r) {
+	if isRPCPath(r.URL.Path) && errorWriter.IsSupported(r) {
 		_ = errorWriter.Write(w, r, err)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(HTTPStatus(err.Code()))
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Message(), "code": err.Code().String()})
+	writeHTTPError(w, HTTPStatus(err.Code()), err)
+}
+
+// isRPCPath reports whether path names an RPC: /package.Service/Method.
+func isRPCPath(path string) bool {
+	svc, method, ok := strings.Cut(strings.TrimPrefix(path, "/"), "/")
+	return ok && strings.Contains(svc, ".") && method != "" && !strings.Contains(method, "/")
 }
 
 // HTTPStatus maps a Connect code to the HTTP status the Connect protocol
