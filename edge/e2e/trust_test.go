@@ -233,7 +233,9 @@ func TestTenantsCannotReachEachOthersSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := sess.Msg.GetSession().GetId()
-	t.Cleanup(func() { a.CloseSession(context.Background(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: id})) })
+	t.Cleanup(func() {
+		a.CloseSession(context.Background(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: id}))
+	})
 	if _, err := a.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", SessionId: id,
 		Code: "secret = 'of-a'\nopen('/workspace/a.txt', 'w').write('of-a')"})); err != nil {
 		t.Fatal(err)
