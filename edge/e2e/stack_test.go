@@ -220,8 +220,11 @@ func newSecret() string {
 	return hex.EncodeToString(b[:])
 }
 
-// StartStack starts a stack whose agent has the given name and extra flags.
+// StartStack starts a stack whose agent has the given name (with this
+// process's id added, so that test runs side by side never remove each
+// other's sandboxes) and extra flags.
 func StartStack(agentName string, agentArgs ...string) (*Stack, error) {
+	agentName = fmt.Sprintf("%s-%d", agentName, os.Getpid())
 	s := &Stack{AgentName: agentName, Secret: newSecret()}
 	state, err := os.MkdirTemp(binDir, "agent-state-")
 	if err != nil {
