@@ -14,11 +14,11 @@ func TestShutdownLeavesNoSandbox(t *testing.T) {
 	if binDir == "" {
 		t.Skip("no Docker daemon reachable; run 'make setup'")
 	}
-	const name = "e2e-shutdown"
-	s, err := StartStack(name, "--min-active", "2")
+	s, err := StartStack("e2e-shutdown", "--min-active", "2")
 	if err != nil {
 		t.Fatal(err)
 	}
+	name := s.AgentName
 	// The pool fills in the background: wait for a sandbox to exist, or the
 	// test would prove nothing.
 	for deadline := time.Now().Add(time.Minute); countSandboxes(t, name) == 0; {
