@@ -98,7 +98,9 @@ func (s *Service) Execute(ctx context.Context, tenant string, allowNew bool, exe
 	}
 
 	out := newOutput(emit)
-	defer out.close()
+	// However the run ends, emit is not called once Execute has returned:
+	// it sends on the caller's stream, which ends with the handler.
+	defer out.stop()
 	if id := exec.GetSessionId(); id != "" {
 		var res *executionv1.Result
 		_, err := s.sessions.Use(ctx, id, tenant, exec.GetLanguage(), memory, allowNew, func(sb *pool.Sandbox) (bool, error) {
@@ -439,6 +441,23 @@ func (o *output) wait() error {
 		return fmt.Errorf("send output: %w", o.sendErr)
 	}
 	return nil
+}
+
+// stop ends the sender without sending what is still queued, and waits for
+// it to return. It may be called more than once, and after wait.
+func (o *output) stop() {
+	if !o.stream {
+		return
+	}
+	o.mu.Lock()
+	o.closed = true
+	o.queue = nil
+	o.mu.Unlock()
+	select {
+	case o.signal <- struct{}{}:
+	default:
+	}
+	<-o.done
 }
 
 // close stops the sender once the queue is empty. It may be called more

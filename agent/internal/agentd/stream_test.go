@@ -134,3 +134,47 @@ func TestStreamCancelled(t *testing.T) {
 		t.Errorf("next run waited %v", d)
 	}
 }
+
+// TestStreamCancelledInSession cancels streams in a session while their
+// program is writing, or sleeping next to a child it started: the agent
+// must not send on a stream once its handler has returned (that panics
+// the whole agent), and the session runs again afterwards.
+func TestStreamCancelledInSession(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, func(c *Config) { c.MinActive = 1; c.MaxSandboxes = 2; c.MaxSessions = 1 })
+	codes := []string{
+		"import time\nwhile True:\n    print('x' * 200)\n    time.sleep(0.001)",
+		"import subprocess, time\nsubprocess.Popen(['sleep', '271'])\nprint('started')\ntime.sleep(100)",
+	}
+	for i := range 6 {
+		ctx, cancel := context.WithCancel(t.Context())
+		stream, err := a.client("connect").ExecuteStream(ctx, connect.NewRequest(&agentv1.ExecuteStreamRequest{AllowNewSession: true, Execution: &executionv1.Execution{
+			Language: "python", SessionId: "cancelled-session", Code: codes[i%2],
+		}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !stream.Receive() {
+			t.Fatalf("no first event: %v", stream.Err())
+		}
+		time.Sleep(time.Duration(i) * 100 * time.Millisecond)
+		cancel()
+		for stream.Receive() {
+		}
+		stream.Close()
+	}
+	var r *executionv1.Result
+	for range 50 {
+		res, err := a.client("connect").Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{
+			Language: "python", SessionId: "cancelled-session", Code: "print(5)",
+		}}))
+		if err == nil {
+			r = res.Msg.GetResult()
+			break
+		}
+		time.Sleep(200 * time.Millisecond) // the session may still be ending the cancelled run
+	}
+	if r.GetStdout() != "5\n" {
+		t.Errorf("the session does not run after the cancels: %v", r)
+	}
+}
