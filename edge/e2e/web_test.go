@@ -46,7 +46,7 @@ var tapCounts = regexp.MustCompile(`(?m)^# (pass|fail) (\d+)$`)
 // it passed.
 func nodeTest(t *testing.T, dir, file, edgeURL string, logs func() string, env ...string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=tap", filepath.Join("test", file))
 	cmd.Dir = dir
@@ -77,7 +77,7 @@ func TestWebMCPWithTypeScriptSDK(t *testing.T) {
 	t.Parallel()
 	dir := webDir(t, "@modelcontextprotocol/sdk")
 	s := shared(t)
-	nodeTest(t, dir, "mcp.test.mjs", s.Edge.URL(), s.Logs)
+	nodeTest(t, dir, "mcp.test.mjs", s.Edge.URL(), s.Logs, "CODEMODE_EDGE_BIN="+filepath.Join(binDir, "edge"))
 }
 
 // TestWebPlaygroundInChromium loads the playground from the edge in Debian's

@@ -167,7 +167,7 @@ func (s *Server) rpcBody(h http.Handler) http.Handler {
 // the body; otherwise the body is cut off at the limit with an
 // *http.MaxBytesError, which h must answer 413 (the MCP SDK and the seed
 // endpoints do).
-func (s *Server) plainBody(h http.Handler) http.Handler {
+func (s *Server) plainBody(h http.Handler, refuse func(http.ResponseWriter, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		limit := s.Limits.MaxRequestBytes
 		if limit == 0 || !hasBody(r) {
@@ -176,13 +176,19 @@ func (s *Server) plainBody(h http.Handler) http.Handler {
 		}
 		if r.ContentLength > limit {
 			s.logger.Debug("request body too large", "request_id", r.Header.Get(RequestIDHeader), "path", r.URL.Path, "content_length", r.ContentLength)
-			writeHTTPError(w, http.StatusRequestEntityTooLarge, connect.NewError(connect.CodeResourceExhausted, tooLarge(r.ContentLength, limit)))
+			refuse(w, tooLarge(r.ContentLength, limit))
 			return
 		}
 		r = shallow(r)
 		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		s.withTurns(h, false).ServeHTTP(w, r)
 	})
+}
+
+// refuseTooLarge answers a plain HTTP request whose body is too large with
+// 413 and a JSON body {"error": message, "code": "resource_exhausted"}.
+func refuseTooLarge(w http.ResponseWriter, err error) {
+	writeHTTPError(w, http.StatusRequestEntityTooLarge, connect.NewError(connect.CodeResourceExhausted, err))
 }
 
 func tooLarge(size, limit int64) error {

@@ -90,7 +90,14 @@ func (s *Server) HandleService(path string, h http.Handler) {
 // Handle mounts a plain HTTP handler (MCP, the web page, seed-compatible
 // endpoints) next to the Connect services.
 func (s *Server) Handle(pattern string, h http.Handler) {
-	s.mux.Handle(pattern, s.plainBody(h))
+	s.mux.Handle(pattern, s.plainBody(h, refuseTooLarge))
+}
+
+// HandleTooLarge is Handle with refuse answering requests that declare a
+// body over MaxRequestBytes, in the handler's own protocol (as MCP answers
+// in JSON-RPC). refuse must write a 413.
+func (s *Server) HandleTooLarge(pattern string, h http.Handler, refuse func(http.ResponseWriter, error)) {
+	s.mux.Handle(pattern, s.plainBody(h, refuse))
 }
 
 // SetServing sets the health status of every registered service and of the
@@ -264,7 +271,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 func withCORS(h http.Handler) http.Handler {
-	methods := strings.Join(cors.AllowedMethods(), ", ")
+	// DELETE ends an MCP session (streamable HTTP).
+	methods := strings.Join(append(cors.AllowedMethods(), http.MethodDelete), ", ")
 	allowed := strings.Join(append(cors.AllowedHeaders(), "Authorization", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID"), ", ")
 	exposed := strings.Join(append(cors.ExposedHeaders(), "Mcp-Session-Id", RequestIDHeader, "Retry-After"), ", ")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,5 +122,32 @@ func TestCORSPreflight(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != http.StatusNoContent || res.Header.Get("Access-Control-Allow-Origin") != "http://localhost:5173" {
 		t.Fatalf("preflight: %s %v", res.Status, res.Header)
+	}
+}
+
+// TestCORSPreflightMCP checks that a browser MCP client may use the whole
+// streamable HTTP exchange: POST, GET and DELETE with its session header,
+// and read the session id the server gives it.
+func TestCORSPreflightMCP(t *testing.T) {
+	t.Parallel()
+	url := serve(t)
+	for _, method := range []string{"POST", "GET", "DELETE"} {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodOptions, url+"/mcp", nil)
+		req.Header.Set("Origin", "http://localhost:6274")
+		req.Header.Set("Access-Control-Request-Method", method)
+		req.Header.Set("Access-Control-Request-Headers", "authorization,content-type,mcp-session-id,mcp-protocol-version")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		allowed := strings.ToLower(res.Header.Get("Access-Control-Allow-Headers"))
+		if res.StatusCode != http.StatusNoContent || !strings.Contains(res.Header.Get("Access-Control-Allow-Methods"), method) ||
+			!strings.Contains(allowed, "mcp-session-id") || !strings.Contains(allowed, "mcp-protocol-version") || !strings.Contains(allowed, "authorization") {
+			t.Errorf("preflight for %s: %s %v", method, res.Status, res.Header)
+		}
+		if !strings.Contains(res.Header.Get("Access-Control-Expose-Headers"), "Mcp-Session-Id") {
+			t.Errorf("preflight for %s does not expose Mcp-Session-Id: %v", method, res.Header)
+		}
 	}
 }

@@ -101,8 +101,12 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Run is the edge program.
-func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) error {
+// Run is the edge program. With the first argument mcp-stdio it serves
+// MCP over stdio instead (see RunStdio).
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == StdioCommand {
+		return RunStdio(ctx, args[1:], stdin, stdout, stderr)
+	}
 	fs := cli.NewFlags("edge", stderr)
 	addr := fs.String("addr", DefaultAddr, "address to serve the API, MCP and the web page on")
 	fs.Env("addr", "EDGE_ADDR")
@@ -227,9 +231,9 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	srv.Authenticate = authenticate(tenants)
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions()...))
-	withCode, withoutCode := mcpserver.Handlers(mcpserver.Config{Service: svc, Tenants: tenants, Logger: logger.With("component", "mcp"), Version: Version})
-	srv.Handle("/mcp", withCode)
-	srv.Handle("/mcp-no-code-execute", withoutCode)
+	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, tenants), Logger: logger.With("component", "mcp"), Version: Version}).Handlers()
+	srv.HandleTooLarge("/mcp", withCode, mcpserver.RefuseTooLarge)
+	srv.HandleTooLarge("/mcp-no-code-execute", withoutCode, mcpserver.RefuseTooLarge)
 	srv.Handle("/run", seed.RunHandler(svc))
 	srv.Handle("/status", seed.StatusHandler(svc))
 	srv.Handle("/", web.Handler())

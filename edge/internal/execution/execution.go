@@ -97,8 +97,12 @@ func (s *Service) scoped(tenant, id string) string {
 	return "s" + hex.EncodeToString(m.Sum(nil)[:20])
 }
 
+// DefaultLanguage is the language of a run or session that names none, on
+// every door.
+const DefaultLanguage = "python"
+
 // prepare validates call and returns the execution to forward, with its
-// session id scoped to the tenant.
+// language defaulted and its session id scoped to the tenant.
 func (s *Service) prepare(call *Call) (*executionv1.Execution, error) {
 	if call.RequestID == "" {
 		call.RequestID = NewRequestID()
@@ -106,10 +110,13 @@ func (s *Service) prepare(call *Call) (*executionv1.Execution, error) {
 	if call.Execution == nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("no execution"))
 	}
-	if err := protovalidate.Validate(call.Execution); err != nil {
+	ex := proto.CloneOf(call.Execution)
+	if ex.Language == "" {
+		ex.Language = DefaultLanguage
+	}
+	if err := protovalidate.Validate(ex); err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
-	ex := proto.CloneOf(call.Execution)
 	ex.SessionId = s.scoped(call.Tenant, ex.GetSessionId())
 	return ex, nil
 }
@@ -204,6 +211,9 @@ func (c Caller) withID() Caller {
 // the caller is to use. The request policies place it (see placeSession).
 func (s *Service) CreateSession(ctx context.Context, c Caller, language string, idle time.Duration) (_ *executionv1.Session, err error) {
 	c = c.withID()
+	if language == "" {
+		language = DefaultLanguage
+	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	public := hex.EncodeToString(b[:])

@@ -51,79 +51,81 @@ type FileEntry struct {
 }
 
 // addFileTools adds the tools that move files in and out of a session's
-// /workspace. Sessions are opened by execute_code with a session_id.
-func (a *adapter) addFileTools(s *mcp.Server) {
+// /workspace. Sessions are opened by create_session, or by execute_code
+// with a new session_id.
+func (t *tools) addFileTools(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "write_file",
 		Title:       "Write a file",
-		Description: "Write a text file into a session's /workspace (parent directories are created). Use the same session_id with execute_code to work on it.",
-	}, a.writeFile)
+		Description: "Write a text file into a session's /workspace, replacing any file of that name (parent directories are created). Use the same session_id with execute_code to work on it.",
+		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: new(true), OpenWorldHint: new(false)},
+	}, t.writeFile)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "read_file",
 		Title:       "Read a file",
 		Description: "Read a text file from a session's /workspace.",
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
-	}, a.readFile)
+		Annotations: readOnly(),
+	}, t.readFile)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "list_files",
 		Title:       "List files",
 		Description: "List one directory of a session's /workspace.",
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
-	}, a.listFiles)
+		Annotations: readOnly(),
+	}, t.listFiles)
 }
 
-func (a *adapter) writeFile(ctx context.Context, req *mcp.CallToolRequest, in WriteFileInput) (*mcp.CallToolResult, any, error) {
-	c, err := a.caller(ctx, req)
+func (t *tools) writeFile(ctx context.Context, req *mcp.CallToolRequest, in WriteFileInput) (*mcp.CallToolResult, any, error) {
+	b, id, err := t.open(ctx, header(req))
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := a.svc.WriteFile(ctx, c, in.SessionID, &executionv1.File{Path: in.Path, Content: []byte(in.Content)}); err != nil {
-		return nil, nil, failed(c, err)
+	if err := b.WriteFile(ctx, in.SessionID, &executionv1.File{Path: in.Path, Content: []byte(in.Content)}); err != nil {
+		return nil, nil, failed(id, err)
 	}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("wrote %d bytes to /workspace/%s", len(in.Content), in.Path)}}}, nil, nil
+	return &mcp.CallToolResult{Content: text(fmt.Sprintf("wrote %d bytes to /workspace/%s", len(in.Content), in.Path))}, nil, nil
 }
 
-func (a *adapter) readFile(ctx context.Context, req *mcp.CallToolRequest, in ReadFileInput) (*mcp.CallToolResult, FileOutput, error) {
-	c, err := a.caller(ctx, req)
+func (t *tools) readFile(ctx context.Context, req *mcp.CallToolRequest, in ReadFileInput) (*mcp.CallToolResult, FileOutput, error) {
+	b, id, err := t.open(ctx, header(req))
 	if err != nil {
 		return nil, FileOutput{}, err
 	}
-	f, err := a.svc.ReadFile(ctx, c, in.SessionID, in.Path, 0)
+	f, err := b.ReadFile(ctx, in.SessionID, in.Path)
 	if err != nil {
-		return nil, FileOutput{}, failed(c, err)
+		return nil, FileOutput{}, failed(id, err)
 	}
 	content := f.GetContent()
 	if !utf8.Valid(content) {
 		return nil, FileOutput{}, fmt.Errorf("/workspace/%s is not UTF-8 text (%d bytes); read it with execute_code, e.g. base64", in.Path, len(content))
 	}
 	out := FileOutput{Path: in.Path, Content: string(content), Size: len(content)}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: out.Content}}}, out, nil
+	return &mcp.CallToolResult{Content: text(out.Content)}, out, nil
 }
 
-func (a *adapter) listFiles(ctx context.Context, req *mcp.CallToolRequest, in ListFilesInput) (*mcp.CallToolResult, ListFilesOutput, error) {
-	c, err := a.caller(ctx, req)
+func (t *tools) listFiles(ctx context.Context, req *mcp.CallToolRequest, in ListFilesInput) (*mcp.CallToolResult, ListFilesOutput, error) {
+	b, id, err := t.open(ctx, header(req))
 	if err != nil {
 		return nil, ListFilesOutput{}, err
 	}
-	files, truncated, err := a.svc.ListFiles(ctx, c, in.SessionID, in.Path)
+	files, truncated, err := b.ListFiles(ctx, in.SessionID, in.Path)
 	if err != nil {
-		return nil, ListFilesOutput{}, failed(c, err)
+		return nil, ListFilesOutput{}, failed(id, err)
 	}
 	out := ListFilesOutput{Files: []FileEntry{}, Truncated: truncated}
-	var b strings.Builder
+	var sb strings.Builder
 	for _, f := range files {
 		out.Files = append(out.Files, FileEntry{Path: f.GetPath(), Size: f.GetSize(), Dir: f.GetDir()})
 		if f.GetDir() {
-			fmt.Fprintf(&b, "%s/\n", f.GetPath())
+			fmt.Fprintf(&sb, "%s/\n", f.GetPath())
 		} else {
-			fmt.Fprintf(&b, "%s\t%d bytes\n", f.GetPath(), f.GetSize())
+			fmt.Fprintf(&sb, "%s\t%d bytes\n", f.GetPath(), f.GetSize())
 		}
 	}
 	if truncated {
-		b.WriteString("[listing truncated]\n")
+		sb.WriteString("[listing truncated]\n")
 	}
-	if b.Len() == 0 {
-		b.WriteString("[empty]")
+	if sb.Len() == 0 {
+		sb.WriteString("[empty]")
 	}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: b.String()}}}, out, nil
+	return &mcp.CallToolResult{Content: text(sb.String())}, out, nil
 }

@@ -1,8 +1,9 @@
-// Package mcpserver serves codemode over the Model Context Protocol
-// (streamable HTTP) as a thin adapter over the edge's execution.Service.
+// Package mcpserver serves codemode over the Model Context Protocol as a
+// thin adapter over a Backend: the edge's own execution.Service for MCP
+// over streamable HTTP, or an edge's Connect API for MCP over stdio.
 //
-// Two endpoints: one with the execute_code tool, and one without any tool
-// that runs code, for clients that must not be able to.
+// Two tool sets: one with execute_code and the session and file tools, and
+// one without any tool that runs code, for clients that must not be able to.
 package mcpserver
 
 import (
@@ -13,34 +14,49 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/codemode-go/codemode/edge/internal/execution"
-	"github.com/codemode-go/codemode/edge/internal/tenant"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
-	"github.com/codemode-go/codemode/internal/server"
 )
 
 // ExecuteInput is execute_code's input.
 type ExecuteInput struct {
 	Code           string  `json:"code" jsonschema:"source code to run"`
-	Language       string  `json:"language,omitempty" jsonschema:"python (default), bash, sh or javascript"`
-	SessionID      string  `json:"session_id,omitempty" jsonschema:"run in this session: files, the working directory and (for python and bash) variables and functions persist between calls with the same id; omit for a fresh sandbox"`
-	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"wall-clock limit in seconds, at most 300 (default 30)"`
+	Language       string  `json:"language,omitempty" jsonschema:"language of code; python when omitted"`
+	SessionID      string  `json:"session_id,omitempty" jsonschema:"run in this session (from create_session, or any new id to open one): files in /workspace, the working directory and, for python and bash, variables and functions persist between calls; omit for a fresh sandbox used once"`
+	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"wall-clock limit in seconds, at most 300; 30 when omitted"`
 	Stdin          string  `json:"stdin,omitempty" jsonschema:"text given to the program's standard input"`
 }
 
 // ExecuteOutput is execute_code's structured result.
 type ExecuteOutput struct {
-	Stdout     string `json:"stdout"`
-	Stderr     string `json:"stderr"`
-	ExitCode   int32  `json:"exit_code"`
-	TimedOut   bool   `json:"timed_out,omitempty"`
-	Truncated  bool   `json:"truncated,omitempty"`
-	OOMKilled  bool   `json:"oom_killed,omitempty"`
-	DurationMS int64  `json:"duration_ms"`
-	SessionID  string `json:"session_id,omitempty"`
+	Stdout     string `json:"stdout" jsonschema:"standard output"`
+	Stderr     string `json:"stderr" jsonschema:"standard error"`
+	ExitCode   int32  `json:"exit_code" jsonschema:"the program's exit code; -1 when it was killed"`
+	TimedOut   bool   `json:"timed_out,omitempty" jsonschema:"the run hit its time limit and was killed"`
+	Truncated  bool   `json:"truncated,omitempty" jsonschema:"output went over the limit and was cut"`
+	OOMKilled  bool   `json:"oom_killed,omitempty" jsonschema:"the run went over its memory limit and was killed"`
+	DurationMS int64  `json:"duration_ms" jsonschema:"wall-clock time of the run in milliseconds"`
+	SessionID  string `json:"session_id,omitempty" jsonschema:"the session the run used"`
+}
+
+// SessionInput is create_session's input.
+type SessionInput struct {
+	Language string `json:"language,omitempty" jsonschema:"language the session runs; python when omitted"`
+}
+
+// SessionOutput is create_session's structured result.
+type SessionOutput struct {
+	SessionID  string `json:"session_id" jsonschema:"pass it as session_id to the other tools"`
+	Language   string `json:"language"`
+	ExpireTime string `json:"expire_time,omitempty" jsonschema:"when the session closes if no run comes before (RFC 3339); each run pushes it back"`
+}
+
+// CloseSessionInput is close_session's input.
+type CloseSessionInput struct {
+	SessionID string `json:"session_id" jsonschema:"the session to close"`
 }
 
 // LanguagesOutput is list_languages's result.
@@ -54,40 +70,104 @@ type Language struct {
 	Version string `json:"version,omitempty"`
 }
 
-// Config configures the MCP endpoints.
+// Config configures the MCP servers.
 type Config struct {
-	Service *execution.Service
-	Tenants *tenant.Resolver
-	Logger  *slog.Logger
+	// Open returns the Backend of each request.
+	Open   Opener
+	Logger *slog.Logger
 	// Version is reported to clients.
 	Version string
+	// ProgressInterval bounds how often a run's output goes to the client as
+	// progress notifications; zero means DefaultProgressInterval.
+	ProgressInterval time.Duration
+	// Heartbeat is how long a run that prints nothing goes without a
+	// progress notification; zero means DefaultHeartbeat.
+	Heartbeat time.Duration
 }
 
-// Handlers returns the handler for the endpoint with execute_code and the
-// one without it.
-func Handlers(cfg Config) (withCode, withoutCode http.Handler) {
-	a := &adapter{svc: cfg.Service, tenants: cfg.Tenants}
-	impl := &mcp.Implementation{Name: "codemode", Title: "codemode", Version: cfg.Version}
+const (
+	// DefaultProgressInterval is the default Config.ProgressInterval.
+	DefaultProgressInterval = 250 * time.Millisecond
+	// DefaultHeartbeat is the default Config.Heartbeat: well inside the 60 s
+	// request timeout of the SDKs' clients, which progress resets.
+	DefaultHeartbeat = 15 * time.Second
+)
 
-	full := mcp.NewServer(impl, &mcp.ServerOptions{
-		Logger:       cfg.Logger,
-		Instructions: "Runs code in isolated gVisor sandboxes with no network. Use execute_code; pass session_id to keep state between calls.",
+// Servers builds the MCP servers of one client connection.
+type Servers struct {
+	cfg   Config
+	langs languageCache
+}
+
+// New returns Servers for cfg.
+func New(cfg Config) *Servers {
+	if cfg.ProgressInterval <= 0 {
+		cfg.ProgressInterval = DefaultProgressInterval
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Servers{cfg: cfg, langs: languageCache{ttl: time.Minute}}
+}
+
+// Server returns an MCP server for one client whose requests carry header
+// h (nil on stdio). withCode selects the tool set with execute_code.
+func (s *Servers) Server(ctx context.Context, h http.Header, withCode bool) *mcp.Server {
+	langs := s.langs.get(ctx, func(ctx context.Context) ([]*executionv1.Language, error) {
+		b, _, err := s.cfg.Open(ctx, h)
+		if err != nil {
+			return nil, err
+		}
+		return b.Languages(ctx)
 	})
-	mcp.AddTool(full, &mcp.Tool{
-		Name:        "execute_code",
-		Title:       "Execute code",
-		Description: "Run code in a fresh, isolated sandbox (no network) and return its stdout, stderr and exit code. Languages: python, bash, sh, javascript.",
-	}, a.executeCode)
-	mcp.AddTool(full, languagesTool(), a.listLanguages)
-	a.addFileTools(full)
+	impl := &mcp.Implementation{Name: "codemode", Title: "codemode", Version: s.cfg.Version}
+	opts := &mcp.ServerOptions{Logger: s.cfg.Logger}
+	if withCode {
+		opts.Instructions = "Runs code in isolated sandboxes with no network. " + sandboxText(langs) +
+			" Use execute_code to run code; create_session for state that lasts across calls."
+	}
+	srv := mcp.NewServer(impl, opts)
+	t := &tools{open: s.cfg.Open, progressEvery: s.cfg.ProgressInterval, heartbeat: s.cfg.Heartbeat}
+	mcp.AddTool(srv, languagesTool(), t.listLanguages)
+	if withCode {
+		t.addCodeTools(srv, langs)
+		t.addFileTools(srv)
+	}
+	return srv
+}
 
-	bare := mcp.NewServer(impl, &mcp.ServerOptions{Logger: cfg.Logger})
-	mcp.AddTool(bare, languagesTool(), a.listLanguages)
+// Handlers returns the streamable HTTP handlers of the endpoint with
+// execute_code and of the one without it, wrapped so that protocol errors
+// are answered as JSON-RPC errors (see protocol).
+func (s *Servers) Handlers() (withCode, withoutCode http.Handler) {
+	opts := &mcp.StreamableHTTPOptions{Logger: s.cfg.Logger, SessionTimeout: 30 * time.Minute}
+	withCode = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server { return s.Server(r.Context(), r.Header, true) }, opts)
+	withoutCode = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server { return s.Server(r.Context(), r.Header, false) }, opts)
+	return protocol(withCode), protocol(withoutCode)
+}
 
-	opts := &mcp.StreamableHTTPOptions{Logger: cfg.Logger, SessionTimeout: 30 * time.Minute}
-	withCode = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return full }, opts)
-	withoutCode = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return bare }, opts)
-	return withCode, withoutCode
+// sandboxText tells a model what the sandbox is.
+func sandboxText(langs []*executionv1.Language) string {
+	var names []string
+	for _, l := range langs {
+		n := l.GetName()
+		if v := l.GetVersion(); v != "" {
+			n += " (" + v + ")"
+		}
+		names = append(names, n)
+	}
+	return "Languages: " + strings.Join(names, ", ") + ". " +
+		"Python has its standard library only and JavaScript runs under Node.js with its built-in modules only: " +
+		"nothing can be installed, and there is no network, so no download, package install or outside service works. " +
+		"The working directory is /workspace (64 MiB); /tmp holds 16 MiB. " +
+		"Each run has by default 30 s of wall-clock time (timeout_seconds, at most 300), 512 MiB of memory, one CPU, " +
+		"256 processes and 1 MiB of output; a run over a limit is killed or cut and says so. " +
+		"Without session_id each call gets a fresh sandbox that is destroyed afterwards. In a session, /workspace, " +
+		"the working directory and (python and bash) variables and functions persist between calls; a session closes " +
+		"after 10 minutes without a run, or with close_session."
 }
 
 func languagesTool() *mcp.Tool {
@@ -95,73 +175,142 @@ func languagesTool() *mcp.Tool {
 		Name:        "list_languages",
 		Title:       "List languages",
 		Description: "List the languages code can be run in, with interpreter versions.",
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+		Annotations: readOnly(),
 	}
 }
 
-type adapter struct {
-	svc     *execution.Service
-	tenants *tenant.Resolver
+func readOnly() *mcp.ToolAnnotations {
+	return &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: new(false)}
 }
 
-// caller returns who makes req. The edge resolved the tenant from the
-// HTTP request's key before MCP read its body; the handlers resolve it again
-// from the header that the SDK hands over, which is the same.
-func (a *adapter) caller(ctx context.Context, req *mcp.CallToolRequest) (execution.Caller, error) {
-	var h http.Header
-	if req.Extra != nil {
-		h = req.Extra.Header
-	}
-	t, err := a.tenants.Of(ctx, h)
+// inputSchema returns the schema of In with the property language limited
+// to langs.
+func inputSchema[In any](langs []*executionv1.Language) *jsonschema.Schema {
+	s, err := jsonschema.For[In](nil)
 	if err != nil {
-		return execution.Caller{}, err
+		panic(err) // the input types are this package's own
 	}
-	c := execution.Caller{Tenant: t, Door: "mcp", RequestID: h.Get(server.RequestIDHeader)}
-	if c.RequestID == "" {
-		c.RequestID = execution.NewRequestID()
+	if p := s.Properties["language"]; p != nil {
+		var names []any
+		for _, l := range langs {
+			names = append(names, l.GetName())
+		}
+		p.Enum = names
+		p.Default = []byte(`"python"`)
 	}
-	return c, nil
+	return s
+}
+
+type tools struct {
+	open          Opener
+	progressEvery time.Duration
+	heartbeat     time.Duration
+}
+
+func (t *tools) addCodeTools(s *mcp.Server, langs []*executionv1.Language) {
+	mcp.AddTool(s, &mcp.Tool{
+		Name:  "execute_code",
+		Title: "Execute code",
+		Description: "Run code in an isolated sandbox with no network and return its stdout, stderr and exit code. " +
+			sandboxText(langs) + " With a progress token, output is sent as progress notifications while it is produced.",
+		InputSchema: inputSchema[ExecuteInput](langs),
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: false, IdempotentHint: false, DestructiveHint: new(true), OpenWorldHint: new(false)},
+	}, t.executeCode)
+	mcp.AddTool(s, &mcp.Tool{
+		Name:  "create_session",
+		Title: "Create a session",
+		Description: "Create a session: a sandbox kept for you whose /workspace, working directory and (python and bash) " +
+			"variables persist across execute_code calls with its session_id. It closes after 10 minutes without a run, or with close_session.",
+		InputSchema: inputSchema[SessionInput](langs),
+		Annotations: &mcp.ToolAnnotations{IdempotentHint: false, DestructiveHint: new(false), OpenWorldHint: new(false)},
+	}, t.createSession)
+	mcp.AddTool(s, &mcp.Tool{
+		Name:        "close_session",
+		Title:       "Close a session",
+		Description: "Close a session and destroy its sandbox and files. Later calls with its id fail, saying it was closed.",
+		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: new(true), OpenWorldHint: new(false)},
+	}, t.closeSession)
 }
 
 // failed returns err for a tool result with isError, naming the request id
 // so that a user can report it.
-func failed(c execution.Caller, err error) error {
-	if strings.Contains(err.Error(), c.RequestID) {
+func failed(requestID string, err error) error {
+	if requestID == "" || strings.Contains(err.Error(), requestID) {
 		return err
 	}
-	return fmt.Errorf("%w (request id %s)", err, c.RequestID)
+	return fmt.Errorf("%w (request id %s)", err, requestID)
 }
 
 // withRequestID records the request id in a result's _meta.
-func withRequestID(res *mcp.CallToolResult, c execution.Caller) *mcp.CallToolResult {
-	res.Meta = mcp.Meta{"codemode/request_id": c.RequestID}
+func withRequestID(res *mcp.CallToolResult, id string) *mcp.CallToolResult {
+	res.Meta = mcp.Meta{"codemode/request_id": id}
 	return res
 }
 
-func (a *adapter) executeCode(ctx context.Context, req *mcp.CallToolRequest, in ExecuteInput) (*mcp.CallToolResult, ExecuteOutput, error) {
-	c, err := a.caller(ctx, req)
+func header(req *mcp.CallToolRequest) http.Header {
+	if req.Extra == nil {
+		return nil
+	}
+	return req.Extra.Header
+}
+
+func text(s string) []mcp.Content { return []mcp.Content{&mcp.TextContent{Text: s}} }
+
+func (t *tools) executeCode(ctx context.Context, req *mcp.CallToolRequest, in ExecuteInput) (*mcp.CallToolResult, ExecuteOutput, error) {
+	b, id, err := t.open(ctx, header(req))
 	if err != nil {
 		return nil, ExecuteOutput{}, err
 	}
 	lang := strings.ToLower(strings.TrimSpace(in.Language))
-	if lang == "" {
-		lang = "python"
-	}
 	ex := &executionv1.Execution{Language: lang, Code: in.Code, SessionId: in.SessionID, Stdin: []byte(in.Stdin)}
 	if in.TimeoutSeconds != 0 {
 		ex.Timeout = durationpb.New(time.Duration(in.TimeoutSeconds * float64(time.Second)))
 	}
-	res, err := a.svc.Execute(ctx, execution.Call{Execution: ex, Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID})
+	var res *executionv1.Result
+	if token := req.Params.GetProgressToken(); token != nil && req.Session != nil {
+		res, err = t.stream(ctx, b, ex, newProgress(ctx, req.Session, token, t.progressEvery, t.heartbeat))
+	} else {
+		res, err = b.Execute(ctx, ex)
+	}
 	if err != nil {
 		// Returned as a tool result with isError, so the model can read it.
-		return nil, ExecuteOutput{}, failed(c, err)
+		return nil, ExecuteOutput{}, failed(id, err)
 	}
 	out := ExecuteOutput{
 		Stdout: res.GetStdout(), Stderr: res.GetStderr(), ExitCode: res.GetExitCode(),
 		TimedOut: res.GetTimedOut(), Truncated: res.GetTruncated(), OOMKilled: res.GetOomKilled(),
 		DurationMS: res.GetDuration().AsDuration().Milliseconds(), SessionID: res.GetSessionId(),
 	}
-	return withRequestID(&mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: Summary(res)}}}, c), out, nil
+	return withRequestID(&mcp.CallToolResult{Content: text(Summary(res))}, id), out, nil
+}
+
+// stream runs ex with ExecuteStream, sending its output to p as it comes,
+// and returns the result with the whole output.
+func (t *tools) stream(ctx context.Context, b Backend, ex *executionv1.Execution, p *progress) (*executionv1.Result, error) {
+	defer p.stop()
+	var stdout, stderr strings.Builder
+	var res *executionv1.Result
+	err := b.ExecuteStream(ctx, ex, func(ev *executionv1.Event) error {
+		switch e := ev.GetEvent().(type) {
+		case *executionv1.Event_Stdout:
+			stdout.WriteString(e.Stdout)
+			p.add(e.Stdout)
+		case *executionv1.Event_Stderr:
+			stderr.WriteString(e.Stderr)
+			p.add(e.Stderr)
+		case *executionv1.Event_Result:
+			res = e.Result
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if res == nil {
+		return nil, fmt.Errorf("the run ended with no result")
+	}
+	res.Stdout, res.Stderr = stdout.String(), stderr.String()
+	return res, nil
 }
 
 // Summary renders a result as text for a model to read: stdout, then stderr,
@@ -200,14 +349,43 @@ func Summary(res *executionv1.Result) string {
 	return b.String()
 }
 
-func (a *adapter) listLanguages(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, LanguagesOutput, error) {
-	c, err := a.caller(ctx, req)
+func (t *tools) createSession(ctx context.Context, req *mcp.CallToolRequest, in SessionInput) (*mcp.CallToolResult, SessionOutput, error) {
+	b, id, err := t.open(ctx, header(req))
+	if err != nil {
+		return nil, SessionOutput{}, err
+	}
+	sess, err := b.CreateSession(ctx, strings.ToLower(strings.TrimSpace(in.Language)))
+	if err != nil {
+		return nil, SessionOutput{}, failed(id, err)
+	}
+	out := SessionOutput{SessionID: sess.GetId(), Language: sess.GetLanguage()}
+	msg := fmt.Sprintf("session %s (%s)", out.SessionID, out.Language)
+	if e := sess.GetExpireTime(); e != nil {
+		out.ExpireTime = e.AsTime().UTC().Format(time.RFC3339)
+		msg += ", closes at " + out.ExpireTime + " if no run comes before"
+	}
+	return withRequestID(&mcp.CallToolResult{Content: text(msg)}, id), out, nil
+}
+
+func (t *tools) closeSession(ctx context.Context, req *mcp.CallToolRequest, in CloseSessionInput) (*mcp.CallToolResult, any, error) {
+	b, id, err := t.open(ctx, header(req))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := b.CloseSession(ctx, in.SessionID); err != nil {
+		return nil, nil, failed(id, err)
+	}
+	return withRequestID(&mcp.CallToolResult{Content: text("closed session " + in.SessionID)}, id), nil, nil
+}
+
+func (t *tools) listLanguages(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, LanguagesOutput, error) {
+	b, id, err := t.open(ctx, header(req))
 	if err != nil {
 		return nil, LanguagesOutput{}, err
 	}
-	langs, err := a.svc.Languages(ctx, c)
+	langs, err := b.Languages(ctx)
 	if err != nil {
-		return nil, LanguagesOutput{}, failed(c, err)
+		return nil, LanguagesOutput{}, failed(id, err)
 	}
 	out := LanguagesOutput{Languages: []Language{}}
 	var names []string
@@ -215,5 +393,5 @@ func (a *adapter) listLanguages(ctx context.Context, req *mcp.CallToolRequest, _
 		out.Languages = append(out.Languages, Language{Name: l.GetName(), Version: l.GetVersion()})
 		names = append(names, strings.TrimSpace(l.GetName()+" "+l.GetVersion()))
 	}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Join(names, "\n")}}}, out, nil
+	return &mcp.CallToolResult{Content: text(strings.Join(names, "\n"))}, out, nil
 }

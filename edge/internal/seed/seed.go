@@ -83,12 +83,9 @@ func RunHandler(svc *execution.Service) http.Handler {
 			writeRunError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
 			return
 		}
-		// The original's clients often send no language: like the MCP door,
-		// take python then, and match names without regard to case.
+		// The original's clients often send no language: the Service takes
+		// python then, as on every door. Names match without regard to case.
 		lang := strings.ToLower(strings.TrimSpace(in.Language))
-		if lang == "" {
-			lang = "python"
-		}
 		res, err := svc.Execute(r.Context(), execution.Call{
 			Execution: &executionv1.Execution{Language: lang, Code: in.Code, SessionId: in.SessionID},
 			Tenant:    t,

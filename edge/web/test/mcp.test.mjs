@@ -1,10 +1,11 @@
 // The edge's MCP doors, driven by the official MCP TypeScript SDK over
-// streamable HTTP.
+// streamable HTTP, and over stdio through `edge mcp-stdio`.
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { edgeURL } from "./edge.mjs";
 
 async function connect(path) {
@@ -15,50 +16,85 @@ async function connect(path) {
 
 const text = (result) => result.content.filter((c) => c.type === "text").map((c) => c.text).join("");
 
-describe("/mcp", () => {
+const tools = ["close_session", "create_session", "execute_code", "list_files", "list_languages", "read_file", "write_file"];
+
+// run calls execute_code and fails the test unless the tool succeeded.
+async function run(client, args, options) {
+  const res = await client.callTool({ name: "execute_code", arguments: args }, undefined, options);
+  assert.notEqual(res.isError, true, `tool failed: ${text(res)}`);
+  return res;
+}
+
+describe("/mcp", { concurrency: true }, () => {
   let client;
   before(async () => {
+    // Tool descriptions name the interpreter versions, which an agent
+    // knows once it has started a sandbox: wait for that, then connect.
+    const probe = await connect("/mcp");
+    try {
+      for (let i = 0; i < 120; i++) {
+        const res = await probe.callTool({ name: "list_languages", arguments: {} });
+        if (res.structuredContent?.languages?.some((l) => l.name === "python" && l.version)) break;
+        await new Promise((r) => setTimeout(r, 500));
+      }
+    } finally {
+      await probe.close();
+    }
     client = await connect("/mcp");
   });
   after(async () => {
     await client?.close();
   });
 
-  test("names the server and lists its tools", async () => {
+  test("names the server and lists its tools with true annotations", async () => {
     assert.equal(client.getServerVersion()?.name, "codemode");
-    const { tools } = await client.listTools();
-    const names = tools.map((t) => t.name).sort();
-    assert.deepEqual(names, ["execute_code", "list_files", "list_languages", "read_file", "write_file"]);
-    const exec = tools.find((t) => t.name === "execute_code");
-    assert.ok(exec.inputSchema.properties.code, "execute_code takes code");
+    const { tools: listed } = await client.listTools();
+    assert.deepEqual(listed.map((t) => t.name).sort(), tools);
+    const byName = Object.fromEntries(listed.map((t) => [t.name, t]));
+    const exec = byName.execute_code;
     assert.ok(exec.inputSchema.required.includes("code"), "code is required");
+    assert.deepEqual([...exec.inputSchema.properties.language.enum].sort(), ["bash", "javascript", "python", "sh"]);
+    assert.ok(exec.outputSchema?.properties?.exit_code, "execute_code has an output schema");
+    assert.match(exec.description, /no network/);
+    assert.match(exec.description, /\/workspace/);
+    assert.match(exec.description, /python \(3\.\d+/, "the description names the interpreter versions");
+    assert.deepEqual(
+      { ro: exec.annotations.readOnlyHint, idem: exec.annotations.idempotentHint, open: exec.annotations.openWorldHint },
+      { ro: false, idem: false, open: false },
+    );
+    for (const name of ["read_file", "list_files", "list_languages"]) {
+      const a = byName[name].annotations;
+      assert.ok(a.readOnlyHint && a.idempotentHint && a.openWorldHint === false, `${name} annotations ${JSON.stringify(a)}`);
+    }
+    assert.deepEqual(byName.create_session.inputSchema.properties.language.enum.sort(), ["bash", "javascript", "python", "sh"]);
   });
 
   test("execute_code runs python and returns 42", async () => {
-    const res = await client.callTool({ name: "execute_code", arguments: { language: "python", code: "print(6*7)" } });
-    assert.notEqual(res.isError, true, `tool failed: ${text(res)}`);
+    const res = await run(client, { language: "python", code: "print(6*7)" });
     assert.equal(text(res).trim(), "42");
     assert.equal(res.structuredContent.stdout, "42\n");
     assert.equal(res.structuredContent.exit_code, 0);
     assert.ok(res.structuredContent.duration_ms >= 0);
   });
 
+  test("a program with no language runs as python", async () => {
+    const res = await run(client, { code: "import sys; print(sys.version_info[0])" });
+    assert.equal(res.structuredContent.stdout, "3\n");
+  });
+
   test("a failing program is a result with its exit code and stderr", async () => {
-    const res = await client.callTool({
-      name: "execute_code",
-      arguments: { language: "bash", code: "echo out; echo oops >&2; exit 3" },
-    });
-    assert.notEqual(res.isError, true, `tool failed: ${text(res)}`);
+    const res = await run(client, { language: "bash", code: "echo out; echo oops >&2; exit 3" });
     assert.equal(res.structuredContent.exit_code, 3);
     assert.equal(res.structuredContent.stderr, "oops\n");
     assert.match(text(res), /exit code 3/);
   });
 
-  test("an invalid language is a tool error, not a protocol failure", async () => {
+  test("an invalid language is a tool error listing the valid ones", async () => {
     const res = await client.callTool({ name: "execute_code", arguments: { language: "cobol", code: "DISPLAY 42" } });
     assert.equal(res.isError, true, `want isError, got ${JSON.stringify(res)}`);
-    assert.match(text(res), /language/i);
-    // The session is still usable afterwards.
+    for (const l of ["python", "javascript", "bash", "sh"]) {
+      assert.match(text(res), new RegExp(l), `the error names ${l}: ${text(res)}`);
+    }
     const again = await client.callTool({ name: "list_languages", arguments: {} });
     assert.notEqual(again.isError, true);
   });
@@ -68,6 +104,137 @@ describe("/mcp", () => {
     assert.notEqual(res.isError, true, `tool failed: ${text(res)}`);
     const names = res.structuredContent.languages.map((l) => l.name);
     assert.ok(names.includes("python"), `languages: ${names}`);
+  });
+
+  test("progress notifications carry output as it is produced, before the result", async () => {
+    const seen = [];
+    let resultAt;
+    const res = await run(
+      client,
+      { code: "import time\nfor i in range(3):\n    print(f'line {i}'); time.sleep(1)" },
+      { onprogress: (p) => seen.push({ message: p.message ?? "", at: Date.now() }) },
+    );
+    resultAt = Date.now();
+    assert.equal(res.structuredContent.stdout, "line 0\nline 1\nline 2\n", "the result carries the whole output");
+    const withText = seen.filter((p) => /line \d/.test(p.message));
+    assert.ok(withText.length >= 3, `want 3 progress notifications with output, got ${JSON.stringify(seen)}`);
+    const output = seen.filter((p) => !/^\[running for/.test(p.message)).map((p) => p.message);
+    assert.equal(output.join(""), "line 0\nline 1\nline 2\n", "the notifications carry the output in order");
+    assert.ok(withText[0].at < resultAt - 1000, "the first line came a second or more before the result");
+  });
+
+  test("a 65 s silent run outlives the 60 s default request timeout through heartbeats", async () => {
+    let beats = 0;
+    const res = await run(
+      client,
+      { code: "import time\ntime.sleep(65)\nprint('done')", timeout_seconds: 90 },
+      { onprogress: () => beats++, resetTimeoutOnProgress: true },
+    );
+    assert.equal(res.structuredContent.stdout, "done\n");
+    assert.ok(beats >= 4, `want a heartbeat at least every 15 s, got ${beats}`);
+  });
+
+  test("a cancelled call stops its program in the sandbox", async () => {
+    const sess = await client.callTool({ name: "create_session", arguments: { language: "python" } });
+    assert.notEqual(sess.isError, true, text(sess));
+    const id = sess.structuredContent.session_id;
+    const abort = new AbortController();
+    const started = new Promise((resolve) => {
+      const call = client.callTool(
+        {
+          name: "execute_code",
+          arguments: {
+            session_id: id,
+            timeout_seconds: 120,
+            code: "import subprocess, time\nsubprocess.Popen(['sleep', '271'])\nprint('started')\ntime.sleep(110)",
+          },
+        },
+        undefined,
+        // Resolved with a wrapper: a promise resolved with a promise would
+        // wait for the call to end.
+        { signal: abort.signal, onprogress: (p) => /started/.test(p.message ?? "") && resolve({ call }) },
+      );
+      call.catch(() => {});
+    });
+    const { call } = await started;
+    abort.abort();
+    await assert.rejects(call);
+    // The session runs one program at a time: poll until the cancelled one
+    // is gone, then look for any process of it.
+    const ps = "import os\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n        try: print(open(f'/proc/{p}/cmdline').read().replace('\\0', ' '))\n        except OSError: pass";
+    let listing;
+    for (let i = 0; i < 40; i++) {
+      const res = await client.callTool({ name: "execute_code", arguments: { session_id: id, code: ps } });
+      if (res.isError !== true) {
+        listing = res.structuredContent.stdout;
+        if (!/sleep 271|time.sleep\(110\)/.test(listing)) break;
+      }
+      await new Promise((r) => setTimeout(r, 500));
+    }
+    assert.ok(listing !== undefined, "the session never ran again after the cancel");
+    assert.doesNotMatch(listing, /sleep 271/, `a process of the cancelled run is left:\n${listing}`);
+    const closed = await client.callTool({ name: "close_session", arguments: { session_id: id } });
+    assert.notEqual(closed.isError, true, text(closed));
+  });
+
+  test("create_session and close_session: state lasts until the close, then runs say why they fail", async () => {
+    const sess = await client.callTool({ name: "create_session", arguments: { language: "python" } });
+    assert.notEqual(sess.isError, true, text(sess));
+    const id = sess.structuredContent.session_id;
+    assert.match(id, /^[0-9a-f]{32}$/);
+    assert.equal(sess.structuredContent.language, "python");
+    await run(client, { session_id: id, code: "x = 41" });
+    const res = await run(client, { session_id: id, code: "print(x + 1)" });
+    assert.equal(res.structuredContent.stdout, "42\n");
+    const w = await client.callTool({ name: "write_file", arguments: { session_id: id, path: "a.txt", content: "hi" } });
+    assert.notEqual(w.isError, true, text(w));
+    const closed = await client.callTool({ name: "close_session", arguments: { session_id: id } });
+    assert.notEqual(closed.isError, true, text(closed));
+    const after = await client.callTool({ name: "execute_code", arguments: { session_id: id, code: "print(x)" } });
+    assert.equal(after.isError, true, `a run in a closed session: ${JSON.stringify(after)}`);
+    assert.match(text(after), /closed/);
+    const read = await client.callTool({ name: "read_file", arguments: { session_id: id, path: "a.txt" } });
+    assert.equal(read.isError, true);
+    assert.match(text(read), /closed/);
+  });
+
+  test("create_session with a bad language is a tool error listing the valid ones", async () => {
+    const res = await client.callTool({ name: "create_session", arguments: { language: "fortran" } });
+    assert.equal(res.isError, true, JSON.stringify(res));
+    assert.match(text(res), /python/);
+    assert.match(text(res), /javascript/);
+  });
+});
+
+describe("edge mcp-stdio", () => {
+  const bin = process.env.CODEMODE_EDGE_BIN;
+  test("lists tools, runs python and uses a session", { skip: !bin && "CODEMODE_EDGE_BIN is not set" }, async () => {
+    const client = new Client({ name: "codemode-stdio-test", version: "0.1.0" });
+    await client.connect(
+      new StdioClientTransport({
+        command: bin,
+        args: ["mcp-stdio"],
+        env: { CODEMODE_URL: edgeURL().origin, CODEMODE_API_KEY: process.env.CODEMODE_API_KEY ?? "" },
+        stderr: "inherit",
+      }),
+    );
+    try {
+      const { tools: listed } = await client.listTools();
+      assert.deepEqual(listed.map((t) => t.name).sort(), tools);
+      const seen = [];
+      const res = await run(client, { code: "print(6*7)" }, { onprogress: (p) => seen.push(p.message) });
+      assert.equal(res.structuredContent.stdout, "42\n");
+      assert.ok(seen.join("").includes("42"), `progress over stdio: ${JSON.stringify(seen)}`);
+      const sess = await client.callTool({ name: "create_session", arguments: {} });
+      const id = sess.structuredContent.session_id;
+      await run(client, { session_id: id, code: "y = 'kept'" });
+      const again = await run(client, { session_id: id, code: "print(y)" });
+      assert.equal(again.structuredContent.stdout, "kept\n");
+      const closed = await client.callTool({ name: "close_session", arguments: { session_id: id } });
+      assert.notEqual(closed.isError, true, text(closed));
+    } finally {
+      await client.close();
+    }
   });
 });
 

@@ -1,0 +1,237 @@
+package mcpserver
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/codemode-go/codemode/edge/internal/execution"
+	"github.com/codemode-go/codemode/edge/internal/tenant"
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// A Backend does what the tools ask for, on behalf of one caller. Its
+// errors are for the caller to read: they become tool results with isError.
+type Backend interface {
+	// Execute runs ex and returns its result.
+	Execute(ctx context.Context, ex *executionv1.Execution) (*executionv1.Result, error)
+	// ExecuteStream runs ex, passing each event to send as it comes; the
+	// last is the result.
+	ExecuteStream(ctx context.Context, ex *executionv1.Execution, send func(*executionv1.Event) error) error
+	CreateSession(ctx context.Context, language string) (*executionv1.Session, error)
+	CloseSession(ctx context.Context, id string) error
+	ListFiles(ctx context.Context, id, path string) (files []*executionv1.FileInfo, truncated bool, err error)
+	ReadFile(ctx context.Context, id, path string) (*executionv1.File, error)
+	WriteFile(ctx context.Context, id string, f *executionv1.File) error
+	// Languages returns the languages some agent runs now.
+	Languages(ctx context.Context) ([]*executionv1.Language, error)
+}
+
+// An Opener returns the Backend for one MCP request and the request's id.
+// h is the HTTP request's header, nil on stdio.
+type Opener func(ctx context.Context, h http.Header) (b Backend, requestID string, err error)
+
+// Local returns an Opener over the edge's own Service: the tenant is the
+// one whose API key the HTTP request carries (the edge checked it before
+// MCP read the body).
+func Local(svc *execution.Service, tenants *tenant.Resolver) Opener {
+	return func(ctx context.Context, h http.Header) (Backend, string, error) {
+		t, err := tenants.Of(ctx, h)
+		if err != nil {
+			return nil, "", err
+		}
+		c := execution.Caller{Tenant: t, Door: "mcp", RequestID: h.Get(server.RequestIDHeader)}
+		if c.RequestID == "" {
+			c.RequestID = execution.NewRequestID()
+		}
+		return &local{svc: svc, c: c}, c.RequestID, nil
+	}
+}
+
+type local struct {
+	svc *execution.Service
+	c   execution.Caller
+}
+
+func (l *local) call(ex *executionv1.Execution) execution.Call {
+	return execution.Call{Execution: ex, Tenant: l.c.Tenant, Door: l.c.Door, RequestID: l.c.RequestID}
+}
+
+func (l *local) Execute(ctx context.Context, ex *executionv1.Execution) (*executionv1.Result, error) {
+	return l.svc.Execute(ctx, l.call(ex))
+}
+
+func (l *local) ExecuteStream(ctx context.Context, ex *executionv1.Execution, send func(*executionv1.Event) error) error {
+	return l.svc.ExecuteStream(ctx, l.call(ex), send)
+}
+
+func (l *local) CreateSession(ctx context.Context, language string) (*executionv1.Session, error) {
+	return l.svc.CreateSession(ctx, l.c, language, 0)
+}
+
+func (l *local) CloseSession(ctx context.Context, id string) error {
+	return l.svc.CloseSession(ctx, l.c, id)
+}
+
+func (l *local) ListFiles(ctx context.Context, id, path string) ([]*executionv1.FileInfo, bool, error) {
+	return l.svc.ListFiles(ctx, l.c, id, path)
+}
+
+func (l *local) ReadFile(ctx context.Context, id, path string) (*executionv1.File, error) {
+	return l.svc.ReadFile(ctx, l.c, id, path, 0)
+}
+
+func (l *local) WriteFile(ctx context.Context, id string, f *executionv1.File) error {
+	return l.svc.WriteFile(ctx, l.c, id, f)
+}
+
+func (l *local) Languages(ctx context.Context) ([]*executionv1.Language, error) {
+	return l.svc.Languages(ctx, l.c)
+}
+
+// Remote returns an Opener that forwards to an edge's ExecutionService
+// through client, which carries the caller's API key. Each request gets a
+// new request id, sent to the edge so that both sides log the same one.
+func Remote(client edgev1connect.ExecutionServiceClient) Opener {
+	return func(context.Context, http.Header) (Backend, string, error) {
+		id := execution.NewRequestID()
+		return &remote{client: client, id: id}, id, nil
+	}
+}
+
+type remote struct {
+	client edgev1connect.ExecutionServiceClient
+	id     string
+}
+
+func request[T any](r *remote, msg *T) *connect.Request[T] {
+	req := connect.NewRequest(msg)
+	req.Header().Set(server.RequestIDHeader, r.id)
+	return req
+}
+
+func (r *remote) Execute(ctx context.Context, ex *executionv1.Execution) (*executionv1.Result, error) {
+	res, err := r.client.Execute(ctx, request(r, &edgev1.ExecuteRequest{
+		Language: ex.GetLanguage(), Code: ex.GetCode(), SessionId: ex.GetSessionId(), Timeout: ex.GetTimeout(),
+		Stdin: ex.GetStdin(), Files: ex.GetFiles(), Limits: ex.GetLimits(),
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg.GetResult(), nil
+}
+
+func (r *remote) ExecuteStream(ctx context.Context, ex *executionv1.Execution, send func(*executionv1.Event) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := r.client.ExecuteStream(ctx, request(r, &edgev1.ExecuteStreamRequest{
+		Language: ex.GetLanguage(), Code: ex.GetCode(), SessionId: ex.GetSessionId(), Timeout: ex.GetTimeout(),
+		Stdin: ex.GetStdin(), Files: ex.GetFiles(), Limits: ex.GetLimits(),
+	}))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for st.Receive() {
+		if err := send(st.Msg().GetEvent()); err != nil {
+			return err
+		}
+	}
+	return st.Err()
+}
+
+func (r *remote) CreateSession(ctx context.Context, language string) (*executionv1.Session, error) {
+	res, err := r.client.CreateSession(ctx, request(r, &edgev1.CreateSessionRequest{Language: language}))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg.GetSession(), nil
+}
+
+func (r *remote) CloseSession(ctx context.Context, id string) error {
+	_, err := r.client.CloseSession(ctx, request(r, &edgev1.CloseSessionRequest{SessionId: id}))
+	return err
+}
+
+func (r *remote) ListFiles(ctx context.Context, id, path string) ([]*executionv1.FileInfo, bool, error) {
+	res, err := r.client.ListFiles(ctx, request(r, &edgev1.ListFilesRequest{SessionId: id, Path: path}))
+	if err != nil {
+		return nil, false, err
+	}
+	return res.Msg.GetFiles(), res.Msg.GetTruncated(), nil
+}
+
+func (r *remote) ReadFile(ctx context.Context, id, path string) (*executionv1.File, error) {
+	res, err := r.client.ReadFile(ctx, request(r, &edgev1.ReadFileRequest{SessionId: id, Path: path}))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg.GetFile(), nil
+}
+
+func (r *remote) WriteFile(ctx context.Context, id string, f *executionv1.File) error {
+	_, err := r.client.WriteFile(ctx, request(r, &edgev1.WriteFileRequest{SessionId: id, File: f}))
+	return err
+}
+
+func (r *remote) Languages(ctx context.Context) ([]*executionv1.Language, error) {
+	res, err := r.client.ListLanguages(ctx, request(r, &edgev1.ListLanguagesRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg.GetLanguages(), nil
+}
+
+// languageCache remembers the languages the agents run for a while, so that
+// a new MCP session does not ask the control plane for its tool list each
+// time.
+type languageCache struct {
+	ttl  time.Duration
+	mu   sync.Mutex
+	at   time.Time
+	list []*executionv1.Language
+}
+
+// get returns the languages fetch says the agents run, or the last answer
+// if it is younger than ttl. When fetch fails and nothing is known, it
+// returns the languages the API accepts, without versions.
+func (lc *languageCache) get(ctx context.Context, fetch func(context.Context) ([]*executionv1.Language, error)) []*executionv1.Language {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.list != nil && time.Since(lc.at) < lc.ttl {
+		return lc.list
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	list, err := fetch(ctx)
+	if err == nil && len(list) > 0 {
+		lc.list, lc.at = list, time.Now()
+		for _, l := range list {
+			if l.GetVersion() == "" {
+				// An agent that has not started a sandbox yet knows no
+				// versions: ask again next time.
+				lc.at = time.Time{}
+				break
+			}
+		}
+		return list
+	}
+	if lc.list != nil {
+		return lc.list
+	}
+	var all []*executionv1.Language
+	for _, name := range knownLanguages {
+		all = append(all, &executionv1.Language{Name: name})
+	}
+	return all
+}
+
+// knownLanguages are the languages the API accepts, in the order tools list
+// them.
+var knownLanguages = []string{"python", "javascript", "bash", "sh"}
