@@ -546,58 +546,15 @@ func BenchmarkEdgeLimits(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = off.Stop(30 * time.Second) })
-	edges := []struct {
-		name string
-		c    edgev1connect.ExecutionServiceClient
-		lat  []time.Duration
-	}{
-		{name: "limits on", c: edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyAlpha), on.URL())},
-		{name: "limits off", c: edgev1connect.NewExecutionServiceClient(server.NewClient(), off.URL())},
-	}
-	ctx := context.Background()
-	runOnce := func(c edgev1connect.ExecutionServiceClient) time.Duration {
-		start := time.Now()
-		res, err := c.Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}))
-		if err != nil || res.Msg.GetResult().GetStdout() != "1\n" {
-			b.Fatalf("run: %v %v", res, err)
-		}
-		return time.Since(start)
-	}
-	for range 5 { // warm both
-		for i := range edges {
-			runOnce(edges[i].c)
+	on1 := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyAlpha), on.URL())
+	off1 := edgev1connect.NewExecutionServiceClient(server.NewClient(), off.URL())
+	runOnce := func(c edgev1connect.ExecutionServiceClient) func() {
+		return func() {
+			res, err := c.Execute(context.Background(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}))
+			if err != nil || res.Msg.GetResult().GetStdout() != "1\n" {
+				b.Fatalf("run: %v %v", res, err)
+			}
 		}
 	}
-	b.ResetTimer()
-	for i := 0; b.Loop(); i++ {
-		for j := range edges {
-			e := &edges[(i+j)%2]
-			e.lat = append(e.lat, runOnce(e.c))
-		}
-	}
-	b.StopTimer()
-	pct := func(l []time.Duration, p int) time.Duration { return l[(len(l)-1)*p/100] }
-	// The two runs of an iteration meet the same load on the machine:
-	// their difference is steadier than either.
-	diffs := make([]time.Duration, min(len(edges[0].lat), len(edges[1].lat)))
-	for k := range diffs {
-		diffs[k] = edges[0].lat[k] - edges[1].lat[k]
-	}
-	var p50 [2]time.Duration
-	for i := range edges {
-		e := &edges[i]
-		if len(e.lat) == 0 {
-			return
-		}
-		slices.Sort(e.lat)
-		p50[i] = pct(e.lat, 50)
-		b.Logf("%-10s n=%d p50=%v p95=%v", e.name, len(e.lat), p50[i].Round(10*time.Microsecond), pct(e.lat, 95).Round(10*time.Microsecond))
-	}
-	ratio := float64(p50[0]) / float64(p50[1])
-	slices.Sort(diffs)
-	b.Logf("p50 ratio on/off = %.3f; median paired difference on-off = %v", ratio, pct(diffs, 50).Round(10*time.Microsecond))
-	b.ReportMetric(float64(p50[0].Microseconds()), "p50-on-us")
-	b.ReportMetric(float64(p50[1].Microseconds()), "p50-off-us")
-	b.ReportMetric(ratio, "p50-ratio")
-	b.ReportMetric(float64(pct(diffs, 50).Microseconds()), "paired-diff-us")
+	pairedLatency(b, pair{"on", runOnce(on1)}, pair{"off", runOnce(off1)})
 }

@@ -15,6 +15,7 @@ import (
 
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/server"
 )
 
 // stdioSession launches `edge mcp-stdio` against edgeURL with key, as a
@@ -222,4 +223,38 @@ func TestDefaultLanguageOnEveryDoor(t *testing.T) {
 	if status, out := seedRun(t, s.Edge, "", "", code, ""); status != http.StatusOK || out.Output != "3\n" {
 		t.Errorf("/run with no language: HTTP %d %+v", status, out)
 	}
+}
+
+// BenchmarkMCPvsConnect runs the same program through the same edge over
+// MCP's execute_code (one client session, streamable HTTP) and Connect's
+// Execute, in turns, and reports both p50s and their ratio.
+func BenchmarkMCPvsConnect(b *testing.B) {
+	if binDir == "" {
+		b.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	s, err := StartStack("e2e-bench-mcp", "--min-active", "2")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(s.Stop)
+	client := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil)
+	cs, err := client.Connect(b.Context(), &mcp.StreamableClientTransport{Endpoint: s.Edge.URL() + "/mcp"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cs.Close() })
+	c := edgev1connect.NewExecutionServiceClient(server.NewClient(), s.Edge.URL())
+	pairedLatency(b,
+		pair{"mcp", func() {
+			res, err := cs.CallTool(b.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": "print(1)"}})
+			if err != nil || res.IsError || textOf(res) != "1\n" {
+				b.Fatalf("execute_code: %v %v", res, err)
+			}
+		}},
+		pair{"connect", func() {
+			res, err := c.Execute(b.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Code: "print(1)"}))
+			if err != nil || res.Msg.GetResult().GetStdout() != "1\n" {
+				b.Fatalf("Execute: %v %v", res, err)
+			}
+		}})
 }
