@@ -276,17 +276,20 @@ func TestSessionSurvivesItsProgram(t *testing.T) {
 	t.Cleanup(func() {
 		a.client("connect").CloseSession(context.Background(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
 	})
+	// The memory bomb gets a long timeout: on a loaded machine, filling
+	// the sandbox's memory can take longer than the 3 s the busy loop gets.
 	steps := []struct {
-		code  string
-		check func(*executionv1.Result) bool
+		code    string
+		timeout time.Duration
+		check   func(*executionv1.Result) bool
 	}{
-		{"open('keep.txt', 'w').write('kept'); x = 1", func(r *executionv1.Result) bool { return r.GetExitCode() == 0 }},
-		{"while True: pass", func(r *executionv1.Result) bool { return r.GetTimedOut() }},
-		{"b = []\nwhile True:\n    b.append(bytearray(8 << 20))", func(r *executionv1.Result) bool { return r.GetOomKilled() }},
-		{"print(open('keep.txt').read(), 'x' in globals())", func(r *executionv1.Result) bool { return r.GetStdout() == "kept False\n" }},
+		{"open('keep.txt', 'w').write('kept'); x = 1", 3 * time.Second, func(r *executionv1.Result) bool { return r.GetExitCode() == 0 }},
+		{"while True: pass", 3 * time.Second, func(r *executionv1.Result) bool { return r.GetTimedOut() }},
+		{"b = []\nwhile True:\n    b.append(bytearray(8 << 20))", 60 * time.Second, func(r *executionv1.Result) bool { return r.GetOomKilled() }},
+		{"print(open('keep.txt').read(), 'x' in globals())", 3 * time.Second, func(r *executionv1.Result) bool { return r.GetStdout() == "kept False\n" }},
 	}
 	for _, st := range steps {
-		r := a.exec(t, &executionv1.Execution{Language: "python", SessionId: id, Code: st.code, Timeout: durationpb.New(3 * time.Second)})
+		r := a.exec(t, &executionv1.Execution{Language: "python", SessionId: id, Code: st.code, Timeout: durationpb.New(st.timeout)})
 		if !st.check(r) {
 			t.Fatalf("%q: %v", st.code, r)
 		}

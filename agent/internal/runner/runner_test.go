@@ -592,7 +592,15 @@ func TestRunSweep(t *testing.T) {
 	if r := h.run(t.Context(), &runnerv1.Run{Language: "bash", Code: code, Stateful: true}); r.err != nil || r.exit.GetCode() != 0 {
 		t.Fatalf("run: %v %s %v", r.exit, r.stderr, r.err)
 	}
-	if ps, _ := h.s.procs.userProcs(0); len(ps) != 3 {
+	// The run returns while its background shells may still be forking
+	// their sleeps: wait for the three.
+	var ps []userProc
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if ps, _ = h.s.procs.userProcs(0); len(ps) == 3 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(ps) != 3 {
 		t.Fatalf("after a session's run: user processes %v, want the 3 sleeps", ps)
 	}
 }
