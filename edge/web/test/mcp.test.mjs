@@ -222,7 +222,10 @@ describe("edge mcp-stdio", () => {
       const { tools: listed } = await client.listTools();
       assert.deepEqual(listed.map((t) => t.name).sort(), tools);
       const seen = [];
-      const res = await run(client, { code: "print(6*7)" }, { onprogress: (p) => seen.push(p.message) });
+      // The SDK dispatches notifications a microtask after the response
+      // that follows them: output the program writes as it ends may reach
+      // only the result, so this one waits a little after printing.
+      const res = await run(client, { code: "import time\nprint(6*7)\ntime.sleep(1)" }, { onprogress: (p) => seen.push(p.message) });
       assert.equal(res.structuredContent.stdout, "42\n");
       assert.ok(seen.join("").includes("42"), `progress over stdio: ${JSON.stringify(seen)}`);
       const sess = await client.callTool({ name: "create_session", arguments: {} });
