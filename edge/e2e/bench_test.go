@@ -6,6 +6,9 @@ import (
 	"time"
 )
 
+// settle is the pause after each call of a paired benchmark.
+const settle = 60 * time.Millisecond
+
 // pair is one side of a paired benchmark: a name and one call.
 type pair struct {
 	name string
@@ -36,6 +39,10 @@ func pairedLatency(b *testing.B, a, c pair) {
 		for j := range sides {
 			k := (i + j) % 2 // alternate which goes first
 			lat[k] = append(lat[k], timed(sides[k]))
+			// Let the agent scrub the sandbox and prestart the next
+			// interpreter, so that each call meets a ready sandbox rather
+			// than the previous call's clean-up.
+			time.Sleep(settle)
 		}
 	}
 	b.StopTimer()

@@ -534,7 +534,7 @@ func BenchmarkEdgeLimits(b *testing.B) {
 	if binDir == "" {
 		b.Skip("no Docker daemon reachable; run 'make setup'")
 	}
-	s, err := StartStack("e2e-bench-limits", "--min-active", "2")
+	s, err := StartStack("e2e-bench-limits", "--min-active", "4")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -232,7 +232,7 @@ func BenchmarkMCPvsConnect(b *testing.B) {
 	if binDir == "" {
 		b.Skip("no Docker daemon reachable; run 'make setup'")
 	}
-	s, err := StartStack("e2e-bench-mcp", "--min-active", "2")
+	s, err := StartStack("e2e-bench-mcp", "--min-active", "4")
 	if err != nil {
 		b.Fatal(err)
 	}
