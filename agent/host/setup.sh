@@ -4,12 +4,15 @@
 #      session of its own (signals meant for the caller never reach it),
 #      runsc registered;
 #   2. gVisor's runsc, built static from source through the Go module proxy;
-#   3. the sandbox image (python3, bash, nodejs), built locally with debootstrap.
+#   3. the sandbox image (agent/host/sandbox-packages: python with numpy,
+#      pandas, matplotlib, requests; node; curl, git, jq, ...), built locally
+#      with debootstrap from this machine's own apt mirror.
 # Every step is skipped when its result is already there. Safe to run after an
 # unclean stop: stale pid files and a dead containerd are cleared first.
 set -euo pipefail
 
 IMAGE="${DOCKER_IMAGE_NAME:-codemode-sandbox:bookworm}"
+PACKAGES_FILE="$(dirname "$0")/sandbox-packages"
 RUNSC_VERSION="${RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}"
 STATE_DIR="${CODEMODE_STATE_DIR:-/var/lib/codemode}"
 DOCKERD_LOG="$STATE_DIR/dockerd.log"
@@ -98,9 +101,15 @@ fi
 docker info --format '{{json .Runtimes}}' | grep -q runsc || { log "dockerd has no runsc runtime"; exit 1; }
 
 # --- 4. sandbox image --------------------------------------------------------
-if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
-  case "$IMAGE" in
-  codemode-sandbox:*)
+# The built image is tagged with a digest of its package list and of this
+# build step, and $IMAGE points at it: a changed list builds a new image, an
+# unchanged one is kept.
+packages=$(grep -vE '^\s*(#|$)' "$PACKAGES_FILE" | tr -s ' \n' ' ')
+build_digest=$(printf '%s\n%s\n' "$packages" "$(sed -n '/^# --- 4. sandbox image/,/^# --- end of 4/p' "$0")" | sha256sum | cut -c1-12)
+case "$IMAGE" in
+codemode-sandbox:*)
+  built="${IMAGE%%:*}:${IMAGE#*:}-$build_digest"
+  if ! docker image inspect "$built" >/dev/null 2>&1; then
     # The mirror comes from this machine's own apt configuration.
     mirror=$(
       { grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}'
@@ -109,21 +118,41 @@ if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
     ) || true # a missing sources file must not end the script under pipefail
     [ -n "$mirror" ] || { log "no Debian mirror found in /etc/apt sources"; exit 1; }
     root=$(mktemp -d "$STATE_DIR/rootfs.XXXXXX")
-    log "building sandbox image $IMAGE with debootstrap (a few minutes on first run)"
-    debootstrap --variant=minbase --include=python3,nodejs bookworm "$root" "$mirror" >"$STATE_DIR/debootstrap.log" 2>&1 ||
-      { log "debootstrap failed; see $STATE_DIR/debootstrap.log"; tail -20 "$STATE_DIR/debootstrap.log" >&2; exit 1; }
-    # Keep the image small: no package caches or docs are needed to run code.
-    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc "$root"/usr/share/man
+    log "building sandbox image $built with debootstrap (several minutes on first run)"
+    debootstrap --variant=minbase --include="$(echo $packages | tr ' ' ',')" bookworm "$root" "$mirror" >"$STATE_DIR/debootstrap.log" 2>&1 ||
+      { log "debootstrap failed; see $STATE_DIR/debootstrap.log"; tail -20 "$STATE_DIR/debootstrap.log" >&2; rm -rf "$root"; exit 1; }
+    # The image must keep the README's contract: check the modules import.
+    chroot "$root" env MPLBACKEND=Agg MPLCONFIGDIR=/tmp/mpl python3 -c 'import requests, numpy, pandas, scipy, matplotlib.pyplot' >>"$STATE_DIR/debootstrap.log" 2>&1 ||
+      { log "the new image fails its contract (python modules); see $STATE_DIR/debootstrap.log"; rm -rf "$root"; exit 1; }
+    rm -rf "$root/tmp/mpl"
+    # Keep the image small: no package caches, docs or translations are
+    # needed to run code, nor the Boost headers that come with scipy's
+    # pythran (see sandbox-packages).
+    chroot "$root" dpkg --purge --force-depends libboost-dev libboost1.74-dev >>"$STATE_DIR/debootstrap.log" 2>&1 || true
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc "$root"/usr/share/man "$root"/usr/share/locale
     # Debian's sitecustomize looks for apport, which is not installed: the
     # failed import walks sys.path at every interpreter start (~6 ms under gVisor).
     rm -f "$root"/etc/python3*/sitecustomize.py
-    tar -C "$root" -c . | docker import -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8' - "$IMAGE" >/dev/null
+    tar -C "$root" -c . | docker import \
+      -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 MPLBACKEND=Agg' \
+      -c "LABEL org.codemode.packages=\"$packages\"" - "$built" >/dev/null
     rm -rf "$root"
-    ;;
-  *)
+  fi
+  docker tag "$built" "$IMAGE"
+  ;;
+*)
+  if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
     log "image $IMAGE is not present locally; pulling it"
     docker pull "$IMAGE" || { log "pull of $IMAGE failed; with no registry, unset DOCKER_IMAGE_NAME to build codemode-sandbox:bookworm locally"; exit 1; }
-    ;;
-  esac
-fi
+  fi
+  ;;
+esac
+# --- end of 4 -----------------------------------------------------------------
+# Earlier builds are no longer needed (one still in use stays).
+case "$IMAGE" in
+codemode-sandbox:*)
+  docker images --format '{{.Repository}}:{{.Tag}}' "${IMAGE%%:*}" | grep -F "$IMAGE-" | grep -vxF "$built" |
+    xargs -r docker rmi >/dev/null 2>&1 || true
+  ;;
+esac
 log "ready: dockerd $(docker version --format '{{.Server.Version}}'), runsc at /usr/local/bin/runsc (built from $RUNSC_VERSION), image $IMAGE"
