@@ -2,6 +2,7 @@ package agentd
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -405,5 +407,75 @@ func TestRun(t *testing.T) {
 	list, err := d.Client().ContainerList(t.Context(), container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", sandbox.LabelAgent+"="+name))})
 	if err != nil || len(list) != 0 {
 		t.Errorf("containers after Run returned: %d, %v", len(list), err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestImageWithoutAnInterpreter runs the agent on an image derived from
+// the sandbox image with Node.js removed: it warns at start-up naming
+// what is missing, lists javascript with no version, answers a JavaScript
+// run with failed_precondition naming node, and keeps running the rest.
+func TestImageWithoutAnInterpreter(t *testing.T) {
+	t.Parallel()
+	needDocker(t)
+	base := DefaultConfig().Image
+	image := "codemode-sandbox:" + randomName("test-no-node")
+	name := randomName("derive")
+	// runc, not runsc: this only edits a file system.
+	if out, err := exec.Command("docker", "run", "--name", name, "--network", "none", "--runtime", "runc", "--entrypoint", "rm",
+		base, "-f", "/usr/bin/node", "/usr/bin/nodejs").CombinedOutput(); err != nil {
+		t.Fatalf("derive an image without node: %v\n%s", err, out)
+	}
+	defer exec.Command("docker", "rm", "-f", name).Run()
+	if out, err := exec.Command("docker", "commit", name, image).CombinedOutput(); err != nil {
+		t.Fatalf("docker commit: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", image).Run() })
+
+	var logs syncBuffer
+	cfg := DefaultConfig()
+	cfg.Name = randomName("test-no-node")
+	cfg.Runner = runnerBin
+	cfg.Image = image
+	cfg.MinActive = 1
+	cfg.MaxSandboxes = 2
+	cfg.MaxSessions = 0
+	a, err := serveAgent(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.stop() })
+	a.waitWarm(t, 1)
+	if l := logs.String(); !strings.Contains(l, "lacks interpreters") || !strings.Contains(l, "javascript (node)") {
+		t.Errorf("no start-up warning naming javascript (node):\n%s", l)
+	}
+	for _, l := range a.status(t).GetLanguages() {
+		if (l.GetName() == "javascript") != (l.GetVersion() == "") {
+			t.Errorf("language %s has version %q", l.GetName(), l.GetVersion())
+		}
+	}
+	_, err = a.client("connect").Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "javascript", Code: "console.log(1)"}}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "node is not installed") {
+		t.Errorf("a JavaScript run without node: %v, want failed_precondition naming node", err)
+	}
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(1)"}); r.GetStdout() != "1\n" {
+		t.Errorf("python after the failed JavaScript run: %v", r)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
+	"github.com/codemode-go/codemode/agent/internal/wire"
 )
 
 // ErrExhausted means every sandbox the agent may hold is in use (or every
@@ -115,6 +116,26 @@ type Pool struct {
 	check chan struct{}
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
+}
+
+// setVersions records the interpreter versions a runner reported. The
+// first time, it says which interpreters the image has, and warns about
+// those it lacks: runs in those languages would fail. p.mu is held.
+func (p *Pool) setVersions(v map[string]string) {
+	if p.versions == nil {
+		var missing []string
+		for _, l := range wire.Languages() {
+			if l.Version != nil && v[l.Name] == "" {
+				missing = append(missing, fmt.Sprintf("%s (%s)", l.Name, l.Interpreter))
+			}
+		}
+		if len(missing) > 0 {
+			p.log.Warn("the sandbox image lacks interpreters: runs in their languages fail", "image", p.cfg.Spec.Image, "missing", missing)
+		} else {
+			p.log.Info("sandbox image ready", "image", p.cfg.Spec.Image, "versions", v)
+		}
+	}
+	p.versions = v
 }
 
 // New returns a pool; Start starts it.
@@ -310,7 +331,7 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 				}
 				sb.dedicated = !dflt
 				p.live[sb.ID()] = sb
-				p.versions = sb.Versions()
+				p.setVersions(sb.Versions())
 				p.busy++
 				return sb, nil
 			}
@@ -494,7 +515,7 @@ func (p *Pool) fill(ctx context.Context) {
 				return
 			}
 			p.failures = 0
-			p.versions = sb.Versions()
+			p.setVersions(sb.Versions())
 			if p.closed || !p.ready {
 				p.wg.Go(func() { p.destroyNow(sb) })
 				return
