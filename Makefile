@@ -79,6 +79,11 @@ up: setup build
 		{ ln "$$tmp" "$$f" 2>/dev/null || [ -s "$$f" ] || mv -f "$$tmp" "$$f"; }; rm -f "$$tmp"; \
 	fi; \
 	chmod 600 "$$f"
+	@for a in $(call dial_addr,$(up_agent)) $(call dial_addr,$(up_controlplane)) $(call dial_addr,$(up_edge)); do \
+		h=$${a%:*}; h=$${h#[}; h=$${h%]}; \
+		if (exec 3<>"/dev/tcp/$$h/$${a##*:}") 2>/dev/null; then \
+			echo "$$a is already in use: is codemode (or something else) running there? Stop it first."; exit 1; fi; \
+	done
 	@set -m; pids=(); names=(); \
 	stop() { trap - INT TERM; echo; echo "stopping..."; kill -TERM "$${pids[@]}" 2>/dev/null; wait "$${pids[@]}" 2>/dev/null; echo "stopped"; exit $${1:-0}; }; \
 	trap stop INT TERM; \

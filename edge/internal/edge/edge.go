@@ -140,6 +140,11 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.Env("tenant-burst", "CODEMODE_TENANT_BURST")
 	loadSecret := cluster.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n\nFlags:\n",
+			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
