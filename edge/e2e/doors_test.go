@@ -217,8 +217,10 @@ func TestTimeoutKillsAndAgentKeepsServing(t *testing.T) {
 	if !res.Msg.GetResult().GetTimedOut() {
 		t.Fatalf("result %v, want timed_out", res.Msg.GetResult())
 	}
-	if elapsed > 4*time.Second {
-		t.Errorf("timed-out run took %s, want about 2s", elapsed)
+	// The run's own duration: the wall time also holds any wait for a
+	// sandbox while other tests keep the shared stack busy.
+	if d := res.Msg.GetResult().GetDuration().AsDuration(); d > 4*time.Second {
+		t.Errorf("timed-out run took %s in its sandbox (%s in all), want about 2s", d, elapsed)
 	}
 	res, err = c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print('still here')"}))
 	if err != nil || res.Msg.GetResult().GetStdout() != "still here\n" {

@@ -32,9 +32,10 @@ func TestImageContract(t *testing.T) {
 		{"command-line tools", "bash", "curl --version | head -1 | cut -d' ' -f1; git --version | cut -d' ' -f1; echo '{\"a\": 2}' | jq .a; pip --version | cut -d' ' -f1", "curl\ngit\n2\npip\n"},
 		{"a C compiler", "bash", "printf 'int main(){return 42;}' > m.c && gcc m.c -o m && ./m; echo $?", "42\n"},
 	}
+	// One at a time: the imports keep a sandbox busy for seconds, and the
+	// shared stack serves other tests meanwhile.
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
 			res, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: tc.language, Code: tc.code, Timeout: durationpb.New(2 * time.Minute)}))
 			if err != nil {
 				t.Fatal(err)
