@@ -113,12 +113,18 @@ func (s *Secret) Client(c *http.Client) *http.Client {
 	if s == nil {
 		return c
 	}
+	return WithBearer(c, s.token)
+}
+
+// WithBearer returns c with a transport that sends token as a bearer
+// token (Authorization: Bearer token) with every request.
+func WithBearer(c *http.Client, token string) *http.Client {
 	out := *c
 	base := c.Transport
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	out.Transport = &bearer{token: "Bearer " + s.token, base: base}
+	out.Transport = &bearer{token: "Bearer " + token, base: base}
 	return &out
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -52,7 +53,7 @@ func RunStdio(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	tr.Protocols.SetHTTP2(true)
 	hc := &http.Client{Transport: tr}
 	if *key != "" {
-		hc.Transport = bearer{key: *key, next: tr}
+		hc = cluster.WithBearer(hc, *key)
 	}
 	client := edgev1connect.NewExecutionServiceClient(hc, strings.TrimRight(*edgeURL, "/"))
 	servers := mcpserver.New(mcpserver.Config{Open: mcpserver.Remote(client), Logger: logger.With("component", "mcp-stdio"), Version: Version})
@@ -63,18 +64,6 @@ func RunStdio(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		return nil
 	}
 	return err
-}
-
-// bearer sends an API key with every request.
-type bearer struct {
-	key  string
-	next http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.key)
-	return b.next.RoundTrip(r)
 }
 
 type nopWriteCloser struct{ io.Writer }
