@@ -345,6 +345,21 @@ func (p *procs) killUser(keep []int) error {
 	if len(keep) > 0 {
 		keepPgid = keep[0]
 	}
+	if p.cfg.reapAll {
+		// The runner is the sandbox's init and the only process of root
+		// there, so kill(-1) reaches every other process in one pass of
+		// the kernel, which forking cannot outrun (a fork bomb at its
+		// process limit refills each slot the scan below frees, and
+		// starves the scan of CPU). With a group to keep, everything is
+		// stopped first, the rest killed from the scan, and the kept
+		// group continued.
+		if keepPgid == 0 {
+			_ = syscall.Kill(-1, syscall.SIGKILL)
+		} else {
+			_ = syscall.Kill(-1, syscall.SIGSTOP)
+			defer syscall.Kill(-1, syscall.SIGCONT)
+		}
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for round := 0; ; round++ {
 		ps, err := p.userProcs(keepPgid)
