@@ -5,6 +5,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/codemode-go/codemode/agent/internal/wire"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
@@ -60,7 +61,7 @@ func TestProtocols(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := st.Msg.GetStatus()
-			if !s.GetReady() || s.GetRuntime() != "runsc" || s.GetCapacity() != 12 || len(s.GetLanguages()) != 4 || s.GetName() != a.cfg.Name {
+			if !s.GetReady() || s.GetRuntime() != "runsc" || s.GetCapacity() != 12 || len(s.GetLanguages()) != len(wire.Languages()) || s.GetName() != a.cfg.Name {
 				t.Errorf("status = %v", s)
 			}
 			for _, l := range s.GetLanguages() {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -36,9 +37,14 @@ const runGrace = 2 * time.Second
 // runner do not start.
 const minMemory = 64 << 20
 
-func knownLanguage(name string) bool {
-	_, ok := wire.LookupLanguage(name)
-	return ok
+// canonicalLanguage returns the table's name for name (a name or an alias),
+// or an invalid-argument error listing the table's names.
+func canonicalLanguage(name string) (string, error) {
+	l, ok := wire.LookupLanguage(name)
+	if !ok {
+		return "", fmt.Errorf("%w: unknown language %q: valid languages are %s", errInvalid, name, wire.LanguageNames())
+	}
+	return l.Name, nil
 }
 
 // Service is the agent's one internal service: the Connect handlers are a
@@ -59,8 +65,13 @@ type Service struct {
 // A run in a session is for tenant, who must own the session; allowNew lets
 // it open a session of that id that never existed.
 func (s *Service) Execute(ctx context.Context, tenant string, allowNew bool, exec *executionv1.Execution, emit func(*executionv1.Event) error) (*executionv1.Result, error) {
-	if !knownLanguage(exec.GetLanguage()) {
-		return nil, fmt.Errorf("%w: unknown language %q", errInvalid, exec.GetLanguage())
+	lang, err := canonicalLanguage(exec.GetLanguage())
+	if err != nil {
+		return nil, err
+	}
+	if lang != exec.GetLanguage() {
+		exec = proto.CloneOf(exec)
+		exec.Language = lang
 	}
 	if exec.GetCode() == "" {
 		return nil, fmt.Errorf("%w: no code", errInvalid)
@@ -205,10 +216,11 @@ func fillResult(res *executionv1.Result, exit *runnerv1.Exit) {
 func (s *Service) CreateSession(ctx context.Context, req *agentv1.CreateSessionRequest) (*executionv1.Session, error) {
 	lang := req.GetLanguage()
 	if lang == "" {
-		lang = "python"
+		lang = wire.DefaultLanguage
 	}
-	if !knownLanguage(lang) {
-		return nil, fmt.Errorf("%w: unknown language %q", errInvalid, lang)
+	lang, err := canonicalLanguage(lang)
+	if err != nil {
+		return nil, err
 	}
 	var idle time.Duration
 	if d := req.GetIdleTimeout(); d != nil {
@@ -289,10 +301,7 @@ func (s *Service) WriteFile(ctx context.Context, id, tenant string, f *execution
 func (s *Service) Status() *agentv1.AgentStatus {
 	st := s.pool.Stats()
 	sessions := s.sessions.Len()
-	langs := make([]*executionv1.Language, 0, 4)
-	for _, l := range wire.Languages() {
-		langs = append(langs, &executionv1.Language{Name: l.Name, Version: st.Versions[l.Name]})
-	}
+	langs := languages(st.Versions)
 	return &agentv1.AgentStatus{
 		Name:      s.cfg.Name,
 		Labels:    s.cfg.Labels,
@@ -480,4 +489,25 @@ func shortID(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// languages describes the table's languages for callers, with the versions
+// the runners found. A language whose program the image lacks is listed
+// without a version (and its runs fail naming the program), so that callers
+// are told what is missing rather than that the language is unknown.
+func languages(versions map[string]string) []*executionv1.Language {
+	table := wire.Languages()
+	out := make([]*executionv1.Language, 0, len(table))
+	for _, l := range table {
+		out = append(out, &executionv1.Language{
+			Name:         l.Name,
+			Version:      versions[l.Name],
+			Aliases:      l.Aliases,
+			FileName:     l.File,
+			Compiled:     l.Compiled,
+			SessionState: l.SessionState(),
+			Prestarted:   l.Prestart != nil,
+		})
+	}
+	return out
 }

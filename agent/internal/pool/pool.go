@@ -122,11 +122,14 @@ type Pool struct {
 // first time, it says which interpreters the image has, and warns about
 // those it lacks: runs in those languages would fail. p.mu is held.
 func (p *Pool) setVersions(v map[string]string) {
+	if len(v) == 0 {
+		return // a runner told not to probe, or whose probes all failed
+	}
 	if p.versions == nil {
 		var missing []string
 		for _, l := range wire.Languages() {
 			if l.Version != nil && v[l.Name] == "" {
-				missing = append(missing, fmt.Sprintf("%s (%s)", l.Name, l.Interpreter))
+				missing = append(missing, fmt.Sprintf("%s (%s)", l.Name, l.Program()))
 			}
 		}
 		if len(missing) > 0 {

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -90,6 +91,15 @@ func (p *Pool) open(ctx context.Context, memory int64) (*Sandbox, error) {
 	defer cancel()
 	spec := p.cfg.Spec
 	spec.MemoryBytes = memory
+	p.mu.Lock()
+	probed := p.versions != nil
+	p.mu.Unlock()
+	if probed {
+		// Every sandbox has the same image: one runner's answer serves
+		// them all, and the others start without the probes (a process
+		// per language).
+		spec.Command = append(slices.Clip(spec.Command), "-versions=false")
+	}
 	var id atomic.Value
 	id.Store("")
 	log := p.log

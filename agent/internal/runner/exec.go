@@ -19,29 +19,16 @@ import (
 const maxArg = 128<<10 - 1
 
 // language says how to run code of one language: its entry in the one
-// table (wire.Languages) and, for some, a prestart form.
+// table (wire.Languages).
 type language struct {
 	wire.Language
-	// prestartArgv starts an interpreter that waits for the code of one
-	// run on fd 3 (see prestart.go); nil if the language has none.
-	prestartArgv []string
 }
 
-// languageFor returns the language called name, as in
-// codemode.execution.v1.Execution.language.
+// languageFor returns the language called name (or with name as an alias),
+// as in codemode.execution.v1.Execution.language.
 func languageFor(name string) (language, bool) {
 	l, ok := wire.LookupLanguage(name)
-	if !ok {
-		return language{}, false
-	}
-	lang := language{Language: l}
-	switch name {
-	case "python":
-		lang.prestartArgv = []string{l.Interpreter, "-c", prestartPython}
-	case "javascript":
-		lang.prestartArgv = []string{l.Interpreter, "-e", prestartNode}
-	}
-	return lang, true
+	return language{l}, ok
 }
 
 // argv runs code passed as an argument.
@@ -67,7 +54,14 @@ func (s *server) env(lang language) []string {
 func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1.Exit, error) {
 	lang, ok := languageFor(r.GetLanguage())
 	if !ok {
-		return nil, &reqError{runnerv1.Error_CODE_INVALID_ARGUMENT, fmt.Sprintf("unknown language %q", r.GetLanguage())}
+		return nil, &reqError{runnerv1.Error_CODE_INVALID_ARGUMENT, fmt.Sprintf("unknown language %q: valid languages are %s", r.GetLanguage(), wire.LanguageNames())}
+	}
+	if lang.Requires != "" {
+		// A compiled language's compiler: missing, it is the image's
+		// fault, not a result of the user's code.
+		if _, err := s.procs.lookPath(lang.Requires); err != nil {
+			return nil, err
+		}
 	}
 	// Taken (or discarded) before anything of the run touches the sandbox.
 	pre := s.takePrestarted(lang, !r.GetStateful())
@@ -89,10 +83,10 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 	}
 	o := newOutput(id, s.out, lim.output)
 	if r.GetStateful() {
-		switch lang.Name {
-		case "python":
-			return s.runKernel(ctx, o, r, lim)
-		case "bash", "sh":
+		switch {
+		case lang.Kernel != nil:
+			return s.runKernel(ctx, o, lang, r, lim)
+		case lang.Shell:
 			return s.runShell(ctx, o, lang, r, lim)
 		}
 		// Other languages keep only their files (and background
@@ -156,7 +150,7 @@ func (s *server) startCold(lang language, code string, stdin []byte) (*proc, *st
 	argv := lang.argv(code)
 	var extra []*os.File
 	var codeW *os.File
-	if len(code) > maxArg {
+	if len(code) > maxArg || lang.CodeArgs == nil {
 		argv = lang.fdArgv()
 		codeR, w, err := os.Pipe()
 		if err != nil {

@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-	_ "embed"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -14,9 +13,6 @@ import (
 
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
-
-//go:embed kernel.py
-var kernelSource string
 
 // kernel is a resident python3 process, running as the user, that executes
 // the cells of stateful Python runs in one namespace (see kernel.py for its
@@ -35,16 +31,15 @@ func (k *kernel) stop() {
 	<-k.proc.done
 }
 
-func (s *server) startKernel() (*kernel, error) {
+func (s *server) startKernel(lang language) (*kernel, error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("create kernel socket: %w", err)
 	}
 	parent, child := os.NewFile(uintptr(fds[0]), "kernel"), os.NewFile(uintptr(fds[1]), "kernel-child")
-	python, _ := languageFor("python")
 	p, err := s.procs.start(spec{
-		argv:  []string{"python3", "-c", kernelSource},
-		env:   s.env(python),
+		argv:  lang.Kernel,
+		env:   s.env(lang),
 		files: []*os.File{nil, nil, nil, child},
 	})
 	child.Close()
@@ -66,13 +61,13 @@ func (s *server) killKernel() {
 const stateLostNote = "\n[codemode] the Python session's state (variables, imports, functions) was lost: %s; the next run starts a fresh interpreter\n"
 
 // runKernel runs one cell in the Python kernel, starting one if needed.
-func (s *server) runKernel(ctx context.Context, o *output, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
+func (s *server) runKernel(ctx context.Context, o *output, lang language, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
 	start := time.Now()
 	if s.kernel != nil && !s.kernel.alive() {
 		s.killKernel()
 	}
 	if s.kernel == nil {
-		k, err := s.startKernel()
+		k, err := s.startKernel(lang)
 		if err != nil {
 			return nil, err
 		}

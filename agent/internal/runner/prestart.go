@@ -1,18 +1,11 @@
 package runner
 
 import (
-	_ "embed"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 )
-
-//go:embed prestart.py
-var prestartPython string
-
-//go:embed prestart.js
-var prestartNode string
 
 // A prestarted interpreter is started, as the user, at the end of a Reset
 // (and before the runner says it is ready), so that the next stateless run
@@ -78,7 +71,7 @@ func (s *server) prestart() {
 		return
 	}
 	lang, ok := languageFor(s.prestartLang)
-	if !ok || lang.prestartArgv == nil {
+	if !ok || lang.Prestart == nil {
 		return
 	}
 	std, err := newStdio(nil, true)
@@ -93,7 +86,7 @@ func (s *server) prestart() {
 	}
 	if err == nil {
 		var p *proc
-		p, err = s.procs.start(spec{argv: lang.prestartArgv, env: s.env(lang), files: append(std.child(), codeR, readyW)})
+		p, err = s.procs.start(spec{argv: lang.Prestart, env: s.env(lang), files: append(std.child(), codeR, readyW)})
 		if err == nil {
 			s.pre = &prestarted{lang: lang.Name, proc: p, std: std, code: codeW}
 		}
@@ -142,7 +135,7 @@ func (s *server) takePrestarted(lang language, stateless bool) *prestarted {
 	defer s.prestartMu.Unlock()
 	if stateless && s.cfg.prestart && s.prestartFailures < maxPrestartFailures {
 		s.prestartLang = ""
-		if lang.prestartArgv != nil {
+		if lang.Prestart != nil {
 			s.prestartLang = lang.Name
 		}
 	}

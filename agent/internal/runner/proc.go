@@ -230,7 +230,7 @@ func (p *procs) lookPath(name string) (string, error) {
 			}
 		}
 		if path == "" {
-			return "", &reqError{runnerv1.Error_CODE_FAILED_PRECONDITION, fmt.Sprintf("interpreter %s is not installed in the sandbox", name)}
+			return "", &reqError{runnerv1.Error_CODE_FAILED_PRECONDITION, fmt.Sprintf("program %s is not installed in the sandbox image", name)}
 		}
 	}
 	p.paths[name] = path

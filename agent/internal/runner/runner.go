@@ -72,6 +72,9 @@ type config struct {
 	// prestart starts an interpreter ahead of the next stateless run (see
 	// prestarted).
 	prestart bool
+	// versions makes the runner ask each language for its version before
+	// it says it is ready (see versions).
+	versions bool
 	// self is the runner's binary, started as the helper that opens the
 	// message queues (see openMqueues); "": no helper (tests, where the
 	// binary is the test's).
@@ -90,6 +93,7 @@ func defaultConfig(log *slog.Logger) config {
 		log:          log,
 		drainGrace:   100 * time.Millisecond,
 		prestart:     true,
+		versions:     true,
 	}
 }
 
@@ -107,6 +111,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	workspace := fs.String("workspace", wire.Workspace, "working directory of user code")
 	scratch := fs.String("scratch", "/tmp,/dev/shm", "comma-separated writable directories that Reset empties besides the workspace")
 	userProcs := fs.Uint64("max-user-procs", 32, "most processes and threads user code may have at once (RLIMIT_NPROC); 0: no limit")
+	versions := fs.Bool("versions", true, "report the languages' versions when ready (a process per language)")
 	prestart := fs.Bool("prestart", true, "start an interpreter ahead of the next stateless run, in the language of the last one (Python at first)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: runner [flags]\n\nThe codemode sandbox runner: framed requests on stdin, framed events on stdout.\n\n")
@@ -125,6 +130,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg.workspace = *workspace
 	cfg.userProcs = *userProcs
 	cfg.prestart = *prestart
+	cfg.versions = *versions
 	cfg.self = "/proc/self/exe"
 	cfg.scratch = nil
 	for _, d := range strings.Split(*scratch, ",") {
@@ -243,7 +249,10 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 func (s *server) serve(ctx context.Context, stdin io.Reader) error {
 	defer s.shutdown()
 	s.prestart()
-	ready := &runnerv1.Ready{Versions: s.versions(ctx), Prestarted: s.prestartedLang()}
+	ready := &runnerv1.Ready{Prestarted: s.prestartedLang()}
+	if s.cfg.versions {
+		ready.Versions = s.versions(ctx)
+	}
 	if err := s.out.send(&runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: ready}}); err != nil {
 		return err
 	}

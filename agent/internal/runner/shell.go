@@ -80,7 +80,7 @@ func (s *server) shellPrelude(lang language, st *shellState) string {
 	b.WriteString(" 2>/dev/null || cd -- ")
 	b.WriteString(shellQuote(s.cfg.workspace))
 	b.WriteString("\n")
-	if lang.Name == "bash" {
+	if lang.Interpreter == "bash" {
 		b.WriteString(bashSave)
 	} else {
 		b.WriteString(shSave)

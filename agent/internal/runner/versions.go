@@ -11,10 +11,13 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/wire"
 )
 
-// versions asks each interpreter for its version, all at once, as the user,
-// for the Ready event. An interpreter that is missing or slow is left out.
+// versions asks each language's program for its version, all at once, as
+// the user, for the Ready event. A program that is missing or slow is left
+// out. The agent asks only until one runner has answered (the image is the
+// same for all), so the wait is paid once, and is long enough for a loaded
+// host.
 func (s *server) versions(ctx context.Context) map[string]string {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	var (
 		mu  sync.Mutex
@@ -34,9 +37,6 @@ func (s *server) versions(ctx context.Context) map[string]string {
 		})
 	}
 	wg.Wait()
-	if target, err := os.Readlink("/bin/sh"); err == nil {
-		out["sh"] = target // the shell that sh is, e.g. "dash"
-	}
 	return out
 }
 

@@ -198,15 +198,8 @@ func (c *Client) Run(ctx context.Context, run *runnerv1.Run, out func(stream Str
 				return nil, err
 			}
 		}
-		run = &runnerv1.Run{
-			Language:    run.GetLanguage(),
-			Code:        run.GetCode(),
-			Stdin:       run.GetStdin(),
-			Timeout:     run.GetTimeout(),
-			OutputLimit: run.GetOutputLimit(),
-			Stateful:    run.GetStateful(),
-			MemoryLimit: run.GetMemoryLimit(),
-		}
+		run = proto.CloneOf(run)
+		run.Files = nil
 	}
 
 	id := c.newID()

@@ -1,31 +1,48 @@
 package wire
 
-import "testing"
+import (
+	"regexp"
+	"testing"
+)
+
+// languageName is the form the protos allow for a language name.
+var languageName = regexp.MustCompile(`^[a-z][a-z0-9+_.-]{0,31}$`)
 
 func TestLanguages(t *testing.T) {
-	seen := map[string]bool{}
+	seen := map[string]string{} // name or alias -> language
 	for _, l := range Languages() {
-		if seen[l.Name] {
-			t.Errorf("language %q listed twice", l.Name)
+		for _, n := range append([]string{l.Name}, l.Aliases...) {
+			if other, ok := seen[n]; ok {
+				t.Errorf("%q names both %s and %s", n, other, l.Name)
+			}
+			seen[n] = l.Name
+			if !languageName.MatchString(n) {
+				t.Errorf("%q does not match the protos' rule for language names", n)
+			}
+			got, ok := LookupLanguage(n)
+			if !ok || got.Name != l.Name {
+				t.Errorf("LookupLanguage(%q) = %q, %v; want %q", n, got.Name, ok, l.Name)
+			}
 		}
-		seen[l.Name] = true
-		if l.Interpreter == "" || l.File == "" || len(l.CodeArgs) == 0 || len(l.FDArgs) == 0 {
+		if l.Interpreter == "" || l.File == "" || len(l.FDArgs) == 0 || len(l.Version) == 0 {
 			t.Errorf("language %q is incomplete: %+v", l.Name, l)
 		}
-		got, ok := LookupLanguage(l.Name)
-		if !ok || got.Name != l.Name || got.Interpreter != l.Interpreter {
-			t.Errorf("LookupLanguage(%q) = %+v, %v", l.Name, got, ok)
+		if l.Kernel != nil && l.Shell {
+			t.Errorf("language %q has both a kernel and a shell session", l.Name)
 		}
 	}
-	for _, name := range []string{"python", "bash", "sh", "javascript"} {
-		if !seen[name] {
+	for _, name := range []string{"python", "bash", "sh", "javascript", "c", "cpp", "ruby", "perl", "php", "lua"} {
+		if seen[name] != name {
 			t.Errorf("language %q missing", name)
 		}
 	}
-	for _, name := range []string{"", "Python", "python3", "cobol"} {
+	for _, name := range []string{"", "Python", "cobol", "python4"} {
 		if _, ok := LookupLanguage(name); ok {
 			t.Errorf("LookupLanguage(%q) found a language", name)
 		}
+	}
+	if l, ok := LookupLanguage(DefaultLanguage); !ok || l.Name != DefaultLanguage {
+		t.Errorf("the default language %q is not in the table", DefaultLanguage)
 	}
 	// Callers cannot change the table through what they are given.
 	Languages()[0].Name = "changed"

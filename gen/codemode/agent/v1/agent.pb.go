@@ -1124,10 +1124,9 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\x12*\n" +
 	"\x11allow_new_session\x18\x04 \x01(\bR\x0fallowNewSession\"K\n" +
 	"\x15ExecuteStreamResponse\x122\n" +
-	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xb0\x02\n" +
-	"\x14CreateSessionRequest\x12?\n" +
-	"\blanguage\x18\x01 \x01(\tB#\xbaH r\x1eR\x06pythonR\x04bashR\x02shR\n" +
-	"javascriptR\blanguage\x12J\n" +
+	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xad\x02\n" +
+	"\x14CreateSessionRequest\x12<\n" +
+	"\blanguage\x18\x01 \x01(\tB \xbaH\x1dr\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12J\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12L\n" +
 	"\fidle_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x05*\x00R\vidleTimeout\x12=\n" +

@@ -29,8 +29,9 @@ const (
 
 type ExecuteRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Language of code: one of "python", "bash", "sh", "javascript". Empty
-	// means "python", as on every door.
+	// Language of code: a name or alias the agents list (ListLanguages); the
+	// edge answers any other with invalid_argument naming the valid ones.
+	// Empty means the default language, python, as on every door.
 	Language string `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"`
 	// Source code to run, at most 256 KiB.
 	Code string `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
@@ -173,8 +174,9 @@ func (x *ExecuteResponse) GetResult() *v1.Result {
 
 type ExecuteStreamRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Language of code: one of "python", "bash", "sh", "javascript". Empty
-	// means "python", as on every door.
+	// Language of code: a name or alias the agents list (ListLanguages); the
+	// edge answers any other with invalid_argument naming the valid ones.
+	// Empty means the default language, python, as on every door.
 	Language string `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"`
 	// Source code to run, at most 256 KiB.
 	Code string `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
@@ -878,10 +880,9 @@ var File_codemode_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_codemode_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcodemode/edge/v1/edge.proto\x12\x10codemode.edge.v1\x1a\x1bbuf/validate/validate.proto\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9a\x03\n" +
-	"\x0eExecuteRequest\x12B\n" +
-	"\blanguage\x18\x01 \x01(\tB&\xbaH#\xd8\x01\x01r\x1eR\x06pythonR\x04bashR\x02shR\n" +
-	"javascriptR\blanguage\x12\x1f\n" +
+	"\x1bcodemode/edge/v1/edge.proto\x12\x10codemode.edge.v1\x1a\x1bbuf/validate/validate.proto\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\x97\x03\n" +
+	"\x0eExecuteRequest\x12?\n" +
+	"\blanguage\x18\x01 \x01(\tB#\xbaH \xd8\x01\x01r\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12\x1f\n" +
 	"\x04code\x18\x02 \x01(\tB\v\xbaH\br\x06\x10\x01(\x80\x80\x10R\x04code\x12J\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12B\n" +
@@ -891,10 +892,9 @@ const file_codemode_edge_v1_edge_proto_rawDesc = "" +
 	"\x05files\x18\x06 \x03(\v2\x1b.codemode.execution.v1.FileB\b\xbaH\x05\x92\x01\x02\x10@R\x05files\x125\n" +
 	"\x06limits\x18\a \x01(\v2\x1d.codemode.execution.v1.LimitsR\x06limits\"H\n" +
 	"\x0fExecuteResponse\x125\n" +
-	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\xa0\x03\n" +
-	"\x14ExecuteStreamRequest\x12B\n" +
-	"\blanguage\x18\x01 \x01(\tB&\xbaH#\xd8\x01\x01r\x1eR\x06pythonR\x04bashR\x02shR\n" +
-	"javascriptR\blanguage\x12\x1f\n" +
+	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\x9d\x03\n" +
+	"\x14ExecuteStreamRequest\x12?\n" +
+	"\blanguage\x18\x01 \x01(\tB#\xbaH \xd8\x01\x01r\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12\x1f\n" +
 	"\x04code\x18\x02 \x01(\tB\v\xbaH\br\x06\x10\x01(\x80\x80\x10R\x04code\x12J\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12B\n" +
@@ -904,10 +904,9 @@ const file_codemode_edge_v1_edge_proto_rawDesc = "" +
 	"\x05files\x18\x06 \x03(\v2\x1b.codemode.execution.v1.FileB\b\xbaH\x05\x92\x01\x02\x10@R\x05files\x125\n" +
 	"\x06limits\x18\a \x01(\v2\x1d.codemode.execution.v1.LimitsR\x06limits\"K\n" +
 	"\x15ExecuteStreamResponse\x122\n" +
-	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xa8\x01\n" +
-	"\x14CreateSessionRequest\x12B\n" +
-	"\blanguage\x18\x01 \x01(\tB&\xbaH#\xd8\x01\x01r\x1eR\x06pythonR\x04bashR\x02shR\n" +
-	"javascriptR\blanguage\x12L\n" +
+	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xa5\x01\n" +
+	"\x14CreateSessionRequest\x12?\n" +
+	"\blanguage\x18\x01 \x01(\tB#\xbaH \xd8\x01\x01r\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12L\n" +
 	"\fidle_timeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x05*\x00R\vidleTimeout\"Q\n" +
 	"\x15CreateSessionResponse\x128\n" +
 	"\asession\x18\x01 \x01(\v2\x1e.codemode.execution.v1.SessionR\asession\"^\n" +

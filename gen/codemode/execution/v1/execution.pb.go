@@ -92,10 +92,10 @@ func (SessionNotFound_Reason) EnumDescriptor() ([]byte, []int) {
 // carries the same fields; the control plane and the agents receive this message.
 type Execution struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Language of code: one of "python", "bash", "sh", "javascript".
+	// Language of code: a name or alias the agents list (ListLanguages).
 	Language string `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"`
-	// Source code to run. Python runs under the Python interpreter, JavaScript
-	// under Node.js, bash and sh under their shells.
+	// Source code to run, by the language's interpreter (or compiled first, for
+	// a compiled language).
 	Code string `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
 	// Session to run in. Empty: a fresh sandbox that nobody else sees, destroyed
 	// after the run. Set: the session's sandbox, created on first use, whose
@@ -610,13 +610,27 @@ func (x *Session) GetExpireTime() *timestamppb.Timestamp {
 	return nil
 }
 
-// Language is one runnable language.
+// Language is one runnable language, as an agent's language table describes it.
 type Language struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Name to pass as language.
+	// Name to pass as language; policies see this name.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Version of its interpreter.
-	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Version of its interpreter or compiler in the sandbox image.
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Other names a request may use for it (for example "python3", "js").
+	Aliases []string `protobuf:"bytes,3,rep,name=aliases,proto3" json:"aliases,omitempty"`
+	// Name the code would have as a file (for example "main.py"); its
+	// extension is the language's.
+	FileName string `protobuf:"bytes,4,opt,name=file_name,json=fileName,proto3" json:"file_name,omitempty"`
+	// A run compiles the code first, in the sandbox and within the run's
+	// limits, then runs the program.
+	Compiled bool `protobuf:"varint,5,opt,name=compiled,proto3" json:"compiled,omitempty"`
+	// What a session keeps between runs in this language: "interpreter"
+	// (variables and imports), "shell" (working directory and exported
+	// variables) or "files" (only /workspace and background processes).
+	SessionState string `protobuf:"bytes,6,opt,name=session_state,json=sessionState,proto3" json:"session_state,omitempty"`
+	// An interpreter is started ahead of the next stateless run.
+	Prestarted    bool `protobuf:"varint,7,opt,name=prestarted,proto3" json:"prestarted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -663,6 +677,41 @@ func (x *Language) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *Language) GetAliases() []string {
+	if x != nil {
+		return x.Aliases
+	}
+	return nil
+}
+
+func (x *Language) GetFileName() string {
+	if x != nil {
+		return x.FileName
+	}
+	return ""
+}
+
+func (x *Language) GetCompiled() bool {
+	if x != nil {
+		return x.Compiled
+	}
+	return false
+}
+
+func (x *Language) GetSessionState() string {
+	if x != nil {
+		return x.SessionState
+	}
+	return ""
+}
+
+func (x *Language) GetPrestarted() bool {
+	if x != nil {
+		return x.Prestarted
+	}
+	return false
 }
 
 // FileInfo describes one entry of a workspace directory.
@@ -798,10 +847,9 @@ var File_codemode_execution_v1_execution_proto protoreflect.FileDescriptor
 
 const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\n" +
-	"%codemode/execution/v1/execution.proto\x12\x15codemode.execution.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x03\n" +
-	"\tExecution\x12?\n" +
-	"\blanguage\x18\x01 \x01(\tB#\xbaH r\x1eR\x06pythonR\x04bashR\x02shR\n" +
-	"javascriptR\blanguage\x12\x1f\n" +
+	"%codemode/execution/v1/execution.proto\x12\x15codemode.execution.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x03\n" +
+	"\tExecution\x12<\n" +
+	"\blanguage\x18\x01 \x01(\tB \xbaH\x1dr\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12\x1f\n" +
 	"\x04code\x18\x02 \x01(\tB\v\xbaH\br\x06\x10\x01(\x80\x80\x10R\x04code\x12J\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12B\n" +
@@ -844,10 +892,17 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vexpire_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime\"8\n" +
+	"expireTime\"\xd0\x01\n" +
 	"\bLanguage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion\"X\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
+	"\aaliases\x18\x03 \x03(\tR\aaliases\x12\x1b\n" +
+	"\tfile_name\x18\x04 \x01(\tR\bfileName\x12\x1a\n" +
+	"\bcompiled\x18\x05 \x01(\bR\bcompiled\x12#\n" +
+	"\rsession_state\x18\x06 \x01(\tR\fsessionState\x12\x1e\n" +
+	"\n" +
+	"prestarted\x18\a \x01(\bR\n" +
+	"prestarted\"X\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x10\n" +

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file codemode/execution/v1/execution.proto.
  */
 export const file_codemode_execution_v1_execution: GenFile = /*@__PURE__*/
-  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2AIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukggch5SBnB5dGhvblIEYmFzaFICc2hSCmphdmFzY3JpcHQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyLjAQoERmlsZRK9AQoEcGF0aBgBIAEoCUKuAbpIqgG6AXoKGWZpbGUucGF0aC5ub19kb3Rfc2VnbWVudHMSKnBhdGggbXVzdCBub3QgY29udGFpbiAiLiIgb3IgIi4uIiBlbGVtZW50cxoxIXRoaXMuc3BsaXQoJy8nKS5leGlzdHMocywgcyA9PSAnLicgfHwgcyA9PSAnLi4nKXIrEAEY/wEyJF5bQS1aYS16MC05Xy4tXSsoL1tBLVphLXowLTlfLi1dKykqJBIbCgdjb250ZW50GAIgASgMQgq6SAd6BRiAgIACIk8KBkxpbWl0cxIjCgxtZW1vcnlfYnl0ZXMYASABKARCDbpICjIIGICAgIAQKAASIAoMb3V0cHV0X2J5dGVzGAIgASgEQgq6SAcyBRiAgIAgIsUBCgZSZXN1bHQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnN0ZG91dBgCIAEoCRIOCgZzdGRlcnIYAyABKAkSEQoJdGltZWRfb3V0GAQgASgIEhEKCXRydW5jYXRlZBgFIAEoCBISCgpvb21fa2lsbGVkGAYgASgIEisKCGR1cmF0aW9uGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWFnZW50GAggASgJEhIKCnNlc3Npb25faWQYCSABKAkibAoFRXZlbnQSEAoGc3Rkb3V0GAEgASgJSAASEAoGc3RkZXJyGAIgASgJSAASLwoGcmVzdWx0GAMgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlJlc3VsdEgAQg4KBWV2ZW50EgW6SAIIASKYAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRINCgVhZ2VudBgDIAEoCRIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIikKCExhbmd1YWdlEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCSJBCghGaWxlSW5mbxIMCgRwYXRoGAEgASgJEgwKBHNpemUYAiABKAQSCwoDZGlyGAMgASgIEgwKBG1vZGUYBCABKA0i7AEKD1Nlc3Npb25Ob3RGb3VuZBI9CgZyZWFzb24YASABKA4yLS5jb2RlbW9kZS5leGVjdXRpb24udjEuU2Vzc2lvbk5vdEZvdW5kLlJlYXNvbhIsCghlbmRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAibAoGUmVhc29uEhYKElJFQVNPTl9VTlNQRUNJRklFRBAAEhIKDlJFQVNPTl9VTktOT1dOEAESEQoNUkVBU09OX0NMT1NFRBACEhIKDlJFQVNPTl9FWFBJUkVEEAMSDwoLUkVBU09OX0xPU1QQBGIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi1QIKCUV4ZWN1dGlvbhIyCghsYW5ndWFnZRgBIAEoCUIgukgdchsyGV5bYS16XVthLXowLTkrXy4tXXswLDMxfSQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyLjAQoERmlsZRK9AQoEcGF0aBgBIAEoCUKuAbpIqgG6AXoKGWZpbGUucGF0aC5ub19kb3Rfc2VnbWVudHMSKnBhdGggbXVzdCBub3QgY29udGFpbiAiLiIgb3IgIi4uIiBlbGVtZW50cxoxIXRoaXMuc3BsaXQoJy8nKS5leGlzdHMocywgcyA9PSAnLicgfHwgcyA9PSAnLi4nKXIrEAEY/wEyJF5bQS1aYS16MC05Xy4tXSsoL1tBLVphLXowLTlfLi1dKykqJBIbCgdjb250ZW50GAIgASgMQgq6SAd6BRiAgIACIk8KBkxpbWl0cxIjCgxtZW1vcnlfYnl0ZXMYASABKARCDbpICjIIGICAgIAQKAASIAoMb3V0cHV0X2J5dGVzGAIgASgEQgq6SAcyBRiAgIAgIsUBCgZSZXN1bHQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnN0ZG91dBgCIAEoCRIOCgZzdGRlcnIYAyABKAkSEQoJdGltZWRfb3V0GAQgASgIEhEKCXRydW5jYXRlZBgFIAEoCBISCgpvb21fa2lsbGVkGAYgASgIEisKCGR1cmF0aW9uGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWFnZW50GAggASgJEhIKCnNlc3Npb25faWQYCSABKAkibAoFRXZlbnQSEAoGc3Rkb3V0GAEgASgJSAASEAoGc3RkZXJyGAIgASgJSAASLwoGcmVzdWx0GAMgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlJlc3VsdEgAQg4KBWV2ZW50EgW6SAIIASKYAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRINCgVhZ2VudBgDIAEoCRIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIooBCghMYW5ndWFnZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSDwoHYWxpYXNlcxgDIAMoCRIRCglmaWxlX25hbWUYBCABKAkSEAoIY29tcGlsZWQYBSABKAgSFQoNc2Vzc2lvbl9zdGF0ZRgGIAEoCRISCgpwcmVzdGFydGVkGAcgASgIIkEKCEZpbGVJbmZvEgwKBHBhdGgYASABKAkSDAoEc2l6ZRgCIAEoBBILCgNkaXIYAyABKAgSDAoEbW9kZRgEIAEoDSLsAQoPU2Vzc2lvbk5vdEZvdW5kEj0KBnJlYXNvbhgBIAEoDjItLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5TZXNzaW9uTm90Rm91bmQuUmVhc29uEiwKCGVuZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJsCgZSZWFzb24SFgoSUkVBU09OX1VOU1BFQ0lGSUVEEAASEgoOUkVBU09OX1VOS05PV04QARIRCg1SRUFTT05fQ0xPU0VEEAISEgoOUkVBU09OX0VYUElSRUQQAxIPCgtSRUFTT05fTE9TVBAEYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Execution says what to run and under which limits. The edge's public request
@@ -26,15 +26,15 @@ export const file_codemode_execution_v1_execution: GenFile = /*@__PURE__*/
  */
 export type Execution = Message<"codemode.execution.v1.Execution"> & {
   /**
-   * Language of code: one of "python", "bash", "sh", "javascript".
+   * Language of code: a name or alias the agents list (ListLanguages).
    *
    * @generated from field: string language = 1;
    */
   language: string;
 
   /**
-   * Source code to run. Python runs under the Python interpreter, JavaScript
-   * under Node.js, bash and sh under their shells.
+   * Source code to run, by the language's interpreter (or compiled first, for
+   * a compiled language).
    *
    * @generated from field: string code = 2;
    */
@@ -317,24 +317,63 @@ export const SessionSchema: GenMessage<Session> = /*@__PURE__*/
   messageDesc(file_codemode_execution_v1_execution, 5);
 
 /**
- * Language is one runnable language.
+ * Language is one runnable language, as an agent's language table describes it.
  *
  * @generated from message codemode.execution.v1.Language
  */
 export type Language = Message<"codemode.execution.v1.Language"> & {
   /**
-   * Name to pass as language.
+   * Name to pass as language; policies see this name.
    *
    * @generated from field: string name = 1;
    */
   name: string;
 
   /**
-   * Version of its interpreter.
+   * Version of its interpreter or compiler in the sandbox image.
    *
    * @generated from field: string version = 2;
    */
   version: string;
+
+  /**
+   * Other names a request may use for it (for example "python3", "js").
+   *
+   * @generated from field: repeated string aliases = 3;
+   */
+  aliases: string[];
+
+  /**
+   * Name the code would have as a file (for example "main.py"); its
+   * extension is the language's.
+   *
+   * @generated from field: string file_name = 4;
+   */
+  fileName: string;
+
+  /**
+   * A run compiles the code first, in the sandbox and within the run's
+   * limits, then runs the program.
+   *
+   * @generated from field: bool compiled = 5;
+   */
+  compiled: boolean;
+
+  /**
+   * What a session keeps between runs in this language: "interpreter"
+   * (variables and imports), "shell" (working directory and exported
+   * variables) or "files" (only /workspace and background processes).
+   *
+   * @generated from field: string session_state = 6;
+   */
+  sessionState: string;
+
+  /**
+   * An interpreter is started ahead of the next stateless run.
+   *
+   * @generated from field: bool prestarted = 7;
+   */
+  prestarted: boolean;
 };
 
 /**
