@@ -309,3 +309,16 @@ func TestSeedTenantsAndPolicies(t *testing.T) {
 		}
 	})
 }
+
+// seedRunStdin posts a stateless run with standard input to the edge's
+// POST /run (no keys).
+func seedRunStdin(t *testing.T, edge *Process, language, code, stdin string) (int, seedRunResult) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"code": code, "language": language, "stdin": stdin})
+	status, _, b := seedCall(t, http.MethodPost, edge.URL()+"/run", "", string(body))
+	var out seedRunResult
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatalf("/run: HTTP %d, body %q: %v", status, b, err)
+	}
+	return status, out
+}

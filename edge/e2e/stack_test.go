@@ -84,8 +84,9 @@ func moduleRoot() string {
 }
 
 // build compiles the three services and the in-sandbox runner into dir.
-func build(dir string) error {
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./edge/cmd/edge", "./controlplane/cmd/controlplane", "./agent/cmd/agent", "./agent/cmd/runner")
+func build(dir string, flags ...string) error {
+	args := append(append([]string{"build", "-o", dir + "/"}, flags...), "./edge/cmd/edge", "./controlplane/cmd/controlplane", "./agent/cmd/agent", "./agent/cmd/runner")
+	cmd := exec.Command("go", args...)
 	cmd.Dir = moduleRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -224,14 +225,20 @@ func newSecret() string {
 // process's id added, so that test runs side by side never remove each
 // other's sandboxes) and extra flags.
 func StartStack(agentName string, agentArgs ...string) (*Stack, error) {
+	return startStackOf("", agentName, agentArgs...)
+}
+
+// startStackOf is StartStack with the agent and runner built into the
+// subdirectory bins of binDir ("": binDir itself).
+func startStackOf(bins, agentName string, agentArgs ...string) (*Stack, error) {
 	agentName = fmt.Sprintf("%s-%d", agentName, os.Getpid())
 	s := &Stack{AgentName: agentName, Secret: newSecret()}
 	state, err := os.MkdirTemp(binDir, "agent-state-")
 	if err != nil {
 		return nil, err
 	}
-	s.agentArgs = append([]string{"--name", agentName, "--runner", filepath.Join(binDir, "runner"), "--state-dir", state}, agentArgs...)
-	s.Agent, err = start("agent", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0"}, s.agentArgs...)...)
+	s.agentArgs = append([]string{"--name", agentName, "--runner", filepath.Join(binDir, bins, "runner"), "--state-dir", state}, agentArgs...)
+	s.Agent, err = start(filepath.Join(bins, "agent"), s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0"}, s.agentArgs...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -63,7 +63,8 @@ type File struct {
 
 // Execution is what the caller asked to run (codemode.execution.v1.Execution).
 type Execution struct {
-	// Language: "python", "bash", "sh" or "javascript".
+	// Language: a name from the agents' language table (ListLanguages), for
+	// example "python"; aliases arrive as the table's name.
 	Language string
 	// Source code.
 	Code string

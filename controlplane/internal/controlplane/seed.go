@@ -23,6 +23,7 @@ type runRequest struct {
 	Code      string `json:"code"`
 	Language  string `json:"language"`
 	SessionID string `json:"sessionId"`
+	Stdin     string `json:"stdin,omitempty"`
 }
 
 // runResponse is the original's answer, {output, error}, with the exit
@@ -51,7 +52,7 @@ func (s *Service) handleRun(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, runResponse{Error: "invalid JSON body: " + err.Error(), ExitCode: -1})
 		return
 	}
-	ex := &executionv1.Execution{Code: in.Code, Language: strings.ToLower(in.Language), SessionId: in.SessionID}
+	ex := &executionv1.Execution{Code: in.Code, Language: strings.ToLower(in.Language), SessionId: in.SessionID, Stdin: []byte(in.Stdin)}
 	if err := protovalidate.Validate(&cpv1.ExecuteRequest{Execution: ex}); err != nil {
 		writeJSON(w, http.StatusBadRequest, runResponse{Error: err.Error(), ExitCode: -1})
 		return

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -251,6 +252,9 @@ func (s *Service) Execute(ctx context.Context, req *connect.Request[cpv1.Execute
 }
 
 func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Execution, labels map[string]string, reqID string) (*executionv1.Result, error) {
+	if err := s.checkLanguage(ex.GetLanguage()); err != nil {
+		return nil, err
+	}
 	sid := ex.GetSessionId()
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
@@ -343,6 +347,11 @@ func (s *Service) streamFrom(ctx context.Context, a *router.Agent, req *agentv1.
 // CreateSession implements ControlPlaneService.
 func (s *Service) CreateSession(ctx context.Context, req *connect.Request[cpv1.CreateSessionRequest]) (*connect.Response[cpv1.CreateSessionResponse], error) {
 	m := req.Msg
+	if m.GetLanguage() != "" {
+		if err := s.checkLanguage(m.GetLanguage()); err != nil {
+			return nil, err
+		}
+	}
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
 		a, _, err := s.choose(ctx, m.GetTenant(), m.GetSessionId(), m.GetRoute().GetLabels(), tried)
@@ -396,6 +405,30 @@ func (s *Service) ListAgents(ctx context.Context, _ *connect.Request[cpv1.ListAg
 		})
 	}
 	return connect.NewResponse(&cpv1.ListAgentsResponse{Agents: out}), nil
+}
+
+// checkLanguage fails with invalid_argument, naming the valid languages,
+// when no healthy agent lists name as a language or alias. With no healthy
+// agent reporting languages nothing can be said, and the agent checks.
+func (s *Service) checkLanguage(name string) error {
+	var names []string
+	for _, snap := range s.router.Agents() {
+		if !snap.Healthy {
+			continue
+		}
+		for _, l := range snap.Status.GetLanguages() {
+			if l.GetName() == name || slices.Contains(l.GetAliases(), name) {
+				return nil
+			}
+			if !slices.Contains(names, l.GetName()) {
+				names = append(names, l.GetName())
+			}
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown language %q: valid languages are %s", name, strings.Join(names, ", ")))
 }
 
 // ListLanguages implements ControlPlaneService.

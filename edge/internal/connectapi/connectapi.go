@@ -6,7 +6,6 @@ import (
 	"context"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
@@ -47,27 +46,13 @@ func (h *Handler) caller(ctx context.Context, req connect.AnyRequest) (execution
 	return execution.Caller{Tenant: t, Door: req.Peer().Protocol, RequestID: req.Header().Get(server.RequestIDHeader)}, nil
 }
 
-// executionRequest is what ExecuteRequest and ExecuteStreamRequest share.
-type executionRequest interface {
-	GetLanguage() string
-	GetCode() string
-	GetSessionId() string
-	GetTimeout() *durationpb.Duration
-	GetStdin() []byte
-	GetFiles() []*executionv1.File
-	GetLimits() *executionv1.Limits
-}
-
-func toExecution(m executionRequest) *executionv1.Execution {
-	return &executionv1.Execution{
-		Language: m.GetLanguage(), Code: m.GetCode(), SessionId: m.GetSessionId(), Timeout: m.GetTimeout(),
-		Stdin: m.GetStdin(), Files: m.GetFiles(), Limits: m.GetLimits(),
-	}
-}
-
 // Execute implements ExecutionService.
 func (h *Handler) Execute(ctx context.Context, req *connect.Request[edgev1.ExecuteRequest]) (*connect.Response[edgev1.ExecuteResponse], error) {
-	call, err := h.call(ctx, req, toExecution(req.Msg))
+	ex, err := execution.FromRequest(req.Msg)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	call, err := h.call(ctx, req, ex)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +65,11 @@ func (h *Handler) Execute(ctx context.Context, req *connect.Request[edgev1.Execu
 
 // ExecuteStream implements ExecutionService.
 func (h *Handler) ExecuteStream(ctx context.Context, req *connect.Request[edgev1.ExecuteStreamRequest], stream *connect.ServerStream[edgev1.ExecuteStreamResponse]) error {
-	call, err := h.call(ctx, req, toExecution(req.Msg))
+	ex, err := execution.FromRequest(req.Msg)
+	if err != nil {
+		return connect.NewError(connect.CodeInternal, err)
+	}
+	call, err := h.call(ctx, req, ex)
 	if err != nil {
 		return err
 	}

@@ -221,14 +221,16 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		return err
 	}
 	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(server.NewClient()), strings.TrimRight(cfg.ControlPlane, "/"))
-	policies, err := policy.New(ctx, policy.Options{ConfigPath: cfg.PolicyConfig, CacheDir: cfg.PolicyCacheDir, Logger: logger})
+	var svc *execution.Service // set before anything is served
+	knownLanguage := func(name string) bool { return svc.KnownLanguage(name) }
+	policies, err := policy.New(ctx, policy.Options{ConfigPath: cfg.PolicyConfig, CacheDir: cfg.PolicyCacheDir, KnownLanguage: knownLanguage, Logger: logger})
 	if err != nil {
 		ln.Close()
 		return fmt.Errorf("load policies: %w", err)
 	}
 	defer policies.Close(context.WithoutCancel(ctx))
 	go policies.Watch(ctx, policyWatchInterval)
-	svc := execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.ClusterSecret.Key(execution.SessionKeyPurpose)),
+	svc = execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.ClusterSecret.Key(execution.SessionKeyPurpose)),
 		execution.WithAdmission(admission.New(cfg.Admission)))
 
 	srv := server.New(logger)

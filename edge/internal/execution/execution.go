@@ -54,6 +54,7 @@ type Service struct {
 	policies   *policy.Engine // nil: no policies
 	sessionKey []byte
 	admission  *admission.Limiter // nil: no limits
+	languages  *languages
 }
 
 // SessionKeyPurpose names the key that maps session ids (see WithSessionKey).
@@ -61,7 +62,7 @@ const SessionKeyPurpose = "codemode session ids v1"
 
 // New returns a Service that forwards to the control plane client cp.
 func New(cp controlplanev1connect.ControlPlaneServiceClient, logger *slog.Logger, opts ...Option) *Service {
-	s := &Service{cp: cp, logger: logger}
+	s := &Service{cp: cp, logger: logger, languages: &languages{cp: cp}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -103,7 +104,7 @@ const DefaultLanguage = "python"
 
 // prepare validates call and returns the execution to forward, with its
 // language defaulted and its session id scoped to the tenant.
-func (s *Service) prepare(call *Call) (*executionv1.Execution, error) {
+func (s *Service) prepare(ctx context.Context, call *Call) (*executionv1.Execution, error) {
 	if call.RequestID == "" {
 		call.RequestID = NewRequestID()
 	}
@@ -117,13 +118,18 @@ func (s *Service) prepare(call *Call) (*executionv1.Execution, error) {
 	if err := protovalidate.Validate(ex); err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
+	lang, err := s.languages.canonical(ctx, ex.Language)
+	if err != nil {
+		return nil, err
+	}
+	ex.Language = lang
 	ex.SessionId = s.scoped(call.Tenant, ex.GetSessionId())
 	return ex, nil
 }
 
 // Execute runs call and returns its result.
 func (s *Service) Execute(ctx context.Context, call Call) (_ *executionv1.Result, err error) {
-	ex, err := s.prepare(&call)
+	ex, err := s.prepare(ctx, &call)
 	if err != nil {
 		return nil, err
 	}
@@ -144,6 +150,9 @@ func (s *Service) Execute(ctx context.Context, call Call) (_ *executionv1.Result
 		return nil, err
 	}
 	r := res.Msg.GetResult()
+	if r == nil {
+		return nil, connect.NewError(connect.CodeInternal, errors.New("the control plane answered without a result"))
+	}
 	r.SessionId = call.Execution.GetSessionId()
 	if r, err = s.vetResult(ctx, call, v, r); err != nil {
 		return nil, err
@@ -156,7 +165,7 @@ func (s *Service) Execute(ctx context.Context, call Call) (_ *executionv1.Result
 // ExecuteStream runs call, passing each event to send as it comes. The last
 // event is the result.
 func (s *Service) ExecuteStream(ctx context.Context, call Call, send func(*executionv1.Event) error) (err error) {
-	ex, err := s.prepare(&call)
+	ex, err := s.prepare(ctx, &call)
 	if err != nil {
 		return err
 	}
@@ -222,6 +231,10 @@ func (s *Service) CreateSession(ctx context.Context, c Caller, language string, 
 	if err != nil {
 		return nil, err
 	}
+	if language, err = s.languages.canonical(ctx, language); err != nil {
+		return nil, err
+	}
+	req.Language = language
 	if idle > 0 {
 		req.IdleTimeout = durationpb.New(idle)
 	}
@@ -266,9 +279,10 @@ func (s *Service) CloseSession(ctx context.Context, c Caller, id string) (err er
 func (s *Service) Languages(ctx context.Context, c Caller) (_ []*executionv1.Language, err error) {
 	c = c.withID()
 	defer s.publicError(c, "", &err)
-	res, err := s.cp.ListLanguages(ctx, connect.NewRequest(&cpv1.ListLanguagesRequest{}))
-	if err != nil {
-		return nil, err
-	}
-	return res.Msg.GetLanguages(), nil
+	return s.languages.fetch(ctx)
 }
+
+// KnownLanguage reports whether name is a language or alias the agents
+// listed when the edge last asked, or whether it has not asked yet. Policy
+// rewrites are checked with it.
+func (s *Service) KnownLanguage(name string) bool { return s.languages.known(name) }

@@ -41,6 +41,13 @@ func (s *Service) vetRequest(ctx context.Context, call Call, ex *executionv1.Exe
 		return vetted{}, policyError(err)
 	}
 	out := vetted{ex: v.Execution, annotations: v.Annotations}
+	if out.ex.GetLanguage() != ex.GetLanguage() {
+		// A rewrite may name an alias; the agents get the table's name.
+		// (The engine let only names the table knows through.)
+		if out.ex.Language, err = s.languages.canonical(ctx, out.ex.GetLanguage()); err != nil {
+			return vetted{}, err
+		}
+	}
 	if len(v.Route) > 0 {
 		out.route = &cpv1.Route{Labels: v.Route}
 	}

@@ -117,10 +117,11 @@ func request[T any](r *remote, msg *T) *connect.Request[T] {
 }
 
 func (r *remote) Execute(ctx context.Context, ex *executionv1.Execution) (*executionv1.Result, error) {
-	res, err := r.client.Execute(ctx, request(r, &edgev1.ExecuteRequest{
-		Language: ex.GetLanguage(), Code: ex.GetCode(), SessionId: ex.GetSessionId(), Timeout: ex.GetTimeout(),
-		Stdin: ex.GetStdin(), Files: ex.GetFiles(), Limits: ex.GetLimits(),
-	}))
+	req := &edgev1.ExecuteRequest{}
+	if err := execution.Convert(req, ex); err != nil {
+		return nil, err
+	}
+	res, err := r.client.Execute(ctx, request(r, req))
 	if err != nil {
 		return nil, err
 	}
@@ -128,12 +129,13 @@ func (r *remote) Execute(ctx context.Context, ex *executionv1.Execution) (*execu
 }
 
 func (r *remote) ExecuteStream(ctx context.Context, ex *executionv1.Execution, send func(*executionv1.Event) error) error {
+	req := &edgev1.ExecuteStreamRequest{}
+	if err := execution.Convert(req, ex); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := r.client.ExecuteStream(ctx, request(r, &edgev1.ExecuteStreamRequest{
-		Language: ex.GetLanguage(), Code: ex.GetCode(), SessionId: ex.GetSessionId(), Timeout: ex.GetTimeout(),
-		Stdin: ex.GetStdin(), Files: ex.GetFiles(), Limits: ex.GetLimits(),
-	}))
+	st, err := r.client.ExecuteStream(ctx, request(r, req))
 	if err != nil {
 		return err
 	}
@@ -199,8 +201,8 @@ type languageCache struct {
 }
 
 // get returns the languages fetch says the agents run, or the last answer
-// if it is younger than ttl. When fetch fails and nothing is known, it
-// returns the languages the API accepts, without versions.
+// if it is younger than ttl or fetch fails. The edge knows no languages of
+// its own: with no answer yet it returns nil.
 func (lc *languageCache) get(ctx context.Context, fetch func(context.Context) ([]*executionv1.Language, error)) []*executionv1.Language {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
@@ -222,16 +224,5 @@ func (lc *languageCache) get(ctx context.Context, fetch func(context.Context) ([
 		}
 		return list
 	}
-	if lc.list != nil {
-		return lc.list
-	}
-	var all []*executionv1.Language
-	for _, name := range knownLanguages {
-		all = append(all, &executionv1.Language{Name: name})
-	}
-	return all
+	return lc.list // nil when nothing is known: the tools then list no enum
 }
-
-// knownLanguages are the languages the API accepts, in the order tools list
-// them.
-var knownLanguages = []string{"python", "javascript", "bash", "sh"}

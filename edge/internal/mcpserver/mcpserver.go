@@ -66,8 +66,11 @@ type LanguagesOutput struct {
 
 // Language is one runnable language.
 type Language struct {
-	Name    string `json:"name"`
-	Version string `json:"version,omitempty"`
+	Name         string   `json:"name"`
+	Version      string   `json:"version,omitempty"`
+	Aliases      []string `json:"aliases,omitempty"`
+	Compiled     bool     `json:"compiled,omitempty"`
+	SessionState string   `json:"session_state,omitempty" jsonschema:"what a session keeps between runs: interpreter, shell or files"`
 }
 
 // Config configures the MCP servers.
@@ -153,15 +156,22 @@ func (s *Servers) Handlers() (withCode, withoutCode http.Handler) {
 func sandboxText(langs []*executionv1.Language) string {
 	var names []string
 	for _, l := range langs {
-		n := l.GetName()
+		var about []string
 		if v := l.GetVersion(); v != "" {
-			n += " (" + v + ")"
+			about = append(about, v)
+		}
+		if l.GetCompiled() {
+			about = append(about, "compiled in the sandbox")
+		}
+		n := l.GetName()
+		if len(about) > 0 {
+			n += " (" + strings.Join(about, ", ") + ")"
 		}
 		names = append(names, n)
 	}
 	return "Languages: " + strings.Join(names, ", ") + ". " +
-		"Python has its standard library only and JavaScript runs under Node.js with its built-in modules only: " +
-		"nothing can be installed, and there is no network, so no download, package install or outside service works. " +
+		"Python has requests, numpy, pandas, scipy and matplotlib; JavaScript runs under Node.js; " +
+		"the shell has curl, git, jq, sqlite3 and the usual tools. There is no network: no download, package install or outside service works. " +
 		"The working directory is /workspace (64 MiB); /tmp holds 16 MiB. " +
 		"Each run has by default 30 s of wall-clock time (timeout_seconds, at most 300), 512 MiB of memory, one CPU, " +
 		"256 processes and 1 MiB of output; a run over a limit is killed or cut and says so. " +
@@ -190,7 +200,7 @@ func inputSchema[In any](langs []*executionv1.Language) *jsonschema.Schema {
 	if err != nil {
 		panic(err) // the input types are this package's own
 	}
-	if p := s.Properties["language"]; p != nil {
+	if p := s.Properties["language"]; p != nil && len(langs) > 0 {
 		var names []any
 		for _, l := range langs {
 			names = append(names, l.GetName())
@@ -390,7 +400,7 @@ func (t *tools) listLanguages(ctx context.Context, req *mcp.CallToolRequest, _ s
 	out := LanguagesOutput{Languages: []Language{}}
 	var names []string
 	for _, l := range langs {
-		out.Languages = append(out.Languages, Language{Name: l.GetName(), Version: l.GetVersion()})
+		out.Languages = append(out.Languages, Language{Name: l.GetName(), Version: l.GetVersion(), Aliases: l.GetAliases(), Compiled: l.GetCompiled(), SessionState: l.GetSessionState()})
 		names = append(names, strings.TrimSpace(l.GetName()+" "+l.GetVersion()))
 	}
 	return &mcp.CallToolResult{Content: text(strings.Join(names, "\n"))}, out, nil

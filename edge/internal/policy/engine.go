@@ -26,8 +26,10 @@ type Options struct {
 	// is cached in memory only, which still makes reloads of unchanged
 	// modules cheap.
 	CacheDir string
-	// Languages a rewrite may set. Default: python, bash, sh, javascript.
-	Languages []string
+	// KnownLanguage says whether a rewrite may set a language: the edge
+	// passes the agents' table (see execution.Service.KnownLanguage). Nil:
+	// any name the request rules allow; the agent then checks it.
+	KnownLanguage func(name string) bool
 	// Logger receives load, reload and failure reports. Default: discard.
 	Logger *slog.Logger
 	// ContextInterrupt makes every module use wazero's
@@ -44,7 +46,6 @@ type Engine struct {
 	opts   Options
 	logger *slog.Logger
 	cache  wazero.CompilationCache
-	langs  map[string]bool
 
 	current atomic.Pointer[generation]
 	nextID  atomic.Uint64
@@ -76,13 +77,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if len(opts.Languages) == 0 {
-		opts.Languages = []string{"python", "bash", "sh", "javascript"}
-	}
-	e := &Engine{opts: opts, logger: opts.Logger.With("component", "policy"), langs: make(map[string]bool)}
-	for _, l := range opts.Languages {
-		e.langs[l] = true
-	}
+	e := &Engine{opts: opts, logger: opts.Logger.With("component", "policy")}
 	if opts.CacheDir != "" {
 		c, err := wazero.NewCompilationCacheWithDir(opts.CacheDir)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 	"unicode/utf8"
 
@@ -320,7 +321,7 @@ func (e *Engine) validateRequest(g *generation, d *policyv1.RequestDecision, cei
 		if rw.Code != nil && (len(rw.GetCode()) == 0 || len(rw.GetCode()) > maxCodeBytes) {
 			return fmt.Errorf("%w: rewritten code must be 1 to %d bytes", errInvalid, maxCodeBytes)
 		}
-		if rw.Language != nil && !e.langs[rw.GetLanguage()] {
+		if rw.Language != nil && !e.knownLanguage(rw.GetLanguage()) {
 			return fmt.Errorf("%w: rewrite to unknown language %q", errInvalid, rw.GetLanguage())
 		}
 		if len(rw.Stdin) > maxStdinBytes {
@@ -511,3 +512,14 @@ func redact(s string, spans []*policyv1.Redaction) (string, error) {
 	}
 	return string(b), nil
 }
+
+// knownLanguage reports whether a rewrite may set the language name.
+func (e *Engine) knownLanguage(name string) bool {
+	if !languageName.MatchString(name) {
+		return false
+	}
+	return e.opts.KnownLanguage == nil || e.opts.KnownLanguage(name)
+}
+
+// languageName is the form of a language name in the protos' rules.
+var languageName = regexp.MustCompile(`^[a-z][a-z0-9+_.-]{0,31}$`)

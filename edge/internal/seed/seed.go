@@ -43,6 +43,9 @@ type RunRequest struct {
 	// SessionID runs the code in the caller's session of that id, opening
 	// it on first use; empty for a fresh sandbox.
 	SessionID string `json:"sessionId"`
+	// Stdin is given to the program's standard input (an addition to the
+	// original's body).
+	Stdin string `json:"stdin,omitempty"`
 }
 
 // RunResponse is the original's answer, {output, error}, with the exit
@@ -87,7 +90,7 @@ func RunHandler(svc *execution.Service) http.Handler {
 		// python then, as on every door. Names match without regard to case.
 		lang := strings.ToLower(strings.TrimSpace(in.Language))
 		res, err := svc.Execute(r.Context(), execution.Call{
-			Execution: &executionv1.Execution{Language: lang, Code: in.Code, SessionId: in.SessionID},
+			Execution: &executionv1.Execution{Language: lang, Code: in.Code, SessionId: in.SessionID, Stdin: []byte(in.Stdin)},
 			Tenant:    t,
 			Door:      Door,
 			RequestID: r.Header.Get(server.RequestIDHeader),

@@ -48,6 +48,15 @@ func (c *controlPlane) Execute(_ context.Context, req *connect.Request[cpv1.Exec
 	return connect.NewResponse(&cpv1.ExecuteResponse{Result: c.result}), nil
 }
 
+// ListLanguages lists a table, as agents would report it.
+func (c *controlPlane) ListLanguages(context.Context, *connect.Request[cpv1.ListLanguagesRequest]) (*connect.Response[cpv1.ListLanguagesResponse], error) {
+	var langs []*executionv1.Language
+	for _, name := range []string{"python", "bash"} {
+		langs = append(langs, &executionv1.Language{Name: name})
+	}
+	return connect.NewResponse(&cpv1.ListLanguagesResponse{Languages: langs}), nil
+}
+
 func (c *controlPlane) ListAgents(context.Context, *connect.Request[cpv1.ListAgentsRequest]) (*connect.Response[cpv1.ListAgentsResponse], error) {
 	return connect.NewResponse(&cpv1.ListAgentsResponse{Agents: c.agents}), nil
 }

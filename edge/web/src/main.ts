@@ -38,6 +38,36 @@ echo "done" >&2
 uname -a
 echo "done" >&2
 `,
+  c: `#include <stdio.h>
+
+int main(void) {
+  for (int i = 0; i < 3; i++) printf("tick %d\\n", i);
+  fprintf(stderr, "done\\n");
+  return 0;
+}
+`,
+  cpp: `#include <iostream>
+#include <vector>
+
+int main() {
+  std::vector<int> v{3, 1, 2};
+  for (int x : v) std::cout << "tick " << x << std::endl;
+  std::cerr << "done" << std::endl;
+}
+`,
+  ruby: `3.times { |i| puts "tick #{i}"; sleep 0.5 }
+warn "done on ruby #{RUBY_VERSION}"
+`,
+  perl: `for my $i (0..2) { print "tick $i\\n"; }
+print STDERR "done\\n";
+`,
+  php: `<?php
+for ($i = 0; $i < 3; $i++) echo "tick $i\\n";
+fwrite(STDERR, "done on PHP " . PHP_VERSION . "\\n");
+`,
+  lua: `for i = 0, 2 do print("tick " .. i) end
+io.stderr:write("done on " .. _VERSION .. "\\n")
+`,
 };
 
 const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;

@@ -1,0 +1,121 @@
+package execution
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
+	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+)
+
+// The edge knows no language of its own: it learns the agents' table from
+// the control plane and checks requests against it, so that a language added
+// to the agents' table is accepted here without any change to the edge.
+const (
+	// languagesFresh is how long a fetched table is used as it is.
+	languagesFresh = 5 * time.Second
+	// languagesRetry is the least time between two fetches for a name the
+	// table lacks, so that requests naming unknown languages cannot turn
+	// into a stream of calls to the control plane.
+	languagesRetry = time.Second
+)
+
+// languages caches the languages the cluster's agents run. It is safe for
+// concurrent use.
+type languages struct {
+	cp controlplanev1connect.ControlPlaneServiceClient
+
+	mu      sync.Mutex
+	list    []*executionv1.Language
+	names   map[string]string // name or alias -> name
+	fetched time.Time         // zero: never
+}
+
+// fetch asks the control plane for the table; mu is not held.
+func (l *languages) fetch(ctx context.Context) ([]*executionv1.Language, error) {
+	res, err := l.cp.ListLanguages(ctx, connect.NewRequest(&cpv1.ListLanguagesRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	list := res.Msg.GetLanguages()
+	names := make(map[string]string)
+	for _, lang := range list {
+		names[lang.GetName()] = lang.GetName()
+		for _, a := range lang.GetAliases() {
+			if _, ok := names[a]; !ok {
+				names[a] = lang.GetName()
+			}
+		}
+	}
+	l.mu.Lock()
+	l.list, l.names, l.fetched = list, names, time.Now()
+	l.mu.Unlock()
+	return list, nil
+}
+
+// lookup returns the cached table's name for name and whether the cached
+// table can answer (it is fresh enough for a name it holds, or was fetched
+// within languagesRetry for one it lacks).
+func (l *languages) lookup(name string) (canonical string, known, answered bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fetched.IsZero() {
+		return "", false, false
+	}
+	age := time.Since(l.fetched)
+	if c, ok := l.names[name]; ok {
+		return c, true, age < languagesFresh
+	}
+	return "", false, age < languagesRetry
+}
+
+// canonical returns the name the agents' table gives name (itself, or the
+// language it is an alias of), or invalid_argument listing the valid names.
+// When the table cannot be had (no agent is ready, the control plane is
+// down), name passes unchanged: routing then fails with the reason, and an
+// agent checks the language again.
+func (l *languages) canonical(ctx context.Context, name string) (string, error) {
+	c, known, answered := l.lookup(name)
+	if !answered {
+		if _, err := l.fetch(ctx); err != nil {
+			return name, nil
+		}
+		c, known, _ = l.lookup(name)
+	}
+	if known {
+		return c, nil
+	}
+	l.mu.Lock()
+	list := l.list
+	l.mu.Unlock()
+	if len(list) == 0 {
+		return name, nil
+	}
+	return "", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown language %q: valid languages are %s", name, languageNames(list)))
+}
+
+// known reports whether name is a name or alias in the cached table, or
+// whether no table has been fetched yet (then nothing can be said).
+func (l *languages) known(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.list) == 0 {
+		return true
+	}
+	_, ok := l.names[name]
+	return ok
+}
+
+func languageNames(list []*executionv1.Language) string {
+	names := make([]string, len(list))
+	for i, lang := range list {
+		names[i] = lang.GetName()
+	}
+	return strings.Join(names, ", ")
+}
