@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
@@ -204,5 +205,51 @@ func listLanguages(t *testing.T, c edgev1connect.ExecutionServiceClient) []*exec
 			return langs
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestAgentsDefaults starts an agent with its own default and longest
+// timeouts, and checks that the edge reports them, fills them in, refuses a
+// longer timeout with invalid_argument, and that the MCP tools describe
+// them: the defaults are defined once, in the agent.
+func TestAgentsDefaults(t *testing.T) {
+	t.Parallel()
+	if binDir == "" {
+		t.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	s, err := StartStack("e2e-defaults", "--min-active", "1", "--max-sandboxes", "2", "--max-sessions", "1",
+		"--default-timeout", "3s", "--max-timeout", "20s", "--default-output", "64k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	c := edgev1connect.NewExecutionServiceClient(httpClient, s.Edge.URL())
+	listLanguages(t, c)
+	res, err := c.ListLanguages(t.Context(), connect.NewRequest(&edgev1.ListLanguagesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := res.Msg.GetDefaults()
+	if d.GetLanguage() != "python" || d.GetTimeout().AsDuration() != 3*time.Second || d.GetMaxTimeout().AsDuration() != 20*time.Second || d.GetOutputBytes() != 64<<10 {
+		t.Fatalf("defaults %v, want python, 3s, 20s, 64 KiB", d)
+	}
+	// The default timeout applies to a run that sets none.
+	r, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "bash", Code: "sleep 10"}))
+	if err != nil || !r.Msg.GetResult().GetTimedOut() || r.Msg.GetResult().GetDuration().AsDuration() > 6*time.Second {
+		t.Errorf("run with no timeout: %v %v, want timed out after about 3s", r, err)
+	}
+	// A longer timeout than the agents allow is refused, naming the limit.
+	_, err = c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Code: "print(1)", Timeout: durationpb.New(25 * time.Second)}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "20s") {
+		t.Errorf("timeout 25s: %v, want invalid_argument naming 20s", err)
+	}
+	cs := mcpSession(t, s.Edge.URL()+"/mcp")
+	tools, err := cs.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(tools.Tools, func(tool *mcp.Tool) bool { return tool.Name == "execute_code" })
+	if i < 0 || !strings.Contains(tools.Tools[i].Description, "by default 3s of wall-clock time (timeout_seconds, at most 20s)") || !strings.Contains(tools.Tools[i].Description, "64 KiB of output") {
+		t.Errorf("execute_code does not describe the agent's defaults: %v", tools.Tools)
 	}
 }

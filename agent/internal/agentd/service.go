@@ -65,7 +65,11 @@ type Service struct {
 // A run in a session is for tenant, who must own the session; allowNew lets
 // it open a session of that id that never existed.
 func (s *Service) Execute(ctx context.Context, tenant string, allowNew bool, exec *executionv1.Execution, emit func(*executionv1.Event) error) (*executionv1.Result, error) {
-	lang, err := canonicalLanguage(exec.GetLanguage())
+	lang := exec.GetLanguage()
+	if lang == "" {
+		lang = wire.DefaultLanguage
+	}
+	lang, err := canonicalLanguage(lang)
 	if err != nil {
 		return nil, err
 	}
@@ -313,6 +317,7 @@ func (s *Service) Status() *agentv1.AgentStatus {
 		Languages: langs,
 		Runtime:   s.cfg.Runtime,
 		Ready:     st.Ready,
+		Defaults:  s.defaults(),
 	}
 }
 
@@ -510,4 +515,20 @@ func languages(versions map[string]string) []*executionv1.Language {
 		})
 	}
 	return out
+}
+
+// defaults reports what runs get for what their requests leave unset, and
+// the most they may ask for: the edge checks requests against these.
+func (s *Service) defaults() *executionv1.Defaults {
+	return &executionv1.Defaults{
+		Language:       wire.DefaultLanguage,
+		Timeout:        durationpb.New(s.cfg.DefaultTimeout),
+		MaxTimeout:     durationpb.New(s.cfg.MaxTimeout),
+		MemoryBytes:    uint64(s.pool.DefaultMemory()),
+		MaxMemoryBytes: uint64(s.cfg.MaxMemory),
+		OutputBytes:    uint64(s.cfg.DefaultOutput),
+		MaxOutputBytes: uint64(s.cfg.MaxOutput),
+		// The agent's own default, from one place: config.go.
+		SessionIdleTimeout: durationpb.New(s.cfg.SessionIdleTTL),
+	}
 }

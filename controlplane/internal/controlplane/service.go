@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/codemode-go/codemode/controlplane/internal/router"
@@ -435,10 +436,12 @@ func (s *Service) checkLanguage(name string) error {
 func (s *Service) ListLanguages(ctx context.Context, _ *connect.Request[cpv1.ListLanguagesRequest]) (*connect.Response[cpv1.ListLanguagesResponse], error) {
 	seen := map[string]bool{}
 	var langs []*executionv1.Language
+	var defaults *executionv1.Defaults
 	for _, snap := range s.router.Agents() {
 		if !snap.Healthy {
 			continue
 		}
+		defaults = merge(defaults, snap.Status.GetDefaults())
 		for _, l := range snap.Status.GetLanguages() {
 			if !seen[l.GetName()] {
 				seen[l.GetName()] = true
@@ -455,5 +458,22 @@ func (s *Service) ListLanguages(ctx context.Context, _ *connect.Request[cpv1.Lis
 		}
 		return 0
 	})
-	return connect.NewResponse(&cpv1.ListLanguagesResponse{Languages: langs}), nil
+	return connect.NewResponse(&cpv1.ListLanguagesResponse{Languages: langs, Defaults: defaults}), nil
+}
+
+// merge returns the defaults that both a (nil: none yet) and b honour: a's
+// defaults, and the smaller of each maximum.
+func merge(a, b *executionv1.Defaults) *executionv1.Defaults {
+	switch {
+	case b == nil:
+		return a
+	case a == nil:
+		return proto.CloneOf(b)
+	}
+	if b.GetMaxTimeout().AsDuration() < a.GetMaxTimeout().AsDuration() {
+		a.MaxTimeout = b.GetMaxTimeout()
+	}
+	a.MaxMemoryBytes = min(a.GetMaxMemoryBytes(), b.GetMaxMemoryBytes())
+	a.MaxOutputBytes = min(a.GetMaxOutputBytes(), b.GetMaxOutputBytes())
+	return a
 }

@@ -109,11 +109,11 @@ func (h *Handler) ListLanguages(ctx context.Context, req *connect.Request[edgev1
 	if err != nil {
 		return nil, err
 	}
-	langs, err := h.svc.Languages(ctx, c)
+	res, err := h.svc.Languages(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&edgev1.ListLanguagesResponse{Languages: langs}), nil
+	return connect.NewResponse(res), nil
 }
 
 // ListFiles implements ExecutionService.

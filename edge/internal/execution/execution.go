@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/policy"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
@@ -98,10 +100,6 @@ func (s *Service) scoped(tenant, id string) string {
 	return "s" + hex.EncodeToString(m.Sum(nil)[:20])
 }
 
-// DefaultLanguage is the language of a run or session that names none, on
-// every door.
-const DefaultLanguage = "python"
-
 // prepare validates call and returns the execution to forward, with its
 // language defaulted and its session id scoped to the tenant.
 func (s *Service) prepare(ctx context.Context, call *Call) (*executionv1.Execution, error) {
@@ -112,17 +110,29 @@ func (s *Service) prepare(ctx context.Context, call *Call) (*executionv1.Executi
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("no execution"))
 	}
 	ex := proto.CloneOf(call.Execution)
-	if ex.Language == "" {
-		ex.Language = DefaultLanguage
-	}
 	if err := protovalidate.Validate(ex); err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
-	lang, err := s.languages.canonical(ctx, ex.Language)
-	if err != nil {
-		return nil, err
+	// The agents' defaults, so that policies see the language and timeout
+	// the run will have. Without them (no agent ready) the agent fills in
+	// its own.
+	d := s.languages.currentDefaults(ctx)
+	if ex.Language == "" {
+		ex.Language = d.GetLanguage()
 	}
-	ex.Language = lang
+	if ex.Language != "" {
+		lang, err := s.languages.canonical(ctx, ex.Language)
+		if err != nil {
+			return nil, err
+		}
+		ex.Language = lang
+	}
+	if ex.Timeout == nil && d.GetTimeout() != nil {
+		ex.Timeout = d.GetTimeout()
+	}
+	if max := d.GetMaxTimeout(); max != nil && ex.GetTimeout().AsDuration() > max.AsDuration() {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("timeout %v is longer than the agents allow (%v)", ex.GetTimeout().AsDuration(), max.AsDuration()))
+	}
 	ex.SessionId = s.scoped(call.Tenant, ex.GetSessionId())
 	return ex, nil
 }
@@ -221,7 +231,7 @@ func (c Caller) withID() Caller {
 func (s *Service) CreateSession(ctx context.Context, c Caller, language string, idle time.Duration) (_ *executionv1.Session, err error) {
 	c = c.withID()
 	if language == "" {
-		language = DefaultLanguage
+		language = s.languages.currentDefaults(ctx).GetLanguage()
 	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
@@ -231,10 +241,12 @@ func (s *Service) CreateSession(ctx context.Context, c Caller, language string, 
 	if err != nil {
 		return nil, err
 	}
-	if language, err = s.languages.canonical(ctx, language); err != nil {
-		return nil, err
+	if language != "" {
+		if language, err = s.languages.canonical(ctx, language); err != nil {
+			return nil, err
+		}
+		req.Language = language
 	}
-	req.Language = language
 	if idle > 0 {
 		req.IdleTimeout = durationpb.New(idle)
 	}
@@ -275,11 +287,16 @@ func (s *Service) CloseSession(ctx context.Context, c Caller, id string) (err er
 	return err
 }
 
-// Languages returns the languages some agent can run now.
-func (s *Service) Languages(ctx context.Context, c Caller) (_ []*executionv1.Language, err error) {
+// Languages returns the languages some agent can run now, and the agents'
+// defaults.
+func (s *Service) Languages(ctx context.Context, c Caller) (_ *edgev1.ListLanguagesResponse, err error) {
 	c = c.withID()
 	defer s.publicError(c, "", &err)
-	return s.languages.fetch(ctx)
+	res, err := s.languages.fetch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &edgev1.ListLanguagesResponse{Languages: res.GetLanguages(), Defaults: res.GetDefaults()}, nil
 }
 
 // KnownLanguage reports whether name is a language or alias the agents

@@ -31,14 +31,15 @@ const (
 type languages struct {
 	cp controlplanev1connect.ControlPlaneServiceClient
 
-	mu      sync.Mutex
-	list    []*executionv1.Language
-	names   map[string]string // name or alias -> name
-	fetched time.Time         // zero: never
+	mu       sync.Mutex
+	list     []*executionv1.Language
+	names    map[string]string // name or alias -> name
+	defaults *executionv1.Defaults
+	fetched  time.Time // zero: never
 }
 
 // fetch asks the control plane for the table; mu is not held.
-func (l *languages) fetch(ctx context.Context) ([]*executionv1.Language, error) {
+func (l *languages) fetch(ctx context.Context) (*cpv1.ListLanguagesResponse, error) {
 	res, err := l.cp.ListLanguages(ctx, connect.NewRequest(&cpv1.ListLanguagesRequest{}))
 	if err != nil {
 		return nil, err
@@ -54,9 +55,24 @@ func (l *languages) fetch(ctx context.Context) ([]*executionv1.Language, error) 
 		}
 	}
 	l.mu.Lock()
-	l.list, l.names, l.fetched = list, names, time.Now()
+	l.list, l.names, l.defaults, l.fetched = list, names, res.Msg.GetDefaults(), time.Now()
 	l.mu.Unlock()
-	return list, nil
+	return res.Msg, nil
+}
+
+// currentDefaults returns the agents' defaults, fetched anew when the cached
+// ones are stale; nil when no agent has reported any.
+func (l *languages) currentDefaults(ctx context.Context) *executionv1.Defaults {
+	l.mu.Lock()
+	d, fresh := l.defaults, !l.fetched.IsZero() && time.Since(l.fetched) < languagesFresh
+	l.mu.Unlock()
+	if fresh && d != nil {
+		return d
+	}
+	if res, err := l.fetch(ctx); err == nil {
+		return res.GetDefaults()
+	}
+	return d
 }
 
 // lookup returns the cached table's name for name and whether the cached

@@ -29,8 +29,9 @@ type Backend interface {
 	ListFiles(ctx context.Context, id, path string) (files []*executionv1.FileInfo, truncated bool, err error)
 	ReadFile(ctx context.Context, id, path string) (*executionv1.File, error)
 	WriteFile(ctx context.Context, id string, f *executionv1.File) error
-	// Languages returns the languages some agent runs now.
-	Languages(ctx context.Context) ([]*executionv1.Language, error)
+	// Languages returns the languages some agent runs now, and the agents'
+	// defaults.
+	Languages(ctx context.Context) (*edgev1.ListLanguagesResponse, error)
 }
 
 // An Opener returns the Backend for one MCP request and the request's id.
@@ -91,7 +92,7 @@ func (l *local) WriteFile(ctx context.Context, id string, f *executionv1.File) e
 	return l.svc.WriteFile(ctx, l.c, id, f)
 }
 
-func (l *local) Languages(ctx context.Context) ([]*executionv1.Language, error) {
+func (l *local) Languages(ctx context.Context) (*edgev1.ListLanguagesResponse, error) {
 	return l.svc.Languages(ctx, l.c)
 }
 
@@ -182,39 +183,39 @@ func (r *remote) WriteFile(ctx context.Context, id string, f *executionv1.File) 
 	return err
 }
 
-func (r *remote) Languages(ctx context.Context) ([]*executionv1.Language, error) {
+func (r *remote) Languages(ctx context.Context) (*edgev1.ListLanguagesResponse, error) {
 	res, err := r.client.ListLanguages(ctx, request(r, &edgev1.ListLanguagesRequest{}))
 	if err != nil {
 		return nil, err
 	}
-	return res.Msg.GetLanguages(), nil
+	return res.Msg, nil
 }
 
-// languageCache remembers the languages the agents run for a while, so that
-// a new MCP session does not ask the control plane for its tool list each
-// time.
+// languageCache remembers the languages the agents run, and their
+// defaults, for a while, so that a new MCP session does not ask the control
+// plane for its tool list each time.
 type languageCache struct {
 	ttl  time.Duration
 	mu   sync.Mutex
 	at   time.Time
-	list []*executionv1.Language
+	last *edgev1.ListLanguagesResponse
 }
 
-// get returns the languages fetch says the agents run, or the last answer
-// if it is younger than ttl or fetch fails. The edge knows no languages of
-// its own: with no answer yet it returns nil.
-func (lc *languageCache) get(ctx context.Context, fetch func(context.Context) ([]*executionv1.Language, error)) []*executionv1.Language {
+// get returns what fetch says the agents run, or the last answer if it is
+// younger than ttl or fetch fails. The edge knows no languages or defaults
+// of its own: with no answer yet it returns an empty response.
+func (lc *languageCache) get(ctx context.Context, fetch func(context.Context) (*edgev1.ListLanguagesResponse, error)) *edgev1.ListLanguagesResponse {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	if lc.list != nil && time.Since(lc.at) < lc.ttl {
-		return lc.list
+	if lc.last != nil && time.Since(lc.at) < lc.ttl {
+		return lc.last
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	list, err := fetch(ctx)
-	if err == nil && len(list) > 0 {
-		lc.list, lc.at = list, time.Now()
-		for _, l := range list {
+	res, err := fetch(ctx)
+	if err == nil && len(res.GetLanguages()) > 0 {
+		lc.last, lc.at = res, time.Now()
+		for _, l := range res.GetLanguages() {
 			if l.GetVersion() == "" {
 				// An agent that has not started a sandbox yet knows no
 				// versions: ask again next time.
@@ -222,7 +223,10 @@ func (lc *languageCache) get(ctx context.Context, fetch func(context.Context) ([
 				break
 			}
 		}
-		return list
+		return res
 	}
-	return lc.list // nil when nothing is known: the tools then list no enum
+	if lc.last == nil {
+		return &edgev1.ListLanguagesResponse{} // the tools then list no enum
+	}
+	return lc.last
 }

@@ -8,6 +8,7 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -18,15 +19,16 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
 
 // ExecuteInput is execute_code's input.
 type ExecuteInput struct {
 	Code           string  `json:"code" jsonschema:"source code to run"`
-	Language       string  `json:"language,omitempty" jsonschema:"language of code; python when omitted"`
+	Language       string  `json:"language,omitempty" jsonschema:"language of code; the agents' default (python) when omitted"`
 	SessionID      string  `json:"session_id,omitempty" jsonschema:"run in this session (from create_session, or any new id to open one): files in /workspace, the working directory and, for python and bash, variables and functions persist between calls; omit for a fresh sandbox used once"`
-	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"wall-clock limit in seconds, at most 300; 30 when omitted"`
+	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"wall-clock limit in seconds; the agents' default when omitted (the tool description says the default and the most allowed)"`
 	Stdin          string  `json:"stdin,omitempty" jsonschema:"text given to the program's standard input"`
 }
 
@@ -44,7 +46,7 @@ type ExecuteOutput struct {
 
 // SessionInput is create_session's input.
 type SessionInput struct {
-	Language string `json:"language,omitempty" jsonschema:"language the session runs; python when omitted"`
+	Language string `json:"language,omitempty" jsonschema:"language the session runs; the agents' default (python) when omitted"`
 }
 
 // SessionOutput is create_session's structured result.
@@ -119,7 +121,7 @@ func New(cfg Config) *Servers {
 // Server returns an MCP server for one client whose requests carry header
 // h (nil on stdio). withCode selects the tool set with execute_code.
 func (s *Servers) Server(ctx context.Context, h http.Header, withCode bool) *mcp.Server {
-	langs := s.langs.get(ctx, func(ctx context.Context) ([]*executionv1.Language, error) {
+	langs := s.langs.get(ctx, func(ctx context.Context) (*edgev1.ListLanguagesResponse, error) {
 		b, _, err := s.cfg.Open(ctx, h)
 		if err != nil {
 			return nil, err
@@ -152,10 +154,11 @@ func (s *Servers) Handlers() (withCode, withoutCode http.Handler) {
 	return protocol(withCode), protocol(withoutCode)
 }
 
-// sandboxText tells a model what the sandbox is.
-func sandboxText(langs []*executionv1.Language) string {
-	var names []string
-	for _, l := range langs {
+// sandboxText tells a model what the sandbox is, from what the agents
+// report: their languages and their defaults.
+func sandboxText(info *edgev1.ListLanguagesResponse) string {
+	var names, stateful []string
+	for _, l := range info.GetLanguages() {
 		var about []string
 		if v := l.GetVersion(); v != "" {
 			about = append(about, v)
@@ -168,16 +171,48 @@ func sandboxText(langs []*executionv1.Language) string {
 			n += " (" + strings.Join(about, ", ") + ")"
 		}
 		names = append(names, n)
+		if l.GetSessionState() != "files" && l.GetSessionState() != "" {
+			stateful = append(stateful, l.GetName())
+		}
 	}
-	return "Languages: " + strings.Join(names, ", ") + ". " +
-		"Python has requests, numpy, pandas, scipy and matplotlib; JavaScript runs under Node.js; " +
+	var b strings.Builder
+	if len(names) > 0 {
+		fmt.Fprintf(&b, "Languages: %s. ", strings.Join(names, ", "))
+	}
+	b.WriteString("Python has requests, numpy, pandas, scipy and matplotlib; JavaScript runs under Node.js; " +
 		"the shell has curl, git, jq, sqlite3 and the usual tools. There is no network: no download, package install or outside service works. " +
-		"The working directory is /workspace (64 MiB); /tmp holds 16 MiB. " +
-		"Each run has by default 30 s of wall-clock time (timeout_seconds, at most 300), 512 MiB of memory, one CPU, " +
-		"256 processes and 1 MiB of output; a run over a limit is killed or cut and says so. " +
-		"Without session_id each call gets a fresh sandbox that is destroyed afterwards. In a session, /workspace, " +
-		"the working directory and (python and bash) variables and functions persist between calls; a session closes " +
-		"after 10 minutes without a run, or with close_session."
+		"The working directory is /workspace (64 MiB); /tmp holds 16 MiB. ")
+	if d := info.GetDefaults(); d != nil {
+		fmt.Fprintf(&b, "Each run has by default %s of wall-clock time (timeout_seconds, at most %s), %s of memory, one CPU, "+
+			"256 processes and %s of output; a run over a limit is killed or cut and says so. ",
+			d.GetTimeout().AsDuration(), d.GetMaxTimeout().AsDuration(), bytesText(d.GetMemoryBytes()), bytesText(d.GetOutputBytes()))
+	} else {
+		b.WriteString("A run over its time, memory or output limit is killed or cut and says so. ")
+	}
+	b.WriteString("Without session_id each call gets a fresh sandbox that is destroyed afterwards. In a session, /workspace " +
+		"and the working directory persist between calls")
+	if len(stateful) > 0 {
+		fmt.Fprintf(&b, ", and (%s) variables too", strings.Join(stateful, ", "))
+	}
+	b.WriteString("; a session closes ")
+	if d := info.GetDefaults().GetSessionIdleTimeout(); d != nil {
+		fmt.Fprintf(&b, "after %s without a run, or ", d.AsDuration())
+	}
+	b.WriteString("with close_session.")
+	return b.String()
+}
+
+// bytesText writes n bytes the way the descriptions do: 512 MiB, 1 MiB.
+func bytesText(n uint64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 func languagesTool() *mcp.Tool {
@@ -194,19 +229,21 @@ func readOnly() *mcp.ToolAnnotations {
 }
 
 // inputSchema returns the schema of In with the property language limited
-// to langs.
-func inputSchema[In any](langs []*executionv1.Language) *jsonschema.Schema {
+// to the agents' languages, defaulting to theirs.
+func inputSchema[In any](info *edgev1.ListLanguagesResponse) *jsonschema.Schema {
 	s, err := jsonschema.For[In](nil)
 	if err != nil {
 		panic(err) // the input types are this package's own
 	}
-	if p := s.Properties["language"]; p != nil && len(langs) > 0 {
+	if p := s.Properties["language"]; p != nil && len(info.GetLanguages()) > 0 {
 		var names []any
-		for _, l := range langs {
+		for _, l := range info.GetLanguages() {
 			names = append(names, l.GetName())
 		}
 		p.Enum = names
-		p.Default = []byte(`"python"`)
+		if d := info.GetDefaults().GetLanguage(); d != "" {
+			p.Default, _ = json.Marshal(d)
+		}
 	}
 	return s
 }
@@ -217,7 +254,7 @@ type tools struct {
 	heartbeat     time.Duration
 }
 
-func (t *tools) addCodeTools(s *mcp.Server, langs []*executionv1.Language) {
+func (t *tools) addCodeTools(s *mcp.Server, langs *edgev1.ListLanguagesResponse) {
 	mcp.AddTool(s, &mcp.Tool{
 		Name:  "execute_code",
 		Title: "Execute code",
@@ -230,7 +267,7 @@ func (t *tools) addCodeTools(s *mcp.Server, langs []*executionv1.Language) {
 		Name:  "create_session",
 		Title: "Create a session",
 		Description: "Create a session: a sandbox kept for you whose /workspace, working directory and (python and bash) " +
-			"variables persist across execute_code calls with its session_id. It closes after 10 minutes without a run, or with close_session.",
+			"variables persist across execute_code calls with its session_id. It closes after some time without a run (see execute_code), or with close_session.",
 		InputSchema: inputSchema[SessionInput](langs),
 		Annotations: &mcp.ToolAnnotations{IdempotentHint: false, DestructiveHint: new(false), OpenWorldHint: new(false)},
 	}, t.createSession)
@@ -393,10 +430,11 @@ func (t *tools) listLanguages(ctx context.Context, req *mcp.CallToolRequest, _ s
 	if err != nil {
 		return nil, LanguagesOutput{}, err
 	}
-	langs, err := b.Languages(ctx)
+	res, err := b.Languages(ctx)
 	if err != nil {
 		return nil, LanguagesOutput{}, failed(id, err)
 	}
+	langs := res.GetLanguages()
 	out := LanguagesOutput{Languages: []Language{}}
 	var names []string
 	for _, l := range langs {

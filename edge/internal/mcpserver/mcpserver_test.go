@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
 
@@ -79,8 +80,45 @@ func (s *scripted) ReadFile(context.Context, string, string) (*executionv1.File,
 	return nil, errScripted
 }
 func (s *scripted) WriteFile(context.Context, string, *executionv1.File) error { return errScripted }
-func (s *scripted) Languages(context.Context) ([]*executionv1.Language, error) {
-	return []*executionv1.Language{{Name: "python", Version: "3.11.2"}, {Name: "bash", Version: "5.2"}}, nil
+func (s *scripted) Languages(context.Context) (*edgev1.ListLanguagesResponse, error) {
+	return &edgev1.ListLanguagesResponse{
+		Languages: []*executionv1.Language{{Name: "python", Version: "3.11.2", SessionState: "interpreter"}, {Name: "bash", Version: "5.2", SessionState: "shell"}},
+		Defaults:  scriptedDefaults,
+	}, nil
+}
+
+// scriptedDefaults are unlike the agents' usual ones, so that a description
+// that says the usual ones without reading these fails TestDescriptionsSayTheAgentsDefaults.
+var scriptedDefaults = &executionv1.Defaults{
+	Language: "bash", Timeout: durationpb.New(7 * time.Second), MaxTimeout: durationpb.New(70 * time.Second),
+	MemoryBytes: 3 << 20, OutputBytes: 5 << 10, SessionIdleTimeout: durationpb.New(2 * time.Minute),
+}
+
+// TestDescriptionsSayTheAgentsDefaults checks that the tools describe the
+// limits and the default language the agents report, not numbers of their
+// own.
+func TestDescriptionsSayTheAgentsDefaults(t *testing.T) {
+	cs, _ := connectScripted(t, &scripted{}, Config{})
+	tools, err := cs.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range tools.Tools {
+		if tool.Name != "execute_code" {
+			continue
+		}
+		for _, want := range []string{"by default 7s", "at most 1m10s", "3 MiB of memory", "5 KiB of output", "after 2m0s without a run", "(python, bash) variables"} {
+			if !strings.Contains(tool.Description, want) {
+				t.Errorf("execute_code's description lacks %q: %s", want, tool.Description)
+			}
+		}
+		b, _ := json.Marshal(tool.InputSchema)
+		if !strings.Contains(string(b), `"default":"bash"`) || !strings.Contains(string(b), `"enum":["python","bash"]`) {
+			t.Errorf("execute_code's schema does not default to the agents' language: %s", b)
+		}
+		return
+	}
+	t.Fatal("no execute_code tool")
 }
 
 type notes struct {
@@ -292,8 +330,8 @@ func TestToolSchemas(t *testing.T) {
 		tools[tool.Name] = tool
 	}
 	raw, _ := json.Marshal(tools["execute_code"].InputSchema)
-	if !strings.Contains(string(raw), `"enum":["python","bash"]`) || !strings.Contains(string(raw), `"default":"python"`) {
-		t.Errorf("execute_code input schema %s: want language enum [python bash] defaulting to python", raw)
+	if !strings.Contains(string(raw), `"enum":["python","bash"]`) || !strings.Contains(string(raw), `"default":"bash"`) {
+		t.Errorf("execute_code input schema %s: want language enum [python bash] defaulting to the agents' bash", raw)
 	}
 	if !strings.Contains(tools["execute_code"].Description, "python (3.11.2)") {
 		t.Errorf("execute_code description does not name the versions: %s", tools["execute_code"].Description)

@@ -25,9 +25,11 @@ import (
 type Config struct {
 	// Deadline is the default deadline of one policy call. Default 20ms.
 	Deadline Duration `json:"deadline,omitempty"`
-	// DefaultTimeout is the run timeout of a request that sets none; a
-	// policy's timeout counts as tighter only if it is below the request's
-	// timeout or, when unset, this. Default 30s.
+	// DefaultTimeout is the run timeout assumed for a request that sets
+	// none; a policy's timeout counts as tighter only if it is below the
+	// request's timeout or, when unset, this. The edge fills in the agents'
+	// default timeout before policies run, so this counts only while no
+	// agent has reported one. Default 30s.
 	DefaultTimeout Duration `json:"default_timeout,omitempty"`
 	// Labels are the agent labels policies may route to: each key with its
 	// allowed values, or with an empty list for any value. A route to a key

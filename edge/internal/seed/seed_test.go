@@ -54,7 +54,7 @@ func (c *controlPlane) ListLanguages(context.Context, *connect.Request[cpv1.List
 	for _, name := range []string{"python", "bash"} {
 		langs = append(langs, &executionv1.Language{Name: name})
 	}
-	return connect.NewResponse(&cpv1.ListLanguagesResponse{Languages: langs}), nil
+	return connect.NewResponse(&cpv1.ListLanguagesResponse{Languages: langs, Defaults: &executionv1.Defaults{Language: "python"}}), nil
 }
 
 func (c *controlPlane) ListAgents(context.Context, *connect.Request[cpv1.ListAgentsRequest]) (*connect.Response[cpv1.ListAgentsResponse], error) {

@@ -263,7 +263,7 @@ func (x *ExecuteStreamResponse) GetEvent() *v1.Event {
 
 type CreateSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Language the session is for.
+	// Language the session is for; empty: the agent's default.
 	Language string `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"`
 	// Identifier to give the session. Empty: the agent makes a random one.
 	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -668,7 +668,10 @@ type AgentStatus struct {
 	// OCI runtime of the sandboxes ("runsc").
 	Runtime string `protobuf:"bytes,9,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// Whether the agent can take runs now (false while its container engine is away).
-	Ready         bool `protobuf:"varint,10,opt,name=ready,proto3" json:"ready,omitempty"`
+	Ready bool `protobuf:"varint,10,opt,name=ready,proto3" json:"ready,omitempty"`
+	// What runs get for what their requests leave unset, and the most they
+	// may ask for.
+	Defaults      *v1.Defaults `protobuf:"bytes,11,opt,name=defaults,proto3" json:"defaults,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -771,6 +774,13 @@ func (x *AgentStatus) GetReady() bool {
 		return x.Ready
 	}
 	return false
+}
+
+func (x *AgentStatus) GetDefaults() *v1.Defaults {
+	if x != nil {
+		return x.Defaults
+	}
+	return nil
 }
 
 type ListFilesRequest struct {
@@ -1124,9 +1134,9 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\x12*\n" +
 	"\x11allow_new_session\x18\x04 \x01(\bR\x0fallowNewSession\"K\n" +
 	"\x15ExecuteStreamResponse\x122\n" +
-	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xad\x02\n" +
-	"\x14CreateSessionRequest\x12<\n" +
-	"\blanguage\x18\x01 \x01(\tB \xbaH\x1dr\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12J\n" +
+	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xb0\x02\n" +
+	"\x14CreateSessionRequest\x12?\n" +
+	"\blanguage\x18\x01 \x01(\tB#\xbaH \xd8\x01\x01r\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12J\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12L\n" +
 	"\fidle_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x05*\x00R\vidleTimeout\x12=\n" +
@@ -1146,7 +1156,7 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\v2\x1e.codemode.execution.v1.SessionR\asession\"\x0f\n" +
 	"\rStatusRequest\"H\n" +
 	"\x0eStatusResponse\x126\n" +
-	"\x06status\x18\x01 \x01(\v2\x1e.codemode.agent.v1.AgentStatusR\x06status\"\x83\x03\n" +
+	"\x06status\x18\x01 \x01(\v2\x1e.codemode.agent.v1.AgentStatusR\x06status\"\xc0\x03\n" +
 	"\vAgentStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12B\n" +
 	"\x06labels\x18\x02 \x03(\v2*.codemode.agent.v1.AgentStatus.LabelsEntryR\x06labels\x12\x12\n" +
@@ -1158,7 +1168,8 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\tlanguages\x18\b \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages\x12\x18\n" +
 	"\aruntime\x18\t \x01(\tR\aruntime\x12\x14\n" +
 	"\x05ready\x18\n" +
-	" \x01(\bR\x05ready\x1a9\n" +
+	" \x01(\bR\x05ready\x12;\n" +
+	"\bdefaults\x18\v \x01(\v2\x1f.codemode.execution.v1.DefaultsR\bdefaults\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdc\x02\n" +
@@ -1241,8 +1252,9 @@ var file_codemode_agent_v1_agent_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
 	(*v1.Session)(nil),            // 24: codemode.execution.v1.Session
 	(*v1.Language)(nil),           // 25: codemode.execution.v1.Language
-	(*v1.FileInfo)(nil),           // 26: codemode.execution.v1.FileInfo
-	(*v1.File)(nil),               // 27: codemode.execution.v1.File
+	(*v1.Defaults)(nil),           // 26: codemode.execution.v1.Defaults
+	(*v1.FileInfo)(nil),           // 27: codemode.execution.v1.FileInfo
+	(*v1.File)(nil),               // 28: codemode.execution.v1.File
 }
 var file_codemode_agent_v1_agent_proto_depIdxs = []int32{
 	20, // 0: codemode.agent.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
@@ -1255,32 +1267,33 @@ var file_codemode_agent_v1_agent_proto_depIdxs = []int32{
 	12, // 7: codemode.agent.v1.StatusResponse.status:type_name -> codemode.agent.v1.AgentStatus
 	19, // 8: codemode.agent.v1.AgentStatus.labels:type_name -> codemode.agent.v1.AgentStatus.LabelsEntry
 	25, // 9: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
-	26, // 10: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
-	27, // 11: codemode.agent.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
-	27, // 12: codemode.agent.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
-	0,  // 13: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
-	2,  // 14: codemode.agent.v1.AgentService.ExecuteStream:input_type -> codemode.agent.v1.ExecuteStreamRequest
-	4,  // 15: codemode.agent.v1.AgentService.CreateSession:input_type -> codemode.agent.v1.CreateSessionRequest
-	6,  // 16: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
-	8,  // 17: codemode.agent.v1.AgentService.GetSession:input_type -> codemode.agent.v1.GetSessionRequest
-	10, // 18: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
-	13, // 19: codemode.agent.v1.AgentService.ListFiles:input_type -> codemode.agent.v1.ListFilesRequest
-	15, // 20: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
-	17, // 21: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
-	1,  // 22: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
-	3,  // 23: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
-	5,  // 24: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
-	7,  // 25: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
-	9,  // 26: codemode.agent.v1.AgentService.GetSession:output_type -> codemode.agent.v1.GetSessionResponse
-	11, // 27: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
-	14, // 28: codemode.agent.v1.AgentService.ListFiles:output_type -> codemode.agent.v1.ListFilesResponse
-	16, // 29: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
-	18, // 30: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
-	22, // [22:31] is the sub-list for method output_type
-	13, // [13:22] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	26, // 10: codemode.agent.v1.AgentStatus.defaults:type_name -> codemode.execution.v1.Defaults
+	27, // 11: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
+	28, // 12: codemode.agent.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	28, // 13: codemode.agent.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	0,  // 14: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
+	2,  // 15: codemode.agent.v1.AgentService.ExecuteStream:input_type -> codemode.agent.v1.ExecuteStreamRequest
+	4,  // 16: codemode.agent.v1.AgentService.CreateSession:input_type -> codemode.agent.v1.CreateSessionRequest
+	6,  // 17: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
+	8,  // 18: codemode.agent.v1.AgentService.GetSession:input_type -> codemode.agent.v1.GetSessionRequest
+	10, // 19: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
+	13, // 20: codemode.agent.v1.AgentService.ListFiles:input_type -> codemode.agent.v1.ListFilesRequest
+	15, // 21: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
+	17, // 22: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
+	1,  // 23: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
+	3,  // 24: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
+	5,  // 25: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
+	7,  // 26: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
+	9,  // 27: codemode.agent.v1.AgentService.GetSession:output_type -> codemode.agent.v1.GetSessionResponse
+	11, // 28: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
+	14, // 29: codemode.agent.v1.AgentService.ListFiles:output_type -> codemode.agent.v1.ListFilesResponse
+	16, // 30: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
+	18, // 31: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
+	23, // [23:32] is the sub-list for method output_type
+	14, // [14:23] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_codemode_agent_v1_agent_proto_init() }

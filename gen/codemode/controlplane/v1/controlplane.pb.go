@@ -715,8 +715,11 @@ func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListLanguagesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Languages     []*v1.Language         `protobuf:"bytes,1,rep,name=languages,proto3" json:"languages,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Languages []*v1.Language         `protobuf:"bytes,1,rep,name=languages,proto3" json:"languages,omitempty"`
+	// The defaults every ready agent honours: the smallest of their maxima,
+	// and the defaults of the first ready agent.
+	Defaults      *v1.Defaults `protobuf:"bytes,2,opt,name=defaults,proto3" json:"defaults,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -754,6 +757,13 @@ func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
 func (x *ListLanguagesResponse) GetLanguages() []*v1.Language {
 	if x != nil {
 		return x.Languages
+	}
+	return nil
+}
+
+func (x *ListLanguagesResponse) GetDefaults() *v1.Defaults {
+	if x != nil {
+		return x.Defaults
 	}
 	return nil
 }
@@ -1114,9 +1124,9 @@ const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"request_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\x12=\n" +
 	"\x06tenant\x18\x04 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"K\n" +
 	"\x15ExecuteStreamResponse\x122\n" +
-	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xe4\x02\n" +
-	"\x14CreateSessionRequest\x12<\n" +
-	"\blanguage\x18\x01 \x01(\tB \xbaH\x1dr\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12J\n" +
+	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xe7\x02\n" +
+	"\x14CreateSessionRequest\x12?\n" +
+	"\blanguage\x18\x01 \x01(\tB#\xbaH \xd8\x01\x01r\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12J\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12L\n" +
 	"\fidle_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x05*\x00R\vidleTimeout\x125\n" +
@@ -1138,9 +1148,10 @@ const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x06status\x18\x03 \x01(\v2\x1e.codemode.agent.v1.AgentStatusR\x06status\x12\x1b\n" +
 	"\tin_flight\x18\x04 \x01(\x05R\binFlight\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\"\x16\n" +
-	"\x14ListLanguagesRequest\"V\n" +
+	"\x14ListLanguagesRequest\"\x93\x01\n" +
 	"\x15ListLanguagesResponse\x12=\n" +
-	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages\"\xdc\x02\n" +
+	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages\x12;\n" +
+	"\bdefaults\x18\x02 \x01(\v2\x1f.codemode.execution.v1.DefaultsR\bdefaults\"\xdc\x02\n" +
 	"\x10ListFilesRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbf\x01\n" +
@@ -1221,8 +1232,9 @@ var file_codemode_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*v1.Session)(nil),            // 25: codemode.execution.v1.Session
 	(*v11.AgentStatus)(nil),       // 26: codemode.agent.v1.AgentStatus
 	(*v1.Language)(nil),           // 27: codemode.execution.v1.Language
-	(*v1.FileInfo)(nil),           // 28: codemode.execution.v1.FileInfo
-	(*v1.File)(nil),               // 29: codemode.execution.v1.File
+	(*v1.Defaults)(nil),           // 28: codemode.execution.v1.Defaults
+	(*v1.FileInfo)(nil),           // 29: codemode.execution.v1.FileInfo
+	(*v1.File)(nil),               // 30: codemode.execution.v1.File
 }
 var file_codemode_controlplane_v1_controlplane_proto_depIdxs = []int32{
 	20, // 0: codemode.controlplane.v1.Route.labels:type_name -> codemode.controlplane.v1.Route.LabelsEntry
@@ -1238,32 +1250,33 @@ var file_codemode_controlplane_v1_controlplane_proto_depIdxs = []int32{
 	11, // 10: codemode.controlplane.v1.ListAgentsResponse.agents:type_name -> codemode.controlplane.v1.Agent
 	26, // 11: codemode.controlplane.v1.Agent.status:type_name -> codemode.agent.v1.AgentStatus
 	27, // 12: codemode.controlplane.v1.ListLanguagesResponse.languages:type_name -> codemode.execution.v1.Language
-	28, // 13: codemode.controlplane.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
-	29, // 14: codemode.controlplane.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
-	29, // 15: codemode.controlplane.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
-	1,  // 16: codemode.controlplane.v1.ControlPlaneService.Execute:input_type -> codemode.controlplane.v1.ExecuteRequest
-	3,  // 17: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:input_type -> codemode.controlplane.v1.ExecuteStreamRequest
-	5,  // 18: codemode.controlplane.v1.ControlPlaneService.CreateSession:input_type -> codemode.controlplane.v1.CreateSessionRequest
-	7,  // 19: codemode.controlplane.v1.ControlPlaneService.CloseSession:input_type -> codemode.controlplane.v1.CloseSessionRequest
-	14, // 20: codemode.controlplane.v1.ControlPlaneService.ListFiles:input_type -> codemode.controlplane.v1.ListFilesRequest
-	16, // 21: codemode.controlplane.v1.ControlPlaneService.ReadFile:input_type -> codemode.controlplane.v1.ReadFileRequest
-	18, // 22: codemode.controlplane.v1.ControlPlaneService.WriteFile:input_type -> codemode.controlplane.v1.WriteFileRequest
-	9,  // 23: codemode.controlplane.v1.ControlPlaneService.ListAgents:input_type -> codemode.controlplane.v1.ListAgentsRequest
-	12, // 24: codemode.controlplane.v1.ControlPlaneService.ListLanguages:input_type -> codemode.controlplane.v1.ListLanguagesRequest
-	2,  // 25: codemode.controlplane.v1.ControlPlaneService.Execute:output_type -> codemode.controlplane.v1.ExecuteResponse
-	4,  // 26: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:output_type -> codemode.controlplane.v1.ExecuteStreamResponse
-	6,  // 27: codemode.controlplane.v1.ControlPlaneService.CreateSession:output_type -> codemode.controlplane.v1.CreateSessionResponse
-	8,  // 28: codemode.controlplane.v1.ControlPlaneService.CloseSession:output_type -> codemode.controlplane.v1.CloseSessionResponse
-	15, // 29: codemode.controlplane.v1.ControlPlaneService.ListFiles:output_type -> codemode.controlplane.v1.ListFilesResponse
-	17, // 30: codemode.controlplane.v1.ControlPlaneService.ReadFile:output_type -> codemode.controlplane.v1.ReadFileResponse
-	19, // 31: codemode.controlplane.v1.ControlPlaneService.WriteFile:output_type -> codemode.controlplane.v1.WriteFileResponse
-	10, // 32: codemode.controlplane.v1.ControlPlaneService.ListAgents:output_type -> codemode.controlplane.v1.ListAgentsResponse
-	13, // 33: codemode.controlplane.v1.ControlPlaneService.ListLanguages:output_type -> codemode.controlplane.v1.ListLanguagesResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	28, // 13: codemode.controlplane.v1.ListLanguagesResponse.defaults:type_name -> codemode.execution.v1.Defaults
+	29, // 14: codemode.controlplane.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
+	30, // 15: codemode.controlplane.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	30, // 16: codemode.controlplane.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	1,  // 17: codemode.controlplane.v1.ControlPlaneService.Execute:input_type -> codemode.controlplane.v1.ExecuteRequest
+	3,  // 18: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:input_type -> codemode.controlplane.v1.ExecuteStreamRequest
+	5,  // 19: codemode.controlplane.v1.ControlPlaneService.CreateSession:input_type -> codemode.controlplane.v1.CreateSessionRequest
+	7,  // 20: codemode.controlplane.v1.ControlPlaneService.CloseSession:input_type -> codemode.controlplane.v1.CloseSessionRequest
+	14, // 21: codemode.controlplane.v1.ControlPlaneService.ListFiles:input_type -> codemode.controlplane.v1.ListFilesRequest
+	16, // 22: codemode.controlplane.v1.ControlPlaneService.ReadFile:input_type -> codemode.controlplane.v1.ReadFileRequest
+	18, // 23: codemode.controlplane.v1.ControlPlaneService.WriteFile:input_type -> codemode.controlplane.v1.WriteFileRequest
+	9,  // 24: codemode.controlplane.v1.ControlPlaneService.ListAgents:input_type -> codemode.controlplane.v1.ListAgentsRequest
+	12, // 25: codemode.controlplane.v1.ControlPlaneService.ListLanguages:input_type -> codemode.controlplane.v1.ListLanguagesRequest
+	2,  // 26: codemode.controlplane.v1.ControlPlaneService.Execute:output_type -> codemode.controlplane.v1.ExecuteResponse
+	4,  // 27: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:output_type -> codemode.controlplane.v1.ExecuteStreamResponse
+	6,  // 28: codemode.controlplane.v1.ControlPlaneService.CreateSession:output_type -> codemode.controlplane.v1.CreateSessionResponse
+	8,  // 29: codemode.controlplane.v1.ControlPlaneService.CloseSession:output_type -> codemode.controlplane.v1.CloseSessionResponse
+	15, // 30: codemode.controlplane.v1.ControlPlaneService.ListFiles:output_type -> codemode.controlplane.v1.ListFilesResponse
+	17, // 31: codemode.controlplane.v1.ControlPlaneService.ReadFile:output_type -> codemode.controlplane.v1.ReadFileResponse
+	19, // 32: codemode.controlplane.v1.ControlPlaneService.WriteFile:output_type -> codemode.controlplane.v1.WriteFileResponse
+	10, // 33: codemode.controlplane.v1.ControlPlaneService.ListAgents:output_type -> codemode.controlplane.v1.ListAgentsResponse
+	13, // 34: codemode.controlplane.v1.ControlPlaneService.ListLanguages:output_type -> codemode.controlplane.v1.ListLanguagesResponse
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_codemode_controlplane_v1_controlplane_proto_init() }

@@ -37,7 +37,9 @@ type ExecuteRequest struct {
 	Code string `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
 	// Session to run in; empty for a fresh sandbox used once.
 	SessionId string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// Wall-clock limit, at most 300 s; unset for the default (30 s).
+	// Wall-clock limit; unset for the agents' default. At most the agents'
+	// max_timeout (ListLanguages reports both: 30 s and 300 s unless
+	// configured otherwise); the edge refuses a longer one.
 	Timeout *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Bytes given to the program's standard input.
 	Stdin []byte `protobuf:"bytes,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
@@ -182,7 +184,9 @@ type ExecuteStreamRequest struct {
 	Code string `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
 	// Session to run in; empty for a fresh sandbox used once.
 	SessionId string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// Wall-clock limit, at most 300 s; unset for the default (30 s).
+	// Wall-clock limit; unset for the agents' default. At most the agents'
+	// max_timeout (ListLanguages reports both: 30 s and 300 s unless
+	// configured otherwise); the edge refuses a longer one.
 	Timeout *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Bytes given to the program's standard input.
 	Stdin []byte `protobuf:"bytes,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
@@ -532,8 +536,11 @@ func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListLanguagesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Languages     []*v1.Language         `protobuf:"bytes,1,rep,name=languages,proto3" json:"languages,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Languages []*v1.Language         `protobuf:"bytes,1,rep,name=languages,proto3" json:"languages,omitempty"`
+	// What a run gets for what its request leaves unset, and the most it may
+	// ask for; unset when no agent is ready.
+	Defaults      *v1.Defaults `protobuf:"bytes,2,opt,name=defaults,proto3" json:"defaults,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -571,6 +578,13 @@ func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
 func (x *ListLanguagesResponse) GetLanguages() []*v1.Language {
 	if x != nil {
 		return x.Languages
+	}
+	return nil
+}
+
+func (x *ListLanguagesResponse) GetDefaults() *v1.Defaults {
+	if x != nil {
+		return x.Defaults
 	}
 	return nil
 }
@@ -880,26 +894,24 @@ var File_codemode_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_codemode_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcodemode/edge/v1/edge.proto\x12\x10codemode.edge.v1\x1a\x1bbuf/validate/validate.proto\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\x97\x03\n" +
+	"\x1bcodemode/edge/v1/edge.proto\x12\x10codemode.edge.v1\x1a\x1bbuf/validate/validate.proto\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\x98\x03\n" +
 	"\x0eExecuteRequest\x12?\n" +
 	"\blanguage\x18\x01 \x01(\tB#\xbaH \xd8\x01\x01r\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12\x1f\n" +
 	"\x04code\x18\x02 \x01(\tB\v\xbaH\br\x06\x10\x01(\x80\x80\x10R\x04code\x12J\n" +
 	"\n" +
-	"session_id\x18\x03 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12B\n" +
-	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\r\xbaH\n" +
-	"\xaa\x01\a\"\x03\b\xac\x02*\x00R\atimeout\x12\x1f\n" +
+	"session_id\x18\x03 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12C\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x05*\x00R\atimeout\x12\x1f\n" +
 	"\x05stdin\x18\x05 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80@R\x05stdin\x12;\n" +
 	"\x05files\x18\x06 \x03(\v2\x1b.codemode.execution.v1.FileB\b\xbaH\x05\x92\x01\x02\x10@R\x05files\x125\n" +
 	"\x06limits\x18\a \x01(\v2\x1d.codemode.execution.v1.LimitsR\x06limits\"H\n" +
 	"\x0fExecuteResponse\x125\n" +
-	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\x9d\x03\n" +
+	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\x9e\x03\n" +
 	"\x14ExecuteStreamRequest\x12?\n" +
 	"\blanguage\x18\x01 \x01(\tB#\xbaH \xd8\x01\x01r\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12\x1f\n" +
 	"\x04code\x18\x02 \x01(\tB\v\xbaH\br\x06\x10\x01(\x80\x80\x10R\x04code\x12J\n" +
 	"\n" +
-	"session_id\x18\x03 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12B\n" +
-	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\r\xbaH\n" +
-	"\xaa\x01\a\"\x03\b\xac\x02*\x00R\atimeout\x12\x1f\n" +
+	"session_id\x18\x03 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12C\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x05*\x00R\atimeout\x12\x1f\n" +
 	"\x05stdin\x18\x05 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80@R\x05stdin\x12;\n" +
 	"\x05files\x18\x06 \x03(\v2\x1b.codemode.execution.v1.FileB\b\xbaH\x05\x92\x01\x02\x10@R\x05files\x125\n" +
 	"\x06limits\x18\a \x01(\v2\x1d.codemode.execution.v1.LimitsR\x06limits\"K\n" +
@@ -914,9 +926,10 @@ const file_codemode_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\"\x16\n" +
 	"\x14CloseSessionResponse\"\x16\n" +
-	"\x14ListLanguagesRequest\"V\n" +
+	"\x14ListLanguagesRequest\"\x93\x01\n" +
 	"\x15ListLanguagesResponse\x12=\n" +
-	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages\"\x9d\x02\n" +
+	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages\x12;\n" +
+	"\bdefaults\x18\x02 \x01(\v2\x1f.codemode.execution.v1.DefaultsR\bdefaults\"\x9d\x02\n" +
 	"\x10ListFilesRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbf\x01\n" +
@@ -987,7 +1000,8 @@ var file_codemode_edge_v1_edge_proto_goTypes = []any{
 	(*v1.Event)(nil),              // 20: codemode.execution.v1.Event
 	(*v1.Session)(nil),            // 21: codemode.execution.v1.Session
 	(*v1.Language)(nil),           // 22: codemode.execution.v1.Language
-	(*v1.FileInfo)(nil),           // 23: codemode.execution.v1.FileInfo
+	(*v1.Defaults)(nil),           // 23: codemode.execution.v1.Defaults
+	(*v1.FileInfo)(nil),           // 24: codemode.execution.v1.FileInfo
 }
 var file_codemode_edge_v1_edge_proto_depIdxs = []int32{
 	16, // 0: codemode.edge.v1.ExecuteRequest.timeout:type_name -> google.protobuf.Duration
@@ -1001,30 +1015,31 @@ var file_codemode_edge_v1_edge_proto_depIdxs = []int32{
 	16, // 8: codemode.edge.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
 	21, // 9: codemode.edge.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
 	22, // 10: codemode.edge.v1.ListLanguagesResponse.languages:type_name -> codemode.execution.v1.Language
-	23, // 11: codemode.edge.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
-	17, // 12: codemode.edge.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
-	17, // 13: codemode.edge.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
-	0,  // 14: codemode.edge.v1.ExecutionService.Execute:input_type -> codemode.edge.v1.ExecuteRequest
-	2,  // 15: codemode.edge.v1.ExecutionService.ExecuteStream:input_type -> codemode.edge.v1.ExecuteStreamRequest
-	4,  // 16: codemode.edge.v1.ExecutionService.CreateSession:input_type -> codemode.edge.v1.CreateSessionRequest
-	6,  // 17: codemode.edge.v1.ExecutionService.CloseSession:input_type -> codemode.edge.v1.CloseSessionRequest
-	10, // 18: codemode.edge.v1.ExecutionService.ListFiles:input_type -> codemode.edge.v1.ListFilesRequest
-	12, // 19: codemode.edge.v1.ExecutionService.ReadFile:input_type -> codemode.edge.v1.ReadFileRequest
-	14, // 20: codemode.edge.v1.ExecutionService.WriteFile:input_type -> codemode.edge.v1.WriteFileRequest
-	8,  // 21: codemode.edge.v1.ExecutionService.ListLanguages:input_type -> codemode.edge.v1.ListLanguagesRequest
-	1,  // 22: codemode.edge.v1.ExecutionService.Execute:output_type -> codemode.edge.v1.ExecuteResponse
-	3,  // 23: codemode.edge.v1.ExecutionService.ExecuteStream:output_type -> codemode.edge.v1.ExecuteStreamResponse
-	5,  // 24: codemode.edge.v1.ExecutionService.CreateSession:output_type -> codemode.edge.v1.CreateSessionResponse
-	7,  // 25: codemode.edge.v1.ExecutionService.CloseSession:output_type -> codemode.edge.v1.CloseSessionResponse
-	11, // 26: codemode.edge.v1.ExecutionService.ListFiles:output_type -> codemode.edge.v1.ListFilesResponse
-	13, // 27: codemode.edge.v1.ExecutionService.ReadFile:output_type -> codemode.edge.v1.ReadFileResponse
-	15, // 28: codemode.edge.v1.ExecutionService.WriteFile:output_type -> codemode.edge.v1.WriteFileResponse
-	9,  // 29: codemode.edge.v1.ExecutionService.ListLanguages:output_type -> codemode.edge.v1.ListLanguagesResponse
-	22, // [22:30] is the sub-list for method output_type
-	14, // [14:22] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	23, // 11: codemode.edge.v1.ListLanguagesResponse.defaults:type_name -> codemode.execution.v1.Defaults
+	24, // 12: codemode.edge.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
+	17, // 13: codemode.edge.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	17, // 14: codemode.edge.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	0,  // 15: codemode.edge.v1.ExecutionService.Execute:input_type -> codemode.edge.v1.ExecuteRequest
+	2,  // 16: codemode.edge.v1.ExecutionService.ExecuteStream:input_type -> codemode.edge.v1.ExecuteStreamRequest
+	4,  // 17: codemode.edge.v1.ExecutionService.CreateSession:input_type -> codemode.edge.v1.CreateSessionRequest
+	6,  // 18: codemode.edge.v1.ExecutionService.CloseSession:input_type -> codemode.edge.v1.CloseSessionRequest
+	10, // 19: codemode.edge.v1.ExecutionService.ListFiles:input_type -> codemode.edge.v1.ListFilesRequest
+	12, // 20: codemode.edge.v1.ExecutionService.ReadFile:input_type -> codemode.edge.v1.ReadFileRequest
+	14, // 21: codemode.edge.v1.ExecutionService.WriteFile:input_type -> codemode.edge.v1.WriteFileRequest
+	8,  // 22: codemode.edge.v1.ExecutionService.ListLanguages:input_type -> codemode.edge.v1.ListLanguagesRequest
+	1,  // 23: codemode.edge.v1.ExecutionService.Execute:output_type -> codemode.edge.v1.ExecuteResponse
+	3,  // 24: codemode.edge.v1.ExecutionService.ExecuteStream:output_type -> codemode.edge.v1.ExecuteStreamResponse
+	5,  // 25: codemode.edge.v1.ExecutionService.CreateSession:output_type -> codemode.edge.v1.CreateSessionResponse
+	7,  // 26: codemode.edge.v1.ExecutionService.CloseSession:output_type -> codemode.edge.v1.CloseSessionResponse
+	11, // 27: codemode.edge.v1.ExecutionService.ListFiles:output_type -> codemode.edge.v1.ListFilesResponse
+	13, // 28: codemode.edge.v1.ExecutionService.ReadFile:output_type -> codemode.edge.v1.ReadFileResponse
+	15, // 29: codemode.edge.v1.ExecutionService.WriteFile:output_type -> codemode.edge.v1.WriteFileResponse
+	9,  // 30: codemode.edge.v1.ExecutionService.ListLanguages:output_type -> codemode.edge.v1.ListLanguagesResponse
+	23, // [23:31] is the sub-list for method output_type
+	15, // [15:23] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_codemode_edge_v1_edge_proto_init() }

@@ -85,7 +85,7 @@ func (x SessionNotFound_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SessionNotFound_Reason.Descriptor instead.
 func (SessionNotFound_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{8, 0}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{9, 0}
 }
 
 // Execution says what to run and under which limits. The edge's public request
@@ -93,6 +93,7 @@ func (SessionNotFound_Reason) EnumDescriptor() ([]byte, []int) {
 type Execution struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Language of code: a name or alias the agents list (ListLanguages).
+	// Empty: the agents' default language (see Defaults).
 	Language string `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"`
 	// Source code to run, by the language's interpreter (or compiled first, for
 	// a compiled language).
@@ -102,7 +103,7 @@ type Execution struct {
 	// /workspace and interpreter state persist until the session is closed or idles out.
 	SessionId string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// Wall-clock limit for the run; the program is killed when it passes.
-	// Unset: the agent's default (30 s). At most 300 s.
+	// Unset: the agent's default. At most the agents' max_timeout (see Defaults).
 	Timeout *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Bytes given to the program's standard input.
 	Stdin []byte `protobuf:"bytes,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
@@ -610,6 +611,115 @@ func (x *Session) GetExpireTime() *timestamppb.Timestamp {
 	return nil
 }
 
+// Defaults are what a run gets for what its request leaves unset, and the
+// most it may ask for, as the agents are configured. The edge checks requests
+// against them and the MCP tools describe them.
+type Defaults struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Language of a run or session that names none.
+	Language string `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"`
+	// Wall-clock limit of a run that sets none, and the longest one may ask for.
+	Timeout    *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	MaxTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=max_timeout,json=maxTimeout,proto3" json:"max_timeout,omitempty"`
+	// Memory of a sandbox, and the most a run may ask for.
+	MemoryBytes    uint64 `protobuf:"varint,4,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MaxMemoryBytes uint64 `protobuf:"varint,5,opt,name=max_memory_bytes,json=maxMemoryBytes,proto3" json:"max_memory_bytes,omitempty"`
+	// Bytes of stdout plus stderr kept, and the most a run may ask to keep.
+	OutputBytes    uint64 `protobuf:"varint,6,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"`
+	MaxOutputBytes uint64 `protobuf:"varint,7,opt,name=max_output_bytes,json=maxOutputBytes,proto3" json:"max_output_bytes,omitempty"`
+	// A session closes after this long without a run, unless it asks for
+	// another idle timeout.
+	SessionIdleTimeout *durationpb.Duration `protobuf:"bytes,8,opt,name=session_idle_timeout,json=sessionIdleTimeout,proto3" json:"session_idle_timeout,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *Defaults) Reset() {
+	*x = Defaults{}
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Defaults) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Defaults) ProtoMessage() {}
+
+func (x *Defaults) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Defaults.ProtoReflect.Descriptor instead.
+func (*Defaults) Descriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Defaults) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *Defaults) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *Defaults) GetMaxTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.MaxTimeout
+	}
+	return nil
+}
+
+func (x *Defaults) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *Defaults) GetMaxMemoryBytes() uint64 {
+	if x != nil {
+		return x.MaxMemoryBytes
+	}
+	return 0
+}
+
+func (x *Defaults) GetOutputBytes() uint64 {
+	if x != nil {
+		return x.OutputBytes
+	}
+	return 0
+}
+
+func (x *Defaults) GetMaxOutputBytes() uint64 {
+	if x != nil {
+		return x.MaxOutputBytes
+	}
+	return 0
+}
+
+func (x *Defaults) GetSessionIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.SessionIdleTimeout
+	}
+	return nil
+}
+
 // Language is one runnable language, as an agent's language table describes it.
 type Language struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -637,7 +747,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -649,7 +759,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -662,7 +772,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{6}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Language) GetName() string {
@@ -731,7 +841,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +853,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +866,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{7}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -801,7 +911,7 @@ type SessionNotFound struct {
 
 func (x *SessionNotFound) Reset() {
 	*x = SessionNotFound{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +923,7 @@ func (x *SessionNotFound) String() string {
 func (*SessionNotFound) ProtoMessage() {}
 
 func (x *SessionNotFound) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +936,7 @@ func (x *SessionNotFound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionNotFound.ProtoReflect.Descriptor instead.
 func (*SessionNotFound) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{8}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SessionNotFound) GetReason() SessionNotFound_Reason {
@@ -847,14 +957,13 @@ var File_codemode_execution_v1_execution_proto protoreflect.FileDescriptor
 
 const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\n" +
-	"%codemode/execution/v1/execution.proto\x12\x15codemode.execution.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x03\n" +
-	"\tExecution\x12<\n" +
-	"\blanguage\x18\x01 \x01(\tB \xbaH\x1dr\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12\x1f\n" +
+	"%codemode/execution/v1/execution.proto\x12\x15codemode.execution.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x03\n" +
+	"\tExecution\x12?\n" +
+	"\blanguage\x18\x01 \x01(\tB#\xbaH \xd8\x01\x01r\x1b2\x19^[a-z][a-z0-9+_.-]{0,31}$R\blanguage\x12\x1f\n" +
 	"\x04code\x18\x02 \x01(\tB\v\xbaH\br\x06\x10\x01(\x80\x80\x10R\x04code\x12J\n" +
 	"\n" +
-	"session_id\x18\x03 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12B\n" +
-	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\r\xbaH\n" +
-	"\xaa\x01\a\"\x03\b\xac\x02*\x00R\atimeout\x12\x1f\n" +
+	"session_id\x18\x03 \x01(\tB+\xbaH(r&2$^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?$R\tsessionId\x12C\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x05*\x00R\atimeout\x12\x1f\n" +
 	"\x05stdin\x18\x05 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80@R\x05stdin\x12;\n" +
 	"\x05files\x18\x06 \x03(\v2\x1b.codemode.execution.v1.FileB\b\xbaH\x05\x92\x01\x02\x10@R\x05files\x125\n" +
 	"\x06limits\x18\a \x01(\v2\x1d.codemode.execution.v1.LimitsR\x06limits\"\xf2\x01\n" +
@@ -892,7 +1001,17 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vexpire_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime\"\xd0\x01\n" +
+	"expireTime\"\xfe\x02\n" +
+	"\bDefaults\x12\x1a\n" +
+	"\blanguage\x18\x01 \x01(\tR\blanguage\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12:\n" +
+	"\vmax_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"maxTimeout\x12!\n" +
+	"\fmemory_bytes\x18\x04 \x01(\x04R\vmemoryBytes\x12(\n" +
+	"\x10max_memory_bytes\x18\x05 \x01(\x04R\x0emaxMemoryBytes\x12!\n" +
+	"\foutput_bytes\x18\x06 \x01(\x04R\voutputBytes\x12(\n" +
+	"\x10max_output_bytes\x18\a \x01(\x04R\x0emaxOutputBytes\x12K\n" +
+	"\x14session_idle_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\x12sessionIdleTimeout\"\xd0\x01\n" +
 	"\bLanguage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
@@ -932,7 +1051,7 @@ func file_codemode_execution_v1_execution_proto_rawDescGZIP() []byte {
 }
 
 var file_codemode_execution_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_codemode_execution_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_codemode_execution_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_codemode_execution_v1_execution_proto_goTypes = []any{
 	(SessionNotFound_Reason)(0),   // 0: codemode.execution.v1.SessionNotFound.Reason
 	(*Execution)(nil),             // 1: codemode.execution.v1.Execution
@@ -941,27 +1060,31 @@ var file_codemode_execution_v1_execution_proto_goTypes = []any{
 	(*Result)(nil),                // 4: codemode.execution.v1.Result
 	(*Event)(nil),                 // 5: codemode.execution.v1.Event
 	(*Session)(nil),               // 6: codemode.execution.v1.Session
-	(*Language)(nil),              // 7: codemode.execution.v1.Language
-	(*FileInfo)(nil),              // 8: codemode.execution.v1.FileInfo
-	(*SessionNotFound)(nil),       // 9: codemode.execution.v1.SessionNotFound
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*Defaults)(nil),              // 7: codemode.execution.v1.Defaults
+	(*Language)(nil),              // 8: codemode.execution.v1.Language
+	(*FileInfo)(nil),              // 9: codemode.execution.v1.FileInfo
+	(*SessionNotFound)(nil),       // 10: codemode.execution.v1.SessionNotFound
+	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_codemode_execution_v1_execution_proto_depIdxs = []int32{
-	10, // 0: codemode.execution.v1.Execution.timeout:type_name -> google.protobuf.Duration
+	11, // 0: codemode.execution.v1.Execution.timeout:type_name -> google.protobuf.Duration
 	2,  // 1: codemode.execution.v1.Execution.files:type_name -> codemode.execution.v1.File
 	3,  // 2: codemode.execution.v1.Execution.limits:type_name -> codemode.execution.v1.Limits
-	10, // 3: codemode.execution.v1.Result.duration:type_name -> google.protobuf.Duration
+	11, // 3: codemode.execution.v1.Result.duration:type_name -> google.protobuf.Duration
 	4,  // 4: codemode.execution.v1.Event.result:type_name -> codemode.execution.v1.Result
-	11, // 5: codemode.execution.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	11, // 6: codemode.execution.v1.Session.expire_time:type_name -> google.protobuf.Timestamp
-	0,  // 7: codemode.execution.v1.SessionNotFound.reason:type_name -> codemode.execution.v1.SessionNotFound.Reason
-	11, // 8: codemode.execution.v1.SessionNotFound.end_time:type_name -> google.protobuf.Timestamp
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	12, // 5: codemode.execution.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	12, // 6: codemode.execution.v1.Session.expire_time:type_name -> google.protobuf.Timestamp
+	11, // 7: codemode.execution.v1.Defaults.timeout:type_name -> google.protobuf.Duration
+	11, // 8: codemode.execution.v1.Defaults.max_timeout:type_name -> google.protobuf.Duration
+	11, // 9: codemode.execution.v1.Defaults.session_idle_timeout:type_name -> google.protobuf.Duration
+	0,  // 10: codemode.execution.v1.SessionNotFound.reason:type_name -> codemode.execution.v1.SessionNotFound.Reason
+	12, // 11: codemode.execution.v1.SessionNotFound.end_time:type_name -> google.protobuf.Timestamp
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_codemode_execution_v1_execution_proto_init() }
@@ -980,7 +1103,7 @@ func file_codemode_execution_v1_execution_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_execution_v1_execution_proto_rawDesc), len(file_codemode_execution_v1_execution_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file codemode/execution/v1/execution.proto.
  */
 export const file_codemode_execution_v1_execution: GenFile = /*@__PURE__*/
-  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi1QIKCUV4ZWN1dGlvbhIyCghsYW5ndWFnZRgBIAEoCUIgukgdchsyGV5bYS16XVthLXowLTkrXy4tXXswLDMxfSQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyLjAQoERmlsZRK9AQoEcGF0aBgBIAEoCUKuAbpIqgG6AXoKGWZpbGUucGF0aC5ub19kb3Rfc2VnbWVudHMSKnBhdGggbXVzdCBub3QgY29udGFpbiAiLiIgb3IgIi4uIiBlbGVtZW50cxoxIXRoaXMuc3BsaXQoJy8nKS5leGlzdHMocywgcyA9PSAnLicgfHwgcyA9PSAnLi4nKXIrEAEY/wEyJF5bQS1aYS16MC05Xy4tXSsoL1tBLVphLXowLTlfLi1dKykqJBIbCgdjb250ZW50GAIgASgMQgq6SAd6BRiAgIACIk8KBkxpbWl0cxIjCgxtZW1vcnlfYnl0ZXMYASABKARCDbpICjIIGICAgIAQKAASIAoMb3V0cHV0X2J5dGVzGAIgASgEQgq6SAcyBRiAgIAgIsUBCgZSZXN1bHQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnN0ZG91dBgCIAEoCRIOCgZzdGRlcnIYAyABKAkSEQoJdGltZWRfb3V0GAQgASgIEhEKCXRydW5jYXRlZBgFIAEoCBISCgpvb21fa2lsbGVkGAYgASgIEisKCGR1cmF0aW9uGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWFnZW50GAggASgJEhIKCnNlc3Npb25faWQYCSABKAkibAoFRXZlbnQSEAoGc3Rkb3V0GAEgASgJSAASEAoGc3RkZXJyGAIgASgJSAASLwoGcmVzdWx0GAMgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlJlc3VsdEgAQg4KBWV2ZW50EgW6SAIIASKYAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRINCgVhZ2VudBgDIAEoCRIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIooBCghMYW5ndWFnZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSDwoHYWxpYXNlcxgDIAMoCRIRCglmaWxlX25hbWUYBCABKAkSEAoIY29tcGlsZWQYBSABKAgSFQoNc2Vzc2lvbl9zdGF0ZRgGIAEoCRISCgpwcmVzdGFydGVkGAcgASgIIkEKCEZpbGVJbmZvEgwKBHBhdGgYASABKAkSDAoEc2l6ZRgCIAEoBBILCgNkaXIYAyABKAgSDAoEbW9kZRgEIAEoDSLsAQoPU2Vzc2lvbk5vdEZvdW5kEj0KBnJlYXNvbhgBIAEoDjItLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5TZXNzaW9uTm90Rm91bmQuUmVhc29uEiwKCGVuZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJsCgZSZWFzb24SFgoSUkVBU09OX1VOU1BFQ0lGSUVEEAASEgoOUkVBU09OX1VOS05PV04QARIRCg1SRUFTT05fQ0xPU0VEEAISEgoOUkVBU09OX0VYUElSRUQQAxIPCgtSRUFTT05fTE9TVBAEYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2QIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukgg2AEBchsyGV5bYS16XVthLXowLTkrXy4tXXswLDMxfSQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI6Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg66SAuqAQgiBAiAowUqABIYCgVzdGRpbhgFIAEoDEIJukgGegQYgIBAEjQKBWZpbGVzGAYgAygLMhsuY29kZW1vZGUuZXhlY3V0aW9uLnYxLkZpbGVCCLpIBZIBAhBAEi0KBmxpbWl0cxgHIAEoCzIdLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5MaW1pdHMi4wEKBEZpbGUSvQEKBHBhdGgYASABKAlCrgG6SKoBugF6ChlmaWxlLnBhdGgubm9fZG90X3NlZ21lbnRzEipwYXRoIG11c3Qgbm90IGNvbnRhaW4gIi4iIG9yICIuLiIgZWxlbWVudHMaMSF0aGlzLnNwbGl0KCcvJykuZXhpc3RzKHMsIHMgPT0gJy4nIHx8IHMgPT0gJy4uJylyKxABGP8BMiReW0EtWmEtejAtOV8uLV0rKC9bQS1aYS16MC05Xy4tXSspKiQSGwoHY29udGVudBgCIAEoDEIKukgHegUYgICAAiJPCgZMaW1pdHMSIwoMbWVtb3J5X2J5dGVzGAEgASgEQg26SAoyCBiAgICAECgAEiAKDG91dHB1dF9ieXRlcxgCIAEoBEIKukgHMgUYgICAICLFAQoGUmVzdWx0EhEKCWV4aXRfY29kZRgBIAEoBRIOCgZzdGRvdXQYAiABKAkSDgoGc3RkZXJyGAMgASgJEhEKCXRpbWVkX291dBgEIAEoCBIRCgl0cnVuY2F0ZWQYBSABKAgSEgoKb29tX2tpbGxlZBgGIAEoCBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVhZ2VudBgIIAEoCRISCgpzZXNzaW9uX2lkGAkgASgJImwKBUV2ZW50EhAKBnN0ZG91dBgBIAEoCUgAEhAKBnN0ZGVychgCIAEoCUgAEi8KBnJlc3VsdBgDIAEoCzIdLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5SZXN1bHRIAEIOCgVldmVudBIFukgCCAEimAEKB1Nlc3Npb24SCgoCaWQYASABKAkSEAoIbGFuZ3VhZ2UYAiABKAkSDQoFYWdlbnQYAyABKAkSLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKRAgoIRGVmYXVsdHMSEAoIbGFuZ3VhZ2UYASABKAkSKgoHdGltZW91dBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIuCgttYXhfdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIUCgxtZW1vcnlfYnl0ZXMYBCABKAQSGAoQbWF4X21lbW9yeV9ieXRlcxgFIAEoBBIUCgxvdXRwdXRfYnl0ZXMYBiABKAQSGAoQbWF4X291dHB1dF9ieXRlcxgHIAEoBBI3ChRzZXNzaW9uX2lkbGVfdGltZW91dBgIIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKKAQoITGFuZ3VhZ2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEg8KB2FsaWFzZXMYAyADKAkSEQoJZmlsZV9uYW1lGAQgASgJEhAKCGNvbXBpbGVkGAUgASgIEhUKDXNlc3Npb25fc3RhdGUYBiABKAkSEgoKcHJlc3RhcnRlZBgHIAEoCCJBCghGaWxlSW5mbxIMCgRwYXRoGAEgASgJEgwKBHNpemUYAiABKAQSCwoDZGlyGAMgASgIEgwKBG1vZGUYBCABKA0i7AEKD1Nlc3Npb25Ob3RGb3VuZBI9CgZyZWFzb24YASABKA4yLS5jb2RlbW9kZS5leGVjdXRpb24udjEuU2Vzc2lvbk5vdEZvdW5kLlJlYXNvbhIsCghlbmRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAibAoGUmVhc29uEhYKElJFQVNPTl9VTlNQRUNJRklFRBAAEhIKDlJFQVNPTl9VTktOT1dOEAESEQoNUkVBU09OX0NMT1NFRBACEhIKDlJFQVNPTl9FWFBJUkVEEAMSDwoLUkVBU09OX0xPU1QQBGIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Execution says what to run and under which limits. The edge's public request
@@ -27,6 +27,7 @@ export const file_codemode_execution_v1_execution: GenFile = /*@__PURE__*/
 export type Execution = Message<"codemode.execution.v1.Execution"> & {
   /**
    * Language of code: a name or alias the agents list (ListLanguages).
+   * Empty: the agents' default language (see Defaults).
    *
    * @generated from field: string language = 1;
    */
@@ -51,7 +52,7 @@ export type Execution = Message<"codemode.execution.v1.Execution"> & {
 
   /**
    * Wall-clock limit for the run; the program is killed when it passes.
-   * Unset: the agent's default (30 s). At most 300 s.
+   * Unset: the agent's default. At most the agents' max_timeout (see Defaults).
    *
    * @generated from field: google.protobuf.Duration timeout = 4;
    */
@@ -317,6 +318,73 @@ export const SessionSchema: GenMessage<Session> = /*@__PURE__*/
   messageDesc(file_codemode_execution_v1_execution, 5);
 
 /**
+ * Defaults are what a run gets for what its request leaves unset, and the
+ * most it may ask for, as the agents are configured. The edge checks requests
+ * against them and the MCP tools describe them.
+ *
+ * @generated from message codemode.execution.v1.Defaults
+ */
+export type Defaults = Message<"codemode.execution.v1.Defaults"> & {
+  /**
+   * Language of a run or session that names none.
+   *
+   * @generated from field: string language = 1;
+   */
+  language: string;
+
+  /**
+   * Wall-clock limit of a run that sets none, and the longest one may ask for.
+   *
+   * @generated from field: google.protobuf.Duration timeout = 2;
+   */
+  timeout?: Duration | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Duration max_timeout = 3;
+   */
+  maxTimeout?: Duration | undefined;
+
+  /**
+   * Memory of a sandbox, and the most a run may ask for.
+   *
+   * @generated from field: uint64 memory_bytes = 4;
+   */
+  memoryBytes: bigint;
+
+  /**
+   * @generated from field: uint64 max_memory_bytes = 5;
+   */
+  maxMemoryBytes: bigint;
+
+  /**
+   * Bytes of stdout plus stderr kept, and the most a run may ask to keep.
+   *
+   * @generated from field: uint64 output_bytes = 6;
+   */
+  outputBytes: bigint;
+
+  /**
+   * @generated from field: uint64 max_output_bytes = 7;
+   */
+  maxOutputBytes: bigint;
+
+  /**
+   * A session closes after this long without a run, unless it asks for
+   * another idle timeout.
+   *
+   * @generated from field: google.protobuf.Duration session_idle_timeout = 8;
+   */
+  sessionIdleTimeout?: Duration | undefined;
+};
+
+/**
+ * Describes the message codemode.execution.v1.Defaults.
+ * Use `create(DefaultsSchema)` to create a new message.
+ */
+export const DefaultsSchema: GenMessage<Defaults> = /*@__PURE__*/
+  messageDesc(file_codemode_execution_v1_execution, 6);
+
+/**
  * Language is one runnable language, as an agent's language table describes it.
  *
  * @generated from message codemode.execution.v1.Language
@@ -381,7 +449,7 @@ export type Language = Message<"codemode.execution.v1.Language"> & {
  * Use `create(LanguageSchema)` to create a new message.
  */
 export const LanguageSchema: GenMessage<Language> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 6);
+  messageDesc(file_codemode_execution_v1_execution, 7);
 
 /**
  * FileInfo describes one entry of a workspace directory.
@@ -423,7 +491,7 @@ export type FileInfo = Message<"codemode.execution.v1.FileInfo"> & {
  * Use `create(FileInfoSchema)` to create a new message.
  */
 export const FileInfoSchema: GenMessage<FileInfo> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 7);
+  messageDesc(file_codemode_execution_v1_execution, 8);
 
 /**
  * SessionNotFound is attached as a detail to a not_found error about a
@@ -451,7 +519,7 @@ export type SessionNotFound = Message<"codemode.execution.v1.SessionNotFound"> &
  * Use `create(SessionNotFoundSchema)` to create a new message.
  */
 export const SessionNotFoundSchema: GenMessage<SessionNotFound> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 8);
+  messageDesc(file_codemode_execution_v1_execution, 9);
 
 /**
  * Why a session is not there.
@@ -498,5 +566,5 @@ export enum SessionNotFound_Reason {
  * Describes the enum codemode.execution.v1.SessionNotFound.Reason.
  */
 export const SessionNotFound_ReasonSchema: GenEnum<SessionNotFound_Reason> = /*@__PURE__*/
-  enumDesc(file_codemode_execution_v1_execution, 8, 0);
+  enumDesc(file_codemode_execution_v1_execution, 9, 0);
 
