@@ -137,6 +137,12 @@ codemode-sandbox:*)
     # The image must keep the README's contract: check the modules import.
     chroot "$root" env MPLBACKEND=Agg MPLCONFIGDIR=/tmp/mpl python3 -c 'import requests, numpy, pandas, scipy, matplotlib.pyplot, mpl_toolkits.mplot3d' >>"$STATE_DIR/debootstrap.log" 2>&1 ||
       { log "the new image fails its contract (python modules); see $STATE_DIR/debootstrap.log"; rm -rf "$root"; exit 1; }
+    # ... and that the programs of the README's contract and of the agent's
+    # language table are there.
+    for prog in python python3 pip curl git jq bc file less ps sqlite3 zip unzip xz node bash gcc g++ ruby perl php lua5.4; do
+      chroot "$root" /bin/sh -c "command -v $prog" >/dev/null ||
+        { log "the new image fails its contract: no $prog"; rm -rf "$root"; exit 1; }
+    done
     rm -rf "$root/tmp/mpl"
     tar -C "$root" -c . | docker import \
       -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 MPLBACKEND=Agg' \
