@@ -60,6 +60,7 @@ func (s *server) env(lang language) []string {
 		"LANG=C.UTF-8",
 		"PWD=" + s.cfg.workspace,
 	}
+	env = append(env, s.userEnv...)
 	return append(env, lang.Env...)
 }
 
@@ -87,18 +88,25 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 	if lim.output == 0 {
 		lim.output = DefaultOutputLimit
 	}
+	before := s.prepareOutputs()
 	o := newOutput(id, s.out, lim.output)
-	if r.GetStateful() {
-		switch lang.Name {
-		case "python":
-			return s.runKernel(ctx, o, r, lim)
-		case "bash", "sh":
-			return s.runShell(ctx, o, lang, r, lim)
-		}
-		// Other languages keep only their files (and background
-		// processes) between runs.
+	var exit *runnerv1.Exit
+	var err error
+	switch {
+	case r.GetStateful() && lang.Name == "python":
+		exit, err = s.runKernel(ctx, o, r, lim)
+	case r.GetStateful() && (lang.Name == "bash" || lang.Name == "sh"):
+		exit, err = s.runShell(ctx, o, lang, r, lim)
+	default:
+		// A stateful run of another language keeps only its files (and
+		// background processes) between runs.
+		exit, err = s.runOnce(ctx, o, lang, pre, r.GetCode(), r.GetStdin(), lim, !r.GetStateful())
 	}
-	return s.runOnce(ctx, o, lang, pre, r.GetCode(), r.GetStdin(), lim, !r.GetStateful())
+	if err != nil {
+		return nil, err
+	}
+	s.collectArtifacts(exit, before)
+	return exit, nil
 }
 
 type limits struct {

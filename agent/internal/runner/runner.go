@@ -76,6 +76,9 @@ type config struct {
 	// message queues (see openMqueues); "": no helper (tests, where the
 	// binary is the test's).
 	self string
+	// pythonLib is the directory for the Python modules the runner lends
+	// user code (see preparePythonLib); "" or missing: none.
+	pythonLib string
 }
 
 func defaultConfig(log *slog.Logger) config {
@@ -90,6 +93,7 @@ func defaultConfig(log *slog.Logger) config {
 		log:          log,
 		drainGrace:   100 * time.Millisecond,
 		prestart:     true,
+		pythonLib:    wire.PythonLib,
 	}
 }
 
@@ -108,6 +112,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	scratch := fs.String("scratch", "/tmp,/dev/shm", "comma-separated writable directories that Reset empties besides the workspace")
 	userProcs := fs.Uint64("max-user-procs", 32, "most processes and threads user code may have at once (RLIMIT_NPROC); 0: no limit")
 	prestart := fs.Bool("prestart", true, "start an interpreter ahead of the next stateless run, in the language of the last one (Python at first)")
+	pythonLib := fs.String("python-lib", wire.PythonLib, "root-only directory for the Python modules lent to user code (matplotlib's plt.show() saving figures as artifacts); skipped if missing")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: runner [flags]\n\nThe codemode sandbox runner: framed requests on stdin, framed events on stdout.\n\n")
 		fs.PrintDefaults()
@@ -125,6 +130,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg.workspace = *workspace
 	cfg.userProcs = *userProcs
 	cfg.prestart = *prestart
+	cfg.pythonLib = *pythonLib
 	cfg.self = "/proc/self/exe"
 	cfg.scratch = nil
 	for _, d := range strings.Split(*scratch, ",") {
@@ -186,6 +192,10 @@ type server struct {
 	kernel *kernel                // Python, nil until the first stateful Python run
 	shells map[string]*shellState // by language
 
+	// userEnv is added to the environment of all user code (see
+	// preparePythonLib).
+	userEnv []string
+
 	ipcFloor ipcFloor    // touched only by Reset
 	mqueues  *os.File    // see openMqueues; nil if it failed, and then Reset fails
 	mqErr    error       // why mqueues is nil
@@ -203,6 +213,10 @@ type server struct {
 
 func newServer(cfg config, stdout io.Writer) (*server, error) {
 	if err := prepareDirs(cfg); err != nil {
+		return nil, err
+	}
+	userEnv, err := preparePythonLib(cfg)
+	if err != nil {
 		return nil, err
 	}
 	// Before newProcs starts the reaper, which would take the exit status
@@ -223,12 +237,13 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		return nil, fmt.Errorf("open workspace: %w", err)
 	}
 	s := &server{
-		cfg:    cfg,
-		out:    &eventWriter{w: stdout},
-		procs:  newProcs(cfg),
-		root:   root,
-		shells: make(map[string]*shellState),
-		memory: openMemoryFiles(cfg.cgroupMemory),
+		cfg:     cfg,
+		out:     &eventWriter{w: stdout},
+		procs:   newProcs(cfg),
+		root:    root,
+		shells:  make(map[string]*shellState),
+		memory:  openMemoryFiles(cfg.cgroupMemory),
+		userEnv: userEnv,
 
 		mqueues: mq,
 		mqErr:   mqErr,
