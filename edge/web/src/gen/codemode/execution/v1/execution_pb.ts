@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file codemode/execution/v1/execution.proto.
  */
 export const file_codemode_execution_v1_execution: GenFile = /*@__PURE__*/
-  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2AIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukggch5SBnB5dGhvblIEYmFzaFICc2hSCmphdmFzY3JpcHQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyLjAQoERmlsZRK9AQoEcGF0aBgBIAEoCUKuAbpIqgG6AXoKGWZpbGUucGF0aC5ub19kb3Rfc2VnbWVudHMSKnBhdGggbXVzdCBub3QgY29udGFpbiAiLiIgb3IgIi4uIiBlbGVtZW50cxoxIXRoaXMuc3BsaXQoJy8nKS5leGlzdHMocywgcyA9PSAnLicgfHwgcyA9PSAnLi4nKXIrEAEY/wEyJF5bQS1aYS16MC05Xy4tXSsoL1tBLVphLXowLTlfLi1dKykqJBIbCgdjb250ZW50GAIgASgMQgq6SAd6BRiAgIACIk8KBkxpbWl0cxIjCgxtZW1vcnlfYnl0ZXMYASABKARCDbpICjIIGICAgIAQKAASIAoMb3V0cHV0X2J5dGVzGAIgASgEQgq6SAcyBRiAgIAgIsUBCgZSZXN1bHQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnN0ZG91dBgCIAEoCRIOCgZzdGRlcnIYAyABKAkSEQoJdGltZWRfb3V0GAQgASgIEhEKCXRydW5jYXRlZBgFIAEoCBISCgpvb21fa2lsbGVkGAYgASgIEisKCGR1cmF0aW9uGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWFnZW50GAggASgJEhIKCnNlc3Npb25faWQYCSABKAkibAoFRXZlbnQSEAoGc3Rkb3V0GAEgASgJSAASEAoGc3RkZXJyGAIgASgJSAASLwoGcmVzdWx0GAMgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlJlc3VsdEgAQg4KBWV2ZW50EgW6SAIIASKYAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRINCgVhZ2VudBgDIAEoCRIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIikKCExhbmd1YWdlEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCSJBCghGaWxlSW5mbxIMCgRwYXRoGAEgASgJEgwKBHNpemUYAiABKAQSCwoDZGlyGAMgASgIEgwKBG1vZGUYBCABKA0i7AEKD1Nlc3Npb25Ob3RGb3VuZBI9CgZyZWFzb24YASABKA4yLS5jb2RlbW9kZS5leGVjdXRpb24udjEuU2Vzc2lvbk5vdEZvdW5kLlJlYXNvbhIsCghlbmRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAibAoGUmVhc29uEhYKElJFQVNPTl9VTlNQRUNJRklFRBAAEhIKDlJFQVNPTl9VTktOT1dOEAESEQoNUkVBU09OX0NMT1NFRBACEhIKDlJFQVNPTl9FWFBJUkVEEAMSDwoLUkVBU09OX0xPU1QQBGIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2AIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukggch5SBnB5dGhvblIEYmFzaFICc2hSCmphdmFzY3JpcHQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI5Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg26SAqqAQciAwisAioAEhgKBXN0ZGluGAUgASgMQgm6SAZ6BBiAgEASNAoFZmlsZXMYBiADKAsyGy5jb2RlbW9kZS5leGVjdXRpb24udjEuRmlsZUIIukgFkgECEEASLQoGbGltaXRzGAcgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkxpbWl0cyLjAQoERmlsZRK9AQoEcGF0aBgBIAEoCUKuAbpIqgG6AXoKGWZpbGUucGF0aC5ub19kb3Rfc2VnbWVudHMSKnBhdGggbXVzdCBub3QgY29udGFpbiAiLiIgb3IgIi4uIiBlbGVtZW50cxoxIXRoaXMuc3BsaXQoJy8nKS5leGlzdHMocywgcyA9PSAnLicgfHwgcyA9PSAnLi4nKXIrEAEY/wEyJF5bQS1aYS16MC05Xy4tXSsoL1tBLVphLXowLTlfLi1dKykqJBIbCgdjb250ZW50GAIgASgMQgq6SAd6BRiAgIACIk8KBkxpbWl0cxIjCgxtZW1vcnlfYnl0ZXMYASABKARCDbpICjIIGICAgIAQKAASIAoMb3V0cHV0X2J5dGVzGAIgASgEQgq6SAcyBRiAgIAgIpYCCgZSZXN1bHQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnN0ZG91dBgCIAEoCRIOCgZzdGRlcnIYAyABKAkSEQoJdGltZWRfb3V0GAQgASgIEhEKCXRydW5jYXRlZBgFIAEoCBISCgpvb21fa2lsbGVkGAYgASgIEisKCGR1cmF0aW9uGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWFnZW50GAggASgJEhIKCnNlc3Npb25faWQYCSABKAkSMgoJYXJ0aWZhY3RzGAogAygLMh8uY29kZW1vZGUuZXhlY3V0aW9uLnYxLkFydGlmYWN0EhsKE2FydGlmYWN0c190cnVuY2F0ZWQYCyABKAgiSwoIQXJ0aWZhY3QSDAoEbmFtZRgBIAEoCRISCgptZWRpYV90eXBlGAIgASgJEg8KB2NvbnRlbnQYAyABKAwSDAoEc2l6ZRgEIAEoBCJsCgVFdmVudBIQCgZzdGRvdXQYASABKAlIABIQCgZzdGRlcnIYAiABKAlIABIvCgZyZXN1bHQYAyABKAsyHS5jb2RlbW9kZS5leGVjdXRpb24udjEuUmVzdWx0SABCDgoFZXZlbnQSBbpIAggBIpgBCgdTZXNzaW9uEgoKAmlkGAEgASgJEhAKCGxhbmd1YWdlGAIgASgJEg0KBWFnZW50GAMgASgJEi8KC2NyZWF0ZV90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtleHBpcmVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiKQoITGFuZ3VhZ2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJIkEKCEZpbGVJbmZvEgwKBHBhdGgYASABKAkSDAoEc2l6ZRgCIAEoBBILCgNkaXIYAyABKAgSDAoEbW9kZRgEIAEoDSLsAQoPU2Vzc2lvbk5vdEZvdW5kEj0KBnJlYXNvbhgBIAEoDjItLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5TZXNzaW9uTm90Rm91bmQuUmVhc29uEiwKCGVuZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJsCgZSZWFzb24SFgoSUkVBU09OX1VOU1BFQ0lGSUVEEAASEgoOUkVBU09OX1VOS05PV04QARIRCg1SRUFTT05fQ0xPU0VEEAISEgoOUkVBU09OX0VYUElSRUQQAxIPCgtSRUFTT05fTE9TVBAEYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Execution says what to run and under which limits. The edge's public request
@@ -213,6 +213,27 @@ export type Result = Message<"codemode.execution.v1.Result"> & {
    * @generated from field: string session_id = 9;
    */
   sessionId: string;
+
+  /**
+   * Files the run left in /workspace/outputs: regular files that are new or
+   * changed since the run began (a session keeps its earlier ones, and
+   * reports them again only when a run changes them), sorted by name. A
+   * Python figure shown with matplotlib's plt.show() is saved there as
+   * figure-N.png. Symbolic links are not followed. At most 64 files and
+   * 4 MiB of content in all; files past that are left out, and
+   * artifacts_truncated says so. In a stream they come in the final result.
+   *
+   * @generated from field: repeated codemode.execution.v1.Artifact artifacts = 10;
+   */
+  artifacts: Artifact[];
+
+  /**
+   * Some files of /workspace/outputs were left out of artifacts for its
+   * limits; a session can still read them with ReadFile.
+   *
+   * @generated from field: bool artifacts_truncated = 11;
+   */
+  artifactsTruncated: boolean;
 };
 
 /**
@@ -221,6 +242,49 @@ export type Result = Message<"codemode.execution.v1.Result"> & {
  */
 export const ResultSchema: GenMessage<Result> = /*@__PURE__*/
   messageDesc(file_codemode_execution_v1_execution, 3);
+
+/**
+ * Artifact is a file a run left in /workspace/outputs.
+ *
+ * @generated from message codemode.execution.v1.Artifact
+ */
+export type Artifact = Message<"codemode.execution.v1.Artifact"> & {
+  /**
+   * Path relative to /workspace/outputs, e.g. "figure-1.png" or "data/a.csv".
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Media type, from the name's extension or else from the content, e.g.
+   * "image/png"; "application/octet-stream" when neither tells.
+   *
+   * @generated from field: string media_type = 2;
+   */
+  mediaType: string;
+
+  /**
+   * The file's content, whole.
+   *
+   * @generated from field: bytes content = 3;
+   */
+  content: Uint8Array;
+
+  /**
+   * Size of content in bytes.
+   *
+   * @generated from field: uint64 size = 4;
+   */
+  size: bigint;
+};
+
+/**
+ * Describes the message codemode.execution.v1.Artifact.
+ * Use `create(ArtifactSchema)` to create a new message.
+ */
+export const ArtifactSchema: GenMessage<Artifact> = /*@__PURE__*/
+  messageDesc(file_codemode_execution_v1_execution, 4);
 
 /**
  * Event is one step of a streamed run: chunks of output as they are produced,
@@ -264,7 +328,7 @@ export type Event = Message<"codemode.execution.v1.Event"> & {
  * Use `create(EventSchema)` to create a new message.
  */
 export const EventSchema: GenMessage<Event> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 4);
+  messageDesc(file_codemode_execution_v1_execution, 5);
 
 /**
  * Session is a sandbox kept for one user across runs.
@@ -314,7 +378,7 @@ export type Session = Message<"codemode.execution.v1.Session"> & {
  * Use `create(SessionSchema)` to create a new message.
  */
 export const SessionSchema: GenMessage<Session> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 5);
+  messageDesc(file_codemode_execution_v1_execution, 6);
 
 /**
  * Language is one runnable language.
@@ -342,7 +406,7 @@ export type Language = Message<"codemode.execution.v1.Language"> & {
  * Use `create(LanguageSchema)` to create a new message.
  */
 export const LanguageSchema: GenMessage<Language> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 6);
+  messageDesc(file_codemode_execution_v1_execution, 7);
 
 /**
  * FileInfo describes one entry of a workspace directory.
@@ -384,7 +448,7 @@ export type FileInfo = Message<"codemode.execution.v1.FileInfo"> & {
  * Use `create(FileInfoSchema)` to create a new message.
  */
 export const FileInfoSchema: GenMessage<FileInfo> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 7);
+  messageDesc(file_codemode_execution_v1_execution, 8);
 
 /**
  * SessionNotFound is attached as a detail to a not_found error about a
@@ -412,7 +476,7 @@ export type SessionNotFound = Message<"codemode.execution.v1.SessionNotFound"> &
  * Use `create(SessionNotFoundSchema)` to create a new message.
  */
 export const SessionNotFoundSchema: GenMessage<SessionNotFound> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 8);
+  messageDesc(file_codemode_execution_v1_execution, 9);
 
 /**
  * Why a session is not there.
@@ -459,5 +523,5 @@ export enum SessionNotFound_Reason {
  * Describes the enum codemode.execution.v1.SessionNotFound.Reason.
  */
 export const SessionNotFound_ReasonSchema: GenEnum<SessionNotFound_Reason> = /*@__PURE__*/
-  enumDesc(file_codemode_execution_v1_execution, 8, 0);
+  enumDesc(file_codemode_execution_v1_execution, 9, 0);
 
