@@ -146,6 +146,7 @@ func TestArtifactLimits(t *testing.T) {
 		name, code, want string
 		truncated        bool
 	}{
+		{"at the limit", "head -c 4194000 /dev/urandom > outputs/full.bin", "full.bin", false},
 		{"too large", "head -c 5000000 /dev/zero > outputs/big.bin; echo x > outputs/small.txt", "small.txt", true},
 		{"too many", "for i in $(seq 100 170); do echo $i > outputs/f$i; done", "", true},
 		{"links", "ln -s /proc/1/environ outputs/env; ln -s /etc/passwd outputs/passwd; ln -s / outputs/root; echo ok > outputs/ok.txt", "ok.txt", false},
