@@ -302,7 +302,7 @@ func TestTenantsCannotReachEachOthersSessions(t *testing.T) {
 	// A's session is untouched.
 	res, err := a.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", SessionId: id,
 		Code: "import os\nprint(secret, open('/workspace/a.txt').read(), sorted(os.listdir('/workspace')))"}))
-	if err != nil || res.Msg.GetResult().GetStdout() != "of-a of-a ['a.txt']\n" {
+	if err != nil || res.Msg.GetResult().GetStdout() != "of-a of-a ['a.txt', 'outputs']\n" {
 		t.Errorf("A's session after B's attempts: %v %v", res, err)
 	}
 }

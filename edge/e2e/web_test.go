@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -96,12 +97,16 @@ func TestWebPlaygroundInChromium(t *testing.T) {
 		shot = filepath.Join(t.TempDir(), "playground.png")
 	}
 	nodeTest(t, dir, "browser.test.mjs", s.Edge.URL(), s.Logs, "CHROMIUM="+chromiumPath, "CODEMODE_SCREENSHOT="+shot)
-	b, err := os.ReadFile(shot)
-	if err != nil {
-		t.Fatalf("no screenshot: %v", err)
-	}
-	if !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) || len(b) < 10_000 {
-		t.Fatalf("screenshot %s is not a PNG of a rendered page (%d bytes)", shot, len(b))
+	// The second shows a run's matplotlib figure.
+	for _, f := range []string{shot, strings.TrimSuffix(shot, ".png") + "-artifacts.png"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatalf("no screenshot: %v", err)
+		}
+		if !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) || len(b) < 10_000 {
+			t.Fatalf("screenshot %s is not a PNG of a rendered page (%d bytes)", f, len(b))
+		}
+		t.Logf("screenshot: %s", f)
 	}
 }
 

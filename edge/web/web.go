@@ -27,8 +27,9 @@ import (
 var dist embed.FS
 
 // ContentSecurityPolicy is sent with every response: the page runs only its
-// own script and style, and talks only to the origin that served it.
-const ContentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; " +
+// own script and style, and talks only to the origin that served it. Images
+// may also come from blob: URLs, which the page makes of a run's artifacts.
+const ContentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; " +
 	"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // Cache-Control values. Bundles carry a content hash in their names and

@@ -12,8 +12,9 @@ import (
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
 
-// leftovers prints the entries of /workspace and /tmp and the processes of
-// the user other than itself.
+// leftovers prints the entries of /workspace (those of the outputs
+// directory every run finds, rather than the directory itself) and /tmp, and
+// the processes of the user other than itself.
 const leftovers = `import os
 me = os.getpid()
 procs = 0
@@ -24,7 +25,8 @@ for p in os.listdir("/proc"):
                 procs += 1
         except OSError:
             pass
-print(len(os.listdir("/workspace")), len(os.listdir("/tmp")), procs)`
+ws = [e for e in os.listdir("/workspace") if e != "outputs"] + os.listdir("/workspace/outputs")
+print(len(ws), len(os.listdir("/tmp")), procs)`
 
 // TestAbuse runs hostile programs. Each must end with a clear result (or,
 // if it took the whole sandbox down, a clear error), and the next run on the

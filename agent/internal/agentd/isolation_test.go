@@ -31,7 +31,7 @@ func TestStatelessIsolation(t *testing.T) {
 	before := a.containerIDs(t)
 
 	resA := a.exec(t, &executionv1.Execution{Language: "bash", Code: `
-echo secret > /workspace/a.txt; mkdir -p /workspace/dir; echo s > /workspace/dir/b
+echo secret > /workspace/a.txt; echo secret > /workspace/outputs/a.txt; mkdir -p /workspace/dir; echo s > /workspace/dir/b
 echo secret > /tmp/t.txt; echo secret > /dev/shm/s.txt
 setsid sleep 300 >/dev/null 2>&1 </dev/null &
 nohup sleep 301 >/dev/null 2>&1 </dev/null &
@@ -57,9 +57,9 @@ echo started`})
 
 	resB := a.exec(t, &executionv1.Execution{Language: "bash", Code: `
 pwd
-ls -A /workspace /tmp /dev/shm
+ls -A /workspace /workspace/outputs /tmp /dev/shm
 for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -E '^(sleep|python3) ' || true`})
-	want := "/workspace\n/dev/shm:\n\n/tmp:\n\n/workspace:\n"
+	want := "/workspace\n/dev/shm:\n\n/tmp:\n\n/workspace:\noutputs\n\n/workspace/outputs:\n"
 	if resB.GetStdout() != want {
 		t.Errorf("run B saw what A left:\n%s\nstderr: %s\nwant:\n%s", resB.GetStdout(), resB.GetStderr(), want)
 	}
@@ -214,17 +214,19 @@ func TestSessionIsolation(t *testing.T) {
 		a.client("connect").CloseSession(context.Background(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: s1}))
 		a.client("connect").CloseSession(context.Background(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: s2}))
 	})
-	res := a.exec(t, &executionv1.Execution{Language: "bash", SessionId: s1, Code: "echo mine > /workspace/s1.txt; echo ok"})
+	res := a.exec(t, &executionv1.Execution{Language: "bash", SessionId: s1, Code: "echo mine > /workspace/s1.txt; echo mine > /workspace/outputs/s1.txt; echo ok"})
 	if res.GetStdout() != "ok\n" || res.GetSessionId() != s1 {
 		t.Fatalf("session 1: %v", res)
 	}
-	res = a.exec(t, &executionv1.Execution{Language: "bash", SessionId: s2, Code: "ls -A /workspace; echo end"})
-	if res.GetStdout() != "end\n" {
+	// Every run finds an outputs directory, empty unless it is its session's.
+	const empty = "/workspace:\noutputs\n\n/workspace/outputs:\nend\n"
+	res = a.exec(t, &executionv1.Execution{Language: "bash", SessionId: s2, Code: "ls -A /workspace /workspace/outputs; echo end"})
+	if res.GetStdout() != empty {
 		t.Errorf("session 2 sees %q", res.GetStdout())
 	}
 	for range 3 {
-		res = a.exec(t, &executionv1.Execution{Language: "bash", Code: "ls -A /workspace; echo end"})
-		if res.GetStdout() != "end\n" {
+		res = a.exec(t, &executionv1.Execution{Language: "bash", Code: "ls -A /workspace /workspace/outputs; echo end"})
+		if res.GetStdout() != empty {
 			t.Errorf("stateless run sees %q", res.GetStdout())
 		}
 	}

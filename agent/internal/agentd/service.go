@@ -214,6 +214,15 @@ func fillResult(res *executionv1.Result, exit *runnerv1.Exit) {
 	res.Truncated = exit.GetTruncated()
 	res.OomKilled = exit.GetOomKilled()
 	res.Duration = exit.GetDuration()
+	res.ArtifactsTruncated = exit.GetArtifactsTruncated()
+	for _, a := range exit.GetArtifacts() {
+		res.Artifacts = append(res.Artifacts, &executionv1.Artifact{
+			Name:      a.GetName(),
+			MediaType: a.GetMediaType(),
+			Content:   a.GetContent(),
+			Size:      uint64(len(a.GetContent())),
+		})
+	}
 }
 
 // CreateSession opens a session.

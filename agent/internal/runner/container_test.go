@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"image/png"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -118,6 +119,7 @@ func startSandbox(t testing.TB) *sandbox {
 	args := []string{"run", "-i", "--rm", "--name", name,
 		"--runtime=runsc", "--network=none", "--read-only",
 		"--tmpfs", "/workspace:size=64m", "--tmpfs", "/tmp:size=16m",
+		"--tmpfs", wire.PythonLib + ":size=1m",
 		// The agent's default pids limit: 128 held a fork bomb on a quiet
 		// host but not always with the host saturated (see wire's notes).
 		"--memory=256m", "--pids-limit=256", "--cpus=1",
@@ -351,6 +353,38 @@ func TestSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("matplotlib figures", func(t *testing.T) {
+		plot := "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\nplt.figure(); plt.bar([1, 2], [3, 4]); plt.show()"
+		for _, stateful := range []bool{false, true} {
+			r := sb.run(ctx, &runnerv1.Run{Language: "python", Code: plot, Stateful: stateful})
+			if r.err != nil || r.exit.GetCode() != 0 {
+				t.Fatalf("stateful %v: %v %q", stateful, r.err, r.stderr)
+			}
+			if r.stderr != "" {
+				t.Errorf("stateful %v: stderr %q", stateful, r.stderr)
+			}
+			want := "figure-1.png image/png; figure-2.png image/png"
+			if stateful {
+				// The stateless run's figures are still there.
+				want = "figure-3.png image/png; figure-4.png image/png"
+			}
+			if got := strings.Join(artifactNames(r.exit), "; "); got != want {
+				t.Fatalf("stateful %v: artifacts %q, want %q", stateful, got, want)
+			}
+			for _, a := range r.exit.GetArtifacts() {
+				if _, err := png.Decode(bytes.NewReader(a.GetContent())); err != nil {
+					t.Errorf("%s: %v", a.GetName(), err)
+				}
+			}
+		}
+		// The modules are root's: user code cannot change what the next
+		// run's plt.show() does.
+		r := sb.mustRun(t, "bash", "stat -c '%U %a' "+wire.PythonLib+" "+wire.PythonLib+"/*; echo x > "+wire.PythonLib+"/codemode_mpl.py || echo refused")
+		if want := "root 755\nroot 644\n"; !strings.HasPrefix(r.stdout, want) || !strings.HasSuffix(r.stdout, "refused\n") {
+			t.Errorf("python lib: %q %q", r.stdout, r.stderr)
+		}
+	})
+
 	t.Run("files", func(t *testing.T) {
 		if err := sb.c.WriteFile(ctx, &runnerv1.File{Path: "in/data.txt", Content: []byte("42")}); err != nil {
 			t.Fatal(err)
@@ -377,7 +411,7 @@ func TestSandboxReset(t *testing.T) {
 	sb := startSandbox(t)
 	ctx := t.Context()
 	a := `
-cd /workspace && echo a > a.txt && mkdir -p d/e && echo x > d/e/f && chmod 000 d
+cd /workspace && echo a > a.txt && echo a > outputs/a.txt && mkdir -p d/e && echo x > d/e/f && chmod 000 d
 echo t > /tmp/t; mkdir /tmp/dir; echo s > /dev/shm/s
 setsid sleep 3600 &
 nohup sleep 3600 >/dev/null 2>&1 &
@@ -419,7 +453,7 @@ ls /proc | grep -c '^[0-9]'
 	}
 	t.Logf("Reset took %v", time.Since(start))
 	b := `
-ls -A /workspace /tmp /dev/shm
+ls -A /workspace /workspace/outputs /tmp /dev/shm
 for p in /proc/[0-9]*; do [ "$(stat -c %U $p)" = nobody ] && [ "${p#/proc/}" != "$$" ] && [ "${p#/proc/}" != "$BASHPID" ] && echo "proc $(cat $p/cmdline | tr '\0' ' ')"; done
 pwd
 python3 -c '
@@ -430,7 +464,8 @@ print("mq", sum(libc.mq_open(b"/codemode-reset-%d" % i, os.O_RDONLY) >= 0 for i 
 '
 `
 	r = sb.mustRun(t, "bash", b)
-	want := "/dev/shm:\n\n/tmp:\n\n/workspace:\n/workspace\nshm False False False\nmq 0\n"
+	// outputs is made (empty) before every run.
+	want := "/dev/shm:\n\n/tmp:\n\n/workspace:\noutputs\n\n/workspace/outputs:\n/workspace\nshm False False False\nmq 0\n"
 	// The loop's own subshells may show up as "proc bash ..."; nothing else may.
 	var lines []string
 	for _, l := range strings.Split(r.stdout, "\n") {

@@ -47,6 +47,7 @@ func (s *server) env(lang language) []string {
 		"LANG=C.UTF-8",
 		"PWD=" + s.cfg.workspace,
 	}
+	env = append(env, s.userEnv...)
 	return append(env, lang.Env...)
 }
 
@@ -81,18 +82,25 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 	if lim.output == 0 {
 		lim.output = DefaultOutputLimit
 	}
+	before := s.prepareOutputs()
 	o := newOutput(id, s.out, lim.output)
-	if r.GetStateful() {
-		switch {
-		case lang.Kernel != nil:
-			return s.runKernel(ctx, o, lang, r, lim)
-		case lang.Shell:
-			return s.runShell(ctx, o, lang, r, lim)
-		}
-		// Other languages keep only their files (and background
-		// processes) between runs.
+	var exit *runnerv1.Exit
+	var err error
+	switch {
+	case r.GetStateful() && lang.Kernel != nil:
+		exit, err = s.runKernel(ctx, o, lang, r, lim)
+	case r.GetStateful() && lang.Shell:
+		exit, err = s.runShell(ctx, o, lang, r, lim)
+	default:
+		// A stateful run of another language keeps only its files (and
+		// background processes) between runs.
+		exit, err = s.runOnce(ctx, o, lang, pre, r.GetCode(), r.GetStdin(), lim, !r.GetStateful())
 	}
-	return s.runOnce(ctx, o, lang, pre, r.GetCode(), r.GetStdin(), lim, !r.GetStateful())
+	if err != nil {
+		return nil, err
+	}
+	s.collectArtifacts(exit, before)
+	return exit, nil
 }
 
 type limits struct {

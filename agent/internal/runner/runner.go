@@ -79,6 +79,9 @@ type config struct {
 	// message queues (see openMqueues); "": no helper (tests, where the
 	// binary is the test's).
 	self string
+	// pythonLib is the directory for the Python modules the runner lends
+	// user code (see preparePythonLib); "" or missing: none.
+	pythonLib string
 }
 
 func defaultConfig(log *slog.Logger) config {
@@ -94,6 +97,7 @@ func defaultConfig(log *slog.Logger) config {
 		drainGrace:   100 * time.Millisecond,
 		prestart:     true,
 		versions:     true,
+		pythonLib:    wire.PythonLib,
 	}
 }
 
@@ -113,6 +117,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	userProcs := fs.Uint64("max-user-procs", 32, "most processes and threads user code may have at once (RLIMIT_NPROC); 0: no limit")
 	versions := fs.Bool("versions", true, "report the languages' versions when ready (a process per language)")
 	prestart := fs.Bool("prestart", true, "start an interpreter ahead of the next stateless run, in the language of the last one (Python at first)")
+	pythonLib := fs.String("python-lib", wire.PythonLib, "root-only directory for the Python modules lent to user code (matplotlib's plt.show() saving figures as artifacts); skipped if missing")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: runner [flags]\n\nThe codemode sandbox runner: framed requests on stdin, framed events on stdout.\n\n")
 		fs.PrintDefaults()
@@ -131,6 +136,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg.userProcs = *userProcs
 	cfg.prestart = *prestart
 	cfg.versions = *versions
+	cfg.pythonLib = *pythonLib
 	cfg.self = "/proc/self/exe"
 	cfg.scratch = nil
 	for _, d := range strings.Split(*scratch, ",") {
@@ -192,6 +198,10 @@ type server struct {
 	kernel *kernel                // Python, nil until the first stateful Python run
 	shells map[string]*shellState // by language
 
+	// userEnv is added to the environment of all user code (see
+	// preparePythonLib).
+	userEnv []string
+
 	ipcFloor ipcFloor    // touched only by Reset
 	mqueues  *os.File    // see openMqueues; nil if it failed, and then Reset fails
 	mqErr    error       // why mqueues is nil
@@ -209,6 +219,10 @@ type server struct {
 
 func newServer(cfg config, stdout io.Writer) (*server, error) {
 	if err := prepareDirs(cfg); err != nil {
+		return nil, err
+	}
+	userEnv, err := preparePythonLib(cfg)
+	if err != nil {
 		return nil, err
 	}
 	// Before newProcs starts the reaper, which would take the exit status
@@ -229,18 +243,19 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		return nil, fmt.Errorf("open workspace: %w", err)
 	}
 	s := &server{
-		cfg:    cfg,
-		out:    &eventWriter{w: stdout},
-		procs:  newProcs(cfg),
-		root:   root,
-		shells: make(map[string]*shellState),
-		memory: openMemoryFiles(cfg.cgroupMemory),
+		cfg:     cfg,
+		out:     &eventWriter{w: stdout},
+		procs:   newProcs(cfg),
+		root:    root,
+		shells:  make(map[string]*shellState),
+		memory:  openMemoryFiles(cfg.cgroupMemory),
+		userEnv: userEnv,
 
 		mqueues: mq,
 		mqErr:   mqErr,
 	}
 	if cfg.prestart {
-		s.prestartLang = "python"
+		s.prestartLang = wire.DefaultLanguage
 	}
 	return s, nil
 }

@@ -439,7 +439,7 @@ func TestFiles(t *testing.T) {
 	for _, fi := range l.GetFiles() {
 		names = append(names, fmt.Sprintf("%s:%v", fi.GetPath(), fi.GetDir()))
 	}
-	if got, want := strings.Join(names, " "), "a:true fifo:false in-link:false inner.txt:false out-dir:false out-file:false sub:true"; got != want {
+	if got, want := strings.Join(names, " "), "a:true fifo:false in-link:false inner.txt:false out-dir:false out-file:false outputs:true sub:true"; got != want {
 		t.Fatalf("List = %s, want %s", got, want)
 	}
 	if l, err := h.c.List(ctx, "a/b"); err != nil || len(l.GetFiles()) != 1 || l.GetFiles()[0].GetPath() != "a/b/c.txt" || l.GetFiles()[0].GetSize() != 1 {

@@ -91,3 +91,24 @@ const Workspace = "/workspace"
 // MaxFileSize is the largest file content that WriteFile takes, that a Run
 // may carry per file, and that ReadFile returns.
 const MaxFileSize = 4 << 20
+
+// OutputsDir is the directory of the workspace (relative to [Workspace])
+// whose files a run returns as artifacts: the runner creates it, owned by
+// [UserUID], before every run, and reports in the run's Exit the regular
+// files in it that are new or changed, at most [MaxArtifacts] of them and
+// [MaxArtifactBytes] of content in all.
+const OutputsDir = "outputs"
+
+// Limits of a run's artifacts. MaxArtifactBytes leaves an Exit well within
+// [MaxFrameSize].
+const (
+	MaxArtifacts     = 64
+	MaxArtifactBytes = 4 << 20
+)
+
+// PythonLib is a directory, on a small tmpfs of its own that the agent
+// mounts, where the runner writes the Python modules it lends user code
+// (a matplotlib backend whose plt.show() saves figures into [OutputsDir])
+// and which it puts on PYTHONPATH. The runner makes it root's, mode 0755,
+// before any user code runs; without it, user code runs without them.
+const PythonLib = "/opt/codemode/python"

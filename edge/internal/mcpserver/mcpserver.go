@@ -12,8 +12,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"path"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -42,6 +45,17 @@ type ExecuteOutput struct {
 	OOMKilled  bool   `json:"oom_killed,omitempty" jsonschema:"the run went over its memory limit and was killed"`
 	DurationMS int64  `json:"duration_ms" jsonschema:"wall-clock time of the run in milliseconds"`
 	SessionID  string `json:"session_id,omitempty" jsonschema:"the session the run used"`
+	// The artifacts' contents come as content items of the result (images
+	// as image content, other files as embedded resources), not here.
+	Artifacts          []Artifact `json:"artifacts,omitempty" jsonschema:"files the run left in /workspace/outputs (new or changed), sent as image or resource content items"`
+	ArtifactsTruncated bool       `json:"artifacts_truncated,omitempty" jsonschema:"some files of /workspace/outputs were left out for the size limits"`
+}
+
+// Artifact describes one file a run left in /workspace/outputs.
+type Artifact struct {
+	Name      string `json:"name" jsonschema:"path relative to /workspace/outputs"`
+	MediaType string `json:"media_type" jsonschema:"media type, e.g. image/png"`
+	Size      uint64 `json:"size" jsonschema:"size in bytes"`
 }
 
 // SessionInput is create_session's input.
@@ -259,7 +273,9 @@ func (t *tools) addCodeTools(s *mcp.Server, langs *edgev1.ListLanguagesResponse)
 		Name:  "execute_code",
 		Title: "Execute code",
 		Description: "Run code in an isolated sandbox with no network and return its stdout, stderr and exit code. " +
-			sandboxText(langs) + " With a progress token, output is sent as progress notifications while it is produced.",
+			sandboxText(langs) + " Files the code writes to /workspace/outputs come back with the result, images as image content" +
+			" and other files as embedded resources; in python, matplotlib's plt.show() saves each figure there as a PNG." +
+			" With a progress token, output is sent as progress notifications while it is produced.",
 		InputSchema: inputSchema[ExecuteInput](langs),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: false, IdempotentHint: false, DestructiveHint: new(true), OpenWorldHint: new(false)},
 	}, t.executeCode)
@@ -327,8 +343,45 @@ func (t *tools) executeCode(ctx context.Context, req *mcp.CallToolRequest, in Ex
 		Stdout: res.GetStdout(), Stderr: res.GetStderr(), ExitCode: res.GetExitCode(),
 		TimedOut: res.GetTimedOut(), Truncated: res.GetTruncated(), OOMKilled: res.GetOomKilled(),
 		DurationMS: res.GetDuration().AsDuration().Milliseconds(), SessionID: res.GetSessionId(),
+		ArtifactsTruncated: res.GetArtifactsTruncated(),
 	}
-	return withRequestID(&mcp.CallToolResult{Content: text(Summary(res))}, id), out, nil
+	for _, a := range res.GetArtifacts() {
+		out.Artifacts = append(out.Artifacts, Artifact{Name: a.GetName(), MediaType: a.GetMediaType(), Size: a.GetSize()})
+	}
+	content := append(text(Summary(res)), ArtifactContent(res.GetArtifacts())...)
+	return withRequestID(&mcp.CallToolResult{Content: content}, id), out, nil
+}
+
+// ArtifactContent renders artifacts as MCP content: an image as image
+// content, another file as an embedded resource (text when it is text in
+// UTF-8, else a blob) whose URI names it in the sandbox,
+// file:///workspace/outputs/NAME.
+func ArtifactContent(artifacts []*executionv1.Artifact) []mcp.Content {
+	var c []mcp.Content
+	for _, a := range artifacts {
+		mt := a.GetMediaType()
+		if strings.HasPrefix(mt, "image/") {
+			c = append(c, &mcp.ImageContent{Data: a.GetContent(), MIMEType: mt})
+			continue
+		}
+		u := url.URL{Scheme: "file", Path: path.Join("/workspace/outputs", a.GetName())}
+		r := &mcp.ResourceContents{URI: u.String(), MIMEType: mt}
+		if isText(mt) && utf8.Valid(a.GetContent()) {
+			r.Text = string(a.GetContent())
+		} else {
+			r.Blob = a.GetContent()
+		}
+		c = append(c, &mcp.EmbeddedResource{Resource: r})
+	}
+	return c
+}
+
+// isText says whether a media type is text a model can read as is.
+func isText(mediaType string) bool {
+	mt, _, _ := strings.Cut(mediaType, ";")
+	mt = strings.TrimSpace(mt)
+	return strings.HasPrefix(mt, "text/") || mt == "application/json" || mt == "application/xml" ||
+		strings.HasSuffix(mt, "+json") || strings.HasSuffix(mt, "+xml")
 }
 
 // stream runs ex with ExecuteStream, sending its output to p as it comes,
@@ -383,6 +436,16 @@ func Summary(res *executionv1.Result) string {
 	}
 	if res.GetTruncated() {
 		notes = append(notes, "output truncated")
+	}
+	if as := res.GetArtifacts(); len(as) > 0 {
+		names := make([]string, len(as))
+		for i, a := range as {
+			names[i] = fmt.Sprintf("%s (%s, %d bytes)", a.GetName(), a.GetMediaType(), a.GetSize())
+		}
+		notes = append(notes, "artifacts in /workspace/outputs: "+strings.Join(names, ", "))
+	}
+	if res.GetArtifactsTruncated() {
+		notes = append(notes, "some artifacts left out for the size limit")
 	}
 	if len(notes) > 0 {
 		if b.Len() > 0 && !strings.HasSuffix(b.String(), "\n") {

@@ -11,7 +11,7 @@ import { createGrpcWebTransport } from "@connectrpc/connect-web";
 import { create } from "@bufbuild/protobuf";
 import { type Duration, DurationSchema } from "@bufbuild/protobuf/wkt";
 import { ExecutionService } from "./gen/codemode/edge/v1/edge_pb";
-import type { Result } from "./gen/codemode/execution/v1/execution_pb";
+import type { Artifact, Result } from "./gen/codemode/execution/v1/execution_pb";
 
 // Examples shown when a language is picked and the editor holds no edits.
 const examples: Record<string, string> = {
@@ -84,6 +84,7 @@ const ui = {
   duration: $<HTMLSpanElement>("duration"),
   clear: $<HTMLButtonElement>("clear"),
   output: $<HTMLPreElement>("output"),
+  artifacts: $<HTMLDivElement>("artifacts"),
 };
 
 // The API key lives in sessionStorage: it survives a reload, not the tab.
@@ -227,6 +228,7 @@ function note(text: string) {
 
 function clearOutput() {
   ui.output.replaceChildren();
+  clearArtifacts();
   ui.badges.replaceChildren();
   ui.duration.textContent = "";
   last = null;
@@ -257,6 +259,70 @@ function showResult(r: Result) {
   if (r.oomKilled) badge("out of memory", "bad").id = "oom-killed";
   ui.duration.textContent = formatMillis(millis(r.duration));
   ui.duration.title = r.agent ? `ran on ${r.agent}` : "";
+  showArtifacts(r.artifacts, r.artifactsTruncated);
+}
+
+// ---- artifacts ----
+
+// Shown inline: raster images only. Anything else, SVG included (a document
+// that could script in this origin if opened), is offered for download as
+// bytes.
+const inlineImages = new Set(["image/png", "image/jpeg", "image/gif", "image/webp", "image/avif"]);
+
+// Object URLs of the artifacts shown, revoked when they go away.
+let artifactURLs: string[] = [];
+
+function clearArtifacts() {
+  for (const u of artifactURLs) URL.revokeObjectURL(u);
+  artifactURLs = [];
+  ui.artifacts.replaceChildren();
+  ui.artifacts.hidden = true;
+}
+
+function formatBytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  if (n < 1 << 20) return `${(n / 1024).toFixed(1)} KiB`;
+  return `${(n / (1 << 20)).toFixed(1)} MiB`;
+}
+
+function showArtifacts(artifacts: Artifact[], truncated: boolean) {
+  clearArtifacts();
+  if (artifacts.length === 0 && !truncated) return;
+  for (const a of artifacts) {
+    const type = a.mediaType.split(";")[0].trim().toLowerCase();
+    const inline = inlineImages.has(type);
+    const url = URL.createObjectURL(new Blob([a.content as Uint8Array<ArrayBuffer>], { type: inline ? type : "application/octet-stream" }));
+    artifactURLs.push(url);
+    const fig = document.createElement("figure");
+    fig.className = "artifact";
+    fig.dataset.name = a.name;
+    if (inline) {
+      const img = document.createElement("img");
+      img.src = url;
+      img.alt = a.name;
+      fig.append(img);
+    }
+    const cap = document.createElement("figcaption");
+    const link = document.createElement("a");
+    link.href = url;
+    link.download = a.name.split("/").pop() || "artifact";
+    link.textContent = a.name;
+    link.title = `Download ${a.name}`;
+    const meta = document.createElement("span");
+    meta.className = "muted";
+    meta.textContent = ` ${a.mediaType.split(";")[0]}, ${formatBytes(Number(a.size))}`;
+    cap.append(link, meta);
+    fig.append(cap);
+    ui.artifacts.append(fig);
+  }
+  if (truncated) {
+    const p = document.createElement("p");
+    p.className = "muted";
+    p.id = "artifacts-truncated";
+    p.textContent = "More files were left in /workspace/outputs than a result carries; some are not shown.";
+    ui.artifacts.append(p);
+  }
+  ui.artifacts.hidden = false;
 }
 
 ui.clear.addEventListener("click", clearOutput);

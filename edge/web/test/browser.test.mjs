@@ -9,7 +9,7 @@ import { after, before, describe, test } from "node:test";
 import { launch } from "./browser.mjs";
 import { edgeURL } from "./edge.mjs";
 
-describe("playground", { timeout: 60000 }, () => {
+describe("playground", { timeout: 120000 }, () => {
   const url = edgeURL();
   let browser, page;
 
@@ -76,6 +76,46 @@ describe("playground", { timeout: 60000 }, () => {
     const shot = process.env.CODEMODE_SCREENSHOT ?? join(tmpdir(), "codemode-playground.png");
     await page.screenshot({ path: shot });
     console.log(`screenshot: ${shot}`);
+  });
+
+  test("shows a matplotlib figure inline and offers other files for download", async () => {
+    await page.fill(
+      "#code",
+      [
+        "import matplotlib.pyplot as plt",
+        "plt.plot([1, 4, 2, 5], marker='o')",
+        "plt.title('codemode artifact')",
+        "plt.show()",
+        "open('/workspace/outputs/data.csv', 'w').write('x,y\\n1,4\\n')",
+        "print('plotted')",
+      ].join("\n"),
+    );
+    await page.click("#run");
+    await page.waitForSelector("body[data-state=done]", { timeout: 60000 });
+    assert.equal(await page.textContent("#output"), "plotted\n");
+    const img = await page.waitForSelector("#artifacts figure[data-name='figure-1.png'] img", { timeout: 5000 });
+    // Decoded by the browser: a real image, not a broken one.
+    const size = await img.evaluate(async (el) => {
+      await el.decode();
+      return { w: el.naturalWidth, h: el.naturalHeight, src: el.src };
+    });
+    assert.ok(size.w > 100 && size.h > 100, `figure is ${size.w}x${size.h}`);
+    assert.match(size.src, /^blob:/);
+    const csv = await page.waitForSelector("#artifacts figure[data-name='data.csv'] a[download]");
+    assert.equal(await csv.getAttribute("download"), "data.csv");
+    assert.equal(await page.$("#artifacts figure[data-name='data.csv'] img"), null, "a CSV is not shown as an image");
+    const download = page.waitForEvent("download");
+    await csv.click();
+    const file = await download;
+    assert.equal(file.suggestedFilename(), "data.csv");
+    const shot = (process.env.CODEMODE_SCREENSHOT ?? join(tmpdir(), "codemode-playground.png")).replace(/(\.png)?$/, "-artifacts.png");
+    await page.screenshot({ path: shot });
+    console.log(`screenshot: ${shot}`);
+    // The next run clears them.
+    await page.fill("#code", "print(1)");
+    await page.click("#run");
+    await page.waitForSelector("body[data-state=done]", { timeout: 30000 });
+    assert.equal(await page.isHidden("#artifacts"), true);
   });
 
   test("a run past its timeout is killed and says so", async () => {

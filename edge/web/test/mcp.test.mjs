@@ -262,3 +262,42 @@ describe("/mcp-no-code-execute", () => {
     }
   });
 });
+
+// Apart from the concurrent tests above: importing matplotlib takes seconds of
+// the sandbox's CPU, which would hold up their timing.
+describe("/mcp artifacts", () => {
+  let client;
+  before(async () => {
+    client = await connect("/mcp");
+  });
+  after(async () => {
+    await client?.close();
+  });
+
+  test("execute_code returns a matplotlib figure as image content and other files as resources", async () => {
+    const code = [
+      "import matplotlib.pyplot as plt",
+      "plt.bar(['a', 'b'], [3, 5])",
+      "plt.show()",
+      "open('/workspace/outputs/notes.txt', 'w').write('hello')",
+    ].join("\n");
+    const res = await run(client, { language: "python", code }, { timeout: 120000 });
+    const images = res.content.filter((c) => c.type === "image");
+    assert.equal(images.length, 1, `content: ${JSON.stringify(res.content.map((c) => c.type))}`);
+    assert.equal(images[0].mimeType, "image/png");
+    const png = Buffer.from(images[0].data, "base64");
+    assert.deepEqual([...png.subarray(0, 8)], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a], "PNG signature");
+    assert.equal(png.subarray(12, 16).toString("latin1"), "IHDR");
+    assert.ok(png.readUInt32BE(16) > 100 && png.readUInt32BE(20) > 100, "a figure-sized image");
+    const resources = res.content.filter((c) => c.type === "resource");
+    assert.equal(resources.length, 1);
+    assert.equal(resources[0].resource.uri, "file:///workspace/outputs/notes.txt");
+    assert.equal(resources[0].resource.text, "hello");
+    assert.match(resources[0].resource.mimeType, /^text\/plain/);
+    assert.deepEqual(
+      res.structuredContent.artifacts.map((a) => [a.name, a.media_type, a.size]),
+      [["figure-1.png", "image/png", png.length], ["notes.txt", resources[0].resource.mimeType, 5]],
+    );
+    assert.match(text(res), /figure-1\.png \(image\/png/);
+  });
+});

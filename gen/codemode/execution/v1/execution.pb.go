@@ -85,7 +85,7 @@ func (x SessionNotFound_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SessionNotFound_Reason.Descriptor instead.
 func (SessionNotFound_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{9, 0}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{10, 0}
 }
 
 // Execution says what to run and under which limits. The edge's public request
@@ -327,9 +327,20 @@ type Result struct {
 	// The agent that ran it.
 	Agent string `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
 	// The session it ran in, if any.
-	SessionId     string `protobuf:"bytes,9,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SessionId string `protobuf:"bytes,9,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Files the run left in /workspace/outputs: regular files that are new or
+	// changed since the run began (a session keeps its earlier ones, and
+	// reports them again only when a run changes them), sorted by name. A
+	// Python figure shown with matplotlib's plt.show() is saved there as
+	// figure-N.png. Symbolic links are not followed. At most 64 files and
+	// 4 MiB of content in all; files past that are left out, and
+	// artifacts_truncated says so. In a stream they come in the final result.
+	Artifacts []*Artifact `protobuf:"bytes,10,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	// Some files of /workspace/outputs were left out of artifacts for its
+	// limits; a session can still read them with ReadFile.
+	ArtifactsTruncated bool `protobuf:"varint,11,opt,name=artifacts_truncated,json=artifactsTruncated,proto3" json:"artifacts_truncated,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
@@ -425,6 +436,94 @@ func (x *Result) GetSessionId() string {
 	return ""
 }
 
+func (x *Result) GetArtifacts() []*Artifact {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
+func (x *Result) GetArtifactsTruncated() bool {
+	if x != nil {
+		return x.ArtifactsTruncated
+	}
+	return false
+}
+
+// Artifact is a file a run left in /workspace/outputs.
+type Artifact struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path relative to /workspace/outputs, e.g. "figure-1.png" or "data/a.csv".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Media type, from the name's extension or else from the content, e.g.
+	// "image/png"; "application/octet-stream" when neither tells.
+	MediaType string `protobuf:"bytes,2,opt,name=media_type,json=mediaType,proto3" json:"media_type,omitempty"`
+	// The file's content, whole.
+	Content []byte `protobuf:"bytes,3,opt,name=content,proto3" json:"content,omitempty"`
+	// Size of content in bytes.
+	Size          uint64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Artifact) Reset() {
+	*x = Artifact{}
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Artifact) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Artifact) ProtoMessage() {}
+
+func (x *Artifact) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Artifact.ProtoReflect.Descriptor instead.
+func (*Artifact) Descriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Artifact) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Artifact) GetMediaType() string {
+	if x != nil {
+		return x.MediaType
+	}
+	return ""
+}
+
+func (x *Artifact) GetContent() []byte {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+func (x *Artifact) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 // Event is one step of a streamed run: chunks of output as they are produced,
 // then exactly one result.
 type Event struct {
@@ -441,7 +540,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[4]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +552,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[4]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +565,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{4}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Event) GetEvent() isEvent_Event {
@@ -548,7 +647,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[5]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +659,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[5]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +672,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{5}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Session) GetId() string {
@@ -636,7 +735,7 @@ type Defaults struct {
 
 func (x *Defaults) Reset() {
 	*x = Defaults{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +747,7 @@ func (x *Defaults) String() string {
 func (*Defaults) ProtoMessage() {}
 
 func (x *Defaults) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +760,7 @@ func (x *Defaults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Defaults.ProtoReflect.Descriptor instead.
 func (*Defaults) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{6}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Defaults) GetLanguage() string {
@@ -747,7 +846,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +858,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +871,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{7}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Language) GetName() string {
@@ -841,7 +940,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +952,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +965,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{8}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -911,7 +1010,7 @@ type SessionNotFound struct {
 
 func (x *SessionNotFound) Reset() {
 	*x = SessionNotFound{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[9]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1022,7 @@ func (x *SessionNotFound) String() string {
 func (*SessionNotFound) ProtoMessage() {}
 
 func (x *SessionNotFound) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[9]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1035,7 @@ func (x *SessionNotFound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionNotFound.ProtoReflect.Descriptor instead.
 func (*SessionNotFound) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{9}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SessionNotFound) GetReason() SessionNotFound_Reason {
@@ -976,7 +1075,7 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x01 \x01(\x04B\r\xbaH\n" +
 	"2\b\x18\x80\x80\x80\x80\x10(\x00R\vmemoryBytes\x12-\n" +
 	"\foutput_bytes\x18\x02 \x01(\x04B\n" +
-	"\xbaH\a2\x05\x18\x80\x80\x80 R\voutputBytes\"\x9b\x02\n" +
+	"\xbaH\a2\x05\x18\x80\x80\x80 R\voutputBytes\"\x8b\x03\n" +
 	"\x06Result\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06stdout\x18\x02 \x01(\tR\x06stdout\x12\x16\n" +
@@ -988,7 +1087,16 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\bduration\x18\a \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x14\n" +
 	"\x05agent\x18\b \x01(\tR\x05agent\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\t \x01(\tR\tsessionId\"\x84\x01\n" +
+	"session_id\x18\t \x01(\tR\tsessionId\x12=\n" +
+	"\tartifacts\x18\n" +
+	" \x03(\v2\x1f.codemode.execution.v1.ArtifactR\tartifacts\x12/\n" +
+	"\x13artifacts_truncated\x18\v \x01(\bR\x12artifactsTruncated\"k\n" +
+	"\bArtifact\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"media_type\x18\x02 \x01(\tR\tmediaType\x12\x18\n" +
+	"\acontent\x18\x03 \x01(\fR\acontent\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x04R\x04size\"\x84\x01\n" +
 	"\x05Event\x12\x18\n" +
 	"\x06stdout\x18\x01 \x01(\tH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x02 \x01(\tH\x00R\x06stderr\x127\n" +
@@ -1051,40 +1159,42 @@ func file_codemode_execution_v1_execution_proto_rawDescGZIP() []byte {
 }
 
 var file_codemode_execution_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_codemode_execution_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_codemode_execution_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_codemode_execution_v1_execution_proto_goTypes = []any{
 	(SessionNotFound_Reason)(0),   // 0: codemode.execution.v1.SessionNotFound.Reason
 	(*Execution)(nil),             // 1: codemode.execution.v1.Execution
 	(*File)(nil),                  // 2: codemode.execution.v1.File
 	(*Limits)(nil),                // 3: codemode.execution.v1.Limits
 	(*Result)(nil),                // 4: codemode.execution.v1.Result
-	(*Event)(nil),                 // 5: codemode.execution.v1.Event
-	(*Session)(nil),               // 6: codemode.execution.v1.Session
-	(*Defaults)(nil),              // 7: codemode.execution.v1.Defaults
-	(*Language)(nil),              // 8: codemode.execution.v1.Language
-	(*FileInfo)(nil),              // 9: codemode.execution.v1.FileInfo
-	(*SessionNotFound)(nil),       // 10: codemode.execution.v1.SessionNotFound
-	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*Artifact)(nil),              // 5: codemode.execution.v1.Artifact
+	(*Event)(nil),                 // 6: codemode.execution.v1.Event
+	(*Session)(nil),               // 7: codemode.execution.v1.Session
+	(*Defaults)(nil),              // 8: codemode.execution.v1.Defaults
+	(*Language)(nil),              // 9: codemode.execution.v1.Language
+	(*FileInfo)(nil),              // 10: codemode.execution.v1.FileInfo
+	(*SessionNotFound)(nil),       // 11: codemode.execution.v1.SessionNotFound
+	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_codemode_execution_v1_execution_proto_depIdxs = []int32{
-	11, // 0: codemode.execution.v1.Execution.timeout:type_name -> google.protobuf.Duration
+	12, // 0: codemode.execution.v1.Execution.timeout:type_name -> google.protobuf.Duration
 	2,  // 1: codemode.execution.v1.Execution.files:type_name -> codemode.execution.v1.File
 	3,  // 2: codemode.execution.v1.Execution.limits:type_name -> codemode.execution.v1.Limits
-	11, // 3: codemode.execution.v1.Result.duration:type_name -> google.protobuf.Duration
-	4,  // 4: codemode.execution.v1.Event.result:type_name -> codemode.execution.v1.Result
-	12, // 5: codemode.execution.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	12, // 6: codemode.execution.v1.Session.expire_time:type_name -> google.protobuf.Timestamp
-	11, // 7: codemode.execution.v1.Defaults.timeout:type_name -> google.protobuf.Duration
-	11, // 8: codemode.execution.v1.Defaults.max_timeout:type_name -> google.protobuf.Duration
-	11, // 9: codemode.execution.v1.Defaults.session_idle_timeout:type_name -> google.protobuf.Duration
-	0,  // 10: codemode.execution.v1.SessionNotFound.reason:type_name -> codemode.execution.v1.SessionNotFound.Reason
-	12, // 11: codemode.execution.v1.SessionNotFound.end_time:type_name -> google.protobuf.Timestamp
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	12, // 3: codemode.execution.v1.Result.duration:type_name -> google.protobuf.Duration
+	5,  // 4: codemode.execution.v1.Result.artifacts:type_name -> codemode.execution.v1.Artifact
+	4,  // 5: codemode.execution.v1.Event.result:type_name -> codemode.execution.v1.Result
+	13, // 6: codemode.execution.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	13, // 7: codemode.execution.v1.Session.expire_time:type_name -> google.protobuf.Timestamp
+	12, // 8: codemode.execution.v1.Defaults.timeout:type_name -> google.protobuf.Duration
+	12, // 9: codemode.execution.v1.Defaults.max_timeout:type_name -> google.protobuf.Duration
+	12, // 10: codemode.execution.v1.Defaults.session_idle_timeout:type_name -> google.protobuf.Duration
+	0,  // 11: codemode.execution.v1.SessionNotFound.reason:type_name -> codemode.execution.v1.SessionNotFound.Reason
+	13, // 12: codemode.execution.v1.SessionNotFound.end_time:type_name -> google.protobuf.Timestamp
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_codemode_execution_v1_execution_proto_init() }
@@ -1092,7 +1202,7 @@ func file_codemode_execution_v1_execution_proto_init() {
 	if File_codemode_execution_v1_execution_proto != nil {
 		return
 	}
-	file_codemode_execution_v1_execution_proto_msgTypes[4].OneofWrappers = []any{
+	file_codemode_execution_v1_execution_proto_msgTypes[5].OneofWrappers = []any{
 		(*Event_Stdout)(nil),
 		(*Event_Stderr)(nil),
 		(*Event_Result)(nil),
@@ -1103,7 +1213,7 @@ func file_codemode_execution_v1_execution_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_execution_v1_execution_proto_rawDesc), len(file_codemode_execution_v1_execution_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -91,7 +91,7 @@ func (x Error_Code) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Code.Descriptor instead.
 func (Error_Code) EnumDescriptor() ([]byte, []int) {
-	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{11, 0}
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{12, 0}
 }
 
 // Request is one message from the agent to the runner.
@@ -918,9 +918,15 @@ type Exit struct {
 	// The run was stateful and its interpreter state (variables, imports,
 	// working directory) was lost, for example because the interpreter was
 	// killed at the timeout; the next stateful run starts afresh.
-	StateLost     bool `protobuf:"varint,6,opt,name=state_lost,json=stateLost,proto3" json:"state_lost,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StateLost bool `protobuf:"varint,6,opt,name=state_lost,json=stateLost,proto3" json:"state_lost,omitempty"`
+	// Regular files in /workspace/outputs that are new or changed since the
+	// run began, sorted by name, within the limits of package wire
+	// (MaxArtifacts, MaxArtifactBytes), so that the Exit fits in one frame.
+	Artifacts []*Artifact `protobuf:"bytes,7,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	// Files were left out of artifacts for those limits.
+	ArtifactsTruncated bool `protobuf:"varint,8,opt,name=artifacts_truncated,json=artifactsTruncated,proto3" json:"artifacts_truncated,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Exit) Reset() {
@@ -995,6 +1001,83 @@ func (x *Exit) GetStateLost() bool {
 	return false
 }
 
+func (x *Exit) GetArtifacts() []*Artifact {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
+func (x *Exit) GetArtifactsTruncated() bool {
+	if x != nil {
+		return x.ArtifactsTruncated
+	}
+	return false
+}
+
+// Artifact is a file a run left in /workspace/outputs.
+type Artifact struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path relative to /workspace/outputs.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Media type, from the name's extension or else from the content.
+	MediaType     string `protobuf:"bytes,2,opt,name=media_type,json=mediaType,proto3" json:"media_type,omitempty"`
+	Content       []byte `protobuf:"bytes,3,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Artifact) Reset() {
+	*x = Artifact{}
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Artifact) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Artifact) ProtoMessage() {}
+
+func (x *Artifact) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Artifact.ProtoReflect.Descriptor instead.
+func (*Artifact) Descriptor() ([]byte, []int) {
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Artifact) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Artifact) GetMediaType() string {
+	if x != nil {
+		return x.MediaType
+	}
+	return ""
+}
+
+func (x *Artifact) GetContent() []byte {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
 type Error struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Message string                 `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
@@ -1007,7 +1090,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_codemode_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1102,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1115,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{11}
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Error) GetMessage() string {
@@ -1060,7 +1143,7 @@ type Done struct {
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_codemode_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1072,7 +1155,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1085,7 +1168,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Done) GetPrestarted() string {
@@ -1107,7 +1190,7 @@ type FileList struct {
 
 func (x *FileList) Reset() {
 	*x = FileList{}
-	mi := &file_codemode_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1202,7 @@ func (x *FileList) String() string {
 func (*FileList) ProtoMessage() {}
 
 func (x *FileList) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1215,7 @@ func (x *FileList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileList.ProtoReflect.Descriptor instead.
 func (*FileList) Descriptor() ([]byte, []int) {
-	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FileList) GetFiles() []*FileInfo {
@@ -1162,7 +1245,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_codemode_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1257,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1270,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1275,7 +1358,7 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"prestarted\x1a;\n" +
 	"\rVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xca\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb7\x02\n" +
 	"\x04Exit\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x1b\n" +
 	"\ttimed_out\x18\x02 \x01(\bR\btimedOut\x12\x1c\n" +
@@ -1284,7 +1367,14 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
 	"oom_killed\x18\x05 \x01(\bR\toomKilled\x12\x1d\n" +
 	"\n" +
-	"state_lost\x18\x06 \x01(\bR\tstateLost\"\xed\x01\n" +
+	"state_lost\x18\x06 \x01(\bR\tstateLost\x12:\n" +
+	"\tartifacts\x18\a \x03(\v2\x1c.codemode.runner.v1.ArtifactR\tartifacts\x12/\n" +
+	"\x13artifacts_truncated\x18\b \x01(\bR\x12artifactsTruncated\"W\n" +
+	"\bArtifact\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"media_type\x18\x02 \x01(\tR\tmediaType\x12\x18\n" +
+	"\acontent\x18\x03 \x01(\fR\acontent\"\xed\x01\n" +
 	"\x05Error\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x122\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x1e.codemode.runner.v1.Error.CodeR\x04code\"\x95\x01\n" +
@@ -1322,7 +1412,7 @@ func file_codemode_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_codemode_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_codemode_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_codemode_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_codemode_runner_v1_runner_proto_goTypes = []any{
 	(Error_Code)(0),             // 0: codemode.runner.v1.Error.Code
 	(*Request)(nil),             // 1: codemode.runner.v1.Request
@@ -1336,12 +1426,13 @@ var file_codemode_runner_v1_runner_proto_goTypes = []any{
 	(*Event)(nil),               // 9: codemode.runner.v1.Event
 	(*Ready)(nil),               // 10: codemode.runner.v1.Ready
 	(*Exit)(nil),                // 11: codemode.runner.v1.Exit
-	(*Error)(nil),               // 12: codemode.runner.v1.Error
-	(*Done)(nil),                // 13: codemode.runner.v1.Done
-	(*FileList)(nil),            // 14: codemode.runner.v1.FileList
-	(*FileInfo)(nil),            // 15: codemode.runner.v1.FileInfo
-	nil,                         // 16: codemode.runner.v1.Ready.VersionsEntry
-	(*durationpb.Duration)(nil), // 17: google.protobuf.Duration
+	(*Artifact)(nil),            // 12: codemode.runner.v1.Artifact
+	(*Error)(nil),               // 13: codemode.runner.v1.Error
+	(*Done)(nil),                // 14: codemode.runner.v1.Done
+	(*FileList)(nil),            // 15: codemode.runner.v1.FileList
+	(*FileInfo)(nil),            // 16: codemode.runner.v1.FileInfo
+	nil,                         // 17: codemode.runner.v1.Ready.VersionsEntry
+	(*durationpb.Duration)(nil), // 18: google.protobuf.Duration
 }
 var file_codemode_runner_v1_runner_proto_depIdxs = []int32{
 	2,  // 0: codemode.runner.v1.Request.run:type_name -> codemode.runner.v1.Run
@@ -1350,24 +1441,25 @@ var file_codemode_runner_v1_runner_proto_depIdxs = []int32{
 	6,  // 3: codemode.runner.v1.Request.write_file:type_name -> codemode.runner.v1.WriteFile
 	7,  // 4: codemode.runner.v1.Request.read_file:type_name -> codemode.runner.v1.ReadFile
 	8,  // 5: codemode.runner.v1.Request.list_files:type_name -> codemode.runner.v1.ListFiles
-	17, // 6: codemode.runner.v1.Run.timeout:type_name -> google.protobuf.Duration
+	18, // 6: codemode.runner.v1.Run.timeout:type_name -> google.protobuf.Duration
 	3,  // 7: codemode.runner.v1.Run.files:type_name -> codemode.runner.v1.File
 	3,  // 8: codemode.runner.v1.WriteFile.file:type_name -> codemode.runner.v1.File
 	10, // 9: codemode.runner.v1.Event.ready:type_name -> codemode.runner.v1.Ready
 	11, // 10: codemode.runner.v1.Event.exit:type_name -> codemode.runner.v1.Exit
-	12, // 11: codemode.runner.v1.Event.error:type_name -> codemode.runner.v1.Error
-	13, // 12: codemode.runner.v1.Event.done:type_name -> codemode.runner.v1.Done
+	13, // 11: codemode.runner.v1.Event.error:type_name -> codemode.runner.v1.Error
+	14, // 12: codemode.runner.v1.Event.done:type_name -> codemode.runner.v1.Done
 	3,  // 13: codemode.runner.v1.Event.file:type_name -> codemode.runner.v1.File
-	14, // 14: codemode.runner.v1.Event.file_list:type_name -> codemode.runner.v1.FileList
-	16, // 15: codemode.runner.v1.Ready.versions:type_name -> codemode.runner.v1.Ready.VersionsEntry
-	17, // 16: codemode.runner.v1.Exit.duration:type_name -> google.protobuf.Duration
-	0,  // 17: codemode.runner.v1.Error.code:type_name -> codemode.runner.v1.Error.Code
-	15, // 18: codemode.runner.v1.FileList.files:type_name -> codemode.runner.v1.FileInfo
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	15, // 14: codemode.runner.v1.Event.file_list:type_name -> codemode.runner.v1.FileList
+	17, // 15: codemode.runner.v1.Ready.versions:type_name -> codemode.runner.v1.Ready.VersionsEntry
+	18, // 16: codemode.runner.v1.Exit.duration:type_name -> google.protobuf.Duration
+	12, // 17: codemode.runner.v1.Exit.artifacts:type_name -> codemode.runner.v1.Artifact
+	0,  // 18: codemode.runner.v1.Error.code:type_name -> codemode.runner.v1.Error.Code
+	16, // 19: codemode.runner.v1.FileList.files:type_name -> codemode.runner.v1.FileInfo
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_codemode_runner_v1_runner_proto_init() }
@@ -1399,7 +1491,7 @@ func file_codemode_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_runner_v1_runner_proto_rawDesc), len(file_codemode_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file codemode/execution/v1/execution.proto.
  */
 export const file_codemode_execution_v1_execution: GenFile = /*@__PURE__*/
-  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2QIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukgg2AEBchsyGV5bYS16XVthLXowLTkrXy4tXXswLDMxfSQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI6Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg66SAuqAQgiBAiAowUqABIYCgVzdGRpbhgFIAEoDEIJukgGegQYgIBAEjQKBWZpbGVzGAYgAygLMhsuY29kZW1vZGUuZXhlY3V0aW9uLnYxLkZpbGVCCLpIBZIBAhBAEi0KBmxpbWl0cxgHIAEoCzIdLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5MaW1pdHMi4wEKBEZpbGUSvQEKBHBhdGgYASABKAlCrgG6SKoBugF6ChlmaWxlLnBhdGgubm9fZG90X3NlZ21lbnRzEipwYXRoIG11c3Qgbm90IGNvbnRhaW4gIi4iIG9yICIuLiIgZWxlbWVudHMaMSF0aGlzLnNwbGl0KCcvJykuZXhpc3RzKHMsIHMgPT0gJy4nIHx8IHMgPT0gJy4uJylyKxABGP8BMiReW0EtWmEtejAtOV8uLV0rKC9bQS1aYS16MC05Xy4tXSspKiQSGwoHY29udGVudBgCIAEoDEIKukgHegUYgICAAiJPCgZMaW1pdHMSIwoMbWVtb3J5X2J5dGVzGAEgASgEQg26SAoyCBiAgICAECgAEiAKDG91dHB1dF9ieXRlcxgCIAEoBEIKukgHMgUYgICAICLFAQoGUmVzdWx0EhEKCWV4aXRfY29kZRgBIAEoBRIOCgZzdGRvdXQYAiABKAkSDgoGc3RkZXJyGAMgASgJEhEKCXRpbWVkX291dBgEIAEoCBIRCgl0cnVuY2F0ZWQYBSABKAgSEgoKb29tX2tpbGxlZBgGIAEoCBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVhZ2VudBgIIAEoCRISCgpzZXNzaW9uX2lkGAkgASgJImwKBUV2ZW50EhAKBnN0ZG91dBgBIAEoCUgAEhAKBnN0ZGVychgCIAEoCUgAEi8KBnJlc3VsdBgDIAEoCzIdLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5SZXN1bHRIAEIOCgVldmVudBIFukgCCAEimAEKB1Nlc3Npb24SCgoCaWQYASABKAkSEAoIbGFuZ3VhZ2UYAiABKAkSDQoFYWdlbnQYAyABKAkSLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKRAgoIRGVmYXVsdHMSEAoIbGFuZ3VhZ2UYASABKAkSKgoHdGltZW91dBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIuCgttYXhfdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIUCgxtZW1vcnlfYnl0ZXMYBCABKAQSGAoQbWF4X21lbW9yeV9ieXRlcxgFIAEoBBIUCgxvdXRwdXRfYnl0ZXMYBiABKAQSGAoQbWF4X291dHB1dF9ieXRlcxgHIAEoBBI3ChRzZXNzaW9uX2lkbGVfdGltZW91dBgIIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKKAQoITGFuZ3VhZ2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEg8KB2FsaWFzZXMYAyADKAkSEQoJZmlsZV9uYW1lGAQgASgJEhAKCGNvbXBpbGVkGAUgASgIEhUKDXNlc3Npb25fc3RhdGUYBiABKAkSEgoKcHJlc3RhcnRlZBgHIAEoCCJBCghGaWxlSW5mbxIMCgRwYXRoGAEgASgJEgwKBHNpemUYAiABKAQSCwoDZGlyGAMgASgIEgwKBG1vZGUYBCABKA0i7AEKD1Nlc3Npb25Ob3RGb3VuZBI9CgZyZWFzb24YASABKA4yLS5jb2RlbW9kZS5leGVjdXRpb24udjEuU2Vzc2lvbk5vdEZvdW5kLlJlYXNvbhIsCghlbmRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAibAoGUmVhc29uEhYKElJFQVNPTl9VTlNQRUNJRklFRBAAEhIKDlJFQVNPTl9VTktOT1dOEAESEQoNUkVBU09OX0NMT1NFRBACEhIKDlJFQVNPTl9FWFBJUkVEEAMSDwoLUkVBU09OX0xPU1QQBGIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2QIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukgg2AEBchsyGV5bYS16XVthLXowLTkrXy4tXXswLDMxfSQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI6Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg66SAuqAQgiBAiAowUqABIYCgVzdGRpbhgFIAEoDEIJukgGegQYgIBAEjQKBWZpbGVzGAYgAygLMhsuY29kZW1vZGUuZXhlY3V0aW9uLnYxLkZpbGVCCLpIBZIBAhBAEi0KBmxpbWl0cxgHIAEoCzIdLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5MaW1pdHMi4wEKBEZpbGUSvQEKBHBhdGgYASABKAlCrgG6SKoBugF6ChlmaWxlLnBhdGgubm9fZG90X3NlZ21lbnRzEipwYXRoIG11c3Qgbm90IGNvbnRhaW4gIi4iIG9yICIuLiIgZWxlbWVudHMaMSF0aGlzLnNwbGl0KCcvJykuZXhpc3RzKHMsIHMgPT0gJy4nIHx8IHMgPT0gJy4uJylyKxABGP8BMiReW0EtWmEtejAtOV8uLV0rKC9bQS1aYS16MC05Xy4tXSspKiQSGwoHY29udGVudBgCIAEoDEIKukgHegUYgICAAiJPCgZMaW1pdHMSIwoMbWVtb3J5X2J5dGVzGAEgASgEQg26SAoyCBiAgICAECgAEiAKDG91dHB1dF9ieXRlcxgCIAEoBEIKukgHMgUYgICAICKWAgoGUmVzdWx0EhEKCWV4aXRfY29kZRgBIAEoBRIOCgZzdGRvdXQYAiABKAkSDgoGc3RkZXJyGAMgASgJEhEKCXRpbWVkX291dBgEIAEoCBIRCgl0cnVuY2F0ZWQYBSABKAgSEgoKb29tX2tpbGxlZBgGIAEoCBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVhZ2VudBgIIAEoCRISCgpzZXNzaW9uX2lkGAkgASgJEjIKCWFydGlmYWN0cxgKIAMoCzIfLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5BcnRpZmFjdBIbChNhcnRpZmFjdHNfdHJ1bmNhdGVkGAsgASgIIksKCEFydGlmYWN0EgwKBG5hbWUYASABKAkSEgoKbWVkaWFfdHlwZRgCIAEoCRIPCgdjb250ZW50GAMgASgMEgwKBHNpemUYBCABKAQibAoFRXZlbnQSEAoGc3Rkb3V0GAEgASgJSAASEAoGc3RkZXJyGAIgASgJSAASLwoGcmVzdWx0GAMgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlJlc3VsdEgAQg4KBWV2ZW50EgW6SAIIASKYAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRINCgVhZ2VudBgDIAEoCRIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpECCghEZWZhdWx0cxIQCghsYW5ndWFnZRgBIAEoCRIqCgd0aW1lb3V0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KC21heF90aW1lb3V0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDG1lbW9yeV9ieXRlcxgEIAEoBBIYChBtYXhfbWVtb3J5X2J5dGVzGAUgASgEEhQKDG91dHB1dF9ieXRlcxgGIAEoBBIYChBtYXhfb3V0cHV0X2J5dGVzGAcgASgEEjcKFHNlc3Npb25faWRsZV90aW1lb3V0GAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIooBCghMYW5ndWFnZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSDwoHYWxpYXNlcxgDIAMoCRIRCglmaWxlX25hbWUYBCABKAkSEAoIY29tcGlsZWQYBSABKAgSFQoNc2Vzc2lvbl9zdGF0ZRgGIAEoCRISCgpwcmVzdGFydGVkGAcgASgIIkEKCEZpbGVJbmZvEgwKBHBhdGgYASABKAkSDAoEc2l6ZRgCIAEoBBILCgNkaXIYAyABKAgSDAoEbW9kZRgEIAEoDSLsAQoPU2Vzc2lvbk5vdEZvdW5kEj0KBnJlYXNvbhgBIAEoDjItLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5TZXNzaW9uTm90Rm91bmQuUmVhc29uEiwKCGVuZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJsCgZSZWFzb24SFgoSUkVBU09OX1VOU1BFQ0lGSUVEEAASEgoOUkVBU09OX1VOS05PV04QARIRCg1SRUFTT05fQ0xPU0VEEAISEgoOUkVBU09OX0VYUElSRUQQAxIPCgtSRUFTT05fTE9TVBAEYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Execution says what to run and under which limits. The edge's public request
@@ -214,6 +214,27 @@ export type Result = Message<"codemode.execution.v1.Result"> & {
    * @generated from field: string session_id = 9;
    */
   sessionId: string;
+
+  /**
+   * Files the run left in /workspace/outputs: regular files that are new or
+   * changed since the run began (a session keeps its earlier ones, and
+   * reports them again only when a run changes them), sorted by name. A
+   * Python figure shown with matplotlib's plt.show() is saved there as
+   * figure-N.png. Symbolic links are not followed. At most 64 files and
+   * 4 MiB of content in all; files past that are left out, and
+   * artifacts_truncated says so. In a stream they come in the final result.
+   *
+   * @generated from field: repeated codemode.execution.v1.Artifact artifacts = 10;
+   */
+  artifacts: Artifact[];
+
+  /**
+   * Some files of /workspace/outputs were left out of artifacts for its
+   * limits; a session can still read them with ReadFile.
+   *
+   * @generated from field: bool artifacts_truncated = 11;
+   */
+  artifactsTruncated: boolean;
 };
 
 /**
@@ -222,6 +243,49 @@ export type Result = Message<"codemode.execution.v1.Result"> & {
  */
 export const ResultSchema: GenMessage<Result> = /*@__PURE__*/
   messageDesc(file_codemode_execution_v1_execution, 3);
+
+/**
+ * Artifact is a file a run left in /workspace/outputs.
+ *
+ * @generated from message codemode.execution.v1.Artifact
+ */
+export type Artifact = Message<"codemode.execution.v1.Artifact"> & {
+  /**
+   * Path relative to /workspace/outputs, e.g. "figure-1.png" or "data/a.csv".
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Media type, from the name's extension or else from the content, e.g.
+   * "image/png"; "application/octet-stream" when neither tells.
+   *
+   * @generated from field: string media_type = 2;
+   */
+  mediaType: string;
+
+  /**
+   * The file's content, whole.
+   *
+   * @generated from field: bytes content = 3;
+   */
+  content: Uint8Array;
+
+  /**
+   * Size of content in bytes.
+   *
+   * @generated from field: uint64 size = 4;
+   */
+  size: bigint;
+};
+
+/**
+ * Describes the message codemode.execution.v1.Artifact.
+ * Use `create(ArtifactSchema)` to create a new message.
+ */
+export const ArtifactSchema: GenMessage<Artifact> = /*@__PURE__*/
+  messageDesc(file_codemode_execution_v1_execution, 4);
 
 /**
  * Event is one step of a streamed run: chunks of output as they are produced,
@@ -265,7 +329,7 @@ export type Event = Message<"codemode.execution.v1.Event"> & {
  * Use `create(EventSchema)` to create a new message.
  */
 export const EventSchema: GenMessage<Event> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 4);
+  messageDesc(file_codemode_execution_v1_execution, 5);
 
 /**
  * Session is a sandbox kept for one user across runs.
@@ -315,7 +379,7 @@ export type Session = Message<"codemode.execution.v1.Session"> & {
  * Use `create(SessionSchema)` to create a new message.
  */
 export const SessionSchema: GenMessage<Session> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 5);
+  messageDesc(file_codemode_execution_v1_execution, 6);
 
 /**
  * Defaults are what a run gets for what its request leaves unset, and the
@@ -382,7 +446,7 @@ export type Defaults = Message<"codemode.execution.v1.Defaults"> & {
  * Use `create(DefaultsSchema)` to create a new message.
  */
 export const DefaultsSchema: GenMessage<Defaults> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 6);
+  messageDesc(file_codemode_execution_v1_execution, 7);
 
 /**
  * Language is one runnable language, as an agent's language table describes it.
@@ -449,7 +513,7 @@ export type Language = Message<"codemode.execution.v1.Language"> & {
  * Use `create(LanguageSchema)` to create a new message.
  */
 export const LanguageSchema: GenMessage<Language> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 7);
+  messageDesc(file_codemode_execution_v1_execution, 8);
 
 /**
  * FileInfo describes one entry of a workspace directory.
@@ -491,7 +555,7 @@ export type FileInfo = Message<"codemode.execution.v1.FileInfo"> & {
  * Use `create(FileInfoSchema)` to create a new message.
  */
 export const FileInfoSchema: GenMessage<FileInfo> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 8);
+  messageDesc(file_codemode_execution_v1_execution, 9);
 
 /**
  * SessionNotFound is attached as a detail to a not_found error about a
@@ -519,7 +583,7 @@ export type SessionNotFound = Message<"codemode.execution.v1.SessionNotFound"> &
  * Use `create(SessionNotFoundSchema)` to create a new message.
  */
 export const SessionNotFoundSchema: GenMessage<SessionNotFound> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 9);
+  messageDesc(file_codemode_execution_v1_execution, 10);
 
 /**
  * Why a session is not there.
@@ -566,5 +630,5 @@ export enum SessionNotFound_Reason {
  * Describes the enum codemode.execution.v1.SessionNotFound.Reason.
  */
 export const SessionNotFound_ReasonSchema: GenEnum<SessionNotFound_Reason> = /*@__PURE__*/
-  enumDesc(file_codemode_execution_v1_execution, 9, 0);
+  enumDesc(file_codemode_execution_v1_execution, 10, 0);
 
