@@ -15,9 +15,11 @@ import (
 const unavailable = policyv1.Cause_CAUSE_POLICY_UNAVAILABLE
 
 // slack bounds how late past its deadline a runaway call may end. The ABI
-// promises "a few ms"; the bound is loose for -race on a loaded machine, and
-// the measured figure is logged.
-const slack = 150 * time.Millisecond
+// promises "a few ms"; the bound is loose for -race on a machine that runs
+// the sandbox tests beside this package (220 ms was seen there), and the
+// measured figure is logged. A call that ignored its deadline would not end
+// at all.
+const slack = 500 * time.Millisecond
 
 // runaway is a guest that never answers in time: module, run on code.
 type runaway struct {
