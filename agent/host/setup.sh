@@ -129,6 +129,20 @@ codemode-sandbox:*)
     # Debian's sitecustomize looks for apport, which is not installed: the
     # failed import walks sys.path at every interpreter start (~6 ms under gVisor).
     rm -f "$root"/etc/python3*/sitecustomize.py
+    # Empty sitecustomize and usercustomize modules in the standard library
+    # (compiled: the image is read-only) end the search for them there,
+    # instead of listing dist-packages (~90 entries) at every start (~1.4 ms
+    # under gVisor). A usercustomize in the user's site directory would be
+    # shadowed; PYTHONPATH still comes first.
+    # Written inside the chroot: Debian's sitecustomize.py there is a link
+    # to /etc, which from outside would name the host's file.
+    chroot "$root" sh -c 'for d in /usr/lib/python3.[0-9]*; do
+        for m in sitecustomize usercustomize; do
+          rm -f "$d/$m.py" && printf "# codemode: nothing to customize (see agent/host/setup.sh)\n" >"$d/$m.py" || exit 1
+        done
+      done
+      python3 -m py_compile /usr/lib/python3.[0-9]*/sitecustomize.py /usr/lib/python3.[0-9]*/usercustomize.py' >>"$STATE_DIR/debootstrap.log" 2>&1 ||
+      { log "writing the empty customize modules failed; see $STATE_DIR/debootstrap.log"; rm -rf "$root"; exit 1; }
     # So do .pth files, run by every interpreter start: setuptools' distutils
     # shim (only pip builds want it) and matplotlib's namespace-package
     # shim for mpl_toolkits (Python 3 finds namespace packages itself).
