@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sync/singleflight"
 
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
@@ -36,10 +37,35 @@ type languages struct {
 	names    map[string]string // name or alias -> name
 	defaults *executionv1.Defaults
 	fetched  time.Time // zero: never
+
+	calls singleflight.Group // one fetch at a time, shared by its callers
 }
 
-// fetch asks the control plane for the table; mu is not held.
+// fetch asks the control plane for the table; mu is not held. Callers that
+// come while a fetch is under way share its answer, so that the requests
+// arriving when the cache turns stale make one call, not one each.
 func (l *languages) fetch(ctx context.Context) (*cpv1.ListLanguagesResponse, error) {
+	ch := l.calls.DoChan("", func() (any, error) {
+		// Not the first caller's context: the others wait on it too.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), languagesFetchTimeout)
+		defer cancel()
+		return l.fetchNow(ctx)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*cpv1.ListLanguagesResponse), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// languagesFetchTimeout bounds one call for the table.
+const languagesFetchTimeout = 5 * time.Second
+
+func (l *languages) fetchNow(ctx context.Context) (*cpv1.ListLanguagesResponse, error) {
 	res, err := l.cp.ListLanguages(ctx, connect.NewRequest(&cpv1.ListLanguagesRequest{}))
 	if err != nil {
 		return nil, err
