@@ -38,8 +38,11 @@ type ExecuteRequest struct {
 	// Open the session when the agent has no session of session_id and never
 	// had one (first use). Without it, such a session is not_found.
 	AllowNewSession bool `protobuf:"varint,4,opt,name=allow_new_session,json=allowNewSession,proto3" json:"allow_new_session,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// What the run may reach outside its sandbox; unset: nothing. Set by the
+	// edge from the tenant's configuration and its policies.
+	Egress        *v1.Egress `protobuf:"bytes,5,opt,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecuteRequest) Reset() {
@@ -100,6 +103,13 @@ func (x *ExecuteRequest) GetAllowNewSession() bool {
 	return false
 }
 
+func (x *ExecuteRequest) GetEgress() *v1.Egress {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
 type ExecuteResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        *v1.Result             `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
@@ -155,8 +165,11 @@ type ExecuteStreamRequest struct {
 	// Open the session when the agent has no session of session_id and never
 	// had one (first use). Without it, such a session is not_found.
 	AllowNewSession bool `protobuf:"varint,4,opt,name=allow_new_session,json=allowNewSession,proto3" json:"allow_new_session,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// What the run may reach outside its sandbox; unset: nothing. Set by the
+	// edge from the tenant's configuration and its policies.
+	Egress        *v1.Egress `protobuf:"bytes,5,opt,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecuteStreamRequest) Reset() {
@@ -215,6 +228,13 @@ func (x *ExecuteStreamRequest) GetAllowNewSession() bool {
 		return x.AllowNewSession
 	}
 	return false
+}
+
+func (x *ExecuteStreamRequest) GetEgress() *v1.Egress {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
 }
 
 type ExecuteStreamResponse struct {
@@ -1118,21 +1138,23 @@ var File_codemode_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1dcodemode/agent/v1/agent.proto\x12\x11codemode.agent.v1\x1a\x1bbuf/validate/validate.proto\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\xec\x01\n" +
+	"\x1dcodemode/agent/v1/agent.proto\x12\x11codemode.agent.v1\x1a\x1bbuf/validate/validate.proto\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\xa3\x02\n" +
 	"\x0eExecuteRequest\x12F\n" +
 	"\texecution\x18\x01 \x01(\v2 .codemode.execution.v1.ExecutionB\x06\xbaH\x03\xc8\x01\x01R\texecution\x12'\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\x12=\n" +
 	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\x12*\n" +
-	"\x11allow_new_session\x18\x04 \x01(\bR\x0fallowNewSession\"H\n" +
+	"\x11allow_new_session\x18\x04 \x01(\bR\x0fallowNewSession\x125\n" +
+	"\x06egress\x18\x05 \x01(\v2\x1d.codemode.execution.v1.EgressR\x06egress\"H\n" +
 	"\x0fExecuteResponse\x125\n" +
-	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\xf2\x01\n" +
+	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\xa9\x02\n" +
 	"\x14ExecuteStreamRequest\x12F\n" +
 	"\texecution\x18\x01 \x01(\v2 .codemode.execution.v1.ExecutionB\x06\xbaH\x03\xc8\x01\x01R\texecution\x12'\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\x12=\n" +
 	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\x12*\n" +
-	"\x11allow_new_session\x18\x04 \x01(\bR\x0fallowNewSession\"K\n" +
+	"\x11allow_new_session\x18\x04 \x01(\bR\x0fallowNewSession\x125\n" +
+	"\x06egress\x18\x05 \x01(\v2\x1d.codemode.execution.v1.EgressR\x06egress\"K\n" +
 	"\x15ExecuteStreamResponse\x122\n" +
 	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xb0\x02\n" +
 	"\x14CreateSessionRequest\x12?\n" +
@@ -1247,53 +1269,56 @@ var file_codemode_agent_v1_agent_proto_goTypes = []any{
 	(*WriteFileResponse)(nil),     // 18: codemode.agent.v1.WriteFileResponse
 	nil,                           // 19: codemode.agent.v1.AgentStatus.LabelsEntry
 	(*v1.Execution)(nil),          // 20: codemode.execution.v1.Execution
-	(*v1.Result)(nil),             // 21: codemode.execution.v1.Result
-	(*v1.Event)(nil),              // 22: codemode.execution.v1.Event
-	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
-	(*v1.Session)(nil),            // 24: codemode.execution.v1.Session
-	(*v1.Language)(nil),           // 25: codemode.execution.v1.Language
-	(*v1.Defaults)(nil),           // 26: codemode.execution.v1.Defaults
-	(*v1.FileInfo)(nil),           // 27: codemode.execution.v1.FileInfo
-	(*v1.File)(nil),               // 28: codemode.execution.v1.File
+	(*v1.Egress)(nil),             // 21: codemode.execution.v1.Egress
+	(*v1.Result)(nil),             // 22: codemode.execution.v1.Result
+	(*v1.Event)(nil),              // 23: codemode.execution.v1.Event
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*v1.Session)(nil),            // 25: codemode.execution.v1.Session
+	(*v1.Language)(nil),           // 26: codemode.execution.v1.Language
+	(*v1.Defaults)(nil),           // 27: codemode.execution.v1.Defaults
+	(*v1.FileInfo)(nil),           // 28: codemode.execution.v1.FileInfo
+	(*v1.File)(nil),               // 29: codemode.execution.v1.File
 }
 var file_codemode_agent_v1_agent_proto_depIdxs = []int32{
 	20, // 0: codemode.agent.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
-	21, // 1: codemode.agent.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
-	20, // 2: codemode.agent.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
-	22, // 3: codemode.agent.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
-	23, // 4: codemode.agent.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
-	24, // 5: codemode.agent.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
-	24, // 6: codemode.agent.v1.GetSessionResponse.session:type_name -> codemode.execution.v1.Session
-	12, // 7: codemode.agent.v1.StatusResponse.status:type_name -> codemode.agent.v1.AgentStatus
-	19, // 8: codemode.agent.v1.AgentStatus.labels:type_name -> codemode.agent.v1.AgentStatus.LabelsEntry
-	25, // 9: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
-	26, // 10: codemode.agent.v1.AgentStatus.defaults:type_name -> codemode.execution.v1.Defaults
-	27, // 11: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
-	28, // 12: codemode.agent.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
-	28, // 13: codemode.agent.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
-	0,  // 14: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
-	2,  // 15: codemode.agent.v1.AgentService.ExecuteStream:input_type -> codemode.agent.v1.ExecuteStreamRequest
-	4,  // 16: codemode.agent.v1.AgentService.CreateSession:input_type -> codemode.agent.v1.CreateSessionRequest
-	6,  // 17: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
-	8,  // 18: codemode.agent.v1.AgentService.GetSession:input_type -> codemode.agent.v1.GetSessionRequest
-	10, // 19: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
-	13, // 20: codemode.agent.v1.AgentService.ListFiles:input_type -> codemode.agent.v1.ListFilesRequest
-	15, // 21: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
-	17, // 22: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
-	1,  // 23: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
-	3,  // 24: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
-	5,  // 25: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
-	7,  // 26: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
-	9,  // 27: codemode.agent.v1.AgentService.GetSession:output_type -> codemode.agent.v1.GetSessionResponse
-	11, // 28: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
-	14, // 29: codemode.agent.v1.AgentService.ListFiles:output_type -> codemode.agent.v1.ListFilesResponse
-	16, // 30: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
-	18, // 31: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
-	23, // [23:32] is the sub-list for method output_type
-	14, // [14:23] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	21, // 1: codemode.agent.v1.ExecuteRequest.egress:type_name -> codemode.execution.v1.Egress
+	22, // 2: codemode.agent.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
+	20, // 3: codemode.agent.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
+	21, // 4: codemode.agent.v1.ExecuteStreamRequest.egress:type_name -> codemode.execution.v1.Egress
+	23, // 5: codemode.agent.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
+	24, // 6: codemode.agent.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
+	25, // 7: codemode.agent.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
+	25, // 8: codemode.agent.v1.GetSessionResponse.session:type_name -> codemode.execution.v1.Session
+	12, // 9: codemode.agent.v1.StatusResponse.status:type_name -> codemode.agent.v1.AgentStatus
+	19, // 10: codemode.agent.v1.AgentStatus.labels:type_name -> codemode.agent.v1.AgentStatus.LabelsEntry
+	26, // 11: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
+	27, // 12: codemode.agent.v1.AgentStatus.defaults:type_name -> codemode.execution.v1.Defaults
+	28, // 13: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
+	29, // 14: codemode.agent.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	29, // 15: codemode.agent.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	0,  // 16: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
+	2,  // 17: codemode.agent.v1.AgentService.ExecuteStream:input_type -> codemode.agent.v1.ExecuteStreamRequest
+	4,  // 18: codemode.agent.v1.AgentService.CreateSession:input_type -> codemode.agent.v1.CreateSessionRequest
+	6,  // 19: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
+	8,  // 20: codemode.agent.v1.AgentService.GetSession:input_type -> codemode.agent.v1.GetSessionRequest
+	10, // 21: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
+	13, // 22: codemode.agent.v1.AgentService.ListFiles:input_type -> codemode.agent.v1.ListFilesRequest
+	15, // 23: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
+	17, // 24: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
+	1,  // 25: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
+	3,  // 26: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
+	5,  // 27: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
+	7,  // 28: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
+	9,  // 29: codemode.agent.v1.AgentService.GetSession:output_type -> codemode.agent.v1.GetSessionResponse
+	11, // 30: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
+	14, // 31: codemode.agent.v1.AgentService.ListFiles:output_type -> codemode.agent.v1.ListFilesResponse
+	16, // 32: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
+	18, // 33: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_codemode_agent_v1_agent_proto_init() }

@@ -82,7 +82,10 @@ type ExecuteRequest struct {
 	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Tenant the request is made for. A session belongs to the tenant that
 	// opened it: calls for another tenant find no such session.
-	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// What the run may reach outside its sandbox; unset: nothing. Set by the
+	// edge from the tenant's configuration and its policies.
+	Egress        *v1.Egress `protobuf:"bytes,5,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -145,6 +148,13 @@ func (x *ExecuteRequest) GetTenant() string {
 	return ""
 }
 
+func (x *ExecuteRequest) GetEgress() *v1.Egress {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
 type ExecuteResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        *v1.Result             `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
@@ -197,7 +207,10 @@ type ExecuteStreamRequest struct {
 	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Tenant the request is made for. A session belongs to the tenant that
 	// opened it: calls for another tenant find no such session.
-	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// What the run may reach outside its sandbox; unset: nothing. Set by the
+	// edge from the tenant's configuration and its policies.
+	Egress        *v1.Egress `protobuf:"bytes,5,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -258,6 +271,13 @@ func (x *ExecuteStreamRequest) GetTenant() string {
 		return x.Tenant
 	}
 	return ""
+}
+
+func (x *ExecuteStreamRequest) GetEgress() *v1.Egress {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
 }
 
 type ExecuteStreamResponse struct {
@@ -1108,21 +1128,23 @@ const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x06labels\x18\x01 \x03(\v2+.codemode.controlplane.v1.Route.LabelsEntryB9\xbaH6\x9a\x013\x10\x10\")r'\x10\x01\x18?2!^[a-z0-9]([a-z0-9_.-]*[a-z0-9])?$*\x04r\x02\x18?R\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf7\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x02\n" +
 	"\x0eExecuteRequest\x12F\n" +
 	"\texecution\x18\x01 \x01(\v2 .codemode.execution.v1.ExecutionB\x06\xbaH\x03\xc8\x01\x01R\texecution\x125\n" +
 	"\x05route\x18\x02 \x01(\v2\x1f.codemode.controlplane.v1.RouteR\x05route\x12'\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\x12=\n" +
-	"\x06tenant\x18\x04 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"H\n" +
+	"\x06tenant\x18\x04 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\x125\n" +
+	"\x06egress\x18\x05 \x01(\v2\x1d.codemode.execution.v1.EgressR\x06egress\"H\n" +
 	"\x0fExecuteResponse\x125\n" +
-	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\xfd\x01\n" +
+	"\x06result\x18\x01 \x01(\v2\x1d.codemode.execution.v1.ResultR\x06result\"\xb4\x02\n" +
 	"\x14ExecuteStreamRequest\x12F\n" +
 	"\texecution\x18\x01 \x01(\v2 .codemode.execution.v1.ExecutionB\x06\xbaH\x03\xc8\x01\x01R\texecution\x125\n" +
 	"\x05route\x18\x02 \x01(\v2\x1f.codemode.controlplane.v1.RouteR\x05route\x12'\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\trequestId\x12=\n" +
-	"\x06tenant\x18\x04 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"K\n" +
+	"\x06tenant\x18\x04 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\x125\n" +
+	"\x06egress\x18\x05 \x01(\v2\x1d.codemode.execution.v1.EgressR\x06egress\"K\n" +
 	"\x15ExecuteStreamResponse\x122\n" +
 	"\x05event\x18\x01 \x01(\v2\x1c.codemode.execution.v1.EventR\x05event\"\xe7\x02\n" +
 	"\x14CreateSessionRequest\x12?\n" +
@@ -1226,57 +1248,60 @@ var file_codemode_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*WriteFileResponse)(nil),     // 19: codemode.controlplane.v1.WriteFileResponse
 	nil,                           // 20: codemode.controlplane.v1.Route.LabelsEntry
 	(*v1.Execution)(nil),          // 21: codemode.execution.v1.Execution
-	(*v1.Result)(nil),             // 22: codemode.execution.v1.Result
-	(*v1.Event)(nil),              // 23: codemode.execution.v1.Event
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*v1.Session)(nil),            // 25: codemode.execution.v1.Session
-	(*v11.AgentStatus)(nil),       // 26: codemode.agent.v1.AgentStatus
-	(*v1.Language)(nil),           // 27: codemode.execution.v1.Language
-	(*v1.Defaults)(nil),           // 28: codemode.execution.v1.Defaults
-	(*v1.FileInfo)(nil),           // 29: codemode.execution.v1.FileInfo
-	(*v1.File)(nil),               // 30: codemode.execution.v1.File
+	(*v1.Egress)(nil),             // 22: codemode.execution.v1.Egress
+	(*v1.Result)(nil),             // 23: codemode.execution.v1.Result
+	(*v1.Event)(nil),              // 24: codemode.execution.v1.Event
+	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
+	(*v1.Session)(nil),            // 26: codemode.execution.v1.Session
+	(*v11.AgentStatus)(nil),       // 27: codemode.agent.v1.AgentStatus
+	(*v1.Language)(nil),           // 28: codemode.execution.v1.Language
+	(*v1.Defaults)(nil),           // 29: codemode.execution.v1.Defaults
+	(*v1.FileInfo)(nil),           // 30: codemode.execution.v1.FileInfo
+	(*v1.File)(nil),               // 31: codemode.execution.v1.File
 }
 var file_codemode_controlplane_v1_controlplane_proto_depIdxs = []int32{
 	20, // 0: codemode.controlplane.v1.Route.labels:type_name -> codemode.controlplane.v1.Route.LabelsEntry
 	21, // 1: codemode.controlplane.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
 	0,  // 2: codemode.controlplane.v1.ExecuteRequest.route:type_name -> codemode.controlplane.v1.Route
-	22, // 3: codemode.controlplane.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
-	21, // 4: codemode.controlplane.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
-	0,  // 5: codemode.controlplane.v1.ExecuteStreamRequest.route:type_name -> codemode.controlplane.v1.Route
-	23, // 6: codemode.controlplane.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
-	24, // 7: codemode.controlplane.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
-	0,  // 8: codemode.controlplane.v1.CreateSessionRequest.route:type_name -> codemode.controlplane.v1.Route
-	25, // 9: codemode.controlplane.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
-	11, // 10: codemode.controlplane.v1.ListAgentsResponse.agents:type_name -> codemode.controlplane.v1.Agent
-	26, // 11: codemode.controlplane.v1.Agent.status:type_name -> codemode.agent.v1.AgentStatus
-	27, // 12: codemode.controlplane.v1.ListLanguagesResponse.languages:type_name -> codemode.execution.v1.Language
-	28, // 13: codemode.controlplane.v1.ListLanguagesResponse.defaults:type_name -> codemode.execution.v1.Defaults
-	29, // 14: codemode.controlplane.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
-	30, // 15: codemode.controlplane.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
-	30, // 16: codemode.controlplane.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
-	1,  // 17: codemode.controlplane.v1.ControlPlaneService.Execute:input_type -> codemode.controlplane.v1.ExecuteRequest
-	3,  // 18: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:input_type -> codemode.controlplane.v1.ExecuteStreamRequest
-	5,  // 19: codemode.controlplane.v1.ControlPlaneService.CreateSession:input_type -> codemode.controlplane.v1.CreateSessionRequest
-	7,  // 20: codemode.controlplane.v1.ControlPlaneService.CloseSession:input_type -> codemode.controlplane.v1.CloseSessionRequest
-	14, // 21: codemode.controlplane.v1.ControlPlaneService.ListFiles:input_type -> codemode.controlplane.v1.ListFilesRequest
-	16, // 22: codemode.controlplane.v1.ControlPlaneService.ReadFile:input_type -> codemode.controlplane.v1.ReadFileRequest
-	18, // 23: codemode.controlplane.v1.ControlPlaneService.WriteFile:input_type -> codemode.controlplane.v1.WriteFileRequest
-	9,  // 24: codemode.controlplane.v1.ControlPlaneService.ListAgents:input_type -> codemode.controlplane.v1.ListAgentsRequest
-	12, // 25: codemode.controlplane.v1.ControlPlaneService.ListLanguages:input_type -> codemode.controlplane.v1.ListLanguagesRequest
-	2,  // 26: codemode.controlplane.v1.ControlPlaneService.Execute:output_type -> codemode.controlplane.v1.ExecuteResponse
-	4,  // 27: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:output_type -> codemode.controlplane.v1.ExecuteStreamResponse
-	6,  // 28: codemode.controlplane.v1.ControlPlaneService.CreateSession:output_type -> codemode.controlplane.v1.CreateSessionResponse
-	8,  // 29: codemode.controlplane.v1.ControlPlaneService.CloseSession:output_type -> codemode.controlplane.v1.CloseSessionResponse
-	15, // 30: codemode.controlplane.v1.ControlPlaneService.ListFiles:output_type -> codemode.controlplane.v1.ListFilesResponse
-	17, // 31: codemode.controlplane.v1.ControlPlaneService.ReadFile:output_type -> codemode.controlplane.v1.ReadFileResponse
-	19, // 32: codemode.controlplane.v1.ControlPlaneService.WriteFile:output_type -> codemode.controlplane.v1.WriteFileResponse
-	10, // 33: codemode.controlplane.v1.ControlPlaneService.ListAgents:output_type -> codemode.controlplane.v1.ListAgentsResponse
-	13, // 34: codemode.controlplane.v1.ControlPlaneService.ListLanguages:output_type -> codemode.controlplane.v1.ListLanguagesResponse
-	26, // [26:35] is the sub-list for method output_type
-	17, // [17:26] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	22, // 3: codemode.controlplane.v1.ExecuteRequest.egress:type_name -> codemode.execution.v1.Egress
+	23, // 4: codemode.controlplane.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
+	21, // 5: codemode.controlplane.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
+	0,  // 6: codemode.controlplane.v1.ExecuteStreamRequest.route:type_name -> codemode.controlplane.v1.Route
+	22, // 7: codemode.controlplane.v1.ExecuteStreamRequest.egress:type_name -> codemode.execution.v1.Egress
+	24, // 8: codemode.controlplane.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
+	25, // 9: codemode.controlplane.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
+	0,  // 10: codemode.controlplane.v1.CreateSessionRequest.route:type_name -> codemode.controlplane.v1.Route
+	26, // 11: codemode.controlplane.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
+	11, // 12: codemode.controlplane.v1.ListAgentsResponse.agents:type_name -> codemode.controlplane.v1.Agent
+	27, // 13: codemode.controlplane.v1.Agent.status:type_name -> codemode.agent.v1.AgentStatus
+	28, // 14: codemode.controlplane.v1.ListLanguagesResponse.languages:type_name -> codemode.execution.v1.Language
+	29, // 15: codemode.controlplane.v1.ListLanguagesResponse.defaults:type_name -> codemode.execution.v1.Defaults
+	30, // 16: codemode.controlplane.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
+	31, // 17: codemode.controlplane.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	31, // 18: codemode.controlplane.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	1,  // 19: codemode.controlplane.v1.ControlPlaneService.Execute:input_type -> codemode.controlplane.v1.ExecuteRequest
+	3,  // 20: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:input_type -> codemode.controlplane.v1.ExecuteStreamRequest
+	5,  // 21: codemode.controlplane.v1.ControlPlaneService.CreateSession:input_type -> codemode.controlplane.v1.CreateSessionRequest
+	7,  // 22: codemode.controlplane.v1.ControlPlaneService.CloseSession:input_type -> codemode.controlplane.v1.CloseSessionRequest
+	14, // 23: codemode.controlplane.v1.ControlPlaneService.ListFiles:input_type -> codemode.controlplane.v1.ListFilesRequest
+	16, // 24: codemode.controlplane.v1.ControlPlaneService.ReadFile:input_type -> codemode.controlplane.v1.ReadFileRequest
+	18, // 25: codemode.controlplane.v1.ControlPlaneService.WriteFile:input_type -> codemode.controlplane.v1.WriteFileRequest
+	9,  // 26: codemode.controlplane.v1.ControlPlaneService.ListAgents:input_type -> codemode.controlplane.v1.ListAgentsRequest
+	12, // 27: codemode.controlplane.v1.ControlPlaneService.ListLanguages:input_type -> codemode.controlplane.v1.ListLanguagesRequest
+	2,  // 28: codemode.controlplane.v1.ControlPlaneService.Execute:output_type -> codemode.controlplane.v1.ExecuteResponse
+	4,  // 29: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:output_type -> codemode.controlplane.v1.ExecuteStreamResponse
+	6,  // 30: codemode.controlplane.v1.ControlPlaneService.CreateSession:output_type -> codemode.controlplane.v1.CreateSessionResponse
+	8,  // 31: codemode.controlplane.v1.ControlPlaneService.CloseSession:output_type -> codemode.controlplane.v1.CloseSessionResponse
+	15, // 32: codemode.controlplane.v1.ControlPlaneService.ListFiles:output_type -> codemode.controlplane.v1.ListFilesResponse
+	17, // 33: codemode.controlplane.v1.ControlPlaneService.ReadFile:output_type -> codemode.controlplane.v1.ReadFileResponse
+	19, // 34: codemode.controlplane.v1.ControlPlaneService.WriteFile:output_type -> codemode.controlplane.v1.WriteFileResponse
+	10, // 35: codemode.controlplane.v1.ControlPlaneService.ListAgents:output_type -> codemode.controlplane.v1.ListAgentsResponse
+	13, // 36: codemode.controlplane.v1.ControlPlaneService.ListLanguages:output_type -> codemode.controlplane.v1.ListLanguagesResponse
+	28, // [28:37] is the sub-list for method output_type
+	19, // [19:28] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_codemode_controlplane_v1_controlplane_proto_init() }

@@ -27,6 +27,59 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// EgressLimit names a limit of EgressLimits.
+type EgressLimit int32
+
+const (
+	EgressLimit_EGRESS_LIMIT_UNSPECIFIED     EgressLimit = 0
+	EgressLimit_EGRESS_LIMIT_CONNECTIONS     EgressLimit = 1
+	EgressLimit_EGRESS_LIMIT_BYTES           EgressLimit = 2
+	EgressLimit_EGRESS_LIMIT_CONNECTION_TIME EgressLimit = 3
+)
+
+// Enum value maps for EgressLimit.
+var (
+	EgressLimit_name = map[int32]string{
+		0: "EGRESS_LIMIT_UNSPECIFIED",
+		1: "EGRESS_LIMIT_CONNECTIONS",
+		2: "EGRESS_LIMIT_BYTES",
+		3: "EGRESS_LIMIT_CONNECTION_TIME",
+	}
+	EgressLimit_value = map[string]int32{
+		"EGRESS_LIMIT_UNSPECIFIED":     0,
+		"EGRESS_LIMIT_CONNECTIONS":     1,
+		"EGRESS_LIMIT_BYTES":           2,
+		"EGRESS_LIMIT_CONNECTION_TIME": 3,
+	}
+)
+
+func (x EgressLimit) Enum() *EgressLimit {
+	p := new(EgressLimit)
+	*p = x
+	return p
+}
+
+func (x EgressLimit) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EgressLimit) Descriptor() protoreflect.EnumDescriptor {
+	return file_codemode_execution_v1_execution_proto_enumTypes[0].Descriptor()
+}
+
+func (EgressLimit) Type() protoreflect.EnumType {
+	return &file_codemode_execution_v1_execution_proto_enumTypes[0]
+}
+
+func (x EgressLimit) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EgressLimit.Descriptor instead.
+func (EgressLimit) EnumDescriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{0}
+}
+
 // Why a session is not there.
 type SessionNotFound_Reason int32
 
@@ -72,11 +125,11 @@ func (x SessionNotFound_Reason) String() string {
 }
 
 func (SessionNotFound_Reason) Descriptor() protoreflect.EnumDescriptor {
-	return file_codemode_execution_v1_execution_proto_enumTypes[0].Descriptor()
+	return file_codemode_execution_v1_execution_proto_enumTypes[1].Descriptor()
 }
 
 func (SessionNotFound_Reason) Type() protoreflect.EnumType {
-	return &file_codemode_execution_v1_execution_proto_enumTypes[0]
+	return &file_codemode_execution_v1_execution_proto_enumTypes[1]
 }
 
 func (x SessionNotFound_Reason) Number() protoreflect.EnumNumber {
@@ -85,7 +138,7 @@ func (x SessionNotFound_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SessionNotFound_Reason.Descriptor instead.
 func (SessionNotFound_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{10, 0}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{15, 0}
 }
 
 // Execution says what to run and under which limits. The edge's public request
@@ -339,8 +392,11 @@ type Result struct {
 	// Some files of /workspace/outputs were left out of artifacts for its
 	// limits; a session can still read them with ReadFile.
 	ArtifactsTruncated bool `protobuf:"varint,11,opt,name=artifacts_truncated,json=artifactsTruncated,proto3" json:"artifacts_truncated,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// What the run reached outside its sandbox, if it tried to: connections
+	// made and refused, bytes, and a limit it ran into.
+	Egress        *EgressReport `protobuf:"bytes,12,opt,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
@@ -450,6 +506,349 @@ func (x *Result) GetArtifactsTruncated() bool {
 	return false
 }
 
+func (x *Result) GetEgress() *EgressReport {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+// Egress says what a run may reach outside its sandbox. A sandbox has no
+// network interface; its programs reach out through an HTTP proxy that the
+// runner serves on the sandbox's loopback (HTTP_PROXY and HTTPS_PROXY point
+// at it), and the agent opens each connection only if a rule allows it. The
+// edge builds it from the tenant's configuration and the request policies;
+// callers of the edge cannot set it.
+type Egress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Destinations a connection may go to; none: the run reaches nothing.
+	Allow         []*EgressRule `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
+	Limits        *EgressLimits `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Egress) Reset() {
+	*x = Egress{}
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Egress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Egress) ProtoMessage() {}
+
+func (x *Egress) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Egress.ProtoReflect.Descriptor instead.
+func (*Egress) Descriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Egress) GetAllow() []*EgressRule {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *Egress) GetLimits() *EgressLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+// EgressRule allows connections to a host on some ports.
+type EgressRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A host name ("api.example.com"), every name below a domain
+	// ("*.example.com", not the domain itself), an IP address ("192.0.2.7",
+	// "2001:db8::1") or an address prefix ("192.0.2.0/24"). Names are resolved
+	// by the agent; a name whose address is loopback, private, link-local or
+	// otherwise not public is refused unless an address rule allows that
+	// address too. The name of a configured API ("github.api.codemode") is
+	// forwarded by the agent to the API with its credential.
+	Host string `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// Ports; none: 80 and 443.
+	Ports         []uint32 `protobuf:"varint,2,rep,packed,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressRule) Reset() {
+	*x = EgressRule{}
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressRule) ProtoMessage() {}
+
+func (x *EgressRule) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressRule.ProtoReflect.Descriptor instead.
+func (*EgressRule) Descriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *EgressRule) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *EgressRule) GetPorts() []uint32 {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+// EgressLimits bound a run's egress; zero fields take the agent's defaults,
+// and no field can raise the agent's maximum.
+type EgressLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Connections a run may open, refused ones not counted.
+	Connections uint32 `protobuf:"varint,1,opt,name=connections,proto3" json:"connections,omitempty"`
+	// Bytes a run may send and receive, all connections together.
+	Bytes uint64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// How long one connection may stay open.
+	ConnectionTime *durationpb.Duration `protobuf:"bytes,3,opt,name=connection_time,json=connectionTime,proto3" json:"connection_time,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *EgressLimits) Reset() {
+	*x = EgressLimits{}
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressLimits) ProtoMessage() {}
+
+func (x *EgressLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressLimits.ProtoReflect.Descriptor instead.
+func (*EgressLimits) Descriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *EgressLimits) GetConnections() uint32 {
+	if x != nil {
+		return x.Connections
+	}
+	return 0
+}
+
+func (x *EgressLimits) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *EgressLimits) GetConnectionTime() *durationpb.Duration {
+	if x != nil {
+		return x.ConnectionTime
+	}
+	return nil
+}
+
+// EgressReport is what a run did through its egress.
+type EgressReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Connections opened.
+	Connections uint32 `protobuf:"varint,1,opt,name=connections,proto3" json:"connections,omitempty"`
+	// Connections refused: not allowed, limit reached, or unreachable.
+	Refused       uint32 `protobuf:"varint,2,opt,name=refused,proto3" json:"refused,omitempty"`
+	BytesSent     uint64 `protobuf:"varint,3,opt,name=bytes_sent,json=bytesSent,proto3" json:"bytes_sent,omitempty"`
+	BytesReceived uint64 `protobuf:"varint,4,opt,name=bytes_received,json=bytesReceived,proto3" json:"bytes_received,omitempty"`
+	// The first refusals, at most 16, in order.
+	Refusals []*EgressRefusal `protobuf:"bytes,5,rep,name=refusals,proto3" json:"refusals,omitempty"`
+	// A limit the run reached; connections past it were refused or cut.
+	LimitReached  EgressLimit `protobuf:"varint,6,opt,name=limit_reached,json=limitReached,proto3,enum=codemode.execution.v1.EgressLimit" json:"limit_reached,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressReport) Reset() {
+	*x = EgressReport{}
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressReport) ProtoMessage() {}
+
+func (x *EgressReport) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressReport.ProtoReflect.Descriptor instead.
+func (*EgressReport) Descriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *EgressReport) GetConnections() uint32 {
+	if x != nil {
+		return x.Connections
+	}
+	return 0
+}
+
+func (x *EgressReport) GetRefused() uint32 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+func (x *EgressReport) GetBytesSent() uint64 {
+	if x != nil {
+		return x.BytesSent
+	}
+	return 0
+}
+
+func (x *EgressReport) GetBytesReceived() uint64 {
+	if x != nil {
+		return x.BytesReceived
+	}
+	return 0
+}
+
+func (x *EgressReport) GetRefusals() []*EgressRefusal {
+	if x != nil {
+		return x.Refusals
+	}
+	return nil
+}
+
+func (x *EgressReport) GetLimitReached() EgressLimit {
+	if x != nil {
+		return x.LimitReached
+	}
+	return EgressLimit_EGRESS_LIMIT_UNSPECIFIED
+}
+
+// EgressRefusal is one connection the agent did not open.
+type EgressRefusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Host  string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	Port  uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// Why, as the proxy told the program.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressRefusal) Reset() {
+	*x = EgressRefusal{}
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressRefusal) ProtoMessage() {}
+
+func (x *EgressRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressRefusal.ProtoReflect.Descriptor instead.
+func (*EgressRefusal) Descriptor() ([]byte, []int) {
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *EgressRefusal) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *EgressRefusal) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *EgressRefusal) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Artifact is a file a run left in /workspace/outputs.
 type Artifact struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -468,7 +867,7 @@ type Artifact struct {
 
 func (x *Artifact) Reset() {
 	*x = Artifact{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[4]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +879,7 @@ func (x *Artifact) String() string {
 func (*Artifact) ProtoMessage() {}
 
 func (x *Artifact) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[4]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +892,7 @@ func (x *Artifact) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Artifact.ProtoReflect.Descriptor instead.
 func (*Artifact) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{4}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Artifact) GetName() string {
@@ -540,7 +939,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[5]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +951,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[5]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +964,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{5}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Event) GetEvent() isEvent_Event {
@@ -647,7 +1046,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +1058,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[6]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +1071,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{6}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Session) GetId() string {
@@ -735,7 +1134,7 @@ type Defaults struct {
 
 func (x *Defaults) Reset() {
 	*x = Defaults{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +1146,7 @@ func (x *Defaults) String() string {
 func (*Defaults) ProtoMessage() {}
 
 func (x *Defaults) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[7]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +1159,7 @@ func (x *Defaults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Defaults.ProtoReflect.Descriptor instead.
 func (*Defaults) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{7}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Defaults) GetLanguage() string {
@@ -846,7 +1245,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +1257,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[8]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +1270,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{8}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Language) GetName() string {
@@ -940,7 +1339,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[9]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1351,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[9]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1364,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{9}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1010,7 +1409,7 @@ type SessionNotFound struct {
 
 func (x *SessionNotFound) Reset() {
 	*x = SessionNotFound{}
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[10]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1421,7 @@ func (x *SessionNotFound) String() string {
 func (*SessionNotFound) ProtoMessage() {}
 
 func (x *SessionNotFound) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_execution_v1_execution_proto_msgTypes[10]
+	mi := &file_codemode_execution_v1_execution_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1434,7 @@ func (x *SessionNotFound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionNotFound.ProtoReflect.Descriptor instead.
 func (*SessionNotFound) Descriptor() ([]byte, []int) {
-	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{10}
+	return file_codemode_execution_v1_execution_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SessionNotFound) GetReason() SessionNotFound_Reason {
@@ -1075,7 +1474,7 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x01 \x01(\x04B\r\xbaH\n" +
 	"2\b\x18\x80\x80\x80\x80\x10(\x00R\vmemoryBytes\x12-\n" +
 	"\foutput_bytes\x18\x02 \x01(\x04B\n" +
-	"\xbaH\a2\x05\x18\x80\x80\x80 R\voutputBytes\"\x8b\x03\n" +
+	"\xbaH\a2\x05\x18\x80\x80\x80 R\voutputBytes\"\xc8\x03\n" +
 	"\x06Result\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06stdout\x18\x02 \x01(\tR\x06stdout\x12\x16\n" +
@@ -1090,7 +1489,31 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"session_id\x18\t \x01(\tR\tsessionId\x12=\n" +
 	"\tartifacts\x18\n" +
 	" \x03(\v2\x1f.codemode.execution.v1.ArtifactR\tartifacts\x12/\n" +
-	"\x13artifacts_truncated\x18\v \x01(\bR\x12artifactsTruncated\"k\n" +
+	"\x13artifacts_truncated\x18\v \x01(\bR\x12artifactsTruncated\x12;\n" +
+	"\x06egress\x18\f \x01(\v2#.codemode.execution.v1.EgressReportR\x06egress\"\x89\x01\n" +
+	"\x06Egress\x12B\n" +
+	"\x05allow\x18\x01 \x03(\v2!.codemode.execution.v1.EgressRuleB\t\xbaH\x06\x92\x01\x03\x10\x80\x02R\x05allow\x12;\n" +
+	"\x06limits\x18\x02 \x01(\v2#.codemode.execution.v1.EgressLimitsR\x06limits\"\x7f\n" +
+	"\n" +
+	"EgressRule\x12G\n" +
+	"\x04host\x18\x01 \x01(\tB3\xbaH0r.\x10\x01\x18\xfd\x012'^(\\*\\.)?[A-Za-z0-9_.:-]+(/[0-9]{1,3})?$R\x04host\x12(\n" +
+	"\x05ports\x18\x02 \x03(\rB\x12\xbaH\x0f\x92\x01\f\x10 \"\b*\x06\x18\xff\xff\x03(\x01R\x05ports\"\x94\x01\n" +
+	"\fEgressLimits\x12 \n" +
+	"\vconnections\x18\x01 \x01(\rR\vconnections\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12L\n" +
+	"\x0fconnection_time\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\b\xbaH\x05\xaa\x01\x022\x00R\x0econnectionTime\"\x9b\x02\n" +
+	"\fEgressReport\x12 \n" +
+	"\vconnections\x18\x01 \x01(\rR\vconnections\x12\x18\n" +
+	"\arefused\x18\x02 \x01(\rR\arefused\x12\x1d\n" +
+	"\n" +
+	"bytes_sent\x18\x03 \x01(\x04R\tbytesSent\x12%\n" +
+	"\x0ebytes_received\x18\x04 \x01(\x04R\rbytesReceived\x12@\n" +
+	"\brefusals\x18\x05 \x03(\v2$.codemode.execution.v1.EgressRefusalR\brefusals\x12G\n" +
+	"\rlimit_reached\x18\x06 \x01(\x0e2\".codemode.execution.v1.EgressLimitR\flimitReached\"O\n" +
+	"\rEgressRefusal\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"k\n" +
 	"\bArtifact\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -1143,7 +1566,12 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\x0eREASON_UNKNOWN\x10\x01\x12\x11\n" +
 	"\rREASON_CLOSED\x10\x02\x12\x12\n" +
 	"\x0eREASON_EXPIRED\x10\x03\x12\x0f\n" +
-	"\vREASON_LOST\x10\x04B\xe8\x01\n" +
+	"\vREASON_LOST\x10\x04*\x83\x01\n" +
+	"\vEgressLimit\x12\x1c\n" +
+	"\x18EGRESS_LIMIT_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18EGRESS_LIMIT_CONNECTIONS\x10\x01\x12\x16\n" +
+	"\x12EGRESS_LIMIT_BYTES\x10\x02\x12 \n" +
+	"\x1cEGRESS_LIMIT_CONNECTION_TIME\x10\x03B\xe8\x01\n" +
 	"\x19com.codemode.execution.v1B\x0eExecutionProtoP\x01ZEgithub.com/codemode-go/codemode/gen/codemode/execution/v1;executionv1\xa2\x02\x03CEX\xaa\x02\x15Codemode.Execution.V1\xca\x02\x15Codemode\\Execution\\V1\xe2\x02!Codemode\\Execution\\V1\\GPBMetadata\xea\x02\x17Codemode::Execution::V1b\x06proto3"
 
 var (
@@ -1158,43 +1586,55 @@ func file_codemode_execution_v1_execution_proto_rawDescGZIP() []byte {
 	return file_codemode_execution_v1_execution_proto_rawDescData
 }
 
-var file_codemode_execution_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_codemode_execution_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_codemode_execution_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_codemode_execution_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_codemode_execution_v1_execution_proto_goTypes = []any{
-	(SessionNotFound_Reason)(0),   // 0: codemode.execution.v1.SessionNotFound.Reason
-	(*Execution)(nil),             // 1: codemode.execution.v1.Execution
-	(*File)(nil),                  // 2: codemode.execution.v1.File
-	(*Limits)(nil),                // 3: codemode.execution.v1.Limits
-	(*Result)(nil),                // 4: codemode.execution.v1.Result
-	(*Artifact)(nil),              // 5: codemode.execution.v1.Artifact
-	(*Event)(nil),                 // 6: codemode.execution.v1.Event
-	(*Session)(nil),               // 7: codemode.execution.v1.Session
-	(*Defaults)(nil),              // 8: codemode.execution.v1.Defaults
-	(*Language)(nil),              // 9: codemode.execution.v1.Language
-	(*FileInfo)(nil),              // 10: codemode.execution.v1.FileInfo
-	(*SessionNotFound)(nil),       // 11: codemode.execution.v1.SessionNotFound
-	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(EgressLimit)(0),              // 0: codemode.execution.v1.EgressLimit
+	(SessionNotFound_Reason)(0),   // 1: codemode.execution.v1.SessionNotFound.Reason
+	(*Execution)(nil),             // 2: codemode.execution.v1.Execution
+	(*File)(nil),                  // 3: codemode.execution.v1.File
+	(*Limits)(nil),                // 4: codemode.execution.v1.Limits
+	(*Result)(nil),                // 5: codemode.execution.v1.Result
+	(*Egress)(nil),                // 6: codemode.execution.v1.Egress
+	(*EgressRule)(nil),            // 7: codemode.execution.v1.EgressRule
+	(*EgressLimits)(nil),          // 8: codemode.execution.v1.EgressLimits
+	(*EgressReport)(nil),          // 9: codemode.execution.v1.EgressReport
+	(*EgressRefusal)(nil),         // 10: codemode.execution.v1.EgressRefusal
+	(*Artifact)(nil),              // 11: codemode.execution.v1.Artifact
+	(*Event)(nil),                 // 12: codemode.execution.v1.Event
+	(*Session)(nil),               // 13: codemode.execution.v1.Session
+	(*Defaults)(nil),              // 14: codemode.execution.v1.Defaults
+	(*Language)(nil),              // 15: codemode.execution.v1.Language
+	(*FileInfo)(nil),              // 16: codemode.execution.v1.FileInfo
+	(*SessionNotFound)(nil),       // 17: codemode.execution.v1.SessionNotFound
+	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_codemode_execution_v1_execution_proto_depIdxs = []int32{
-	12, // 0: codemode.execution.v1.Execution.timeout:type_name -> google.protobuf.Duration
-	2,  // 1: codemode.execution.v1.Execution.files:type_name -> codemode.execution.v1.File
-	3,  // 2: codemode.execution.v1.Execution.limits:type_name -> codemode.execution.v1.Limits
-	12, // 3: codemode.execution.v1.Result.duration:type_name -> google.protobuf.Duration
-	5,  // 4: codemode.execution.v1.Result.artifacts:type_name -> codemode.execution.v1.Artifact
-	4,  // 5: codemode.execution.v1.Event.result:type_name -> codemode.execution.v1.Result
-	13, // 6: codemode.execution.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	13, // 7: codemode.execution.v1.Session.expire_time:type_name -> google.protobuf.Timestamp
-	12, // 8: codemode.execution.v1.Defaults.timeout:type_name -> google.protobuf.Duration
-	12, // 9: codemode.execution.v1.Defaults.max_timeout:type_name -> google.protobuf.Duration
-	12, // 10: codemode.execution.v1.Defaults.session_idle_timeout:type_name -> google.protobuf.Duration
-	0,  // 11: codemode.execution.v1.SessionNotFound.reason:type_name -> codemode.execution.v1.SessionNotFound.Reason
-	13, // 12: codemode.execution.v1.SessionNotFound.end_time:type_name -> google.protobuf.Timestamp
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	18, // 0: codemode.execution.v1.Execution.timeout:type_name -> google.protobuf.Duration
+	3,  // 1: codemode.execution.v1.Execution.files:type_name -> codemode.execution.v1.File
+	4,  // 2: codemode.execution.v1.Execution.limits:type_name -> codemode.execution.v1.Limits
+	18, // 3: codemode.execution.v1.Result.duration:type_name -> google.protobuf.Duration
+	11, // 4: codemode.execution.v1.Result.artifacts:type_name -> codemode.execution.v1.Artifact
+	9,  // 5: codemode.execution.v1.Result.egress:type_name -> codemode.execution.v1.EgressReport
+	7,  // 6: codemode.execution.v1.Egress.allow:type_name -> codemode.execution.v1.EgressRule
+	8,  // 7: codemode.execution.v1.Egress.limits:type_name -> codemode.execution.v1.EgressLimits
+	18, // 8: codemode.execution.v1.EgressLimits.connection_time:type_name -> google.protobuf.Duration
+	10, // 9: codemode.execution.v1.EgressReport.refusals:type_name -> codemode.execution.v1.EgressRefusal
+	0,  // 10: codemode.execution.v1.EgressReport.limit_reached:type_name -> codemode.execution.v1.EgressLimit
+	5,  // 11: codemode.execution.v1.Event.result:type_name -> codemode.execution.v1.Result
+	19, // 12: codemode.execution.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	19, // 13: codemode.execution.v1.Session.expire_time:type_name -> google.protobuf.Timestamp
+	18, // 14: codemode.execution.v1.Defaults.timeout:type_name -> google.protobuf.Duration
+	18, // 15: codemode.execution.v1.Defaults.max_timeout:type_name -> google.protobuf.Duration
+	18, // 16: codemode.execution.v1.Defaults.session_idle_timeout:type_name -> google.protobuf.Duration
+	1,  // 17: codemode.execution.v1.SessionNotFound.reason:type_name -> codemode.execution.v1.SessionNotFound.Reason
+	19, // 18: codemode.execution.v1.SessionNotFound.end_time:type_name -> google.protobuf.Timestamp
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_codemode_execution_v1_execution_proto_init() }
@@ -1202,7 +1642,7 @@ func file_codemode_execution_v1_execution_proto_init() {
 	if File_codemode_execution_v1_execution_proto != nil {
 		return
 	}
-	file_codemode_execution_v1_execution_proto_msgTypes[5].OneofWrappers = []any{
+	file_codemode_execution_v1_execution_proto_msgTypes[10].OneofWrappers = []any{
 		(*Event_Stdout)(nil),
 		(*Event_Stderr)(nil),
 		(*Event_Result)(nil),
@@ -1212,8 +1652,8 @@ func file_codemode_execution_v1_execution_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_execution_v1_execution_proto_rawDesc), len(file_codemode_execution_v1_execution_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   11,
+			NumEnums:      2,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -205,7 +205,13 @@ type RequestInput struct {
 	// Identifier of the request, for logs.
 	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Annotations set by earlier policies of the chain.
-	Annotations   map[string]string `protobuf:"bytes,5,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Annotations map[string]string `protobuf:"bytes,5,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// What the run may reach outside its sandbox: the tenant's configuration,
+	// as narrowed by earlier policies of the chain.
+	Egress *v1.Egress `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Set instead of a meaningful execution when the request is a call of a
+	// declared API tool (door "mcp-api"), which the edge makes itself.
+	ApiCall       *ApiCall `protobuf:"bytes,7,opt,name=api_call,json=apiCall,proto3" json:"api_call,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -275,6 +281,101 @@ func (x *RequestInput) GetAnnotations() map[string]string {
 	return nil
 }
 
+func (x *RequestInput) GetEgress() *v1.Egress {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+func (x *RequestInput) GetApiCall() *ApiCall {
+	if x != nil {
+		return x.ApiCall
+	}
+	return nil
+}
+
+// ApiCall is a call of a declared API tool on /mcp-no-code-execute.
+type ApiCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The API's name, as in its declaration ("github").
+	Api string `protobuf:"bytes,1,opt,name=api,proto3" json:"api,omitempty"`
+	// The tool's name ("github_list_repos").
+	Tool string `protobuf:"bytes,2,opt,name=tool,proto3" json:"tool,omitempty"`
+	// The tool's arguments, as the model sent them (a JSON object).
+	ArgumentsJson string `protobuf:"bytes,3,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
+	// Method and URL the call goes to, arguments filled in.
+	Method        string `protobuf:"bytes,4,opt,name=method,proto3" json:"method,omitempty"`
+	Url           string `protobuf:"bytes,5,opt,name=url,proto3" json:"url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApiCall) Reset() {
+	*x = ApiCall{}
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApiCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApiCall) ProtoMessage() {}
+
+func (x *ApiCall) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApiCall.ProtoReflect.Descriptor instead.
+func (*ApiCall) Descriptor() ([]byte, []int) {
+	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ApiCall) GetApi() string {
+	if x != nil {
+		return x.Api
+	}
+	return ""
+}
+
+func (x *ApiCall) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *ApiCall) GetArgumentsJson() string {
+	if x != nil {
+		return x.ArgumentsJson
+	}
+	return ""
+}
+
+func (x *ApiCall) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *ApiCall) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
 // RequestDecision is a policy's answer in the request phase.
 type RequestDecision struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -294,14 +395,18 @@ type RequestDecision struct {
 	// wins, then the earliest in the chain.
 	RoutePriority int32 `protobuf:"varint,6,opt,name=route_priority,json=routePriority,proto3" json:"route_priority,omitempty"`
 	// Annotations for logs and for later policies. At most 16 pairs.
-	Annotations   map[string]string `protobuf:"bytes,7,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Annotations map[string]string `protobuf:"bytes,7,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Sets what the run may reach outside its sandbox. It can only narrow
+	// the input's egress: rules it does not cover are dropped, limits above
+	// it are lowered. Unset: unchanged; set with no rules: nothing.
+	Egress        *v1.Egress `protobuf:"bytes,8,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RequestDecision) Reset() {
 	*x = RequestDecision{}
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[1]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -313,7 +418,7 @@ func (x *RequestDecision) String() string {
 func (*RequestDecision) ProtoMessage() {}
 
 func (x *RequestDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[1]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -326,7 +431,7 @@ func (x *RequestDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestDecision.ProtoReflect.Descriptor instead.
 func (*RequestDecision) Descriptor() ([]byte, []int) {
-	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{1}
+	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RequestDecision) GetVerdict() Verdict {
@@ -378,6 +483,13 @@ func (x *RequestDecision) GetAnnotations() map[string]string {
 	return nil
 }
 
+func (x *RequestDecision) GetEgress() *v1.Egress {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
 // Rewrite replaces fields of an execution. An unset field is left alone.
 type Rewrite struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -393,7 +505,7 @@ type Rewrite struct {
 
 func (x *Rewrite) Reset() {
 	*x = Rewrite{}
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[2]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +517,7 @@ func (x *Rewrite) String() string {
 func (*Rewrite) ProtoMessage() {}
 
 func (x *Rewrite) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[2]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +530,7 @@ func (x *Rewrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rewrite.ProtoReflect.Descriptor instead.
 func (*Rewrite) Descriptor() ([]byte, []int) {
-	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{2}
+	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Rewrite) GetCode() string {
@@ -457,7 +569,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[3]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +581,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[3]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +594,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{3}
+	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Limits) GetTimeout() *durationpb.Duration {
@@ -528,7 +640,7 @@ type ResultInput struct {
 
 func (x *ResultInput) Reset() {
 	*x = ResultInput{}
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[4]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -540,7 +652,7 @@ func (x *ResultInput) String() string {
 func (*ResultInput) ProtoMessage() {}
 
 func (x *ResultInput) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[4]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -553,7 +665,7 @@ func (x *ResultInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultInput.ProtoReflect.Descriptor instead.
 func (*ResultInput) Descriptor() ([]byte, []int) {
-	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{4}
+	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ResultInput) GetResult() *v1.Result {
@@ -615,7 +727,7 @@ type Redaction struct {
 
 func (x *Redaction) Reset() {
 	*x = Redaction{}
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[5]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +739,7 @@ func (x *Redaction) String() string {
 func (*Redaction) ProtoMessage() {}
 
 func (x *Redaction) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[5]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +752,7 @@ func (x *Redaction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redaction.ProtoReflect.Descriptor instead.
 func (*Redaction) Descriptor() ([]byte, []int) {
-	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{5}
+	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Redaction) GetStream() Stream {
@@ -693,7 +805,7 @@ type ResultDecision struct {
 
 func (x *ResultDecision) Reset() {
 	*x = ResultDecision{}
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[6]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +817,7 @@ func (x *ResultDecision) String() string {
 func (*ResultDecision) ProtoMessage() {}
 
 func (x *ResultDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[6]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +830,7 @@ func (x *ResultDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultDecision.ProtoReflect.Descriptor instead.
 func (*ResultDecision) Descriptor() ([]byte, []int) {
-	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{6}
+	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ResultDecision) GetVerdict() Verdict {
@@ -781,7 +893,7 @@ type Denial struct {
 
 func (x *Denial) Reset() {
 	*x = Denial{}
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[7]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +905,7 @@ func (x *Denial) String() string {
 func (*Denial) ProtoMessage() {}
 
 func (x *Denial) ProtoReflect() protoreflect.Message {
-	mi := &file_codemode_policy_v1_policy_proto_msgTypes[7]
+	mi := &file_codemode_policy_v1_policy_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +918,7 @@ func (x *Denial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Denial.ProtoReflect.Descriptor instead.
 func (*Denial) Descriptor() ([]byte, []int) {
-	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{7}
+	return file_codemode_policy_v1_policy_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Denial) GetPolicy() string {
@@ -841,17 +953,25 @@ var File_codemode_policy_v1_policy_proto protoreflect.FileDescriptor
 
 const file_codemode_policy_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcodemode/policy/v1/policy.proto\x12\x12codemode.policy.v1\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\xae\x02\n" +
+	"\x1fcodemode/policy/v1/policy.proto\x12\x12codemode.policy.v1\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9d\x03\n" +
 	"\fRequestInput\x12>\n" +
 	"\texecution\x18\x01 \x01(\v2 .codemode.execution.v1.ExecutionR\texecution\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04door\x18\x03 \x01(\tR\x04door\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x12S\n" +
-	"\vannotations\x18\x05 \x03(\v21.codemode.policy.v1.RequestInput.AnnotationsEntryR\vannotations\x1a>\n" +
+	"\vannotations\x18\x05 \x03(\v21.codemode.policy.v1.RequestInput.AnnotationsEntryR\vannotations\x125\n" +
+	"\x06egress\x18\x06 \x01(\v2\x1d.codemode.execution.v1.EgressR\x06egress\x126\n" +
+	"\bapi_call\x18\a \x01(\v2\x1b.codemode.policy.v1.ApiCallR\aapiCall\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x80\x01\n" +
+	"\aApiCall\x12\x10\n" +
+	"\x03api\x18\x01 \x01(\tR\x03api\x12\x12\n" +
+	"\x04tool\x18\x02 \x01(\tR\x04tool\x12%\n" +
+	"\x0earguments_json\x18\x03 \x01(\tR\rargumentsJson\x12\x16\n" +
+	"\x06method\x18\x04 \x01(\tR\x06method\x12\x10\n" +
+	"\x03url\x18\x05 \x01(\tR\x03url\"\xc1\x04\n" +
 	"\x0fRequestDecision\x125\n" +
 	"\averdict\x18\x01 \x01(\x0e2\x1b.codemode.policy.v1.VerdictR\averdict\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x125\n" +
@@ -859,7 +979,8 @@ const file_codemode_policy_v1_policy_proto_rawDesc = "" +
 	"\x06limits\x18\x04 \x01(\v2\x1a.codemode.policy.v1.LimitsR\x06limits\x12D\n" +
 	"\x05route\x18\x05 \x03(\v2..codemode.policy.v1.RequestDecision.RouteEntryR\x05route\x12%\n" +
 	"\x0eroute_priority\x18\x06 \x01(\x05R\rroutePriority\x12V\n" +
-	"\vannotations\x18\a \x03(\v24.codemode.policy.v1.RequestDecision.AnnotationsEntryR\vannotations\x1a8\n" +
+	"\vannotations\x18\a \x03(\v24.codemode.policy.v1.RequestDecision.AnnotationsEntryR\vannotations\x125\n" +
+	"\x06egress\x18\b \x01(\v2\x1d.codemode.execution.v1.EgressR\x06egress\x1a8\n" +
 	"\n" +
 	"RouteEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -941,49 +1062,54 @@ func file_codemode_policy_v1_policy_proto_rawDescGZIP() []byte {
 }
 
 var file_codemode_policy_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_codemode_policy_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_codemode_policy_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_codemode_policy_v1_policy_proto_goTypes = []any{
 	(Verdict)(0),                // 0: codemode.policy.v1.Verdict
 	(Stream)(0),                 // 1: codemode.policy.v1.Stream
 	(Cause)(0),                  // 2: codemode.policy.v1.Cause
 	(*RequestInput)(nil),        // 3: codemode.policy.v1.RequestInput
-	(*RequestDecision)(nil),     // 4: codemode.policy.v1.RequestDecision
-	(*Rewrite)(nil),             // 5: codemode.policy.v1.Rewrite
-	(*Limits)(nil),              // 6: codemode.policy.v1.Limits
-	(*ResultInput)(nil),         // 7: codemode.policy.v1.ResultInput
-	(*Redaction)(nil),           // 8: codemode.policy.v1.Redaction
-	(*ResultDecision)(nil),      // 9: codemode.policy.v1.ResultDecision
-	(*Denial)(nil),              // 10: codemode.policy.v1.Denial
-	nil,                         // 11: codemode.policy.v1.RequestInput.AnnotationsEntry
-	nil,                         // 12: codemode.policy.v1.RequestDecision.RouteEntry
-	nil,                         // 13: codemode.policy.v1.RequestDecision.AnnotationsEntry
-	nil,                         // 14: codemode.policy.v1.ResultInput.AnnotationsEntry
-	nil,                         // 15: codemode.policy.v1.ResultDecision.AnnotationsEntry
-	(*v1.Execution)(nil),        // 16: codemode.execution.v1.Execution
-	(*durationpb.Duration)(nil), // 17: google.protobuf.Duration
-	(*v1.Result)(nil),           // 18: codemode.execution.v1.Result
+	(*ApiCall)(nil),             // 4: codemode.policy.v1.ApiCall
+	(*RequestDecision)(nil),     // 5: codemode.policy.v1.RequestDecision
+	(*Rewrite)(nil),             // 6: codemode.policy.v1.Rewrite
+	(*Limits)(nil),              // 7: codemode.policy.v1.Limits
+	(*ResultInput)(nil),         // 8: codemode.policy.v1.ResultInput
+	(*Redaction)(nil),           // 9: codemode.policy.v1.Redaction
+	(*ResultDecision)(nil),      // 10: codemode.policy.v1.ResultDecision
+	(*Denial)(nil),              // 11: codemode.policy.v1.Denial
+	nil,                         // 12: codemode.policy.v1.RequestInput.AnnotationsEntry
+	nil,                         // 13: codemode.policy.v1.RequestDecision.RouteEntry
+	nil,                         // 14: codemode.policy.v1.RequestDecision.AnnotationsEntry
+	nil,                         // 15: codemode.policy.v1.ResultInput.AnnotationsEntry
+	nil,                         // 16: codemode.policy.v1.ResultDecision.AnnotationsEntry
+	(*v1.Execution)(nil),        // 17: codemode.execution.v1.Execution
+	(*v1.Egress)(nil),           // 18: codemode.execution.v1.Egress
+	(*durationpb.Duration)(nil), // 19: google.protobuf.Duration
+	(*v1.Result)(nil),           // 20: codemode.execution.v1.Result
 }
 var file_codemode_policy_v1_policy_proto_depIdxs = []int32{
-	16, // 0: codemode.policy.v1.RequestInput.execution:type_name -> codemode.execution.v1.Execution
-	11, // 1: codemode.policy.v1.RequestInput.annotations:type_name -> codemode.policy.v1.RequestInput.AnnotationsEntry
-	0,  // 2: codemode.policy.v1.RequestDecision.verdict:type_name -> codemode.policy.v1.Verdict
-	5,  // 3: codemode.policy.v1.RequestDecision.rewrite:type_name -> codemode.policy.v1.Rewrite
-	6,  // 4: codemode.policy.v1.RequestDecision.limits:type_name -> codemode.policy.v1.Limits
-	12, // 5: codemode.policy.v1.RequestDecision.route:type_name -> codemode.policy.v1.RequestDecision.RouteEntry
-	13, // 6: codemode.policy.v1.RequestDecision.annotations:type_name -> codemode.policy.v1.RequestDecision.AnnotationsEntry
-	17, // 7: codemode.policy.v1.Limits.timeout:type_name -> google.protobuf.Duration
-	18, // 8: codemode.policy.v1.ResultInput.result:type_name -> codemode.execution.v1.Result
-	14, // 9: codemode.policy.v1.ResultInput.annotations:type_name -> codemode.policy.v1.ResultInput.AnnotationsEntry
-	1,  // 10: codemode.policy.v1.Redaction.stream:type_name -> codemode.policy.v1.Stream
-	0,  // 11: codemode.policy.v1.ResultDecision.verdict:type_name -> codemode.policy.v1.Verdict
-	8,  // 12: codemode.policy.v1.ResultDecision.redactions:type_name -> codemode.policy.v1.Redaction
-	15, // 13: codemode.policy.v1.ResultDecision.annotations:type_name -> codemode.policy.v1.ResultDecision.AnnotationsEntry
-	2,  // 14: codemode.policy.v1.Denial.cause:type_name -> codemode.policy.v1.Cause
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	17, // 0: codemode.policy.v1.RequestInput.execution:type_name -> codemode.execution.v1.Execution
+	12, // 1: codemode.policy.v1.RequestInput.annotations:type_name -> codemode.policy.v1.RequestInput.AnnotationsEntry
+	18, // 2: codemode.policy.v1.RequestInput.egress:type_name -> codemode.execution.v1.Egress
+	4,  // 3: codemode.policy.v1.RequestInput.api_call:type_name -> codemode.policy.v1.ApiCall
+	0,  // 4: codemode.policy.v1.RequestDecision.verdict:type_name -> codemode.policy.v1.Verdict
+	6,  // 5: codemode.policy.v1.RequestDecision.rewrite:type_name -> codemode.policy.v1.Rewrite
+	7,  // 6: codemode.policy.v1.RequestDecision.limits:type_name -> codemode.policy.v1.Limits
+	13, // 7: codemode.policy.v1.RequestDecision.route:type_name -> codemode.policy.v1.RequestDecision.RouteEntry
+	14, // 8: codemode.policy.v1.RequestDecision.annotations:type_name -> codemode.policy.v1.RequestDecision.AnnotationsEntry
+	18, // 9: codemode.policy.v1.RequestDecision.egress:type_name -> codemode.execution.v1.Egress
+	19, // 10: codemode.policy.v1.Limits.timeout:type_name -> google.protobuf.Duration
+	20, // 11: codemode.policy.v1.ResultInput.result:type_name -> codemode.execution.v1.Result
+	15, // 12: codemode.policy.v1.ResultInput.annotations:type_name -> codemode.policy.v1.ResultInput.AnnotationsEntry
+	1,  // 13: codemode.policy.v1.Redaction.stream:type_name -> codemode.policy.v1.Stream
+	0,  // 14: codemode.policy.v1.ResultDecision.verdict:type_name -> codemode.policy.v1.Verdict
+	9,  // 15: codemode.policy.v1.ResultDecision.redactions:type_name -> codemode.policy.v1.Redaction
+	16, // 16: codemode.policy.v1.ResultDecision.annotations:type_name -> codemode.policy.v1.ResultDecision.AnnotationsEntry
+	2,  // 17: codemode.policy.v1.Denial.cause:type_name -> codemode.policy.v1.Cause
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_codemode_policy_v1_policy_proto_init() }
@@ -991,15 +1117,15 @@ func file_codemode_policy_v1_policy_proto_init() {
 	if File_codemode_policy_v1_policy_proto != nil {
 		return
 	}
-	file_codemode_policy_v1_policy_proto_msgTypes[2].OneofWrappers = []any{}
-	file_codemode_policy_v1_policy_proto_msgTypes[6].OneofWrappers = []any{}
+	file_codemode_policy_v1_policy_proto_msgTypes[3].OneofWrappers = []any{}
+	file_codemode_policy_v1_policy_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_policy_v1_policy_proto_rawDesc), len(file_codemode_policy_v1_policy_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -107,6 +107,9 @@ type Request struct {
 	//	*Request_WriteFile
 	//	*Request_ReadFile
 	//	*Request_ListFiles
+	//	*Request_EgressAnswer
+	//	*Request_EgressData
+	//	*Request_EgressClose
 	Kind          isRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -210,6 +213,33 @@ func (x *Request) GetListFiles() *ListFiles {
 	return nil
 }
 
+func (x *Request) GetEgressAnswer() *EgressAnswer {
+	if x != nil {
+		if x, ok := x.Kind.(*Request_EgressAnswer); ok {
+			return x.EgressAnswer
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetEgressData() *EgressData {
+	if x != nil {
+		if x, ok := x.Kind.(*Request_EgressData); ok {
+			return x.EgressData
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetEgressClose() *EgressClose {
+	if x != nil {
+		if x, ok := x.Kind.(*Request_EgressClose); ok {
+			return x.EgressClose
+		}
+	}
+	return nil
+}
+
 type isRequest_Kind interface {
 	isRequest_Kind()
 }
@@ -245,6 +275,21 @@ type Request_ListFiles struct {
 	ListFiles *ListFiles `protobuf:"bytes,7,opt,name=list_files,json=listFiles,proto3,oneof"`
 }
 
+type Request_EgressAnswer struct {
+	// The agent's answer to an EgressOpen.
+	EgressAnswer *EgressAnswer `protobuf:"bytes,8,opt,name=egress_answer,json=egressAnswer,proto3,oneof"`
+}
+
+type Request_EgressData struct {
+	// Bytes from the far end of an egress connection.
+	EgressData *EgressData `protobuf:"bytes,9,opt,name=egress_data,json=egressData,proto3,oneof"`
+}
+
+type Request_EgressClose struct {
+	// The agent closed an egress connection.
+	EgressClose *EgressClose `protobuf:"bytes,10,opt,name=egress_close,json=egressClose,proto3,oneof"`
+}
+
 func (*Request_Run) isRequest_Kind() {}
 
 func (*Request_Cancel) isRequest_Kind() {}
@@ -256,6 +301,12 @@ func (*Request_WriteFile) isRequest_Kind() {}
 func (*Request_ReadFile) isRequest_Kind() {}
 
 func (*Request_ListFiles) isRequest_Kind() {}
+
+func (*Request_EgressAnswer) isRequest_Kind() {}
+
+func (*Request_EgressData) isRequest_Kind() {}
+
+func (*Request_EgressClose) isRequest_Kind() {}
 
 // Run runs code as the unprivileged user in /workspace.
 type Run struct {
@@ -670,6 +721,9 @@ type Event struct {
 	//	*Event_Done
 	//	*Event_File
 	//	*Event_FileList
+	//	*Event_EgressOpen
+	//	*Event_EgressData
+	//	*Event_EgressClose
 	Kind          isEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -791,6 +845,33 @@ func (x *Event) GetFileList() *FileList {
 	return nil
 }
 
+func (x *Event) GetEgressOpen() *EgressOpen {
+	if x != nil {
+		if x, ok := x.Kind.(*Event_EgressOpen); ok {
+			return x.EgressOpen
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetEgressData() *EgressData {
+	if x != nil {
+		if x, ok := x.Kind.(*Event_EgressData); ok {
+			return x.EgressData
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetEgressClose() *EgressClose {
+	if x != nil {
+		if x, ok := x.Kind.(*Event_EgressClose); ok {
+			return x.EgressClose
+		}
+	}
+	return nil
+}
+
 type isEvent_Kind interface {
 	isEvent_Kind()
 }
@@ -835,6 +916,22 @@ type Event_FileList struct {
 	FileList *FileList `protobuf:"bytes,9,opt,name=file_list,json=fileList,proto3,oneof"`
 }
 
+type Event_EgressOpen struct {
+	// A program of the run asked the runner's proxy for a connection; the
+	// agent answers with an EgressAnswer. The event's id is the run's.
+	EgressOpen *EgressOpen `protobuf:"bytes,10,opt,name=egress_open,json=egressOpen,proto3,oneof"`
+}
+
+type Event_EgressData struct {
+	// Bytes a program sent on an egress connection.
+	EgressData *EgressData `protobuf:"bytes,11,opt,name=egress_data,json=egressData,proto3,oneof"`
+}
+
+type Event_EgressClose struct {
+	// The runner closed an egress connection.
+	EgressClose *EgressClose `protobuf:"bytes,12,opt,name=egress_close,json=egressClose,proto3,oneof"`
+}
+
 func (*Event_Ready) isEvent_Kind() {}
 
 func (*Event_Stdout) isEvent_Kind() {}
@@ -850,6 +947,12 @@ func (*Event_Done) isEvent_Kind() {}
 func (*Event_File) isEvent_Kind() {}
 
 func (*Event_FileList) isEvent_Kind() {}
+
+func (*Event_EgressOpen) isEvent_Kind() {}
+
+func (*Event_EgressData) isEvent_Kind() {}
+
+func (*Event_EgressClose) isEvent_Kind() {}
 
 type Ready struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1301,11 +1404,258 @@ func (x *FileInfo) GetMode() uint32 {
 	return 0
 }
 
+type EgressOpen struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the runner, unique within the sandbox's life.
+	Conn          uint64 `protobuf:"varint,1,opt,name=conn,proto3" json:"conn,omitempty"`
+	Host          string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	Port          uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressOpen) Reset() {
+	*x = EgressOpen{}
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressOpen) ProtoMessage() {}
+
+func (x *EgressOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressOpen.ProtoReflect.Descriptor instead.
+func (*EgressOpen) Descriptor() ([]byte, []int) {
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *EgressOpen) GetConn() uint64 {
+	if x != nil {
+		return x.Conn
+	}
+	return 0
+}
+
+func (x *EgressOpen) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *EgressOpen) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+type EgressAnswer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Conn  uint64                 `protobuf:"varint,1,opt,name=conn,proto3" json:"conn,omitempty"`
+	// 0: open. Otherwise the HTTP status the proxy answers the program with
+	// (403 not allowed, 429 limit reached, 502 unreachable).
+	Status uint32 `protobuf:"varint,2,opt,name=status,proto3" json:"status,omitempty"`
+	// Why not, in one line.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressAnswer) Reset() {
+	*x = EgressAnswer{}
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressAnswer) ProtoMessage() {}
+
+func (x *EgressAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressAnswer.ProtoReflect.Descriptor instead.
+func (*EgressAnswer) Descriptor() ([]byte, []int) {
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EgressAnswer) GetConn() uint64 {
+	if x != nil {
+		return x.Conn
+	}
+	return 0
+}
+
+func (x *EgressAnswer) GetStatus() uint32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *EgressAnswer) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type EgressData struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Conn  uint64                 `protobuf:"varint,1,opt,name=conn,proto3" json:"conn,omitempty"`
+	Data  []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// Bytes of the other direction passed on since the last ack.
+	Ack uint64 `protobuf:"varint,3,opt,name=ack,proto3" json:"ack,omitempty"`
+	// The sender will send no more data (a half close).
+	Eof           bool `protobuf:"varint,4,opt,name=eof,proto3" json:"eof,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressData) Reset() {
+	*x = EgressData{}
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressData) ProtoMessage() {}
+
+func (x *EgressData) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressData.ProtoReflect.Descriptor instead.
+func (*EgressData) Descriptor() ([]byte, []int) {
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *EgressData) GetConn() uint64 {
+	if x != nil {
+		return x.Conn
+	}
+	return 0
+}
+
+func (x *EgressData) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *EgressData) GetAck() uint64 {
+	if x != nil {
+		return x.Ack
+	}
+	return 0
+}
+
+func (x *EgressData) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
+type EgressClose struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Conn  uint64                 `protobuf:"varint,1,opt,name=conn,proto3" json:"conn,omitempty"`
+	// Why, if not an orderly end.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressClose) Reset() {
+	*x = EgressClose{}
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressClose) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressClose) ProtoMessage() {}
+
+func (x *EgressClose) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_runner_v1_runner_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressClose.ProtoReflect.Descriptor instead.
+func (*EgressClose) Descriptor() ([]byte, []int) {
+	return file_codemode_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *EgressClose) GetConn() uint64 {
+	if x != nil {
+		return x.Conn
+	}
+	return 0
+}
+
+func (x *EgressClose) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_codemode_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcodemode/runner/v1/runner.proto\x12\x12codemode.runner.v1\x1a\x1egoogle/protobuf/duration.proto\"\xf4\x02\n" +
+	"\x1fcodemode/runner/v1/runner.proto\x12\x12codemode.runner.v1\x1a\x1egoogle/protobuf/duration.proto\"\xc6\x04\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12+\n" +
 	"\x03run\x18\x02 \x01(\v2\x17.codemode.runner.v1.RunH\x00R\x03run\x124\n" +
@@ -1315,7 +1665,12 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"write_file\x18\x05 \x01(\v2\x1d.codemode.runner.v1.WriteFileH\x00R\twriteFile\x12;\n" +
 	"\tread_file\x18\x06 \x01(\v2\x1c.codemode.runner.v1.ReadFileH\x00R\breadFile\x12>\n" +
 	"\n" +
-	"list_files\x18\a \x01(\v2\x1d.codemode.runner.v1.ListFilesH\x00R\tlistFilesB\x06\n" +
+	"list_files\x18\a \x01(\v2\x1d.codemode.runner.v1.ListFilesH\x00R\tlistFiles\x12G\n" +
+	"\regress_answer\x18\b \x01(\v2 .codemode.runner.v1.EgressAnswerH\x00R\fegressAnswer\x12A\n" +
+	"\vegress_data\x18\t \x01(\v2\x1e.codemode.runner.v1.EgressDataH\x00R\n" +
+	"egressData\x12D\n" +
+	"\fegress_close\x18\n" +
+	" \x01(\v2\x1f.codemode.runner.v1.EgressCloseH\x00R\vegressCloseB\x06\n" +
 	"\x04kind\"\x92\x02\n" +
 	"\x03Run\x12\x1a\n" +
 	"\blanguage\x18\x01 \x01(\tR\blanguage\x12\x12\n" +
@@ -1339,7 +1694,7 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
 	"\tmax_bytes\x18\x02 \x01(\x04R\bmaxBytes\"\x1f\n" +
 	"\tListFiles\x12\x12\n" +
-	"\x04path\x18\x01 \x01(\tR\x04path\"\x86\x03\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\"\xd2\x04\n" +
 	"\x05Event\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x121\n" +
 	"\x05ready\x18\x02 \x01(\v2\x19.codemode.runner.v1.ReadyH\x00R\x05ready\x12\x18\n" +
@@ -1349,7 +1704,13 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\v2\x19.codemode.runner.v1.ErrorH\x00R\x05error\x12.\n" +
 	"\x04done\x18\a \x01(\v2\x18.codemode.runner.v1.DoneH\x00R\x04done\x12.\n" +
 	"\x04file\x18\b \x01(\v2\x18.codemode.runner.v1.FileH\x00R\x04file\x12;\n" +
-	"\tfile_list\x18\t \x01(\v2\x1c.codemode.runner.v1.FileListH\x00R\bfileListB\x06\n" +
+	"\tfile_list\x18\t \x01(\v2\x1c.codemode.runner.v1.FileListH\x00R\bfileList\x12A\n" +
+	"\vegress_open\x18\n" +
+	" \x01(\v2\x1e.codemode.runner.v1.EgressOpenH\x00R\n" +
+	"egressOpen\x12A\n" +
+	"\vegress_data\x18\v \x01(\v2\x1e.codemode.runner.v1.EgressDataH\x00R\n" +
+	"egressData\x12D\n" +
+	"\fegress_close\x18\f \x01(\v2\x1f.codemode.runner.v1.EgressCloseH\x00R\vegressCloseB\x06\n" +
 	"\x04kind\"\xa9\x01\n" +
 	"\x05Ready\x12C\n" +
 	"\bversions\x18\x01 \x03(\v2'.codemode.runner.v1.Ready.VersionsEntryR\bversions\x12\x1e\n" +
@@ -1396,7 +1757,25 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x10\n" +
 	"\x03dir\x18\x03 \x01(\bR\x03dir\x12\x12\n" +
-	"\x04mode\x18\x04 \x01(\rR\x04modeB\xd0\x01\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04mode\"H\n" +
+	"\n" +
+	"EgressOpen\x12\x12\n" +
+	"\x04conn\x18\x01 \x01(\x04R\x04conn\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\"R\n" +
+	"\fEgressAnswer\x12\x12\n" +
+	"\x04conn\x18\x01 \x01(\x04R\x04conn\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\rR\x06status\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"X\n" +
+	"\n" +
+	"EgressData\x12\x12\n" +
+	"\x04conn\x18\x01 \x01(\x04R\x04conn\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x10\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\x12\x10\n" +
+	"\x03eof\x18\x04 \x01(\bR\x03eof\"9\n" +
+	"\vEgressClose\x12\x12\n" +
+	"\x04conn\x18\x01 \x01(\x04R\x04conn\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reasonB\xd0\x01\n" +
 	"\x16com.codemode.runner.v1B\vRunnerProtoP\x01Z?github.com/codemode-go/codemode/gen/codemode/runner/v1;runnerv1\xa2\x02\x03CRX\xaa\x02\x12Codemode.Runner.V1\xca\x02\x12Codemode\\Runner\\V1\xe2\x02\x1eCodemode\\Runner\\V1\\GPBMetadata\xea\x02\x14Codemode::Runner::V1b\x06proto3"
 
 var (
@@ -1412,7 +1791,7 @@ func file_codemode_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_codemode_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_codemode_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_codemode_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_codemode_runner_v1_runner_proto_goTypes = []any{
 	(Error_Code)(0),             // 0: codemode.runner.v1.Error.Code
 	(*Request)(nil),             // 1: codemode.runner.v1.Request
@@ -1431,8 +1810,12 @@ var file_codemode_runner_v1_runner_proto_goTypes = []any{
 	(*Done)(nil),                // 14: codemode.runner.v1.Done
 	(*FileList)(nil),            // 15: codemode.runner.v1.FileList
 	(*FileInfo)(nil),            // 16: codemode.runner.v1.FileInfo
-	nil,                         // 17: codemode.runner.v1.Ready.VersionsEntry
-	(*durationpb.Duration)(nil), // 18: google.protobuf.Duration
+	(*EgressOpen)(nil),          // 17: codemode.runner.v1.EgressOpen
+	(*EgressAnswer)(nil),        // 18: codemode.runner.v1.EgressAnswer
+	(*EgressData)(nil),          // 19: codemode.runner.v1.EgressData
+	(*EgressClose)(nil),         // 20: codemode.runner.v1.EgressClose
+	nil,                         // 21: codemode.runner.v1.Ready.VersionsEntry
+	(*durationpb.Duration)(nil), // 22: google.protobuf.Duration
 }
 var file_codemode_runner_v1_runner_proto_depIdxs = []int32{
 	2,  // 0: codemode.runner.v1.Request.run:type_name -> codemode.runner.v1.Run
@@ -1441,25 +1824,31 @@ var file_codemode_runner_v1_runner_proto_depIdxs = []int32{
 	6,  // 3: codemode.runner.v1.Request.write_file:type_name -> codemode.runner.v1.WriteFile
 	7,  // 4: codemode.runner.v1.Request.read_file:type_name -> codemode.runner.v1.ReadFile
 	8,  // 5: codemode.runner.v1.Request.list_files:type_name -> codemode.runner.v1.ListFiles
-	18, // 6: codemode.runner.v1.Run.timeout:type_name -> google.protobuf.Duration
-	3,  // 7: codemode.runner.v1.Run.files:type_name -> codemode.runner.v1.File
-	3,  // 8: codemode.runner.v1.WriteFile.file:type_name -> codemode.runner.v1.File
-	10, // 9: codemode.runner.v1.Event.ready:type_name -> codemode.runner.v1.Ready
-	11, // 10: codemode.runner.v1.Event.exit:type_name -> codemode.runner.v1.Exit
-	13, // 11: codemode.runner.v1.Event.error:type_name -> codemode.runner.v1.Error
-	14, // 12: codemode.runner.v1.Event.done:type_name -> codemode.runner.v1.Done
-	3,  // 13: codemode.runner.v1.Event.file:type_name -> codemode.runner.v1.File
-	15, // 14: codemode.runner.v1.Event.file_list:type_name -> codemode.runner.v1.FileList
-	17, // 15: codemode.runner.v1.Ready.versions:type_name -> codemode.runner.v1.Ready.VersionsEntry
-	18, // 16: codemode.runner.v1.Exit.duration:type_name -> google.protobuf.Duration
-	12, // 17: codemode.runner.v1.Exit.artifacts:type_name -> codemode.runner.v1.Artifact
-	0,  // 18: codemode.runner.v1.Error.code:type_name -> codemode.runner.v1.Error.Code
-	16, // 19: codemode.runner.v1.FileList.files:type_name -> codemode.runner.v1.FileInfo
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	18, // 6: codemode.runner.v1.Request.egress_answer:type_name -> codemode.runner.v1.EgressAnswer
+	19, // 7: codemode.runner.v1.Request.egress_data:type_name -> codemode.runner.v1.EgressData
+	20, // 8: codemode.runner.v1.Request.egress_close:type_name -> codemode.runner.v1.EgressClose
+	22, // 9: codemode.runner.v1.Run.timeout:type_name -> google.protobuf.Duration
+	3,  // 10: codemode.runner.v1.Run.files:type_name -> codemode.runner.v1.File
+	3,  // 11: codemode.runner.v1.WriteFile.file:type_name -> codemode.runner.v1.File
+	10, // 12: codemode.runner.v1.Event.ready:type_name -> codemode.runner.v1.Ready
+	11, // 13: codemode.runner.v1.Event.exit:type_name -> codemode.runner.v1.Exit
+	13, // 14: codemode.runner.v1.Event.error:type_name -> codemode.runner.v1.Error
+	14, // 15: codemode.runner.v1.Event.done:type_name -> codemode.runner.v1.Done
+	3,  // 16: codemode.runner.v1.Event.file:type_name -> codemode.runner.v1.File
+	15, // 17: codemode.runner.v1.Event.file_list:type_name -> codemode.runner.v1.FileList
+	17, // 18: codemode.runner.v1.Event.egress_open:type_name -> codemode.runner.v1.EgressOpen
+	19, // 19: codemode.runner.v1.Event.egress_data:type_name -> codemode.runner.v1.EgressData
+	20, // 20: codemode.runner.v1.Event.egress_close:type_name -> codemode.runner.v1.EgressClose
+	21, // 21: codemode.runner.v1.Ready.versions:type_name -> codemode.runner.v1.Ready.VersionsEntry
+	22, // 22: codemode.runner.v1.Exit.duration:type_name -> google.protobuf.Duration
+	12, // 23: codemode.runner.v1.Exit.artifacts:type_name -> codemode.runner.v1.Artifact
+	0,  // 24: codemode.runner.v1.Error.code:type_name -> codemode.runner.v1.Error.Code
+	16, // 25: codemode.runner.v1.FileList.files:type_name -> codemode.runner.v1.FileInfo
+	26, // [26:26] is the sub-list for method output_type
+	26, // [26:26] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_codemode_runner_v1_runner_proto_init() }
@@ -1474,6 +1863,9 @@ func file_codemode_runner_v1_runner_proto_init() {
 		(*Request_WriteFile)(nil),
 		(*Request_ReadFile)(nil),
 		(*Request_ListFiles)(nil),
+		(*Request_EgressAnswer)(nil),
+		(*Request_EgressData)(nil),
+		(*Request_EgressClose)(nil),
 	}
 	file_codemode_runner_v1_runner_proto_msgTypes[8].OneofWrappers = []any{
 		(*Event_Ready)(nil),
@@ -1484,6 +1876,9 @@ func file_codemode_runner_v1_runner_proto_init() {
 		(*Event_Done)(nil),
 		(*Event_File)(nil),
 		(*Event_FileList)(nil),
+		(*Event_EgressOpen)(nil),
+		(*Event_EgressData)(nil),
+		(*Event_EgressClose)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1491,7 +1886,7 @@ func file_codemode_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_runner_v1_runner_proto_rawDesc), len(file_codemode_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file codemode/execution/v1/execution.proto.
  */
 export const file_codemode_execution_v1_execution: GenFile = /*@__PURE__*/
-  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2QIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukgg2AEBchsyGV5bYS16XVthLXowLTkrXy4tXXswLDMxfSQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI6Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg66SAuqAQgiBAiAowUqABIYCgVzdGRpbhgFIAEoDEIJukgGegQYgIBAEjQKBWZpbGVzGAYgAygLMhsuY29kZW1vZGUuZXhlY3V0aW9uLnYxLkZpbGVCCLpIBZIBAhBAEi0KBmxpbWl0cxgHIAEoCzIdLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5MaW1pdHMi4wEKBEZpbGUSvQEKBHBhdGgYASABKAlCrgG6SKoBugF6ChlmaWxlLnBhdGgubm9fZG90X3NlZ21lbnRzEipwYXRoIG11c3Qgbm90IGNvbnRhaW4gIi4iIG9yICIuLiIgZWxlbWVudHMaMSF0aGlzLnNwbGl0KCcvJykuZXhpc3RzKHMsIHMgPT0gJy4nIHx8IHMgPT0gJy4uJylyKxABGP8BMiReW0EtWmEtejAtOV8uLV0rKC9bQS1aYS16MC05Xy4tXSspKiQSGwoHY29udGVudBgCIAEoDEIKukgHegUYgICAAiJPCgZMaW1pdHMSIwoMbWVtb3J5X2J5dGVzGAEgASgEQg26SAoyCBiAgICAECgAEiAKDG91dHB1dF9ieXRlcxgCIAEoBEIKukgHMgUYgICAICKWAgoGUmVzdWx0EhEKCWV4aXRfY29kZRgBIAEoBRIOCgZzdGRvdXQYAiABKAkSDgoGc3RkZXJyGAMgASgJEhEKCXRpbWVkX291dBgEIAEoCBIRCgl0cnVuY2F0ZWQYBSABKAgSEgoKb29tX2tpbGxlZBgGIAEoCBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVhZ2VudBgIIAEoCRISCgpzZXNzaW9uX2lkGAkgASgJEjIKCWFydGlmYWN0cxgKIAMoCzIfLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5BcnRpZmFjdBIbChNhcnRpZmFjdHNfdHJ1bmNhdGVkGAsgASgIIksKCEFydGlmYWN0EgwKBG5hbWUYASABKAkSEgoKbWVkaWFfdHlwZRgCIAEoCRIPCgdjb250ZW50GAMgASgMEgwKBHNpemUYBCABKAQibAoFRXZlbnQSEAoGc3Rkb3V0GAEgASgJSAASEAoGc3RkZXJyGAIgASgJSAASLwoGcmVzdWx0GAMgASgLMh0uY29kZW1vZGUuZXhlY3V0aW9uLnYxLlJlc3VsdEgAQg4KBWV2ZW50EgW6SAIIASKYAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRINCgVhZ2VudBgDIAEoCRIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpECCghEZWZhdWx0cxIQCghsYW5ndWFnZRgBIAEoCRIqCgd0aW1lb3V0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KC21heF90aW1lb3V0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDG1lbW9yeV9ieXRlcxgEIAEoBBIYChBtYXhfbWVtb3J5X2J5dGVzGAUgASgEEhQKDG91dHB1dF9ieXRlcxgGIAEoBBIYChBtYXhfb3V0cHV0X2J5dGVzGAcgASgEEjcKFHNlc3Npb25faWRsZV90aW1lb3V0GAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIooBCghMYW5ndWFnZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSDwoHYWxpYXNlcxgDIAMoCRIRCglmaWxlX25hbWUYBCABKAkSEAoIY29tcGlsZWQYBSABKAgSFQoNc2Vzc2lvbl9zdGF0ZRgGIAEoCRISCgpwcmVzdGFydGVkGAcgASgIIkEKCEZpbGVJbmZvEgwKBHBhdGgYASABKAkSDAoEc2l6ZRgCIAEoBBILCgNkaXIYAyABKAgSDAoEbW9kZRgEIAEoDSLsAQoPU2Vzc2lvbk5vdEZvdW5kEj0KBnJlYXNvbhgBIAEoDjItLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5TZXNzaW9uTm90Rm91bmQuUmVhc29uEiwKCGVuZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJsCgZSZWFzb24SFgoSUkVBU09OX1VOU1BFQ0lGSUVEEAASEgoOUkVBU09OX1VOS05PV04QARIRCg1SRUFTT05fQ0xPU0VEEAISEgoOUkVBU09OX0VYUElSRUQQAxIPCgtSRUFTT05fTE9TVBAEYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("CiVjb2RlbW9kZS9leGVjdXRpb24vdjEvZXhlY3V0aW9uLnByb3RvEhVjb2RlbW9kZS5leGVjdXRpb24udjEi2QIKCUV4ZWN1dGlvbhI1CghsYW5ndWFnZRgBIAEoCUIjukgg2AEBchsyGV5bYS16XVthLXowLTkrXy4tXXswLDMxfSQSGQoEY29kZRgCIAEoCUILukgIcgYQASiAgBASPwoKc2Vzc2lvbl9pZBgDIAEoCUIrukgociYyJF4oW0EtWmEtejAtOV1bQS1aYS16MC05Xy4tXXswLDYzfSk/JBI6Cgd0aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg66SAuqAQgiBAiAowUqABIYCgVzdGRpbhgFIAEoDEIJukgGegQYgIBAEjQKBWZpbGVzGAYgAygLMhsuY29kZW1vZGUuZXhlY3V0aW9uLnYxLkZpbGVCCLpIBZIBAhBAEi0KBmxpbWl0cxgHIAEoCzIdLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5MaW1pdHMi4wEKBEZpbGUSvQEKBHBhdGgYASABKAlCrgG6SKoBugF6ChlmaWxlLnBhdGgubm9fZG90X3NlZ21lbnRzEipwYXRoIG11c3Qgbm90IGNvbnRhaW4gIi4iIG9yICIuLiIgZWxlbWVudHMaMSF0aGlzLnNwbGl0KCcvJykuZXhpc3RzKHMsIHMgPT0gJy4nIHx8IHMgPT0gJy4uJylyKxABGP8BMiReW0EtWmEtejAtOV8uLV0rKC9bQS1aYS16MC05Xy4tXSspKiQSGwoHY29udGVudBgCIAEoDEIKukgHegUYgICAAiJPCgZMaW1pdHMSIwoMbWVtb3J5X2J5dGVzGAEgASgEQg26SAoyCBiAgICAECgAEiAKDG91dHB1dF9ieXRlcxgCIAEoBEIKukgHMgUYgICAICLLAgoGUmVzdWx0EhEKCWV4aXRfY29kZRgBIAEoBRIOCgZzdGRvdXQYAiABKAkSDgoGc3RkZXJyGAMgASgJEhEKCXRpbWVkX291dBgEIAEoCBIRCgl0cnVuY2F0ZWQYBSABKAgSEgoKb29tX2tpbGxlZBgGIAEoCBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVhZ2VudBgIIAEoCRISCgpzZXNzaW9uX2lkGAkgASgJEjIKCWFydGlmYWN0cxgKIAMoCzIfLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5BcnRpZmFjdBIbChNhcnRpZmFjdHNfdHJ1bmNhdGVkGAsgASgIEjMKBmVncmVzcxgMIAEoCzIjLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5FZ3Jlc3NSZXBvcnQiegoGRWdyZXNzEjsKBWFsbG93GAEgAygLMiEuY29kZW1vZGUuZXhlY3V0aW9uLnYxLkVncmVzc1J1bGVCCbpIBpIBAxCAAhIzCgZsaW1pdHMYAiABKAsyIy5jb2RlbW9kZS5leGVjdXRpb24udjEuRWdyZXNzTGltaXRzInIKCkVncmVzc1J1bGUSQQoEaG9zdBgBIAEoCUIzukgwci4QARj9ATInXihcKlwuKT9bQS1aYS16MC05Xy46LV0rKC9bMC05XXsxLDN9KT8kEiEKBXBvcnRzGAIgAygNQhK6SA+SAQwQICIIKgYY//8DKAEicAoMRWdyZXNzTGltaXRzEhMKC2Nvbm5lY3Rpb25zGAEgASgNEg0KBWJ5dGVzGAIgASgEEjwKD2Nvbm5lY3Rpb25fdGltZRgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkIIukgFqgECMgAi0wEKDEVncmVzc1JlcG9ydBITCgtjb25uZWN0aW9ucxgBIAEoDRIPCgdyZWZ1c2VkGAIgASgNEhIKCmJ5dGVzX3NlbnQYAyABKAQSFgoOYnl0ZXNfcmVjZWl2ZWQYBCABKAQSNgoIcmVmdXNhbHMYBSADKAsyJC5jb2RlbW9kZS5leGVjdXRpb24udjEuRWdyZXNzUmVmdXNhbBI5Cg1saW1pdF9yZWFjaGVkGAYgASgOMiIuY29kZW1vZGUuZXhlY3V0aW9uLnYxLkVncmVzc0xpbWl0IjsKDUVncmVzc1JlZnVzYWwSDAoEaG9zdBgBIAEoCRIMCgRwb3J0GAIgASgNEg4KBnJlYXNvbhgDIAEoCSJLCghBcnRpZmFjdBIMCgRuYW1lGAEgASgJEhIKCm1lZGlhX3R5cGUYAiABKAkSDwoHY29udGVudBgDIAEoDBIMCgRzaXplGAQgASgEImwKBUV2ZW50EhAKBnN0ZG91dBgBIAEoCUgAEhAKBnN0ZGVychgCIAEoCUgAEi8KBnJlc3VsdBgDIAEoCzIdLmNvZGVtb2RlLmV4ZWN1dGlvbi52MS5SZXN1bHRIAEIOCgVldmVudBIFukgCCAEimAEKB1Nlc3Npb24SCgoCaWQYASABKAkSEAoIbGFuZ3VhZ2UYAiABKAkSDQoFYWdlbnQYAyABKAkSLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKRAgoIRGVmYXVsdHMSEAoIbGFuZ3VhZ2UYASABKAkSKgoHdGltZW91dBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIuCgttYXhfdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIUCgxtZW1vcnlfYnl0ZXMYBCABKAQSGAoQbWF4X21lbW9yeV9ieXRlcxgFIAEoBBIUCgxvdXRwdXRfYnl0ZXMYBiABKAQSGAoQbWF4X291dHB1dF9ieXRlcxgHIAEoBBI3ChRzZXNzaW9uX2lkbGVfdGltZW91dBgIIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKKAQoITGFuZ3VhZ2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEg8KB2FsaWFzZXMYAyADKAkSEQoJZmlsZV9uYW1lGAQgASgJEhAKCGNvbXBpbGVkGAUgASgIEhUKDXNlc3Npb25fc3RhdGUYBiABKAkSEgoKcHJlc3RhcnRlZBgHIAEoCCJBCghGaWxlSW5mbxIMCgRwYXRoGAEgASgJEgwKBHNpemUYAiABKAQSCwoDZGlyGAMgASgIEgwKBG1vZGUYBCABKA0i7AEKD1Nlc3Npb25Ob3RGb3VuZBI9CgZyZWFzb24YASABKA4yLS5jb2RlbW9kZS5leGVjdXRpb24udjEuU2Vzc2lvbk5vdEZvdW5kLlJlYXNvbhIsCghlbmRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAibAoGUmVhc29uEhYKElJFQVNPTl9VTlNQRUNJRklFRBAAEhIKDlJFQVNPTl9VTktOT1dOEAESEQoNUkVBU09OX0NMT1NFRBACEhIKDlJFQVNPTl9FWFBJUkVEEAMSDwoLUkVBU09OX0xPU1QQBCqDAQoLRWdyZXNzTGltaXQSHAoYRUdSRVNTX0xJTUlUX1VOU1BFQ0lGSUVEEAASHAoYRUdSRVNTX0xJTUlUX0NPTk5FQ1RJT05TEAESFgoSRUdSRVNTX0xJTUlUX0JZVEVTEAISIAocRUdSRVNTX0xJTUlUX0NPTk5FQ1RJT05fVElNRRADYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Execution says what to run and under which limits. The edge's public request
@@ -235,6 +235,14 @@ export type Result = Message<"codemode.execution.v1.Result"> & {
    * @generated from field: bool artifacts_truncated = 11;
    */
   artifactsTruncated: boolean;
+
+  /**
+   * What the run reached outside its sandbox, if it tried to: connections
+   * made and refused, bytes, and a limit it ran into.
+   *
+   * @generated from field: codemode.execution.v1.EgressReport egress = 12;
+   */
+  egress?: EgressReport | undefined;
 };
 
 /**
@@ -243,6 +251,190 @@ export type Result = Message<"codemode.execution.v1.Result"> & {
  */
 export const ResultSchema: GenMessage<Result> = /*@__PURE__*/
   messageDesc(file_codemode_execution_v1_execution, 3);
+
+/**
+ * Egress says what a run may reach outside its sandbox. A sandbox has no
+ * network interface; its programs reach out through an HTTP proxy that the
+ * runner serves on the sandbox's loopback (HTTP_PROXY and HTTPS_PROXY point
+ * at it), and the agent opens each connection only if a rule allows it. The
+ * edge builds it from the tenant's configuration and the request policies;
+ * callers of the edge cannot set it.
+ *
+ * @generated from message codemode.execution.v1.Egress
+ */
+export type Egress = Message<"codemode.execution.v1.Egress"> & {
+  /**
+   * Destinations a connection may go to; none: the run reaches nothing.
+   *
+   * @generated from field: repeated codemode.execution.v1.EgressRule allow = 1;
+   */
+  allow: EgressRule[];
+
+  /**
+   * @generated from field: codemode.execution.v1.EgressLimits limits = 2;
+   */
+  limits?: EgressLimits | undefined;
+};
+
+/**
+ * Describes the message codemode.execution.v1.Egress.
+ * Use `create(EgressSchema)` to create a new message.
+ */
+export const EgressSchema: GenMessage<Egress> = /*@__PURE__*/
+  messageDesc(file_codemode_execution_v1_execution, 4);
+
+/**
+ * EgressRule allows connections to a host on some ports.
+ *
+ * @generated from message codemode.execution.v1.EgressRule
+ */
+export type EgressRule = Message<"codemode.execution.v1.EgressRule"> & {
+  /**
+   * A host name ("api.example.com"), every name below a domain
+   * ("*.example.com", not the domain itself), an IP address ("192.0.2.7",
+   * "2001:db8::1") or an address prefix ("192.0.2.0/24"). Names are resolved
+   * by the agent; a name whose address is loopback, private, link-local or
+   * otherwise not public is refused unless an address rule allows that
+   * address too. The name of a configured API ("github.api.codemode") is
+   * forwarded by the agent to the API with its credential.
+   *
+   * @generated from field: string host = 1;
+   */
+  host: string;
+
+  /**
+   * Ports; none: 80 and 443.
+   *
+   * @generated from field: repeated uint32 ports = 2;
+   */
+  ports: number[];
+};
+
+/**
+ * Describes the message codemode.execution.v1.EgressRule.
+ * Use `create(EgressRuleSchema)` to create a new message.
+ */
+export const EgressRuleSchema: GenMessage<EgressRule> = /*@__PURE__*/
+  messageDesc(file_codemode_execution_v1_execution, 5);
+
+/**
+ * EgressLimits bound a run's egress; zero fields take the agent's defaults,
+ * and no field can raise the agent's maximum.
+ *
+ * @generated from message codemode.execution.v1.EgressLimits
+ */
+export type EgressLimits = Message<"codemode.execution.v1.EgressLimits"> & {
+  /**
+   * Connections a run may open, refused ones not counted.
+   *
+   * @generated from field: uint32 connections = 1;
+   */
+  connections: number;
+
+  /**
+   * Bytes a run may send and receive, all connections together.
+   *
+   * @generated from field: uint64 bytes = 2;
+   */
+  bytes: bigint;
+
+  /**
+   * How long one connection may stay open.
+   *
+   * @generated from field: google.protobuf.Duration connection_time = 3;
+   */
+  connectionTime?: Duration | undefined;
+};
+
+/**
+ * Describes the message codemode.execution.v1.EgressLimits.
+ * Use `create(EgressLimitsSchema)` to create a new message.
+ */
+export const EgressLimitsSchema: GenMessage<EgressLimits> = /*@__PURE__*/
+  messageDesc(file_codemode_execution_v1_execution, 6);
+
+/**
+ * EgressReport is what a run did through its egress.
+ *
+ * @generated from message codemode.execution.v1.EgressReport
+ */
+export type EgressReport = Message<"codemode.execution.v1.EgressReport"> & {
+  /**
+   * Connections opened.
+   *
+   * @generated from field: uint32 connections = 1;
+   */
+  connections: number;
+
+  /**
+   * Connections refused: not allowed, limit reached, or unreachable.
+   *
+   * @generated from field: uint32 refused = 2;
+   */
+  refused: number;
+
+  /**
+   * @generated from field: uint64 bytes_sent = 3;
+   */
+  bytesSent: bigint;
+
+  /**
+   * @generated from field: uint64 bytes_received = 4;
+   */
+  bytesReceived: bigint;
+
+  /**
+   * The first refusals, at most 16, in order.
+   *
+   * @generated from field: repeated codemode.execution.v1.EgressRefusal refusals = 5;
+   */
+  refusals: EgressRefusal[];
+
+  /**
+   * A limit the run reached; connections past it were refused or cut.
+   *
+   * @generated from field: codemode.execution.v1.EgressLimit limit_reached = 6;
+   */
+  limitReached: EgressLimit;
+};
+
+/**
+ * Describes the message codemode.execution.v1.EgressReport.
+ * Use `create(EgressReportSchema)` to create a new message.
+ */
+export const EgressReportSchema: GenMessage<EgressReport> = /*@__PURE__*/
+  messageDesc(file_codemode_execution_v1_execution, 7);
+
+/**
+ * EgressRefusal is one connection the agent did not open.
+ *
+ * @generated from message codemode.execution.v1.EgressRefusal
+ */
+export type EgressRefusal = Message<"codemode.execution.v1.EgressRefusal"> & {
+  /**
+   * @generated from field: string host = 1;
+   */
+  host: string;
+
+  /**
+   * @generated from field: uint32 port = 2;
+   */
+  port: number;
+
+  /**
+   * Why, as the proxy told the program.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message codemode.execution.v1.EgressRefusal.
+ * Use `create(EgressRefusalSchema)` to create a new message.
+ */
+export const EgressRefusalSchema: GenMessage<EgressRefusal> = /*@__PURE__*/
+  messageDesc(file_codemode_execution_v1_execution, 8);
 
 /**
  * Artifact is a file a run left in /workspace/outputs.
@@ -285,7 +477,7 @@ export type Artifact = Message<"codemode.execution.v1.Artifact"> & {
  * Use `create(ArtifactSchema)` to create a new message.
  */
 export const ArtifactSchema: GenMessage<Artifact> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 4);
+  messageDesc(file_codemode_execution_v1_execution, 9);
 
 /**
  * Event is one step of a streamed run: chunks of output as they are produced,
@@ -329,7 +521,7 @@ export type Event = Message<"codemode.execution.v1.Event"> & {
  * Use `create(EventSchema)` to create a new message.
  */
 export const EventSchema: GenMessage<Event> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 5);
+  messageDesc(file_codemode_execution_v1_execution, 10);
 
 /**
  * Session is a sandbox kept for one user across runs.
@@ -379,7 +571,7 @@ export type Session = Message<"codemode.execution.v1.Session"> & {
  * Use `create(SessionSchema)` to create a new message.
  */
 export const SessionSchema: GenMessage<Session> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 6);
+  messageDesc(file_codemode_execution_v1_execution, 11);
 
 /**
  * Defaults are what a run gets for what its request leaves unset, and the
@@ -446,7 +638,7 @@ export type Defaults = Message<"codemode.execution.v1.Defaults"> & {
  * Use `create(DefaultsSchema)` to create a new message.
  */
 export const DefaultsSchema: GenMessage<Defaults> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 7);
+  messageDesc(file_codemode_execution_v1_execution, 12);
 
 /**
  * Language is one runnable language, as an agent's language table describes it.
@@ -513,7 +705,7 @@ export type Language = Message<"codemode.execution.v1.Language"> & {
  * Use `create(LanguageSchema)` to create a new message.
  */
 export const LanguageSchema: GenMessage<Language> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 8);
+  messageDesc(file_codemode_execution_v1_execution, 13);
 
 /**
  * FileInfo describes one entry of a workspace directory.
@@ -555,7 +747,7 @@ export type FileInfo = Message<"codemode.execution.v1.FileInfo"> & {
  * Use `create(FileInfoSchema)` to create a new message.
  */
 export const FileInfoSchema: GenMessage<FileInfo> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 9);
+  messageDesc(file_codemode_execution_v1_execution, 14);
 
 /**
  * SessionNotFound is attached as a detail to a not_found error about a
@@ -583,7 +775,7 @@ export type SessionNotFound = Message<"codemode.execution.v1.SessionNotFound"> &
  * Use `create(SessionNotFoundSchema)` to create a new message.
  */
 export const SessionNotFoundSchema: GenMessage<SessionNotFound> = /*@__PURE__*/
-  messageDesc(file_codemode_execution_v1_execution, 10);
+  messageDesc(file_codemode_execution_v1_execution, 15);
 
 /**
  * Why a session is not there.
@@ -630,5 +822,38 @@ export enum SessionNotFound_Reason {
  * Describes the enum codemode.execution.v1.SessionNotFound.Reason.
  */
 export const SessionNotFound_ReasonSchema: GenEnum<SessionNotFound_Reason> = /*@__PURE__*/
-  enumDesc(file_codemode_execution_v1_execution, 10, 0);
+  enumDesc(file_codemode_execution_v1_execution, 15, 0);
+
+/**
+ * EgressLimit names a limit of EgressLimits.
+ *
+ * @generated from enum codemode.execution.v1.EgressLimit
+ */
+export enum EgressLimit {
+  /**
+   * @generated from enum value: EGRESS_LIMIT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: EGRESS_LIMIT_CONNECTIONS = 1;
+   */
+  CONNECTIONS = 1,
+
+  /**
+   * @generated from enum value: EGRESS_LIMIT_BYTES = 2;
+   */
+  BYTES = 2,
+
+  /**
+   * @generated from enum value: EGRESS_LIMIT_CONNECTION_TIME = 3;
+   */
+  CONNECTION_TIME = 3,
+}
+
+/**
+ * Describes the enum codemode.execution.v1.EgressLimit.
+ */
+export const EgressLimitSchema: GenEnum<EgressLimit> = /*@__PURE__*/
+  enumDesc(file_codemode_execution_v1_execution, 0);
 
