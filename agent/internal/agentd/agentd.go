@@ -122,9 +122,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		Tmpfs: map[string]string{
 			wire.Workspace: fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=0755,uid=%d,gid=%d", cfg.WorkspaceSize, wire.UserUID, wire.UserGID),
 			"/tmp":         fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", cfg.TmpSize),
-			// The runner's Python modules (see wire.PythonLib); it makes
+			// The runner's Python modules (see wire.UserLib); it makes
 			// the directory root's before user code runs.
-			wire.PythonLib: "rw,noexec,nosuid,nodev,size=1m,mode=0755",
+			wire.UserLib: "rw,noexec,nosuid,nodev,size=1m,mode=0755",
 		},
 		ShmBytes: cfg.ShmSize,
 	}

@@ -119,7 +119,7 @@ func startSandbox(t testing.TB) *sandbox {
 	args := []string{"run", "-i", "--rm", "--name", name,
 		"--runtime=runsc", "--network=none", "--read-only",
 		"--tmpfs", "/workspace:size=64m", "--tmpfs", "/tmp:size=16m",
-		"--tmpfs", wire.PythonLib + ":size=1m",
+		"--tmpfs", wire.UserLib + ":size=1m",
 		// The agent's default pids limit: 128 held a fork bomb on a quiet
 		// host but not always with the host saturated (see wire's notes).
 		"--memory=256m", "--pids-limit=256", "--cpus=1",
@@ -379,7 +379,7 @@ func TestSandbox(t *testing.T) {
 		}
 		// The modules are root's: user code cannot change what the next
 		// run's plt.show() does.
-		r := sb.mustRun(t, "bash", "stat -c '%U %a' "+wire.PythonLib+" "+wire.PythonLib+"/*; echo x > "+wire.PythonLib+"/codemode_mpl.py || echo refused")
+		r := sb.mustRun(t, "bash", "stat -c '%U %a' "+wire.UserLib+" "+wire.UserLib+"/*; echo x > "+wire.UserLib+"/codemode_mpl.py || echo refused")
 		if want := "root 755\nroot 644\n"; !strings.HasPrefix(r.stdout, want) || !strings.HasSuffix(r.stdout, "refused\n") {
 			t.Errorf("python lib: %q %q", r.stdout, r.stderr)
 		}

@@ -185,6 +185,7 @@ func testPrestartedLikeCold(t *testing.T, lang string, cases []prestartCase, std
 					h = warm
 				}
 				r.stdout = strings.ReplaceAll(r.stdout, h.ws, "WORKSPACE")
+				r.stdout = strings.ReplaceAll(r.stdout, h.s.proxy.Addr(), "PROXY")
 				if stderr != nil {
 					r.stderr = stderr(r.stderr)
 				}

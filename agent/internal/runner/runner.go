@@ -79,9 +79,12 @@ type config struct {
 	// message queues (see openMqueues); "": no helper (tests, where the
 	// binary is the test's).
 	self string
-	// pythonLib is the directory for the Python modules the runner lends
-	// user code (see preparePythonLib); "" or missing: none.
-	pythonLib string
+	// lib is the directory for the modules the runner lends user code
+	// (see prepareLib); "" or missing: none.
+	lib string
+	// proxyAddrs are where the egress proxy listens (see proxy); none: no
+	// proxy, and user code has no way out at all.
+	proxyAddrs []string
 }
 
 func defaultConfig(log *slog.Logger) config {
@@ -97,7 +100,8 @@ func defaultConfig(log *slog.Logger) config {
 		drainGrace:   100 * time.Millisecond,
 		prestart:     true,
 		versions:     true,
-		pythonLib:    wire.PythonLib,
+		lib:          wire.UserLib,
+		proxyAddrs:   []string{fmt.Sprintf("127.0.0.1:%d", wire.ProxyPort), fmt.Sprintf("[::1]:%d", wire.ProxyPort)},
 	}
 }
 
@@ -117,7 +121,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	userProcs := fs.Uint64("max-user-procs", 32, "most processes and threads user code may have at once (RLIMIT_NPROC); 0: no limit")
 	versions := fs.Bool("versions", true, "report the languages' versions when ready (a process per language)")
 	prestart := fs.Bool("prestart", true, "start an interpreter ahead of the next stateless run, in the language of the last one (Python at first)")
-	pythonLib := fs.String("python-lib", wire.PythonLib, "root-only directory for the Python modules lent to user code (matplotlib's plt.show() saving figures as artifacts); skipped if missing")
+	lib := fs.String("lib", wire.UserLib, "root-only directory for the modules lent to user code (matplotlib's plt.show() saving figures as artifacts, Node's fetch through the egress proxy); skipped if missing")
+	proxy := fs.Bool("egress-proxy", true, fmt.Sprintf("serve the egress proxy on the sandbox's loopback, port %d", wire.ProxyPort))
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: runner [flags]\n\nThe codemode sandbox runner: framed requests on stdin, framed events on stdout.\n\n")
 		fs.PrintDefaults()
@@ -136,7 +141,10 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg.userProcs = *userProcs
 	cfg.prestart = *prestart
 	cfg.versions = *versions
-	cfg.pythonLib = *pythonLib
+	cfg.lib = *lib
+	if !*proxy {
+		cfg.proxyAddrs = nil
+	}
 	cfg.self = "/proc/self/exe"
 	cfg.scratch = nil
 	for _, d := range strings.Split(*scratch, ",") {
@@ -199,8 +207,10 @@ type server struct {
 	shells map[string]*shellState // by language
 
 	// userEnv is added to the environment of all user code (see
-	// preparePythonLib).
+	// prepareLib and proxyEnv).
 	userEnv []string
+	// proxy serves the runs' egress; nil if there is none.
+	proxy *proxy
 
 	ipcFloor ipcFloor    // touched only by Reset
 	mqueues  *os.File    // see openMqueues; nil if it failed, and then Reset fails
@@ -221,7 +231,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	if err := prepareDirs(cfg); err != nil {
 		return nil, err
 	}
-	userEnv, err := preparePythonLib(cfg)
+	userEnv, lib, err := prepareLib(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -256,6 +266,15 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	}
 	if cfg.prestart {
 		s.prestartLang = wire.DefaultLanguage
+	}
+	if len(cfg.proxyAddrs) > 0 {
+		p, err := newProxy(cfg.log, cfg.proxyAddrs, s.out.send, s.egressRefused)
+		if err != nil {
+			s.shutdown()
+			return nil, err
+		}
+		s.proxy = p
+		s.userEnv = append(s.userEnv, proxyEnv(p.Addr(), lib)...)
 	}
 	return s, nil
 }
@@ -310,6 +329,9 @@ func (s *server) serve(ctx context.Context, stdin io.Reader) error {
 }
 
 func (s *server) dispatch(ctx context.Context, wg *sync.WaitGroup, req *runnerv1.Request) {
+	if s.proxy != nil && s.proxy.handle(req) {
+		return
+	}
 	id := req.GetId()
 	if c := req.GetCancel(); c != nil {
 		s.mu.Lock()
@@ -360,6 +382,10 @@ func (s *server) handle(ctx context.Context, req *runnerv1.Request) *runnerv1.Ev
 	var err error
 	switch k := req.GetKind().(type) {
 	case *runnerv1.Request_Run:
+		if s.proxy != nil {
+			s.proxy.begin(req.GetId())
+			defer s.proxy.end(req.GetId())
+		}
 		var exit *runnerv1.Exit
 		if exit, err = s.run(ctx, req.GetId(), k.Run); err == nil {
 			return &runnerv1.Event{Kind: &runnerv1.Event_Exit{Exit: exit}}
@@ -396,8 +422,20 @@ func (s *server) sendError(id uint64, err error) {
 	}
 }
 
+// egressRefused tells run's program, on its stderr, about a connection the
+// egress refused, since not every client shows the proxy's answer.
+func (s *server) egressRefused(run uint64, line string) {
+	ev := &runnerv1.Event{Id: run, Kind: &runnerv1.Event_Stderr{Stderr: []byte(line + "\n")}}
+	if err := s.out.send(ev); err != nil {
+		s.cfg.log.Warn("send egress refusal", "error", err)
+	}
+}
+
 // shutdown kills every user process; the sandbox is going away.
 func (s *server) shutdown() {
+	if s.proxy != nil {
+		s.proxy.close()
+	}
 	s.dropPrestarted()
 	if err := s.procs.killUser(nil); err != nil {
 		s.cfg.log.Warn("kill user processes at shutdown", "error", err)

@@ -76,6 +76,7 @@ func newHarness(t *testing.T, opts ...func(*config)) *harness {
 	cfg.uid, cfg.gid = h.uid, h.uid
 	cfg.reapAll = false
 	cfg.cgroupMemory = ""
+	cfg.proxyAddrs = []string{"127.0.0.1:0"}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -178,7 +179,7 @@ func TestRun(t *testing.T) {
 		{name: "python identity", lang: "python", code: "import os; print(os.getuid(), os.geteuid(), os.getgroups(), os.getcwd() == os.environ['HOME'])",
 			stdout: fmt.Sprintf("%d %d [] True\n", uid, uid)},
 		{name: "python clean environment", lang: "python", code: "import os; print(sorted(os.environ))",
-			stdout: "['HOME', 'LANG', 'PATH', 'PWD', 'PYTHONUNBUFFERED']\n"},
+			stdout: "['HOME', 'HTTPS_PROXY', 'HTTP_PROXY', 'LANG', 'NO_PROXY', 'PATH', 'PWD', 'PYTHONUNBUFFERED', 'http_proxy', 'https_proxy', 'no_proxy']\n"},
 		{name: "python no privileges", lang: "python",
 			code:   "s = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines() if ':\\t' in l); print(s['CapEff'], s['CapPrm'], s['NoNewPrivs'])",
 			stdout: "0000000000000000 0000000000000000 1\n"},
@@ -338,6 +339,7 @@ func TestBusy(t *testing.T) {
 	os.Chmod(base, 0o755)
 	cfg := defaultConfig(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	cfg.workspace, cfg.scratch, cfg.reapAll, cfg.cgroupMemory = filepath.Join(base, "ws"), nil, false, ""
+	cfg.proxyAddrs = []string{"127.0.0.1:0"}
 	cfg.uid = 62000 + int(nextUID.Add(1))
 	cfg.gid = cfg.uid
 	reqR, reqW := io.Pipe()

@@ -81,6 +81,38 @@ type Client struct {
 	prestarted atomic.Pointer[string]
 
 	cancelGrace time.Duration // CancelGrace, shorter in tests
+
+	// The egress connections of the run going on (see RunEgress).
+	tunnels *Tunnels
+	egress  atomic.Pointer[runEgress]
+}
+
+// Egress decides on and serves the connections that a run's programs ask
+// the runner's egress proxy for.
+type Egress interface {
+	// Open decides on a connection to host:port. If it is allowed, Open
+	// returns a function that serves it: it gets the program's end of the
+	// connection, runs on a goroutine of its own, and must close t when it
+	// is done. Otherwise Open returns an error, an [*EgressRefusal] to
+	// choose the proxy's answer (other errors are 502 Bad Gateway). ctx
+	// ends when the run does.
+	Open(ctx context.Context, host string, port uint32) (serve func(t *Tunnel), err error)
+}
+
+// EgressRefusal is an egress connection refused: the runner's proxy answers
+// the program with Status and Reason.
+type EgressRefusal struct {
+	Status int // an HTTP status: 403 not allowed, 429 limit reached, 502 unreachable
+	Reason string
+}
+
+func (e *EgressRefusal) Error() string { return e.Reason }
+
+// runEgress is the egress of the run going on.
+type runEgress struct {
+	run uint64
+	e   Egress
+	ctx context.Context
 }
 
 // NewClient returns a client that sends requests to w and reads the runner's
@@ -98,6 +130,13 @@ func NewClient(r io.Reader, w io.Writer) *Client {
 
 		cancelGrace: CancelGrace,
 	}
+	c.tunnels = NewTunnels(
+		func(d *runnerv1.EgressData) error {
+			return c.sendRaw(&runnerv1.Request{Kind: &runnerv1.Request_EgressData{EgressData: d}})
+		},
+		func(cl *runnerv1.EgressClose) error {
+			return c.sendRaw(&runnerv1.Request{Kind: &runnerv1.Request_EgressClose{EgressClose: cl}})
+		})
 	go c.read(bufio.NewReaderSize(r, 64<<10))
 	return c
 }
@@ -105,11 +144,23 @@ func NewClient(r io.Reader, w io.Writer) *Client {
 func (c *Client) read(r io.Reader) {
 	defer close(c.stopped)
 	defer close(c.events)
+	defer c.tunnels.CloseAll("the runner's stream ended")
 	for {
 		ev := new(runnerv1.Event)
 		if err := ReadFrame(r, ev); err != nil {
 			c.readErr = err
 			return
+		}
+		switch k := ev.GetKind().(type) {
+		case *runnerv1.Event_EgressData:
+			c.tunnels.Deliver(k.EgressData)
+			continue
+		case *runnerv1.Event_EgressClose:
+			c.tunnels.Closed(k.EgressClose)
+			continue
+		case *runnerv1.Event_EgressOpen:
+			c.egressOpen(ev.GetId(), k.EgressOpen)
+			continue
 		}
 		if ready := ev.GetReady(); ready != nil {
 			c.readyOnce.Do(func() {
@@ -187,6 +238,14 @@ func (c *Client) Ready(ctx context.Context) (*runnerv1.Ready, error) {
 //     of the cancellation;
 //   - ctx's error, wrapped, if ctx ended (together with the Exit, if any).
 func (c *Client) Run(ctx context.Context, run *runnerv1.Run, out func(stream Stream, chunk []byte)) (*runnerv1.Exit, error) {
+	return c.RunEgress(ctx, run, out, nil)
+}
+
+// RunEgress is [Client.Run] for a run whose programs may reach outside the
+// sandbox through the runner's egress proxy, as egress decides; with nil
+// egress every connection is refused. The run's connections are closed
+// when it ends.
+func (c *Client) RunEgress(ctx context.Context, run *runnerv1.Run, out func(stream Stream, chunk []byte), egress Egress) (*runnerv1.Exit, error) {
 	if err := c.acquire(ctx); err != nil {
 		return nil, err
 	}
@@ -203,6 +262,15 @@ func (c *Client) Run(ctx context.Context, run *runnerv1.Run, out func(stream Str
 	}
 
 	id := c.newID()
+	if egress != nil {
+		ectx, cancel := context.WithCancel(ctx)
+		c.egress.Store(&runEgress{run: id, e: egress, ctx: ectx})
+		defer func() {
+			c.egress.Store(nil)
+			cancel()
+			c.tunnels.CloseAll("the run ended")
+		}()
+	}
 	if err := c.send(&runnerv1.Request{Id: id, Kind: &runnerv1.Request_Run{Run: run}}); err != nil {
 		return nil, err
 	}
@@ -447,6 +515,56 @@ func (c *Client) release() { <-c.sem }
 func (c *Client) newID() uint64 {
 	c.nextID++
 	return c.nextID
+}
+
+// egressOpen answers the runner's EgressOpen for a connection of run. It
+// does not block the reader: the decision and the dial happen on a
+// goroutine of their own.
+func (c *Client) egressOpen(run uint64, open *runnerv1.EgressOpen) {
+	re := c.egress.Load()
+	if re == nil || re.run != run {
+		c.answerEgress(open.GetConn(), &EgressRefusal{Status: 403, Reason: "this run may not reach anything outside its sandbox"})
+		return
+	}
+	go func() {
+		serve, err := re.e.Open(re.ctx, open.GetHost(), open.GetPort())
+		if err != nil {
+			c.answerEgress(open.GetConn(), err)
+			return
+		}
+		t, err := c.tunnels.Open(open.GetConn(), EgressAddr{Host: "sandbox"}, EgressAddr{Host: open.GetHost(), Port: open.GetPort()})
+		if err != nil {
+			c.answerEgress(open.GetConn(), &EgressRefusal{Status: 502, Reason: err.Error()})
+			return
+		}
+		if re.ctx.Err() != nil { // the run ended meanwhile
+			t.Close()
+			return
+		}
+		if err := c.sendRaw(&runnerv1.Request{Kind: &runnerv1.Request_EgressAnswer{EgressAnswer: &runnerv1.EgressAnswer{Conn: open.GetConn()}}}); err != nil {
+			t.Close()
+			return
+		}
+		serve(t)
+	}()
+}
+
+func (c *Client) answerEgress(conn uint64, err error) {
+	a := &runnerv1.EgressAnswer{Conn: conn, Status: 502, Reason: err.Error()}
+	var r *EgressRefusal
+	if errors.As(err, &r) {
+		a.Status, a.Reason = uint32(r.Status), r.Reason
+	}
+	// A failure to send is the stream breaking, which the reader sees.
+	_ = c.sendRaw(&runnerv1.Request{Kind: &runnerv1.Request_EgressAnswer{EgressAnswer: a}})
+}
+
+// sendRaw writes one frame, for egress traffic, which flows beside the
+// request being served and does not hold the client's turn.
+func (c *Client) sendRaw(req *runnerv1.Request) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return WriteFrame(c.w, req)
 }
 
 func (c *Client) send(req *runnerv1.Request) error {

@@ -106,9 +106,11 @@ const (
 	MaxArtifactBytes = 4 << 20
 )
 
-// PythonLib is a directory, on a small tmpfs of its own that the agent
-// mounts, where the runner writes the Python modules it lends user code
-// (a matplotlib backend whose plt.show() saves figures into [OutputsDir])
-// and which it puts on PYTHONPATH. The runner makes it root's, mode 0755,
-// before any user code runs; without it, user code runs without them.
-const PythonLib = "/opt/codemode/python"
+// UserLib is a directory, on a small tmpfs of its own that the agent
+// mounts, where the runner writes the modules it lends user code: a
+// matplotlib backend whose plt.show() saves figures into [OutputsDir] (the
+// directory is on PYTHONPATH), and a Node.js preload that sends fetch()
+// through the egress proxy (in NODE_OPTIONS). The runner makes it root's,
+// mode 0755, before any user code runs; without it, user code runs without
+// them.
+const UserLib = "/opt/codemode/lib"
