@@ -42,7 +42,7 @@ type proxy struct {
 	nextConn atomic.Uint64
 
 	mu      sync.Mutex
-	run     uint64                                // the run that may open connections; 0: none
+	run     uint64                                 // the run that may open connections; 0: none
 	pending map[uint64]chan *runnerv1.EgressAnswer // by connection
 }
 
