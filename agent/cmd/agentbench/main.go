@@ -381,7 +381,7 @@ func (b *bench) splitOne(ctx context.Context, lang, code string, prestart bool) 
 	const n = 20
 	for i := range n + 2 {
 		c0, t0 := usage(), time.Now()
-		if _, err := sb.Run(ctx, r, nil); err != nil {
+		if _, err := sb.Run(ctx, r, nil, nil); err != nil {
 			return run, reset, err
 		}
 		c1, t1 := usage(), time.Now()

@@ -14,10 +14,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/codemode-go/codemode/agent/internal/egress"
 	"github.com/codemode-go/codemode/agent/internal/pool"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
@@ -61,6 +64,7 @@ type Agent struct {
 	pool     *pool.Pool
 	sessions *pool.Sessions
 	journal  *pool.Journal // nil: none
+	egress   *egress.Gate
 	svc      *Service
 
 	srvMu sync.Mutex
@@ -164,10 +168,37 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		Logger:     logger.With("component", "sessions"),
 	})
 	a.pool, a.sessions, a.journal = p, sessions, journal
-	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, sessions: sessions}
+	a.egress = egress.New(egress.Config{
+		Defaults: egress.Limits{Connections: cfg.EgressMaxConnections, Bytes: cfg.EgressMaxBytes, ConnectionTime: cfg.EgressMaxConnectionTime},
+		Max:      egress.Limits{Connections: cfg.EgressMaxConnections, Bytes: cfg.EgressMaxBytes, ConnectionTime: cfg.EgressMaxConnectionTime},
+		Deny:     append(ownAddrs(cfg.Addr), cfg.EgressDeny...),
+		Hosts:    cfg.EgressHosts,
+		Log:      logger.With("component", "egress"),
+	})
+	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, sessions: sessions, egress: a.egress}
 	logger.Info("agent started", "name", cfg.Name, "labels", labelString(cfg.Labels), "image", cfg.Image,
 		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes)
 	return a, nil
+}
+
+// ownAddrs are the addresses of the agent's listener that no egress rule
+// may open: its port on every local address when it listens on all of them.
+func ownAddrs(addr string) []netip.AddrPort {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil || a.IsLoopback() {
+		// A name, all addresses, or loopback, which the sandbox's
+		// proxy may also reach as another loopback address.
+		a = netip.IPv6Unspecified()
+	}
+	return []netip.AddrPort{netip.AddrPortFrom(a.Unmap(), uint16(p))}
 }
 
 // checkRunner checks that path is a static executable: the runner runs in
@@ -205,6 +236,11 @@ func (a *Agent) register(srv *server.Server) {
 // Serve serves the agent's API on ln until ctx is done, then shuts down
 // gracefully and removes every sandbox (Close).
 func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
+	// The port the agent really serves on, which its configured address
+	// may leave to the system (":0").
+	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+		a.egress.Deny(ownAddrs(netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String())...)
+	}
 	srv := server.New(a.log.With("component", "server"))
 	srv.ShutdownTimeout = a.cfg.ShutdownTimeout
 	if a.cfg.Secret != nil {
@@ -250,6 +286,7 @@ func (a *Agent) Close(ctx context.Context) error {
 	}
 	err := a.pool.Close(ctx)
 	a.driver.Close()
+	a.egress.Close()
 	if err != nil {
 		a.log.Warn("remove sandboxes at shutdown", "error", err)
 		return err

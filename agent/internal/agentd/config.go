@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -79,6 +80,23 @@ type Config struct {
 	// MaxSessions bounds the open sessions.
 	MaxSessions int
 
+	// EgressMaxConnections, EgressMaxBytes and EgressMaxConnectionTime bound
+	// a run's egress (connections opened, bytes both ways, how long one
+	// connection stays open; 0: no bound but the run's). A run's own
+	// limits may only lower them.
+	EgressMaxConnections    int
+	EgressMaxBytes          int64
+	EgressMaxConnectionTime time.Duration
+	// EgressDeny are addresses no egress rule opens, besides the agent's
+	// own: the control plane's and the edge's, say. An unspecified address
+	// (":8080", "0.0.0.0:8080") means that port on every address of this
+	// host, loopback included.
+	EgressDeny []netip.AddrPort
+	// EgressHosts are names the agent resolves for egress without asking
+	// DNS, as a hosts file would (internal services, pinned addresses).
+	// Their addresses are checked like any others.
+	EgressHosts map[string][]netip.Addr
+
 	// ShutdownTimeout bounds the graceful shutdown of the server.
 	ShutdownTimeout time.Duration
 
@@ -131,7 +149,10 @@ func DefaultConfig() Config {
 		MaxSessions:       8,
 		ShutdownTimeout:   10 * time.Second,
 		LogFormat:         "text",
-		LogLevel:          "info",
+
+		EgressMaxConnections: 64,
+		EgressMaxBytes:       128 << 20,
+		LogLevel:             "info",
 	}
 }
 
@@ -193,6 +214,46 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	f.Env("max-session-idle-ttl", "MAX_SESSION_IDLE_TTL")
 	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "most open sessions")
 	f.Env("max-sessions", "MAX_SESSIONS")
+	f.IntVar(&cfg.EgressMaxConnections, "egress-max-connections", cfg.EgressMaxConnections, "most egress connections one run may open (0: no limit)")
+	f.Env("egress-max-connections", "EGRESS_MAX_CONNECTIONS")
+	bytesFlag(f, &cfg.EgressMaxBytes, "egress-max-bytes", "EGRESS_MAX_BYTES", "most bytes one run may send and receive through its egress (0: no limit)")
+	f.DurationVar(&cfg.EgressMaxConnectionTime, "egress-max-connection-time", cfg.EgressMaxConnectionTime, "longest an egress connection may stay open (0: until the run ends)")
+	f.Env("egress-max-connection-time", "EGRESS_MAX_CONNECTION_TIME")
+	f.Func("egress-deny", "comma-separated addresses (IP:PORT, or :PORT for every address of this host) no egress rule opens, such as the control plane's and the edge's; the agent's own is always denied", func(v string) error {
+		cfg.EgressDeny = nil
+		for _, a := range strings.Split(v, ",") {
+			if a = strings.TrimSpace(a); a == "" {
+				continue
+			}
+			if strings.HasPrefix(a, ":") {
+				a = "[::]" + a
+			}
+			ap, err := netip.ParseAddrPort(a)
+			if err != nil {
+				return fmt.Errorf("egress-deny %q: want IP:PORT or :PORT", a)
+			}
+			cfg.EgressDeny = append(cfg.EgressDeny, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+		}
+		return nil
+	})
+	f.Env("egress-deny", "EGRESS_DENY")
+	f.Func("egress-hosts", "comma-separated NAME=IP entries the agent resolves for egress without DNS, like a hosts file; the addresses still need rules when they are not public", func(v string) error {
+		cfg.EgressHosts = make(map[string][]netip.Addr)
+		for _, e := range strings.Split(v, ",") {
+			if e = strings.TrimSpace(e); e == "" {
+				continue
+			}
+			name, ip, ok := strings.Cut(e, "=")
+			a, err := netip.ParseAddr(strings.TrimSpace(ip))
+			if !ok || err != nil || strings.TrimSpace(name) == "" {
+				return fmt.Errorf("egress-hosts %q: want NAME=IP", e)
+			}
+			name = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
+			cfg.EgressHosts[name] = append(cfg.EgressHosts[name], a.Unmap())
+		}
+		return nil
+	})
+	f.Env("egress-hosts", "EGRESS_HOSTS")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long shutdown waits for requests in flight")
 	f.Env("shutdown-timeout", "SHUTDOWN_TIMEOUT")
 	f.StringVar(&cfg.StateDir, "state-dir", "", "directory for the agent's state across restarts (its session journal); \"none\" keeps nothing (default: $CODEMODE_STATE_DIR/agents/NAME, CODEMODE_STATE_DIR defaulting to /var/lib/codemode)")

@@ -26,7 +26,7 @@ type handler struct {
 }
 
 func (h *handler) Execute(ctx context.Context, req *connect.Request[agentv1.ExecuteRequest]) (*connect.Response[agentv1.ExecuteResponse], error) {
-	res, err := h.svc.Execute(ctx, req.Msg.GetTenant(), req.Msg.GetAllowNewSession(), req.Msg.GetExecution(), nil)
+	res, err := h.svc.Execute(ctx, callOf(req.Msg), nil)
 	if err != nil {
 		return nil, h.toConnect(err, req.Msg.GetRequestId())
 	}
@@ -35,7 +35,7 @@ func (h *handler) Execute(ctx context.Context, req *connect.Request[agentv1.Exec
 }
 
 func (h *handler) ExecuteStream(ctx context.Context, req *connect.Request[agentv1.ExecuteStreamRequest], stream *connect.ServerStream[agentv1.ExecuteStreamResponse]) error {
-	res, err := h.svc.Execute(ctx, req.Msg.GetTenant(), req.Msg.GetAllowNewSession(), req.Msg.GetExecution(), func(ev *executionv1.Event) error {
+	res, err := h.svc.Execute(ctx, callOf(req.Msg), func(ev *executionv1.Event) error {
 		return stream.Send(&agentv1.ExecuteStreamResponse{Event: ev})
 	})
 	if err != nil {
@@ -43,6 +43,25 @@ func (h *handler) ExecuteStream(ctx context.Context, req *connect.Request[agentv
 	}
 	h.logRun(req.Msg.GetRequestId(), req.Msg.GetExecution(), res)
 	return stream.Send(&agentv1.ExecuteStreamResponse{Event: &executionv1.Event{Event: &executionv1.Event_Result{Result: res}}})
+}
+
+// executeRequest is what ExecuteRequest and ExecuteStreamRequest share.
+type executeRequest interface {
+	GetTenant() string
+	GetRequestId() string
+	GetAllowNewSession() bool
+	GetExecution() *executionv1.Execution
+	GetEgress() *executionv1.Egress
+}
+
+func callOf(r executeRequest) Call {
+	return Call{
+		Tenant:          r.GetTenant(),
+		RequestID:       r.GetRequestId(),
+		AllowNewSession: r.GetAllowNewSession(),
+		Execution:       r.GetExecution(),
+		Egress:          r.GetEgress(),
+	}
 }
 
 func (h *handler) CreateSession(ctx context.Context, req *connect.Request[agentv1.CreateSessionRequest]) (*connect.Response[agentv1.CreateSessionResponse], error) {

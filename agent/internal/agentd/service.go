@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/codemode-go/codemode/agent/internal/egress"
 	"github.com/codemode-go/codemode/agent/internal/pool"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
@@ -54,17 +55,32 @@ type Service struct {
 	log      *slog.Logger
 	pool     *pool.Pool
 	sessions *pool.Sessions
+	egress   *egress.Gate
 }
 
-// Execute runs exec. If emit is not nil, output chunks are passed to it as
+// Call is one request to run a program.
+type Call struct {
+	// Tenant asks; in a session, it must own the session.
+	Tenant string
+	// RequestID is the edge's id of the request, for logs.
+	RequestID string
+	// AllowNewSession lets a run in a session of an id that never existed
+	// open it.
+	AllowNewSession bool
+	Execution       *executionv1.Execution
+	// Egress is what the run may reach outside its sandbox; nil: nothing.
+	Egress *executionv1.Egress
+}
+
+// Execute runs c.Execution. If emit is not nil, output chunks are passed to it as
 // they are produced (from another goroutine than the run's, so that a slow
 // receiver never holds the run up beyond its timeout) and the returned
 // result carries no output; otherwise the result carries all of it. A
 // program that fails is a result, not an error.
 //
-// A run in a session is for tenant, who must own the session; allowNew lets
-// it open a session of that id that never existed.
-func (s *Service) Execute(ctx context.Context, tenant string, allowNew bool, exec *executionv1.Execution, emit func(*executionv1.Event) error) (*executionv1.Result, error) {
+// The result reports what the run did through its egress, if anything.
+func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Event) error) (*executionv1.Result, error) {
+	exec := c.Execution
 	lang := exec.GetLanguage()
 	if lang == "" {
 		lang = wire.DefaultLanguage
@@ -112,16 +128,17 @@ func (s *Service) Execute(ctx context.Context, tenant string, allowNew bool, exe
 		run.Files = append(run.Files, &runnerv1.File{Path: f.GetPath(), Content: f.GetContent()})
 	}
 
+	eg := s.egress.Begin(c.Egress, c.Tenant, c.RequestID)
 	out := newOutput(emit)
 	// However the run ends, emit is not called once Execute has returned:
 	// it sends on the caller's stream, which ends with the handler.
 	defer out.stop()
 	if id := exec.GetSessionId(); id != "" {
 		var res *executionv1.Result
-		_, err := s.sessions.Use(ctx, id, tenant, exec.GetLanguage(), memory, allowNew, func(sb *pool.Sandbox) (bool, error) {
+		_, err := s.sessions.Use(ctx, id, c.Tenant, exec.GetLanguage(), memory, c.AllowNewSession, func(sb *pool.Sandbox) (bool, error) {
 			var broken bool
 			var err error
-			res, broken, err = s.run(ctx, sb, run, timeout, out)
+			res, broken, err = s.run(ctx, sb, run, timeout, out, eg)
 			return broken, err
 		})
 		if err != nil {
@@ -137,7 +154,7 @@ func (s *Service) Execute(ctx context.Context, tenant string, allowNew bool, exe
 	if err != nil {
 		return nil, err
 	}
-	res, broken, err := s.run(ctx, sb, run, timeout, out)
+	res, broken, err := s.run(ctx, sb, run, timeout, out, eg)
 	s.pool.Release(sb, !broken)
 	if err != nil {
 		return nil, err
@@ -146,11 +163,11 @@ func (s *Service) Execute(ctx context.Context, tenant string, allowNew bool, exe
 }
 
 // run runs one program in sb and says whether sb must be destroyed.
-func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, timeout time.Duration, out *output) (_ *executionv1.Result, broken bool, _ error) {
+func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, timeout time.Duration, out *output, eg *egress.Run) (_ *executionv1.Result, broken bool, _ error) {
 	rctx, cancel := context.WithTimeout(ctx, timeout+runGrace)
 	defer cancel()
-	exit, err := sb.Run(rctx, run, out.write)
-	res := &executionv1.Result{Agent: s.cfg.Name}
+	exit, err := sb.Run(rctx, run, out.write, eg)
+	res := &executionv1.Result{Agent: s.cfg.Name, Egress: eg.Report()}
 	switch {
 	case err == nil:
 		fillResult(res, exit)

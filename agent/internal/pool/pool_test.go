@@ -213,7 +213,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 
 func run(t *testing.T, sb *Sandbox, code string) error {
 	t.Helper()
-	_, err := sb.Run(t.Context(), &runnerv1.Run{Language: "python", Code: code}, nil)
+	_, err := sb.Run(t.Context(), &runnerv1.Run{Language: "python", Code: code}, nil, nil)
 	return err
 }
 
@@ -257,7 +257,7 @@ func TestPoolPrefersPrestartedLanguage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := sb.Run(t.Context(), &runnerv1.Run{Language: lang, Code: "x"}, nil); err != nil {
+		if _, err := sb.Run(t.Context(), &runnerv1.Run{Language: lang, Code: "x"}, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		used[lang] = sb.ID()

@@ -52,10 +52,11 @@ func (s *Sandbox) Prestarted() string { return s.rc.Prestarted() }
 // Versions are the interpreter versions the runner reported when it started.
 func (s *Sandbox) Versions() map[string]string { return s.ready.GetVersions() }
 
-// Run runs one program in the sandbox; see [wire.Client.Run].
-func (s *Sandbox) Run(ctx context.Context, run *runnerv1.Run, out func(wire.Stream, []byte)) (*runnerv1.Exit, error) {
+// Run runs one program in the sandbox, its egress decided by egress (nil:
+// none); see [wire.Client.RunEgress].
+func (s *Sandbox) Run(ctx context.Context, run *runnerv1.Run, out func(wire.Stream, []byte), egress wire.Egress) (*runnerv1.Exit, error) {
 	s.uses++
-	return s.rc.Run(ctx, run, out)
+	return s.rc.RunEgress(ctx, run, out, egress)
 }
 
 // WriteFile writes a file into the sandbox's workspace.

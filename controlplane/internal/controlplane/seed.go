@@ -57,7 +57,7 @@ func (s *Service) handleRun(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, runResponse{Error: err.Error(), ExitCode: -1})
 		return
 	}
-	res, err := s.execute(r.Context(), "", ex, nil, requestID(r.Header.Get("X-Request-Id")))
+	res, err := s.execute(r.Context(), "", ex, nil, nil, requestID(r.Header.Get("X-Request-Id")))
 	if err != nil {
 		writeJSON(w, httpStatus(err), runResponse{Error: connectMessage(err), ExitCode: -1})
 		return

@@ -245,14 +245,14 @@ func requestID(id string) string {
 
 // Execute implements ControlPlaneService.
 func (s *Service) Execute(ctx context.Context, req *connect.Request[cpv1.ExecuteRequest]) (*connect.Response[cpv1.ExecuteResponse], error) {
-	res, err := s.execute(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetRoute().GetLabels(), requestID(req.Msg.GetRequestId()))
+	res, err := s.execute(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetEgress(), req.Msg.GetRoute().GetLabels(), requestID(req.Msg.GetRequestId()))
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&cpv1.ExecuteResponse{Result: res}), nil
 }
 
-func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Execution, labels map[string]string, reqID string) (*executionv1.Result, error) {
+func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Execution, eg *executionv1.Egress, labels map[string]string, reqID string) (*executionv1.Result, error) {
 	if err := s.checkLanguage(ex.GetLanguage()); err != nil {
 		return nil, err
 	}
@@ -264,7 +264,7 @@ func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Ex
 			return nil, err
 		}
 		release := a.Acquire()
-		res, err := a.Client.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: ex, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}))
+		res, err := a.Client.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: ex, Egress: eg, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}))
 		release()
 		if err == nil {
 			if sid != "" {
@@ -289,11 +289,11 @@ func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Ex
 
 // ExecuteStream implements ControlPlaneService.
 func (s *Service) ExecuteStream(ctx context.Context, req *connect.Request[cpv1.ExecuteStreamRequest], stream *connect.ServerStream[cpv1.ExecuteStreamResponse]) error {
-	return s.executeStream(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetRoute().GetLabels(), requestID(req.Msg.GetRequestId()),
+	return s.executeStream(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetEgress(), req.Msg.GetRoute().GetLabels(), requestID(req.Msg.GetRequestId()),
 		func(ev *executionv1.Event) error { return stream.Send(&cpv1.ExecuteStreamResponse{Event: ev}) })
 }
 
-func (s *Service) executeStream(ctx context.Context, tenant string, ex *executionv1.Execution, labels map[string]string, reqID string, send func(*executionv1.Event) error) error {
+func (s *Service) executeStream(ctx context.Context, tenant string, ex *executionv1.Execution, eg *executionv1.Egress, labels map[string]string, reqID string, send func(*executionv1.Event) error) error {
 	sid := ex.GetSessionId()
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
@@ -301,7 +301,7 @@ func (s *Service) executeStream(ctx context.Context, tenant string, ex *executio
 		if err != nil {
 			return err
 		}
-		req := &agentv1.ExecuteStreamRequest{Execution: ex, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}
+		req := &agentv1.ExecuteStreamRequest{Execution: ex, Egress: eg, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}
 		sent, err := s.streamFrom(ctx, a, req, send)
 		if err == nil {
 			if sid != "" {

@@ -44,6 +44,9 @@ type Config struct {
 	// APIKeys is a JSON file mapping API keys to tenant names; empty: no
 	// authentication, every caller is the tenant "anonymous".
 	APIKeys string
+	// Egress is a JSON file saying what each tenant's runs may reach
+	// outside their sandboxes (see tenant.EgressConfig); empty: nothing.
+	Egress string
 	// PolicyConfig is the Wasm policy configuration file (see policies/ABI.md
 	// and edge/internal/policy.Config); empty: no policies. It is reloaded
 	// when it changes.
@@ -114,6 +117,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
 	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names; empty for no authentication")
 	fs.Env("api-keys", "CODEMODE_API_KEYS")
+	egressConfig := fs.String("egress", "", "JSON file saying what each tenant's runs may reach outside their sandboxes (hosts, ports, limits); empty: nothing")
+	fs.Env("egress", "CODEMODE_EGRESS")
 	policyConfig := fs.String("policy-config", "", "Wasm policy configuration file (JSON), reloaded when it changes; empty for no policies")
 	fs.Env("policy-config", "CODEMODE_POLICY_CONFIG")
 	policyCache := fs.String("policy-cache-dir", "", "directory that keeps compiled policy modules across restarts; empty for memory only")
@@ -156,7 +161,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
-	cfg := Config{Addr: *addr, ControlPlane: *cp, APIKeys: *keys,
+	cfg := Config{Addr: *addr, ControlPlane: *cp, APIKeys: *keys, Egress: *egressConfig,
 		PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 		ClusterSecret: secret, PublicWithoutKeys: *public,
 		Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
@@ -220,6 +225,11 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		ln.Close()
 		return err
 	}
+	egress, err := tenant.LoadEgress(cfg.Egress)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(server.NewClient()), strings.TrimRight(cfg.ControlPlane, "/"))
 	var svc *execution.Service // set before anything is served
 	knownLanguage := func(name string) bool { return svc.KnownLanguage(name) }
@@ -231,7 +241,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	defer policies.Close(context.WithoutCancel(ctx))
 	go policies.Watch(ctx, policyWatchInterval)
 	svc = execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.ClusterSecret.Key(execution.SessionKeyPurpose)),
-		execution.WithAdmission(admission.New(cfg.Admission)))
+		execution.WithAdmission(admission.New(cfg.Admission)), execution.WithEgress(egress))
 
 	srv := server.New(logger)
 	srv.Limits = cfg.Limits

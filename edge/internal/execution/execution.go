@@ -24,6 +24,7 @@ import (
 
 	"github.com/codemode-go/codemode/edge/internal/admission"
 	"github.com/codemode-go/codemode/edge/internal/policy"
+	"github.com/codemode-go/codemode/edge/internal/tenant"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
@@ -57,6 +58,7 @@ type Service struct {
 	sessionKey []byte
 	admission  *admission.Limiter // nil: no limits
 	languages  *languages
+	egress     *tenant.EgressConfig // nil: runs reach nothing
 }
 
 // SessionKeyPurpose names the key that maps session ids (see WithSessionKey).
@@ -155,7 +157,7 @@ func (s *Service) Execute(ctx context.Context, call Call) (_ *executionv1.Result
 	}
 	ex = v.ex
 	start := time.Now()
-	res, err := s.cp.Execute(ctx, connect.NewRequest(&cpv1.ExecuteRequest{Execution: ex, RequestId: call.RequestID, Route: v.route, Tenant: call.Tenant}))
+	res, err := s.cp.Execute(ctx, connect.NewRequest(&cpv1.ExecuteRequest{Execution: ex, Egress: v.egress, RequestId: call.RequestID, Route: v.route, Tenant: call.Tenant}))
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +197,7 @@ func (s *Service) ExecuteStream(ctx context.Context, call Call, send func(*execu
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := s.cp.ExecuteStream(ctx, connect.NewRequest(&cpv1.ExecuteStreamRequest{Execution: ex, RequestId: call.RequestID, Route: v.route, Tenant: call.Tenant}))
+	st, err := s.cp.ExecuteStream(ctx, connect.NewRequest(&cpv1.ExecuteStreamRequest{Execution: ex, Egress: v.egress, RequestId: call.RequestID, Route: v.route, Tenant: call.Tenant}))
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/codemode-go/codemode/edge/internal/policy"
+	"github.com/codemode-go/codemode/edge/internal/tenant"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"google.golang.org/protobuf/proto"
@@ -22,17 +23,26 @@ func WithPolicies(e *policy.Engine) Option {
 	return func(s *Service) { s.policies = e }
 }
 
+// WithEgress gives each tenant's runs the egress c configures (which the
+// request-phase policies may narrow); without it, runs reach nothing
+// outside their sandboxes.
+func WithEgress(c *tenant.EgressConfig) Option {
+	return func(s *Service) { s.egress = c }
+}
+
 // vetted is what the request phase decided.
 type vetted struct {
 	ex          *executionv1.Execution
 	route       *cpv1.Route
 	annotations map[string]string
+	egress      *executionv1.Egress
 }
 
 // vetRequest runs the request-phase policies on ex.
 func (s *Service) vetRequest(ctx context.Context, call Call, ex *executionv1.Execution) (vetted, error) {
+	eg := s.egress.For(call.Tenant)
 	if s.policies == nil {
-		return vetted{ex: ex}, nil
+		return vetted{ex: ex, egress: eg}, nil
 	}
 	v, err := s.policies.EvaluateRequest(ctx, policy.RequestInput{
 		Execution: ex, Tenant: call.Tenant, Door: call.Door, RequestID: call.RequestID,
@@ -40,7 +50,7 @@ func (s *Service) vetRequest(ctx context.Context, call Call, ex *executionv1.Exe
 	if err != nil {
 		return vetted{}, policyError(err)
 	}
-	out := vetted{ex: v.Execution, annotations: v.Annotations}
+	out := vetted{ex: v.Execution, annotations: v.Annotations, egress: eg}
 	if out.ex.GetLanguage() != ex.GetLanguage() {
 		// A rewrite may name an alias; the agents get the table's name.
 		// (The engine let only names the table knows through.)
