@@ -16,8 +16,8 @@ package egress
 import (
 	"context"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -480,7 +480,9 @@ var reserved = func() []netip.Prefix {
 	return ps
 }()
 
-func hostPort(host string, port uint32) string { return net.JoinHostPort(host, strconv.Itoa(int(port))) }
+func hostPort(host string, port uint32) string {
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+}
 
 // shortError is err's last part: the cause without the addresses of the
 // agent's own sockets.
