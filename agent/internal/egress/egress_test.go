@@ -1,0 +1,301 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/codemode-go/codemode/agent/internal/wire"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+)
+
+func TestRuleMatch(t *testing.T) {
+	tests := []struct {
+		rule  string
+		ports []uint32
+		host  string
+		port  uint32
+		want  bool
+	}{
+		{"api.example.com", nil, "api.example.com", 443, true},
+		{"api.example.com", nil, "api.example.com", 80, true},
+		{"api.example.com", nil, "api.example.com", 8080, false},
+		{"API.Example.com.", nil, "api.example.com", 443, true},
+		{"api.example.com", nil, "example.com", 443, false},
+		{"api.example.com", nil, "xapi.example.com", 443, false},
+		{"*.example.com", nil, "a.example.com", 443, true},
+		{"*.example.com", nil, "a.b.example.com", 443, true},
+		{"*.example.com", nil, "example.com", 443, false},
+		{"*.example.com", nil, "badexample.com", 443, false},
+		{"*.example.com", []uint32{8443}, "a.example.com", 443, false},
+		{"*.example.com", []uint32{8443}, "a.example.com", 8443, true},
+		{"192.0.2.7", []uint32{80}, "192.0.2.7", 80, true},
+		{"192.0.2.7", []uint32{80}, "192.0.2.8", 80, false},
+		{"192.0.2.0/24", []uint32{80}, "192.0.2.8", 80, true},
+		{"192.0.2.0/24", []uint32{80}, "192.0.3.8", 80, false},
+		{"192.0.2.0/24", []uint32{80}, "www.192.0.2.8", 80, false},
+		{"2001:db8::/32", []uint32{80}, "2001:db8::1", 80, true},
+		{"192.0.2.7", []uint32{80}, "::ffff:192.0.2.7", 80, true},
+	}
+	for _, tt := range tests {
+		r, err := parseRule(&executionv1.EgressRule{Host: tt.rule, Ports: tt.ports})
+		if err != nil {
+			t.Fatalf("parse %q: %v", tt.rule, err)
+		}
+		if got := r.matchHost(tt.host, tt.port); got != tt.want {
+			t.Errorf("%q %v matchHost(%q, %d) = %v, want %v", tt.rule, tt.ports, tt.host, tt.port, got, tt.want)
+		}
+	}
+	for _, bad := range []string{"", "*.", "a..b", "-a.com", "10.0.0.0/33", "a/b", "exa mple.com"} {
+		if _, err := parseRule(&executionv1.EgressRule{Host: bad}); err == nil {
+			t.Errorf("parse %q: no error", bad)
+		}
+	}
+}
+
+func TestSpecialAddresses(t *testing.T) {
+	for addr, want := range map[string]string{
+		"127.0.0.1": "loopback", "::1": "loopback", "10.1.2.3": "private", "172.16.0.1": "private",
+		"192.168.1.1": "private", "fd00::1": "private", "169.254.169.254": "link-local", "fe80::1": "link-local",
+		"0.0.0.0": "unspecified", "100.64.0.1": "reserved", "192.0.2.1": "reserved", "fd00:ec2::254": "private",
+		"239.1.1.1": "multicast", "224.0.0.1": "link-local", "8.8.8.8": "", "2606:4700::1111": "",
+	} {
+		if got := special(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("special(%s) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
+// pipe returns the two ends of one tunnel, connected back to back.
+func pipe(t *testing.T) (program, agent *wire.Tunnel) {
+	var a, b *wire.Tunnels
+	a = wire.NewTunnels(func(d *runnerv1.EgressData) error { b.Deliver(d); return nil }, func(c *runnerv1.EgressClose) error { b.Closed(c); return nil })
+	b = wire.NewTunnels(func(d *runnerv1.EgressData) error { a.Deliver(d); return nil }, func(c *runnerv1.EgressClose) error { a.Closed(c); return nil })
+	program, _ = a.Open(1, wire.EgressAddr{Host: "program"}, wire.EgressAddr{Host: "agent"})
+	agent, _ = b.Open(1, wire.EgressAddr{Host: "agent"}, wire.EgressAddr{Host: "program"})
+	t.Cleanup(func() { program.Close(); agent.Close() })
+	return program, agent
+}
+
+// get sends a GET for path with host over a new connection of run to
+// host:port and returns the response.
+func get(t *testing.T, run *Run, host string, port uint32, path string, header http.Header) (*http.Response, error) {
+	t.Helper()
+	serve, err := run.Open(t.Context(), host, port)
+	if err != nil {
+		return nil, err
+	}
+	program, agent := pipe(t)
+	go serve(agent)
+	req, _ := http.NewRequest("GET", "http://"+host+path, nil)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if err := req.Write(program); err != nil {
+		return nil, err
+	}
+	res, err := http.ReadResponse(bufio.NewReader(program), req)
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	res.Body = io.NopCloser(strings.NewReader(string(b)))
+	return res, err
+}
+
+func body(res *http.Response) string {
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
+}
+
+func refusal(t *testing.T, err error) *wire.EgressRefusal {
+	t.Helper()
+	var r *wire.EgressRefusal
+	if !errors.As(err, &r) {
+		t.Fatalf("got %v, want a refusal", err)
+	}
+	return r
+}
+
+func TestOpen(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s", r.Host, r.URL.Path)
+	}))
+	defer srv.Close()
+	ap := netip.MustParseAddrPort(srv.Listener.Addr().String())
+	port := uint32(ap.Port())
+	g := New(Config{
+		Hosts: map[string][]netip.Addr{"plain.test": {ap.Addr()}, "cluster.test": {ap.Addr()}},
+		LookupNetIP: func(ctx context.Context, network, host string) ([]netip.Addr, error) {
+			return nil, fmt.Errorf("no DNS in this test: %s", host)
+		},
+	})
+	rules := func(rs ...*executionv1.EgressRule) *executionv1.Egress { return &executionv1.Egress{Allow: rs} }
+	rule := func(host string, ports ...uint32) *executionv1.EgressRule {
+		return &executionv1.EgressRule{Host: host, Ports: ports}
+	}
+
+	t.Run("no rules", func(t *testing.T) {
+		run := g.Begin(nil, "t", "r")
+		_, err := get(t, run, "plain.test", port, "/", nil)
+		if r := refusal(t, err); r.Status != 403 || !strings.Contains(r.Reason, "egress allowlist is empty") {
+			t.Errorf("got %+v", r)
+		}
+		if rep := run.Report(); rep.GetRefused() != 1 || rep.GetRefusals()[0].GetHost() != "plain.test" {
+			t.Errorf("report %v", rep)
+		}
+	})
+	t.Run("name without its address", func(t *testing.T) {
+		run := g.Begin(rules(rule("plain.test", port)), "t", "r")
+		_, err := get(t, run, "plain.test", port, "/", nil)
+		want := "plain.test resolves to 127.0.0.1, a loopback address, which only an address rule allows"
+		if r := refusal(t, err); r.Status != 403 || r.Reason != want {
+			t.Errorf("got %+v, want %q", r, want)
+		}
+	})
+	t.Run("address without the name", func(t *testing.T) {
+		run := g.Begin(rules(rule("127.0.0.1", port)), "t", "r")
+		_, err := get(t, run, "plain.test", port, "/", nil)
+		if r := refusal(t, err); r.Status != 403 || !strings.Contains(r.Reason, "not in this run's egress allowlist") {
+			t.Errorf("got %+v", r)
+		}
+	})
+	t.Run("name and address", func(t *testing.T) {
+		run := g.Begin(rules(rule("plain.test", port), rule("127.0.0.1", port)), "t", "r")
+		res, err := get(t, run, "plain.test", port, "/hi", nil)
+		if err != nil || body(res) != "plain.test /hi" {
+			t.Fatalf("got %v, %v", res, err)
+		}
+		rep := run.Report()
+		if rep.GetConnections() != 1 || rep.GetBytesSent() == 0 || rep.GetBytesReceived() == 0 {
+			t.Errorf("report %v", rep)
+		}
+	})
+	t.Run("other port", func(t *testing.T) {
+		run := g.Begin(rules(rule("plain.test", port), rule("127.0.0.1", port)), "t", "r")
+		_, err := get(t, run, "plain.test", port+1, "/", nil)
+		refusal(t, err)
+	})
+	t.Run("denied address", func(t *testing.T) {
+		g := New(Config{Hosts: map[string][]netip.Addr{"cluster.test": {ap.Addr()}}, Deny: []netip.AddrPort{netip.AddrPortFrom(netip.IPv6Unspecified(), ap.Port())}})
+		run := g.Begin(rules(rule("cluster.test", port), rule("127.0.0.0/8", port)), "t", "r")
+		_, err := get(t, run, "cluster.test", port, "/", nil)
+		if r := refusal(t, err); !strings.Contains(r.Reason, "an address of the cluster itself") {
+			t.Errorf("got %+v", r)
+		}
+	})
+	t.Run("connection limit", func(t *testing.T) {
+		e := rules(rule("127.0.0.1", port))
+		e.Limits = &executionv1.EgressLimits{Connections: 2}
+		run := g.Begin(e, "t", "r")
+		for i := range 3 {
+			_, err := get(t, run, "127.0.0.1", port, "/", nil)
+			if i < 2 && err != nil {
+				t.Fatal(err)
+			}
+			if i == 2 {
+				if r := refusal(t, err); r.Status != 429 {
+					t.Errorf("got %+v", r)
+				}
+			}
+		}
+		if rep := run.Report(); rep.GetLimitReached() != executionv1.EgressLimit_EGRESS_LIMIT_CONNECTIONS || rep.GetConnections() != 2 {
+			t.Errorf("report %v", rep)
+		}
+	})
+	t.Run("limits cannot pass the agent's", func(t *testing.T) {
+		g := New(Config{Defaults: Limits{Connections: 4, Bytes: 1000}, Max: Limits{Connections: 8, Bytes: 2000}})
+		got := g.limits(&executionv1.EgressLimits{Connections: 100, Bytes: 1 << 40})
+		if got.Connections != 8 || got.Bytes != 2000 {
+			t.Errorf("got %+v", got)
+		}
+		if got := g.limits(nil); got.Connections != 4 || got.Bytes != 1000 {
+			t.Errorf("defaults: got %+v", got)
+		}
+	})
+}
+
+func TestAPIForwarding(t *testing.T) {
+	const secret = "s3cr3t-token-value"
+	var seen http.Header
+	var seenPath string
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen, seenPath = r.Header.Clone(), r.URL.RequestURI()
+		fmt.Fprint(w, `{"login":"octo"}`)
+	}))
+	defer upstream.Close()
+	base, _ := url.Parse(upstream.URL + "/v1")
+	g := New(Config{API: func(host string) (*API, bool) {
+		if host != "fake.api.codemode" {
+			return nil, false
+		}
+		return &API{Name: "fake", BaseURL: base, Header: func(context.Context) (http.Header, error) {
+			return http.Header{"Authorization": {"Bearer " + secret}}, nil
+		}}, true
+	}})
+	defer g.Close()
+	run := g.Begin(&executionv1.Egress{Allow: []*executionv1.EgressRule{{Host: "*.api.codemode"}}}, "t", "r")
+
+	// The program's own Authorization and Host do not reach the API.
+	res, err := get(t, run, "fake.api.codemode", 80, "/users/octo?x=1", http.Header{"Authorization": {"Bearer mine"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := body(res); got != `{"login":"octo"}` || strings.Contains(got, secret) {
+		t.Errorf("body %q", got)
+	}
+	if seen.Get("Authorization") != "Bearer "+secret || seenPath != "/v1/users/octo?x=1" {
+		t.Errorf("the API saw Authorization %q, path %q", seen.Get("Authorization"), seenPath)
+	}
+	for k, vs := range res.Header {
+		if strings.Contains(strings.Join(vs, " "), secret) {
+			t.Errorf("response header %s carries the secret", k)
+		}
+	}
+
+	_, err = get(t, run, "fake.api.codemode", 443, "/", nil)
+	if r := refusal(t, err); !strings.Contains(r.Reason, "use http://fake.api.codemode/") {
+		t.Errorf("port 443: got %+v", r)
+	}
+	_, err = get(t, run, "other.api.codemode", 80, "/", nil)
+	if r := refusal(t, err); r.Status != 404 {
+		t.Errorf("unknown API: got %+v", r)
+	}
+	run = g.Begin(&executionv1.Egress{Allow: []*executionv1.EgressRule{{Host: "other.api.codemode"}}}, "t", "r")
+	_, err = get(t, run, "fake.api.codemode", 80, "/", nil)
+	refusal(t, err)
+}
+
+func TestByteLimit(t *testing.T) {
+	big := strings.Repeat("x", 100_000)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, big) }))
+	defer srv.Close()
+	ap := netip.MustParseAddrPort(srv.Listener.Addr().String())
+	g := New(Config{})
+	run := g.Begin(&executionv1.Egress{
+		Allow:  []*executionv1.EgressRule{{Host: "127.0.0.1", Ports: []uint32{uint32(ap.Port())}}},
+		Limits: &executionv1.EgressLimits{Bytes: 10_000},
+	}, "t", "r")
+	res, err := get(t, run, "127.0.0.1", uint32(ap.Port()), "/", nil)
+	if err == nil && len(body(res)) == len(big) {
+		t.Fatal("the whole body came through")
+	}
+	rep := run.Report()
+	if rep.GetLimitReached() != executionv1.EgressLimit_EGRESS_LIMIT_BYTES || rep.GetBytesReceived() > 10_000 {
+		t.Errorf("report %v", rep)
+	}
+	_, err = get(t, run, "127.0.0.1", uint32(ap.Port()), "/", nil)
+	if r := refusal(t, err); r.Status != 429 {
+		t.Errorf("after the limit: got %+v", r)
+	}
+}
