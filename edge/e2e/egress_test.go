@@ -58,7 +58,7 @@ type egressStack struct {
 // plain.test and its address; eve, allowed the HTTP server's address and
 // the ports of the agent, the control plane and the edge; frank, allowed
 // the HTTP server within tight limits.
-func startEgressStack(t *testing.T) *egressStack {
+func startEgressStack(t testing.TB) *egressStack {
 	t.Helper()
 	if binDir == "" {
 		t.Skip("no Docker daemon reachable; run 'make setup'")
@@ -69,6 +69,14 @@ func startEgressStack(t *testing.T) *egressStack {
 		switch r.URL.Path {
 		case "/big":
 			io.WriteString(w, big)
+		case "/50mb":
+			w.Header().Set("Content-Length", fmt.Sprint(50<<20))
+			chunk := make([]byte, 1<<20)
+			for range 50 {
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+			}
 		default:
 			scheme := "http"
 			if r.TLS != nil {
@@ -121,7 +129,8 @@ func startEgressStack(t *testing.T) *egressStack {
 	s.Agent, err = start("agent", s.ClusterEnv(), "--addr", "127.0.0.1:0", "--name", s.AgentName,
 		"--runner", filepath.Join(binDir, "runner"), "--min-active", "2", "--state-dir", "none",
 		"--egress-deny", fmt.Sprintf(":%d,:%d", cpPort, edgePort),
-		"--egress-hosts", "plain.test=127.0.0.1,secure.test=127.0.0.1,cluster.test=127.0.0.1")
+		"--egress-hosts", "plain.test=127.0.0.1,secure.test=127.0.0.1,cluster.test=127.0.0.1",
+		"--egress-max-connections", "1000") // BenchmarkEgress opens 401
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +161,7 @@ func startEgressStack(t *testing.T) *egressStack {
 
 // testCertificate returns a certificate for name signed by a new test CA,
 // and the CA's certificate in PEM.
-func testCertificate(t *testing.T, name string) (tls.Certificate, []byte) {
+func testCertificate(t testing.TB, name string) (tls.Certificate, []byte) {
 	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	ca := &x509.Certificate{

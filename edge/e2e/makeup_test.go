@@ -279,7 +279,7 @@ func endedByCtrlC(err error) bool {
 }
 
 // freeLoopbackPort returns a loopback TCP port that was free a moment ago.
-func freeLoopbackPort(t *testing.T) uint16 {
+func freeLoopbackPort(t testing.TB) uint16 {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

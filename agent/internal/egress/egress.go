@@ -349,7 +349,7 @@ var errByteLimit = errors.New("egress byte limit reached")
 // copy copies src to dst until src ends, counting the bytes against the
 // run's limit and into its report; it fails when the limit is passed.
 func (r *Run) copy(dst net.Conn, src net.Conn, sent bool) (int64, error) {
-	buf := make([]byte, 32<<10)
+	buf := make([]byte, 128<<10)
 	var n int64
 	for {
 		k, err := src.Read(buf)

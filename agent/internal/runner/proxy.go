@@ -316,7 +316,7 @@ func writeRefusal(w io.Writer, err error) {
 func splice(a net.Conn, b *wire.Tunnel) {
 	done := make(chan struct{}, 2)
 	go func() {
-		if _, err := io.Copy(b, a); err != nil {
+		if _, err := io.CopyBuffer(b, a, make([]byte, 128<<10)); err != nil {
 			b.Close()
 		} else {
 			b.CloseWrite()
@@ -326,7 +326,7 @@ func splice(a net.Conn, b *wire.Tunnel) {
 	go func() {
 		// An error here is the tunnel closed (the run ended, the far end
 		// went away): the program's connection goes too.
-		if _, err := io.Copy(a, b); err != nil {
+		if _, err := io.CopyBuffer(a, b, make([]byte, 128<<10)); err != nil {
 			a.Close()
 		} else if cw, ok := a.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()

@@ -18,9 +18,9 @@ const (
 	// EgressWindow is how many bytes of one connection a side may send
 	// before the other acknowledges them; a side that receives more than
 	// this unacknowledged closes the connection.
-	EgressWindow = 256 << 10
+	EgressWindow = 1 << 20
 	// egressChunk is the most data one EgressData frame carries.
-	egressChunk = 32 << 10
+	egressChunk = 128 << 10
 	// ProxyPort is the port of the HTTP proxy the runner serves on the
 	// sandbox's loopback for a run's egress.
 	ProxyPort = 3128
@@ -120,7 +120,8 @@ type Tunnel struct {
 
 	mu   sync.Mutex
 	cond *sync.Cond
-	buf  []byte // received, not yet read
+	buf  [][]byte // received, not yet read, in order
+	size int      // bytes in buf
 	// unacked is how many bytes were read since the last ack was sent.
 	unacked int
 	// inflight is how many bytes were sent and not yet acknowledged.
@@ -148,12 +149,14 @@ func (t *Tunnel) deliver(d *runnerv1.EgressData) {
 		t.inflight = max(0, t.inflight-a)
 	}
 	if n := len(d.GetData()); n > 0 {
-		if len(t.buf)+n > EgressWindow {
+		if t.size+n > EgressWindow {
 			t.mu.Unlock()
 			t.closeWith("peer sent past the window")
 			return
 		}
-		t.buf = append(t.buf, d.GetData()...)
+		// d is the reader's own, fresh for each frame: no copy.
+		t.buf = append(t.buf, d.GetData())
+		t.size += n
 	}
 	if d.GetEof() {
 		t.eof = true
@@ -175,7 +178,7 @@ func (t *Tunnel) remoteClose(reason string) {
 // close it returns the rest, then [io.EOF].
 func (t *Tunnel) Read(p []byte) (int, error) {
 	t.mu.Lock()
-	for len(t.buf) == 0 {
+	for t.size == 0 {
 		switch {
 		case t.eof:
 			t.mu.Unlock()
@@ -189,14 +192,21 @@ func (t *Tunnel) Read(p []byte) (int, error) {
 		}
 		t.cond.Wait()
 	}
-	n := copy(p, t.buf)
-	t.buf = t.buf[n:]
-	if len(t.buf) == 0 {
-		t.buf = nil
+	n := 0
+	for n < len(p) && len(t.buf) > 0 {
+		k := copy(p[n:], t.buf[0])
+		n += k
+		if k == len(t.buf[0]) {
+			t.buf[0] = nil
+			t.buf = t.buf[1:]
+		} else {
+			t.buf[0] = t.buf[0][k:]
+		}
 	}
+	t.size -= n
 	t.unacked += n
 	var ack int
-	if t.unacked >= EgressWindow/4 || len(t.buf) == 0 {
+	if t.unacked >= EgressWindow/4 || t.size == 0 {
 		ack, t.unacked = t.unacked, 0
 	}
 	closed := t.closed
