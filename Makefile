@@ -18,6 +18,10 @@ CONTROLPLANE_ADDR ?= 127.0.0.1:8080
 CODEMODE_STATE_DIR  ?= /var/lib/codemode
 CODEMODE_CLUSTER_SECRET_FILE ?= $(CODEMODE_STATE_DIR)/cluster-secret
 
+# What runs of `make up` may reach outside their sandboxes: a JSON file of
+# tenants' egress (see README, "Code mode"); empty: nothing.
+EGRESS ?=
+
 # Seconds `make up` waits for the edge to answer before it gives up.
 UP_TIMEOUT ?= 120
 
@@ -88,9 +92,10 @@ up: setup build
 	stop() { trap - INT TERM; echo; echo "stopping..."; kill -TERM "$${pids[@]}" 2>/dev/null; wait "$${pids[@]}" 2>/dev/null; echo "stopped"; exit $${1:-0}; }; \
 	trap stop INT TERM; \
 	export CODEMODE_CLUSTER_SECRET_FILE='$(CODEMODE_CLUSTER_SECRET_FILE)'; \
-	WORKER_PORT=$(up_agent) $(BIN)/agent & pids+=($$!); names+=(agent); \
+	EGRESS_DENY=:$(lastword $(subst :, ,$(up_controlplane))),:$(lastword $(subst :, ,$(up_edge))) \
+		WORKER_PORT=$(up_agent) $(BIN)/agent & pids+=($$!); names+=(agent); \
 	REMOTE_HOSTS=$(call dial_addr,$(up_agent)) CONTROLPLANE_ADDR=$(up_controlplane) $(BIN)/controlplane & pids+=($$!); names+=(controlplane); \
-	CODE_EXECUTION_HOST=http://$(call dial_addr,$(up_controlplane)) EDGE_ADDR=$(up_edge) $(BIN)/edge & pids+=($$!); names+=(edge); \
+	CODEMODE_EGRESS='$(EGRESS)' CODE_EXECUTION_HOST=http://$(call dial_addr,$(up_controlplane)) EDGE_ADDR=$(up_edge) $(BIN)/edge & pids+=($$!); names+=(edge); \
 	running() { for p in "$${pids[@]}"; do kill -0 "$$p" 2>/dev/null || return 1; done; }; \
 	e=$(call dial_addr,$(up_edge)); up=; deadline=$$((SECONDS + $(UP_TIMEOUT))); \
 	while running && [ $$SECONDS -lt $$deadline ]; do \
