@@ -191,6 +191,7 @@ func (r *Run) refuse(host string, port uint32, status int, limit executionv1.Egr
 	reason := fmt.Sprintf(format, args...)
 	r.mu.Lock()
 	r.report.Refused++
+	n := r.report.Refused
 	if len(r.report.Refusals) < MaxRefusals {
 		r.report.Refusals = append(r.report.Refusals, &executionv1.EgressRefusal{Host: host, Port: port, Reason: reason})
 	}
@@ -198,7 +199,14 @@ func (r *Run) refuse(host string, port uint32, status int, limit executionv1.Egr
 		r.report.LimitReached = limit
 	}
 	r.mu.Unlock()
-	r.g.cfg.Log.Info("egress refused", "tenant", r.tenant, "request_id", r.requestID, "host", host, "port", port, "status", status, "reason", reason)
+	// A program that retries in a loop is logged for its first refusals
+	// only; the report counts them all.
+	switch {
+	case n <= MaxRefusals:
+		r.g.cfg.Log.Info("egress refused", "tenant", r.tenant, "request_id", r.requestID, "host", host, "port", port, "status", status, "reason", reason)
+	case n == MaxRefusals+1:
+		r.g.cfg.Log.Info("egress refusals of this run are no longer logged", "tenant", r.tenant, "request_id", r.requestID)
+	}
 	return &wire.EgressRefusal{Status: status, Reason: reason}
 }
 

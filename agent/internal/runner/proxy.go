@@ -36,8 +36,11 @@ type proxy struct {
 	srv     *http.Server
 	fwd     *httputil.ReverseProxy
 	tr      *http.Transport
-	// refused is told about each refused connection (the run's stderr).
+	// refused is told about the first refused connections of a run (the
+	// run's stderr).
 	refused func(run uint64, line string)
+	// refusals counts the refused connections of the current run.
+	refusals atomic.Int32
 
 	nextConn atomic.Uint64
 
@@ -45,6 +48,9 @@ type proxy struct {
 	run     uint64                                 // the run that may open connections; 0: none
 	pending map[uint64]chan *runnerv1.EgressAnswer // by connection
 }
+
+// maxRefusalLines is how many refusals a run is told about on its stderr.
+const maxRefusalLines = 16
 
 // egressError is a connection the agent (or the proxy) refused: the proxy
 // answers the program with status and reason.
@@ -143,6 +149,7 @@ func (p *proxy) close() {
 
 // begin lets run open connections.
 func (p *proxy) begin(run uint64) {
+	p.refusals.Store(0)
 	p.mu.Lock()
 	p.run = run
 	p.mu.Unlock()
@@ -218,7 +225,12 @@ func (p *proxy) open(ctx context.Context, host string, port uint32) (*wire.Tunne
 		if a.GetStatus() != 0 {
 			t.Close()
 			err := &egressError{int(a.GetStatus()), oneLine(a.GetReason())}
-			p.refused(run, fmt.Sprintf("codemode egress: %s:%d refused: %s", host, port, err.reason))
+			switch n := p.refusals.Add(1); {
+			case n <= maxRefusalLines:
+				p.refused(run, fmt.Sprintf("codemode egress: %s:%d refused: %s", host, port, err.reason))
+			case n == maxRefusalLines+1:
+				p.refused(run, "codemode egress: further refusals of this run are not shown (the result's egress report counts them)")
+			}
 			return nil, err
 		}
 		return t, nil
