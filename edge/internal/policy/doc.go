@@ -21,7 +21,7 @@
 //
 // Every call has a deadline (default 20 ms): modules are rewritten at load
 // with a check at every loop head that traps once a timer sets a flag
-// (interrupt.go; wazero's WithCloseOnContextDone is the fallback);
+// (package wasminterrupt; wazero's WithCloseOnContextDone is the fallback);
 // cancelling the caller's context interrupts a call the same way. Each
 // module's memory is capped (WithMemoryLimitPages), and an instance whose
 // call failed in any way (trap, timeout, malformed decision) is discarded

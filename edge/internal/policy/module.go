@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/codemode-go/codemode/edge/internal/policy/wasminterrupt"
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
@@ -114,9 +115,10 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 		}
 	}()
 	// Interrupt by the instrumented flag where the module allows it, else
-	// by wazero's WithCloseOnContextDone (see interrupt.go, RATIONALE.md).
+	// by wazero's WithCloseOnContextDone (see package wasminterrupt and
+	// RATIONALE.md).
 	if !contextInterrupt {
-		instrumented, ierr := instrument(code)
+		instrumented, ierr := wasminterrupt.Instrument(code)
 		if ierr == nil {
 			if err := m.compile(ctx, instrumented, cache, false); err == nil {
 				m.interrupt = true
@@ -263,7 +265,7 @@ func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
 	var flag api.MutableGlobal
 	if m.interrupt {
 		var ok bool
-		if flag, ok = mod.ExportedGlobal(interruptExport).(api.MutableGlobal); !ok {
+		if flag, ok = mod.ExportedGlobal(wasminterrupt.FlagExport).(api.MutableGlobal); !ok {
 			return nil, errors.New("instrumented module lost its interrupt global")
 		}
 	}
