@@ -63,9 +63,7 @@ type module struct {
 	config    []byte
 	evaluate  string // export called per evaluation
 
-	pool     chan *instance
-	done     chan struct{} // closed when the module closes: stops replacements
-	replacer sync.WaitGroup
+	pool *pool // nil until loaded
 	// counters are shared with the same policy (name, phase and digest) in
 	// the generations before and after this one, so a reload does not reset
 	// them.
@@ -102,7 +100,6 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 		sha256:   digest,
 		logger:   logger.With("policy", cfg.Name),
 		config:   cfg.configBytes(),
-		done:     make(chan struct{}),
 		counters: new(counters),
 	}
 	m.evaluate = exportRequest
@@ -142,13 +139,8 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 	if size == 0 {
 		size = min(runtime.GOMAXPROCS(0), 8)
 	}
-	m.pool = make(chan *instance, size)
-	for range size {
-		inst, err := m.instantiate(ctx)
-		if err != nil {
-			return nil, err
-		}
-		m.pool <- inst
+	if m.pool, err = newPool(ctx, size, m.instantiate, m.logger); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -352,12 +344,17 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		m.counters.unavailable.Add(1)
 		return fmt.Errorf("%w: %d bytes, limit %d", errInputTooBig, len(input), m.cfg.MaxInputBytes)
 	}
-	inst, err := m.acquire(ctx)
+	// Wait at most the call's deadline for an instance to come back or be
+	// replaced, and a little more.
+	inst, err := m.pool.get(ctx, time.Duration(m.cfg.Deadline)+250*time.Millisecond)
 	if err != nil {
+		if errors.Is(err, errUnavailable) {
+			m.counters.unavailable.Add(1)
+		}
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		m.pool <- inst
+		m.pool.put(inst)
 		return err
 	}
 	cctx := inst.deadline.start(ctx, time.Duration(m.cfg.Deadline))
@@ -389,7 +386,7 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		m.discard(inst, err)
 		return err
 	}
-	m.pool <- inst
+	m.pool.put(inst)
 	return nil
 }
 
@@ -434,88 +431,17 @@ func (m *module) classify(err error) {
 	}
 }
 
-// acquire takes an instance from the pool, waiting at most the call
-// deadline for one to come back or be replaced.
-func (m *module) acquire(ctx context.Context) (*instance, error) {
-	select {
-	case inst := <-m.pool:
-		return inst, nil
-	default:
-	}
-	t := time.NewTimer(time.Duration(m.cfg.Deadline) + 250*time.Millisecond)
-	defer t.Stop()
-	select {
-	case inst := <-m.pool:
-		return inst, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-m.done:
-		return nil, errModuleClosed
-	case <-t.C:
-		m.counters.unavailable.Add(1)
-		return nil, errUnavailable
-	}
-}
-
-// discard closes a failed instance and makes a replacement in the background.
+// discard closes a failed instance; the pool replaces it.
 func (m *module) discard(inst *instance, cause error) {
-	level := slog.LevelWarn
-	if errors.Is(cause, context.Canceled) {
-		level = slog.LevelDebug // the caller went away; nothing is wrong
-	}
-	m.logger.Log(context.Background(), level, "policy instance discarded", "error", cause)
-	_ = inst.mod.Close(context.Background())
 	m.counters.replaced.Add(1)
-	m.replacer.Add(1)
-	go m.replace()
+	m.pool.discard(inst, cause)
 }
 
-// replace instantiates a new instance into the pool, retrying with backoff
-// until it succeeds or the module closes.
-func (m *module) replace() {
-	defer m.replacer.Done()
-	backoff := 50 * time.Millisecond
-	for {
-		select {
-		case <-m.done:
-			return
-		default:
-		}
-		inst, err := m.instantiate(context.Background())
-		if err == nil {
-			select {
-			case <-m.done:
-				_ = inst.mod.Close(context.Background())
-			default:
-				m.pool <- inst
-			}
-			return
-		}
-		m.logger.Error("replace policy instance", "error", err)
-		select {
-		case <-m.done:
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
-}
-
-// close stops replacements and closes every instance and the runtime. The
-// caller makes sure no call is in flight.
+// close closes the pool, if any, and the runtime. The caller makes sure no
+// call is in flight.
 func (m *module) close(ctx context.Context) {
-	close(m.done)
-	m.replacer.Wait()
 	if m.pool != nil {
-	drain:
-		for {
-			select {
-			case inst := <-m.pool:
-				_ = inst.mod.Close(ctx)
-			default:
-				break drain
-			}
-		}
+		m.pool.close(ctx)
 	}
 	if err := m.rt.Close(ctx); err != nil {
 		m.logger.Warn("close policy runtime", "error", err)
@@ -525,9 +451,10 @@ func (m *module) close(ctx context.Context) {
 // deadlineCtx is the context of one instance's calls: a reusable timer
 // fires when a call passes its deadline. It sets the interrupt global of an
 // instrumented module (whose next loop iteration traps) and closes done, on
-// which wazero closes a module run WithCloseOnContextDone. This costs no allocation per call, where
-// context.WithTimeout costs a timer, a context and a channel. Once done is
-// closed the instance is discarded, so the channel never needs reopening.
+// which wazero closes a module run WithCloseOnContextDone. This costs no
+// allocation per call, where context.WithTimeout costs a timer, a context
+// and a channel. Once done is closed the instance is discarded, so the
+// channel never needs reopening.
 //
 // Cancelling the parent context fires it early (see module.call).
 type deadlineCtx struct {
