@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"time"
 	"unicode/utf8"
@@ -122,109 +123,196 @@ func (e *Engine) EvaluateRequest(ctx context.Context, in RequestInput) (RequestV
 	if g.shut {
 		return RequestVerdict{}, ErrClosed
 	}
-	v := RequestVerdict{Execution: in.Execution, Generation: g.id}
 	if len(g.request) == 0 {
-		return v, nil
+		return RequestVerdict{Execution: in.Execution, Generation: g.id}, nil
 	}
 	ceiling := effectiveLimits(in.Execution, time.Duration(g.cfg.DefaultTimeout))
+	p := &requestPhase{
+		e: e, g: g, ceiling: ceiling, limits: ceiling,
+		v:   RequestVerdict{Execution: in.Execution, Generation: g.id},
+		msg: &policyv1.RequestInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID},
+	}
+	c := chain{
+		requestID: in.RequestID, tenant: in.Tenant,
+		denied: "denied by policy ", logDenied: "request denied by policy",
+		annotationsInInput: true,
+	}
+	annotations, err := runChain[policyv1.RequestDecision](ctx, g.request, c, p)
+	if err != nil {
+		return RequestVerdict{}, err
+	}
+	p.v.Annotations = annotations
+	return p.v, nil
+}
+
+// requestPhase is one request's state in the request chain.
+type requestPhase struct {
+	e       *Engine
+	g       *generation
+	v       RequestVerdict // so far
+	msg     *policyv1.RequestInput
+	cloned  bool // v.Execution is the evaluation's own copy
+	ceiling limitSet
+	limits  limitSet
+	prio    map[string]int32 // route_priority of each route label set
+}
+
+func (p *requestPhase) encode(b []byte, annotations map[string]string) ([]byte, error) {
+	p.msg.Execution, p.msg.Annotations = p.v.Execution, annotations
+	return (proto.MarshalOptions{}).MarshalAppend(b, p.msg)
+}
+
+func (p *requestPhase) check(d *policyv1.RequestDecision) error {
+	return p.e.validateRequest(p.g, d, p.ceiling)
+}
+
+func (p *requestPhase) apply(_ *module, d *policyv1.RequestDecision) (changed bool) {
+	v := &p.v
+	if rw := d.Rewrite; rw != nil && (rw.Code != nil || rw.Language != nil || rw.Stdin != nil) {
+		p.own()
+		if rw.Code != nil {
+			v.Execution.Code = rw.GetCode()
+		}
+		if rw.Language != nil {
+			v.Execution.Language = rw.GetLanguage()
+		}
+		if rw.Stdin != nil {
+			v.Execution.Stdin = rw.Stdin
+		}
+		changed = true
+	}
+	tighter := false
+	if l := d.Limits; l != nil {
+		if t := l.Timeout.AsDuration(); l.Timeout != nil && t > 0 && t < p.limits.timeout {
+			p.limits.timeout, tighter = t, true
+		}
+		if l.MemoryBytes != 0 && (p.limits.memory == 0 || l.MemoryBytes < p.limits.memory) {
+			p.limits.memory, tighter = l.MemoryBytes, true
+		}
+		if l.OutputBytes != 0 && (p.limits.output == 0 || l.OutputBytes < p.limits.output) {
+			p.limits.output, tighter = l.OutputBytes, true
+		}
+	}
+	if tighter {
+		p.own()
+		p.limits.apply(v.Execution, p.ceiling)
+		changed = true
+	}
+	for k, val := range d.Route {
+		if prio, ok := p.prio[k]; ok && d.RoutePriority <= prio {
+			continue
+		}
+		if v.Route == nil {
+			v.Route, p.prio = make(map[string]string), make(map[string]int32)
+		}
+		v.Route[k], p.prio[k] = val, d.RoutePriority
+	}
+	return changed
+}
+
+// own makes the verdict's execution a copy that the evaluation may change;
+// the caller's is never modified.
+func (p *requestPhase) own() {
+	if !p.cloned {
+		p.v.Execution, p.cloned = proto.CloneOf(p.v.Execution), true
+	}
+}
+
+// decision is what the decisions of both phases have in common.
+type decision interface {
+	proto.Message
+	GetVerdict() policyv1.Verdict
+	GetReason() string
+	GetAnnotations() map[string]string
+}
+
+// phase is one evaluation's state in the chain of its phase: it writes the
+// input each policy sees, and checks and applies their decisions.
+type phase[D decision] interface {
+	// encode appends the next policy's input to b, with the annotations
+	// the chain's policies have set so far.
+	encode(b []byte, annotations map[string]string) ([]byte, error)
+	// check validates a decision, allowing or denying; an error makes it
+	// an invalid decision.
+	check(d D) error
+	// apply applies an allowed decision of m and reports whether the next
+	// policy's input changed.
+	apply(m *module, d D) (changed bool)
+}
+
+// chain is what an evaluation tells runChain besides its phase.
+type chain struct {
+	requestID, tenant string
+	// denied, followed by the policy's name, is the reason of a deny that
+	// gives none; logDenied is the message that logs a deny.
+	denied, logDenied string
+	// annotationsInInput: later policies see the chain's annotations, so
+	// new ones change their input.
+	annotationsInInput bool
+}
+
+// runChain runs the policies mods in order, as both phases do: it encodes
+// the input again only when it changed, calls each policy, checks its
+// decision and counts it. The first deny, or the first failure of a policy
+// that fails closed, ends the chain with a [*Denial]; a policy that fails
+// open is skipped; an allowed decision is applied, and its annotations are
+// added to the ones it returns. A cancelled ctx ends the chain with ctx's
+// error.
+func runChain[T any, D interface {
+	*T
+	decision
+}](ctx context.Context, mods []*module, c chain, p phase[D]) (map[string]string, error) {
 	var (
-		input   []byte
-		dirty   = true
-		cloned  bool
-		prio    map[string]int32
-		limits  = ceiling
-		tighter bool
+		input       []byte
+		dirty       = true
+		annotations map[string]string
 	)
-	msg := &policyv1.RequestInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID}
-	for _, m := range g.request {
+	for _, m := range mods {
 		if dirty {
-			msg.Execution, msg.Annotations = v.Execution, v.Annotations
 			var err error
-			if input, err = (proto.MarshalOptions{}).MarshalAppend(input[:0], msg); err != nil {
-				return RequestVerdict{}, fmt.Errorf("encode policy input: %w", err)
+			if input, err = p.encode(input[:0], annotations); err != nil {
+				return nil, fmt.Errorf("encode policy input: %w", err)
 			}
 			dirty = false
 		}
-		var d policyv1.RequestDecision
-		err := m.call(ctx, input, func(b []byte) error { return unmarshalStrict(b, &d) })
+		d := D(new(T))
+		err := m.call(ctx, input, func(b []byte) error { return unmarshalStrict(b, d) })
 		if err == nil {
-			err = e.validateRequest(g, &d, ceiling)
-			if err != nil {
+			if err = p.check(d); err != nil {
 				m.counters.invalid.Add(1)
 			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return RequestVerdict{}, ctx.Err()
+				return nil, ctx.Err()
 			}
-			if denial := m.failed(err, in.RequestID); denial != nil {
-				return RequestVerdict{}, denial
+			if denial := m.failed(err, c.requestID); denial != nil {
+				return nil, denial
 			}
 			continue
 		}
-		if d.Verdict == policyv1.Verdict_VERDICT_DENY {
+		if d.GetVerdict() == policyv1.Verdict_VERDICT_DENY {
 			m.counters.denied.Add(1)
-			reason := d.Reason
+			reason := d.GetReason()
 			if reason == "" {
-				reason = "denied by policy " + m.cfg.Name
+				reason = c.denied + m.cfg.Name
 			}
-			m.logger.Info("request denied by policy", "request_id", in.RequestID, "tenant", in.Tenant, "reason", reason)
-			return RequestVerdict{}, &Denial{Policy: m.cfg.Name, Reason: reason, Cause: policyv1.Cause_CAUSE_DENIED, RequestID: in.RequestID}
+			m.logger.Info(c.logDenied, "request_id", c.requestID, "tenant", c.tenant, "reason", reason)
+			return nil, &Denial{Policy: m.cfg.Name, Reason: reason, Cause: policyv1.Cause_CAUSE_DENIED, RequestID: c.requestID}
 		}
 		m.counters.allowed.Add(1)
-		if rw := d.Rewrite; rw != nil && (rw.Code != nil || rw.Language != nil || rw.Stdin != nil) {
-			if !cloned {
-				v.Execution, cloned = proto.CloneOf(v.Execution), true
-			}
-			if rw.Code != nil {
-				v.Execution.Code = rw.GetCode()
-			}
-			if rw.Language != nil {
-				v.Execution.Language = rw.GetLanguage()
-			}
-			if rw.Stdin != nil {
-				v.Execution.Stdin = rw.Stdin
-			}
+		if p.apply(m, d) {
 			dirty = true
 		}
-		if l := d.Limits; l != nil {
-			if t := l.Timeout.AsDuration(); l.Timeout != nil && t > 0 && t < limits.timeout {
-				limits.timeout, tighter = t, true
+		if a := d.GetAnnotations(); len(a) > 0 {
+			if annotations == nil {
+				annotations = make(map[string]string, len(a))
 			}
-			if l.MemoryBytes != 0 && (limits.memory == 0 || l.MemoryBytes < limits.memory) {
-				limits.memory, tighter = l.MemoryBytes, true
-			}
-			if l.OutputBytes != 0 && (limits.output == 0 || l.OutputBytes < limits.output) {
-				limits.output, tighter = l.OutputBytes, true
-			}
-		}
-		for k, val := range d.Route {
-			if p, ok := prio[k]; ok && d.RoutePriority <= p {
-				continue
-			}
-			if v.Route == nil {
-				v.Route, prio = make(map[string]string), make(map[string]int32)
-			}
-			v.Route[k], prio[k] = val, d.RoutePriority
-		}
-		if len(d.Annotations) > 0 {
-			if v.Annotations == nil {
-				v.Annotations = make(map[string]string, len(d.Annotations))
-			}
-			for k, val := range d.Annotations {
-				v.Annotations[k] = val
-			}
-			dirty = true
-		}
-		if tighter {
-			if !cloned {
-				v.Execution, cloned = proto.CloneOf(v.Execution), true
-			}
-			limits.apply(v.Execution, ceiling)
-			tighter, dirty = false, true
+			maps.Copy(annotations, a)
+			dirty = dirty || c.annotationsInInput
 		}
 	}
-	return v, nil
+	return annotations, nil
 }
 
 // failed accounts for a failed call and returns the denial when the policy
@@ -383,69 +471,57 @@ func (e *Engine) EvaluateResult(ctx context.Context, in ResultInput) (ResultVerd
 	if g.shut {
 		return ResultVerdict{}, ErrClosed
 	}
-	v := ResultVerdict{Result: in.Result, Generation: g.id}
 	if len(g.result) == 0 {
-		return v, nil
+		return ResultVerdict{Result: in.Result, Generation: g.id}, nil
 	}
-	var (
-		input  []byte
-		dirty  = true
-		cloned bool
-	)
-	msg := &policyv1.ResultInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID, Language: in.Language, Annotations: in.Annotations}
-	for _, m := range g.result {
-		if dirty {
-			msg.Result = v.Result
-			var err error
-			if input, err = (proto.MarshalOptions{}).MarshalAppend(input[:0], msg); err != nil {
-				return ResultVerdict{}, fmt.Errorf("encode policy input: %w", err)
-			}
-			dirty = false
-		}
-		var d policyv1.ResultDecision
-		err := m.call(ctx, input, func(b []byte) error { return unmarshalStrict(b, &d) })
-		var stdout, stderr string
-		if err == nil {
-			stdout, stderr, err = applyResult(&d, v.Result)
-			if err != nil {
-				m.counters.invalid.Add(1)
-			}
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return ResultVerdict{}, ctx.Err()
-			}
-			if denial := m.failed(err, in.RequestID); denial != nil {
-				return ResultVerdict{}, denial
-			}
-			continue
-		}
-		if d.Verdict == policyv1.Verdict_VERDICT_DENY {
-			m.counters.denied.Add(1)
-			reason := d.Reason
-			if reason == "" {
-				reason = "result withheld by policy " + m.cfg.Name
-			}
-			return ResultVerdict{}, &Denial{Policy: m.cfg.Name, Reason: reason, Cause: policyv1.Cause_CAUSE_DENIED, RequestID: in.RequestID}
-		}
-		m.counters.allowed.Add(1)
-		if stdout != v.Result.GetStdout() || stderr != v.Result.GetStderr() {
-			if !cloned {
-				v.Result, cloned = proto.CloneOf(v.Result), true
-			}
-			v.Result.Stdout, v.Result.Stderr = stdout, stderr
-			dirty = true
-		}
-		if len(d.Annotations) > 0 {
-			if v.Annotations == nil {
-				v.Annotations = make(map[string]string, len(d.Annotations))
-			}
-			for k, val := range d.Annotations {
-				v.Annotations[k] = val
-			}
-		}
+	p := &resultPhase{
+		v:   ResultVerdict{Result: in.Result, Generation: g.id},
+		msg: &policyv1.ResultInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID, Language: in.Language, Annotations: in.Annotations},
 	}
-	return v, nil
+	c := chain{
+		requestID: in.RequestID, tenant: in.Tenant,
+		denied: "result withheld by policy ", logDenied: "result withheld by policy",
+	}
+	annotations, err := runChain[policyv1.ResultDecision](ctx, g.result, c, p)
+	if err != nil {
+		return ResultVerdict{}, err
+	}
+	p.v.Annotations = annotations
+	return p.v, nil
+}
+
+// resultPhase is one result's state in the result chain.
+type resultPhase struct {
+	v      ResultVerdict // so far
+	msg    *policyv1.ResultInput
+	cloned bool // v.Result is the evaluation's own copy
+	// stdout and stderr are the output that the decision last checked
+	// leaves.
+	stdout, stderr string
+}
+
+// encode writes the result as the policies before left it; the
+// annotations are the request phase's, set once.
+func (p *resultPhase) encode(b []byte, _ map[string]string) ([]byte, error) {
+	p.msg.Result = p.v.Result
+	return (proto.MarshalOptions{}).MarshalAppend(b, p.msg)
+}
+
+func (p *resultPhase) check(d *policyv1.ResultDecision) (err error) {
+	p.stdout, p.stderr, err = applyResult(d, p.v.Result)
+	return err
+}
+
+func (p *resultPhase) apply(_ *module, _ *policyv1.ResultDecision) (changed bool) {
+	v := &p.v
+	if p.stdout == v.Result.GetStdout() && p.stderr == v.Result.GetStderr() {
+		return false
+	}
+	if !p.cloned {
+		v.Result, p.cloned = proto.CloneOf(v.Result), true
+	}
+	v.Result.Stdout, v.Result.Stderr = p.stdout, p.stderr
+	return true
 }
 
 // applyResult validates a result decision and returns the output it leaves.
