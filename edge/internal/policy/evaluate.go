@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // ReasonUnavailable is the reason of a denial by a policy that failed and
@@ -174,25 +175,49 @@ func unmarshalStrict(b []byte, msg proto.Message) error {
 	if err := proto.Unmarshal(b, msg); err != nil {
 		return err
 	}
-	if hasUnknown(msg) {
+	if hasUnknown(msg.ProtoReflect()) {
 		return errors.New("decision has fields ABI v1 does not define")
 	}
 	return nil
 }
 
-func hasUnknown(msg proto.Message) bool {
-	switch d := msg.(type) {
-	case *policyv1.RequestDecision:
-		return len(d.ProtoReflect().GetUnknown()) > 0 ||
-			d.Rewrite != nil && len(d.Rewrite.ProtoReflect().GetUnknown()) > 0 ||
-			d.Limits != nil && (len(d.Limits.ProtoReflect().GetUnknown()) > 0 ||
-				d.Limits.Timeout != nil && len(d.Limits.Timeout.ProtoReflect().GetUnknown()) > 0)
-	case *policyv1.ResultDecision:
-		if len(d.ProtoReflect().GetUnknown()) > 0 {
-			return true
+// hasUnknown reports whether m or any message within it has fields
+// its type does not define. It walks the descriptor rather than calling
+// m.Range, whose callback would cost an allocation per message.
+func hasUnknown(m protoreflect.Message) bool {
+	if len(m.GetUnknown()) > 0 {
+		return true
+	}
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if !m.Has(fd) {
+			continue
 		}
-		for _, r := range d.Redactions {
-			if len(r.ProtoReflect().GetUnknown()) > 0 {
+		switch {
+		case fd.IsMap():
+			if fd.MapValue().Message() == nil {
+				continue
+			}
+			found := false
+			m.Get(fd).Map().Range(func(_ protoreflect.MapKey, v protoreflect.Value) bool {
+				found = hasUnknown(v.Message())
+				return !found
+			})
+			if found {
+				return true
+			}
+		case fd.IsList():
+			if fd.Message() == nil {
+				continue
+			}
+			for l, j := m.Get(fd).List(), 0; j < l.Len(); j++ {
+				if hasUnknown(l.Get(j).Message()) {
+					return true
+				}
+			}
+		case fd.Message() != nil:
+			if hasUnknown(m.Get(fd).Message()) {
 				return true
 			}
 		}

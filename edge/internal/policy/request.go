@@ -8,6 +8,7 @@ import (
 
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
+	"github.com/codemode-go/codemode/internal/egressrule"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -22,6 +23,14 @@ type RequestInput struct {
 	Door string
 	// RequestID identifies the request in logs.
 	RequestID string
+	// Egress is what the run may reach outside its sandbox before the
+	// policies narrow it: the tenant's configuration. Nil: nothing. Its
+	// zero limits are the agent's defaults, which a policy's limit
+	// replaces (see RATIONALE.md). It is not modified.
+	Egress *executionv1.Egress
+	// APICall is set when the request is a call of a declared API tool
+	// (door "mcp-api") rather than a run; policies see it as is.
+	APICall *policyv1.ApiCall
 }
 
 // RequestVerdict is the outcome of an allowed request.
@@ -33,6 +42,10 @@ type RequestVerdict struct {
 	Route map[string]string
 	// Annotations set by the policies, for logs and the result phase.
 	Annotations map[string]string
+	// Egress is what the run may reach: the input's egress as the policies
+	// narrowed it, or the input's own message when none set egress. Nil:
+	// nothing. The edge sends it on with the run.
+	Egress *executionv1.Egress
 	// Generation that evaluated the request (0: no policies loaded).
 	Generation uint64
 }
@@ -41,9 +54,12 @@ type RequestVerdict struct {
 // [*Denial] when a policy denies (or fails closed), ErrClosed after Close,
 // or the context's error; otherwise the verdict says what to run and where.
 //
-// Each policy sees the execution as rewritten by the ones before it. Any
-// deny wins; limits combine by minimum; route labels set by several policies
-// go to the highest route_priority, then to the earliest policy.
+// Each policy sees the execution as rewritten by the ones before it, and the
+// egress as they narrowed it. Any deny wins; limits combine by minimum;
+// route labels set by several policies go to the highest route_priority,
+// then to the earliest policy; each decision's egress narrows the egress so
+// far to what both allow (see egressrule.Narrow): a policy can take egress
+// away, never add it.
 func (e *Engine) EvaluateRequest(ctx context.Context, in RequestInput) (RequestVerdict, error) {
 	g := e.acquire()
 	defer g.release()
@@ -51,13 +67,13 @@ func (e *Engine) EvaluateRequest(ctx context.Context, in RequestInput) (RequestV
 		return RequestVerdict{}, ErrClosed
 	}
 	if len(g.request) == 0 {
-		return RequestVerdict{Execution: in.Execution, Generation: g.id}, nil
+		return RequestVerdict{Execution: in.Execution, Egress: in.Egress, Generation: g.id}, nil
 	}
 	ceiling := effectiveLimits(in.Execution, time.Duration(g.cfg.DefaultTimeout))
 	p := &requestPhase{
 		e: e, g: g, ceiling: ceiling, limits: ceiling,
-		v:   RequestVerdict{Execution: in.Execution, Generation: g.id},
-		msg: &policyv1.RequestInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID},
+		v:   RequestVerdict{Execution: in.Execution, Egress: in.Egress, Generation: g.id},
+		msg: &policyv1.RequestInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID, ApiCall: in.APICall},
 	}
 	c := chain{
 		requestID: in.RequestID, tenant: in.Tenant,
@@ -85,7 +101,7 @@ type requestPhase struct {
 }
 
 func (p *requestPhase) encode(b []byte, annotations map[string]string) ([]byte, error) {
-	p.msg.Execution, p.msg.Annotations = p.v.Execution, annotations
+	p.msg.Execution, p.msg.Annotations, p.msg.Egress = p.v.Execution, annotations, p.v.Egress
 	return (proto.MarshalOptions{}).MarshalAppend(b, p.msg)
 }
 
@@ -93,7 +109,7 @@ func (p *requestPhase) check(d *policyv1.RequestDecision) error {
 	return p.e.validateRequest(p.g, d, p.ceiling)
 }
 
-func (p *requestPhase) apply(_ *module, d *policyv1.RequestDecision) (changed bool) {
+func (p *requestPhase) apply(m *module, d *policyv1.RequestDecision) (changed bool) {
 	v := &p.v
 	if rw := d.Rewrite; rw != nil && (rw.Code != nil || rw.Language != nil || rw.Stdin != nil) {
 		p.own()
@@ -133,6 +149,15 @@ func (p *requestPhase) apply(_ *module, d *policyv1.RequestDecision) (changed bo
 			v.Route, p.prio = make(map[string]string), make(map[string]int32)
 		}
 		v.Route[k], p.prio[k] = val, d.RoutePriority
+	}
+	if d.Egress != nil {
+		var dropped []string
+		v.Egress, dropped = egressrule.Narrow(v.Egress, d.Egress)
+		if len(dropped) > 0 {
+			m.logger.Debug("policy asked for egress the run does not have; narrowed",
+				"request_id", p.msg.RequestId, "dropped", dropped)
+		}
+		changed = true
 	}
 	return changed
 }
@@ -217,6 +242,9 @@ func (e *Engine) validateRequest(g *generation, d *policyv1.RequestDecision, cei
 		if ceiling.output != 0 && l.OutputBytes > ceiling.output {
 			return fmt.Errorf("%w: output_bytes %d loosens the limit %d", errInvalid, l.OutputBytes, ceiling.output)
 		}
+	}
+	if err := egressrule.ValidateEgress(d.Egress); err != nil {
+		return fmt.Errorf("%w: egress: %w", errInvalid, err)
 	}
 	if len(d.Route) > 16 {
 		return fmt.Errorf("%w: more than 16 route labels", errInvalid)
