@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bin/policies}
 mkdir -p "$out"
-for p in languages patterns limits routes prelude redact; do
+for p in languages patterns limits routes prelude redact egress; do
 	GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 go build -trimpath -buildmode=c-shared -o "$out/$p.wasm" "./policies/examples/$p"
 done
 wat2wasm policies/examples/tenantblock/tenantblock.wat -o "$out/tenantblock.wasm"

@@ -28,11 +28,106 @@ func (in *RequestInput) Unmarshal(b []byte) error {
 			in.RequestID = r.str(typ)
 		case 5:
 			r.mapEntry(typ, &in.Annotations)
+		case 6:
+			s := r.sub(typ)
+			in.Egress.unmarshal(&s)
+			if s.err != nil {
+				r.fail()
+			}
+		case 7:
+			s := r.sub(typ)
+			if in.APICall == nil {
+				in.APICall = new(APICall)
+			}
+			in.APICall.unmarshal(&s)
+			if s.err != nil {
+				r.fail()
+			}
 		default:
 			r.skip(typ)
 		}
 	}
 	return r.err
+}
+
+func (e *Egress) unmarshal(r *reader) {
+	for {
+		num, typ, ok := r.next()
+		if !ok {
+			return
+		}
+		switch num {
+		case 1:
+			s := r.sub(typ)
+			var rule EgressRule
+			for {
+				n, t, ok := s.next()
+				if !ok {
+					break
+				}
+				switch n {
+				case 1:
+					rule.Host = s.str(t)
+				case 2:
+					rule.Ports = s.uint32s(t, rule.Ports)
+				default:
+					s.skip(t)
+				}
+			}
+			if s.err != nil {
+				r.fail()
+				return
+			}
+			e.Allow = append(e.Allow, rule)
+		case 2:
+			s := r.sub(typ)
+			for {
+				n, t, ok := s.next()
+				if !ok {
+					break
+				}
+				switch n {
+				case 1:
+					e.Limits.Connections = uint32(s.uint(t))
+				case 2:
+					e.Limits.Bytes = s.uint(t)
+				case 3:
+					e.Limits.ConnectionTime = s.duration(t)
+				default:
+					s.skip(t)
+				}
+			}
+			if s.err != nil {
+				r.fail()
+				return
+			}
+		default:
+			r.skip(typ)
+		}
+	}
+}
+
+func (c *APICall) unmarshal(r *reader) {
+	for {
+		num, typ, ok := r.next()
+		if !ok {
+			return
+		}
+		switch num {
+		case 1:
+			c.API = r.str(typ)
+		case 2:
+			c.Tool = r.str(typ)
+		case 3:
+			c.ArgumentsJSON = r.str(typ)
+		case 4:
+			c.Method = r.str(typ)
+		case 5:
+			c.URL = r.str(typ)
+		default:
+			r.skip(typ)
+		}
+	}
 }
 
 func (e *Execution) unmarshal(r *reader) {
@@ -230,7 +325,79 @@ func (d *RequestDecision) AppendMarshal(b []byte) []byte {
 	if len(d.Annotations) > 0 {
 		b = appendMap(b, 7, d.Annotations)
 	}
+	if d.Egress != nil {
+		b = appendLen(b, 8, d.Egress.size())
+		b = d.Egress.appendFields(b)
+	}
 	return b
+}
+
+// size is the length of e's encoding as a message.
+func (e *Egress) size() int {
+	n := 0
+	for i := range e.Allow {
+		rs := e.Allow[i].size()
+		n += 1 + varintSize(uint64(rs)) + rs
+	}
+	if ls := e.Limits.size(); ls > 0 {
+		n += 1 + varintSize(uint64(ls)) + ls
+	}
+	return n
+}
+
+// appendFields appends e's fields, a codemode.execution.v1.Egress.
+func (e *Egress) appendFields(b []byte) []byte {
+	for i := range e.Allow {
+		x := &e.Allow[i]
+		b = appendLen(b, 1, x.size())
+		if x.Host != "" {
+			b = appendString(b, 1, x.Host)
+		}
+		if len(x.Ports) > 0 {
+			b = appendPacked(b, 2, x.Ports)
+		}
+	}
+	if ls := e.Limits.size(); ls > 0 {
+		l := &e.Limits
+		b = appendLen(b, 2, ls)
+		if l.Connections != 0 {
+			b = appendUint(b, 1, uint64(l.Connections))
+		}
+		if l.Bytes != 0 {
+			b = appendUint(b, 2, l.Bytes)
+		}
+		if l.ConnectionTime != 0 {
+			b = appendDuration(b, 3, l.ConnectionTime)
+		}
+	}
+	return b
+}
+
+func (x *EgressRule) size() int {
+	n := 0
+	if x.Host != "" {
+		n += stringSize(1, x.Host)
+	}
+	if len(x.Ports) > 0 {
+		ps := packedSize(x.Ports)
+		n += 1 + varintSize(uint64(ps)) + ps
+	}
+	return n
+}
+
+func (l *EgressLimits) size() int {
+	n := 0
+	if l.Connections != 0 {
+		n += uintSize(1, uint64(l.Connections))
+	}
+	if l.Bytes != 0 {
+		n += uintSize(2, l.Bytes)
+	}
+	if l.ConnectionTime != 0 {
+		ds := durationSize(l.ConnectionTime)
+		n += 1 + varintSize(uint64(ds)) + ds
+	}
+	return n
 }
 
 // AppendMarshal appends the protobuf bytes of d, a

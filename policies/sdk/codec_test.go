@@ -3,6 +3,7 @@ package sdk
 import (
 	"bytes"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,30 @@ func fullRequestInput() *policyv1.RequestInput {
 		Door:        "mcp",
 		RequestId:   "req-42",
 		Annotations: map[string]string{"k": "v", "empty": ""},
+		Egress: &executionv1.Egress{
+			Allow: []*executionv1.EgressRule{
+				{Host: "api.github.com"},
+				{Host: "*.githubusercontent.com", Ports: []uint32{443, 8443, 70000}},
+				{Host: "2001:db8::/32", Ports: []uint32{1}},
+			},
+			Limits: &executionv1.EgressLimits{Connections: 16, Bytes: 1 << 33, ConnectionTime: durationpb.New(90 * time.Second)},
+		},
+		ApiCall: &policyv1.ApiCall{
+			Api: "github", Tool: "github_list_repos", ArgumentsJson: `{"user":"octocat"}`,
+			Method: "GET", Url: "https://api.github.com/users/octocat/repos",
+		},
+	}
+}
+
+// fullEgress is fullRequestInput's egress in the SDK's types.
+func fullEgress() Egress {
+	return Egress{
+		Allow: []EgressRule{
+			{Host: "api.github.com"},
+			{Host: "*.githubusercontent.com", Ports: []uint32{443, 8443, 70000}},
+			{Host: "2001:db8::/32", Ports: []uint32{1}},
+		},
+		Limits: EgressLimits{Connections: 16, Bytes: 1 << 33, ConnectionTime: 90 * time.Second},
 	}
 }
 
@@ -54,7 +79,17 @@ func TestRequestInputMatchesProtobuf(t *testing.T) {
 				},
 				Tenant: "acme", Door: "mcp", RequestID: "req-42",
 				Annotations: map[string]string{"k": "v", "empty": ""},
+				Egress:      fullEgress(),
+				APICall: &APICall{
+					API: "github", Tool: "github_list_repos", ArgumentsJSON: `{"user":"octocat"}`,
+					Method: "GET", URL: "https://api.github.com/users/octocat/repos",
+				},
 			},
+		},
+		{
+			name: "egress with nothing, empty api call",
+			in:   &policyv1.RequestInput{Egress: &executionv1.Egress{Limits: &executionv1.EgressLimits{}}, ApiCall: &policyv1.ApiCall{}},
+			want: RequestInput{APICall: &APICall{}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,6 +106,32 @@ func TestRequestInputMatchesProtobuf(t *testing.T) {
 				t.Errorf("decoded input = %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestUnmarshalUnpackedPorts checks that ports encoded one field each (as
+// protobuf allows for repeated scalars) decode as packed ones do.
+func TestUnmarshalUnpackedPorts(t *testing.T) {
+	t.Parallel()
+	rule := appendString(nil, 1, "a.example")
+	rule = appendUint(rule, 2, 443)
+	rule = appendPacked(rule, 2, []uint32{8443, 9443})
+	rule = appendUint(rule, 2, 80)
+	egress := appendLen(nil, 1, len(rule))
+	egress = append(egress, rule...)
+	b := appendLen(nil, 6, len(egress))
+	b = append(b, egress...)
+	var in RequestInput
+	if err := in.Unmarshal(b); err != nil {
+		t.Fatal(err)
+	}
+	want := []EgressRule{{Host: "a.example", Ports: []uint32{443, 8443, 9443, 80}}}
+	if !reflect.DeepEqual(in.Egress.Allow, want) {
+		t.Errorf("rules = %+v, want %+v", in.Egress.Allow, want)
+	}
+	var ref policyv1.RequestInput
+	if err := proto.Unmarshal(b, &ref); err != nil || !slices.Equal(ref.GetEgress().GetAllow()[0].GetPorts(), want[0].Ports) {
+		t.Errorf("protobuf reads %v, %v", ref.GetEgress(), err)
 	}
 }
 
@@ -110,6 +171,10 @@ func TestUnmarshalRejectsMalformed(t *testing.T) {
 		{"wrong wire type", []byte{0x10, 0x01}}, // tenant as varint
 		{"long varint", bytes.Repeat([]byte{0xff}, 11)},
 		{"length past end", []byte{0x12, 0x05, 'a'}},
+		{"egress as varint", []byte{0x30, 0x01}},
+		{"truncated packed ports", []byte{0x32, 0x04, 0x0a, 0x02, 0x12, 0x05}},
+		{"port as fixed32", []byte{0x32, 0x08, 0x0a, 0x06, 0x15, 0x01, 0x02, 0x03, 0x04, 0x00}},
+		{"api call truncated", []byte{0x3a, 0x03, 0x0a, 0x05, 'a'}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -169,6 +234,7 @@ func TestRequestDecisionMatchesProtobuf(t *testing.T) {
 				Limits:  Limits{Timeout: 3*time.Second + 7, MemoryBytes: 5, OutputBytes: 1 << 40},
 				Route:   map[string]string{"pool": "gpu"}, RoutePriority: -3,
 				Annotations: map[string]string{"why": strings.Repeat("z", 130)},
+				Egress:      &Egress{Allow: fullEgress().Allow, Limits: EgressLimits{Connections: 2, ConnectionTime: 1500 * time.Millisecond}},
 			},
 			want: &policyv1.RequestDecision{
 				Verdict: policyv1.Verdict_VERDICT_ALLOW,
@@ -179,7 +245,23 @@ func TestRequestDecisionMatchesProtobuf(t *testing.T) {
 				},
 				Route: map[string]string{"pool": "gpu"}, RoutePriority: -3,
 				Annotations: map[string]string{"why": strings.Repeat("z", 130)},
+				Egress: &executionv1.Egress{
+					Allow:  fullRequestInput().Egress.Allow,
+					Limits: &executionv1.EgressLimits{Connections: 2, ConnectionTime: durationpb.New(1500 * time.Millisecond)},
+				},
 			},
+		},
+		{
+			name: "egress: nothing",
+			d:    RequestDecision{Verdict: VerdictAllow, Egress: &Egress{}},
+			want: &policyv1.RequestDecision{Verdict: policyv1.Verdict_VERDICT_ALLOW, Egress: &executionv1.Egress{}},
+		},
+		{
+			name: "egress: rules of empty hosts and ports",
+			d:    RequestDecision{Verdict: VerdictAllow, Egress: &Egress{Allow: []EgressRule{{}, {Ports: []uint32{}}}, Limits: EgressLimits{Bytes: 1}}},
+			want: &policyv1.RequestDecision{Verdict: policyv1.Verdict_VERDICT_ALLOW, Egress: &executionv1.Egress{
+				Allow: []*executionv1.EgressRule{{}, {}}, Limits: &executionv1.EgressLimits{Bytes: 1},
+			}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -265,6 +347,17 @@ func FuzzRequestInput(f *testing.F) {
 		if len(ref.GetAnnotations()) > 0 {
 			want.Annotations = ref.GetAnnotations()
 		}
+		eg := ref.GetEgress()
+		for _, r := range eg.GetAllow() {
+			want.Egress.Allow = append(want.Egress.Allow, EgressRule{Host: r.GetHost(), Ports: r.GetPorts()})
+		}
+		want.Egress.Limits = EgressLimits{
+			Connections: eg.GetLimits().GetConnections(), Bytes: eg.GetLimits().GetBytes(),
+			ConnectionTime: eg.GetLimits().GetConnectionTime().AsDuration(),
+		}
+		if c := ref.ApiCall; c != nil {
+			want.APICall = &APICall{API: c.GetApi(), Tool: c.GetTool(), ArgumentsJSON: c.GetArgumentsJson(), Method: c.GetMethod(), URL: c.GetUrl()}
+		}
 		for _, f := range e.GetFiles() {
 			want.Execution.Files = append(want.Execution.Files, File{Path: f.GetPath(), Content: f.GetContent()})
 		}
@@ -290,5 +383,10 @@ func normalize(in RequestInput) RequestInput {
 		files = nil
 	}
 	in.Execution.Files = files
+	for i := range in.Egress.Allow {
+		if len(in.Egress.Allow[i].Ports) == 0 {
+			in.Egress.Allow[i].Ports = nil
+		}
+	}
 	return in
 }

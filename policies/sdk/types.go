@@ -25,7 +25,8 @@
 //
 // The types mirror the messages of proto/codemode/policy/v1/policy.proto
 // field for field; Execution flattens execution.v1.Limits into MemoryBytes and
-// OutputBytes. The codec builds on every platform, so it is tested on the host
+// OutputBytes, and the input's Egress is a value (unset and empty both allow
+// nothing) where the decision's is a pointer (nil leaves egress unchanged). The codec builds on every platform, so it is tested on the host
 // against the generated types.
 //
 // Handlers run one call at a time per instance; the host keeps several
@@ -93,6 +94,58 @@ type RequestInput struct {
 	RequestID string
 	// Annotations set by earlier policies of the chain.
 	Annotations map[string]string
+	// Egress is what the run may reach outside its sandbox: the tenant's
+	// configuration as earlier policies of the chain narrowed it. No rules:
+	// nothing.
+	Egress Egress
+	// APICall is set when the request is a call of a declared API tool
+	// (door "mcp-api"), which the edge makes itself; Execution then means
+	// nothing.
+	APICall *APICall
+}
+
+// Egress says what a run may reach outside its sandbox
+// (codemode.execution.v1.Egress).
+type Egress struct {
+	// Allow lists the destinations a connection may go to.
+	Allow  []EgressRule
+	Limits EgressLimits
+}
+
+// EgressRule allows connections to a host on some ports.
+type EgressRule struct {
+	// Host is a name ("api.example.com"), every name below a domain
+	// ("*.example.com", not the domain itself), an IP address ("192.0.2.7")
+	// or an address prefix ("192.0.2.0/24"). Names ending in ".api.codemode"
+	// are the edge's configured APIs, which the agent forwards with their
+	// credentials.
+	Host string
+	// Ports; none: 80 and 443.
+	Ports []uint32
+}
+
+// EgressLimits bound a run's egress; zero is the agent's default.
+type EgressLimits struct {
+	// Connections a run may open.
+	Connections uint32
+	// Bytes a run may send and receive, all connections together.
+	Bytes uint64
+	// ConnectionTime is how long one connection may stay open.
+	ConnectionTime time.Duration
+}
+
+// APICall is a call of a declared API tool (codemode.policy.v1.ApiCall).
+type APICall struct {
+	// API is the API's name, as in its declaration ("github").
+	API string
+	// Tool is the tool's name ("github_list_repos").
+	Tool string
+	// ArgumentsJSON holds the tool's arguments as the model sent them (a JSON
+	// object).
+	ArgumentsJSON string
+	// Method and URL the call goes to, arguments filled in.
+	Method string
+	URL    string
 }
 
 // Rewrite replaces fields of the execution; nil fields are left alone.
@@ -124,6 +177,13 @@ type RequestDecision struct {
 	// RoutePriority settles conflicting route labels: the highest wins.
 	RoutePriority int32
 	Annotations   map[string]string
+	// Egress, when not nil, sets what the run may reach: the host narrows it
+	// to what the input's Egress allows too (rules it does not cover are
+	// dropped, limits above the input's are lowered), so it can take egress
+	// away but never add any. A non-nil Egress with no rules: nothing. Nil:
+	// unchanged. Hosts older than the egress field refuse decisions that set
+	// it.
+	Egress *Egress
 }
 
 // Result is what came of a run (codemode.execution.v1.Result).

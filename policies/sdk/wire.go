@@ -146,6 +146,30 @@ func (r *reader) uint(typ int) uint64 {
 	return r.varint()
 }
 
+// uint32s appends the values of a repeated uint32 field to vs: one value,
+// or a packed run of them (parsers must accept both encodings).
+func (r *reader) uint32s(typ int, vs []uint32) []uint32 {
+	switch typ {
+	case wireVarint:
+		return append(vs, uint32(r.varint()))
+	case wireBytes:
+		b := r.bytes()
+		if r.err != nil {
+			return vs
+		}
+		s := reader{b: b}
+		for len(s.b) > 0 && s.err == nil {
+			vs = append(vs, uint32(s.varint()))
+		}
+		if s.err != nil {
+			r.fail()
+		}
+		return vs
+	}
+	r.fail()
+	return vs
+}
+
 func (r *reader) sub(typ int) reader {
 	if !r.expect(typ, wireBytes) {
 		return reader{err: r.err}
@@ -285,6 +309,23 @@ func appendMap(b []byte, num int32, m map[string]string) []byte {
 		}
 	}
 	return b
+}
+
+// appendPacked appends a packed repeated uint32 field.
+func appendPacked(b []byte, num int32, vs []uint32) []byte {
+	b = appendLen(b, num, packedSize(vs))
+	for _, v := range vs {
+		b = appendVarint(b, uint64(v))
+	}
+	return b
+}
+
+func packedSize(vs []uint32) int {
+	n := 0
+	for _, v := range vs {
+		n += varintSize(uint64(v))
+	}
+	return n
 }
 
 // appendLen appends a nested message field's tag and length.

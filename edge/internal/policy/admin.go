@@ -32,7 +32,7 @@ func (e *Engine) Status() *policyv1.ListPoliciesResponse {
 				Phase:       m.cfg.Phase,
 				Order:       int32(m.cfg.Order),
 				FailureMode: m.cfg.FailureMode,
-				PoolSize:    int32(cap(m.pool)),
+				PoolSize:    int32(m.pool.size()),
 				Interrupt:   m.interruptMode(),
 				Counters: &policyv1.PolicyCounters{
 					Allowed:           c.allowed.Load(),

@@ -1,7 +1,9 @@
 // Package policy hosts the edge's WebAssembly policies on wazero: it loads
 // the modules a configuration file lists, keeps a bounded pool of warm
 // instances per module, and runs every request (and result) through the
-// chain of policies of its phase, validating each decision.
+// chain of policies of its phase, validating each decision. Request
+// policies may narrow the run's egress, never widen it (see
+// internal/egressrule).
 //
 // The ABI the modules implement is policies/ABI.md (ABI v1): protobuf
 // messages of codemode.policy.v1 written into a guest buffer and read back
@@ -21,7 +23,7 @@
 //
 // Every call has a deadline (default 20 ms): modules are rewritten at load
 // with a check at every loop head that traps once a timer sets a flag
-// (interrupt.go; wazero's WithCloseOnContextDone is the fallback);
+// (package wasminterrupt; wazero's WithCloseOnContextDone is the fallback);
 // cancelling the caller's context interrupts a call the same way. Each
 // module's memory is capped (WithMemoryLimitPages), and an instance whose
 // call failed in any way (trap, timeout, malformed decision) is discarded

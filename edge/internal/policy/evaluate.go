@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"time"
-	"unicode/utf8"
+	"maps"
 
 	"connectrpc.com/connect"
-	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // ReasonUnavailable is the reason of a denial by a policy that failed and
@@ -31,52 +28,6 @@ const (
 
 // ErrClosed is returned by evaluations after [Engine.Close].
 var ErrClosed = errors.New("policy engine closed")
-
-// RequestInput is what the edge knows of a request before routing it.
-type RequestInput struct {
-	// Execution as the caller sent it. It is not modified.
-	Execution *executionv1.Execution
-	// Tenant from the caller's API key; "anonymous" when none.
-	Tenant string
-	// Door: "connect", "grpc", "grpcweb", "mcp", ...
-	Door string
-	// RequestID identifies the request in logs.
-	RequestID string
-}
-
-// RequestVerdict is the outcome of an allowed request.
-type RequestVerdict struct {
-	// Execution to run: the input's, or a rewritten and tightened copy.
-	Execution *executionv1.Execution
-	// Route holds the agent labels the run must go to; nil when no policy
-	// routed it.
-	Route map[string]string
-	// Annotations set by the policies, for logs and the result phase.
-	Annotations map[string]string
-	// Generation that evaluated the request (0: no policies loaded).
-	Generation uint64
-}
-
-// ResultInput is a run's result before it goes back to the caller.
-type ResultInput struct {
-	// Result of the run. It is not modified.
-	Result      *executionv1.Result
-	Tenant      string
-	Door        string
-	RequestID   string
-	Language    string
-	Annotations map[string]string
-}
-
-// ResultVerdict is the outcome of an allowed result.
-type ResultVerdict struct {
-	// Result to return: the input's, or a redacted copy.
-	Result *executionv1.Result
-	// Annotations set by result policies.
-	Annotations map[string]string
-	// Generation that evaluated the result.
-	Generation uint64
-}
 
 // Denial is the error of a request or result refused by a policy.
 type Denial struct {
@@ -109,122 +60,101 @@ func (d *Denial) ConnectError() *connect.Error {
 	return err
 }
 
-// EvaluateRequest runs the request-phase chain on in. It returns a
-// [*Denial] when a policy denies (or fails closed), ErrClosed after Close,
-// or the context's error; otherwise the verdict says what to run and where.
-//
-// Each policy sees the execution as rewritten by the ones before it. Any
-// deny wins; limits combine by minimum; route labels set by several policies
-// go to the highest route_priority, then to the earliest policy.
-func (e *Engine) EvaluateRequest(ctx context.Context, in RequestInput) (RequestVerdict, error) {
-	g := e.acquire()
-	defer g.release()
-	if g.shut {
-		return RequestVerdict{}, ErrClosed
-	}
-	v := RequestVerdict{Execution: in.Execution, Generation: g.id}
-	if len(g.request) == 0 {
-		return v, nil
-	}
-	ceiling := effectiveLimits(in.Execution, time.Duration(g.cfg.DefaultTimeout))
+// decision is what the decisions of both phases have in common.
+type decision interface {
+	proto.Message
+	GetVerdict() policyv1.Verdict
+	GetReason() string
+	GetAnnotations() map[string]string
+}
+
+// phase is one evaluation's state in the chain of its phase: it writes the
+// input each policy sees, and checks and applies their decisions.
+type phase[D decision] interface {
+	// encode appends the next policy's input to b, with the annotations
+	// the chain's policies have set so far.
+	encode(b []byte, annotations map[string]string) ([]byte, error)
+	// check validates a decision, allowing or denying; an error makes it
+	// an invalid decision.
+	check(d D) error
+	// apply applies an allowed decision of m and reports whether the next
+	// policy's input changed.
+	apply(m *module, d D) (changed bool)
+}
+
+// chain is what an evaluation tells runChain besides its phase.
+type chain struct {
+	requestID, tenant string
+	// denied, followed by the policy's name, is the reason of a deny that
+	// gives none; logDenied is the message that logs a deny.
+	denied, logDenied string
+	// annotationsInInput: later policies see the chain's annotations, so
+	// new ones change their input.
+	annotationsInInput bool
+}
+
+// runChain runs the policies mods in order, as both phases do: it encodes
+// the input again only when it changed, calls each policy, checks its
+// decision and counts it. The first deny, or the first failure of a policy
+// that fails closed, ends the chain with a [*Denial]; a policy that fails
+// open is skipped; an allowed decision is applied, and its annotations are
+// added to the ones it returns. A cancelled ctx ends the chain with ctx's
+// error.
+func runChain[T any, D interface {
+	*T
+	decision
+}](ctx context.Context, mods []*module, c chain, p phase[D]) (map[string]string, error) {
 	var (
-		input   []byte
-		dirty   = true
-		cloned  bool
-		prio    map[string]int32
-		limits  = ceiling
-		tighter bool
+		input       []byte
+		dirty       = true
+		annotations map[string]string
 	)
-	msg := &policyv1.RequestInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID}
-	for _, m := range g.request {
+	for _, m := range mods {
 		if dirty {
-			msg.Execution, msg.Annotations = v.Execution, v.Annotations
 			var err error
-			if input, err = (proto.MarshalOptions{}).MarshalAppend(input[:0], msg); err != nil {
-				return RequestVerdict{}, fmt.Errorf("encode policy input: %w", err)
+			if input, err = p.encode(input[:0], annotations); err != nil {
+				return nil, fmt.Errorf("encode policy input: %w", err)
 			}
 			dirty = false
 		}
-		var d policyv1.RequestDecision
-		err := m.call(ctx, input, func(b []byte) error { return unmarshalStrict(b, &d) })
+		d := D(new(T))
+		err := m.call(ctx, input, func(b []byte) error { return unmarshalStrict(b, d) })
 		if err == nil {
-			err = e.validateRequest(g, &d, ceiling)
-			if err != nil {
+			if err = p.check(d); err != nil {
 				m.counters.invalid.Add(1)
 			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return RequestVerdict{}, ctx.Err()
+				return nil, ctx.Err()
 			}
-			if denial := m.failed(err, in.RequestID); denial != nil {
-				return RequestVerdict{}, denial
+			if denial := m.failed(err, c.requestID); denial != nil {
+				return nil, denial
 			}
 			continue
 		}
-		if d.Verdict == policyv1.Verdict_VERDICT_DENY {
+		if d.GetVerdict() == policyv1.Verdict_VERDICT_DENY {
 			m.counters.denied.Add(1)
-			reason := d.Reason
+			reason := d.GetReason()
 			if reason == "" {
-				reason = "denied by policy " + m.cfg.Name
+				reason = c.denied + m.cfg.Name
 			}
-			m.logger.Info("request denied by policy", "request_id", in.RequestID, "tenant", in.Tenant, "reason", reason)
-			return RequestVerdict{}, &Denial{Policy: m.cfg.Name, Reason: reason, Cause: policyv1.Cause_CAUSE_DENIED, RequestID: in.RequestID}
+			m.logger.Info(c.logDenied, "request_id", c.requestID, "tenant", c.tenant, "reason", reason)
+			return nil, &Denial{Policy: m.cfg.Name, Reason: reason, Cause: policyv1.Cause_CAUSE_DENIED, RequestID: c.requestID}
 		}
 		m.counters.allowed.Add(1)
-		if rw := d.Rewrite; rw != nil && (rw.Code != nil || rw.Language != nil || rw.Stdin != nil) {
-			if !cloned {
-				v.Execution, cloned = proto.CloneOf(v.Execution), true
-			}
-			if rw.Code != nil {
-				v.Execution.Code = rw.GetCode()
-			}
-			if rw.Language != nil {
-				v.Execution.Language = rw.GetLanguage()
-			}
-			if rw.Stdin != nil {
-				v.Execution.Stdin = rw.Stdin
-			}
+		if p.apply(m, d) {
 			dirty = true
 		}
-		if l := d.Limits; l != nil {
-			if t := l.Timeout.AsDuration(); l.Timeout != nil && t > 0 && t < limits.timeout {
-				limits.timeout, tighter = t, true
+		if a := d.GetAnnotations(); len(a) > 0 {
+			if annotations == nil {
+				annotations = make(map[string]string, len(a))
 			}
-			if l.MemoryBytes != 0 && (limits.memory == 0 || l.MemoryBytes < limits.memory) {
-				limits.memory, tighter = l.MemoryBytes, true
-			}
-			if l.OutputBytes != 0 && (limits.output == 0 || l.OutputBytes < limits.output) {
-				limits.output, tighter = l.OutputBytes, true
-			}
-		}
-		for k, val := range d.Route {
-			if p, ok := prio[k]; ok && d.RoutePriority <= p {
-				continue
-			}
-			if v.Route == nil {
-				v.Route, prio = make(map[string]string), make(map[string]int32)
-			}
-			v.Route[k], prio[k] = val, d.RoutePriority
-		}
-		if len(d.Annotations) > 0 {
-			if v.Annotations == nil {
-				v.Annotations = make(map[string]string, len(d.Annotations))
-			}
-			for k, val := range d.Annotations {
-				v.Annotations[k] = val
-			}
-			dirty = true
-		}
-		if tighter {
-			if !cloned {
-				v.Execution, cloned = proto.CloneOf(v.Execution), true
-			}
-			limits.apply(v.Execution, ceiling)
-			tighter, dirty = false, true
+			maps.Copy(annotations, a)
+			dirty = dirty || c.annotationsInInput
 		}
 	}
-	return v, nil
+	return annotations, nil
 }
 
 // failed accounts for a failed call and returns the denial when the policy
@@ -245,118 +175,54 @@ func unmarshalStrict(b []byte, msg proto.Message) error {
 	if err := proto.Unmarshal(b, msg); err != nil {
 		return err
 	}
-	if hasUnknown(msg) {
+	if hasUnknown(msg.ProtoReflect()) {
 		return errors.New("decision has fields ABI v1 does not define")
 	}
 	return nil
 }
 
-func hasUnknown(msg proto.Message) bool {
-	switch d := msg.(type) {
-	case *policyv1.RequestDecision:
-		return len(d.ProtoReflect().GetUnknown()) > 0 ||
-			d.Rewrite != nil && len(d.Rewrite.ProtoReflect().GetUnknown()) > 0 ||
-			d.Limits != nil && (len(d.Limits.ProtoReflect().GetUnknown()) > 0 ||
-				d.Limits.Timeout != nil && len(d.Limits.Timeout.ProtoReflect().GetUnknown()) > 0)
-	case *policyv1.ResultDecision:
-		if len(d.ProtoReflect().GetUnknown()) > 0 {
-			return true
+// hasUnknown reports whether m or any message within it has fields
+// its type does not define. It walks the descriptor rather than calling
+// m.Range, whose callback would cost an allocation per message.
+func hasUnknown(m protoreflect.Message) bool {
+	if len(m.GetUnknown()) > 0 {
+		return true
+	}
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if !m.Has(fd) {
+			continue
 		}
-		for _, r := range d.Redactions {
-			if len(r.ProtoReflect().GetUnknown()) > 0 {
+		switch {
+		case fd.IsMap():
+			if fd.MapValue().Message() == nil {
+				continue
+			}
+			found := false
+			m.Get(fd).Map().Range(func(_ protoreflect.MapKey, v protoreflect.Value) bool {
+				found = hasUnknown(v.Message())
+				return !found
+			})
+			if found {
+				return true
+			}
+		case fd.IsList():
+			if fd.Message() == nil {
+				continue
+			}
+			for l, j := m.Get(fd).List(), 0; j < l.Len(); j++ {
+				if hasUnknown(l.Get(j).Message()) {
+					return true
+				}
+			}
+		case fd.Message() != nil:
+			if hasUnknown(m.Get(fd).Message()) {
 				return true
 			}
 		}
 	}
 	return false
-}
-
-// limitSet is the effective limits of an execution; 0 memory or output means
-// the agent's default, which any value tightens.
-type limitSet struct {
-	timeout        time.Duration
-	memory, output uint64
-}
-
-func effectiveLimits(x *executionv1.Execution, defaultTimeout time.Duration) limitSet {
-	l := limitSet{timeout: defaultTimeout}
-	if t := x.GetTimeout(); t != nil && t.AsDuration() > 0 {
-		l.timeout = t.AsDuration()
-	}
-	l.memory = x.GetLimits().GetMemoryBytes()
-	l.output = x.GetLimits().GetOutputBytes()
-	return l
-}
-
-// apply writes the tightened limits into x.
-func (l limitSet) apply(x *executionv1.Execution, ceiling limitSet) {
-	if l.timeout < ceiling.timeout {
-		x.Timeout = durationpb.New(l.timeout)
-	}
-	if l.memory != ceiling.memory || l.output != ceiling.output {
-		if x.Limits == nil {
-			x.Limits = &executionv1.Limits{}
-		}
-		x.Limits.MemoryBytes, x.Limits.OutputBytes = l.memory, l.output
-	}
-}
-
-// validateRequest checks a decision against ABI v1 and the edge's rules.
-func (e *Engine) validateRequest(g *generation, d *policyv1.RequestDecision, ceiling limitSet) error {
-	switch d.Verdict {
-	case policyv1.Verdict_VERDICT_ALLOW, policyv1.Verdict_VERDICT_DENY:
-	default:
-		return fmt.Errorf("%w: verdict %v", errInvalid, d.Verdict)
-	}
-	if len(d.Reason) > maxReasonBytes {
-		return fmt.Errorf("%w: reason longer than %d bytes", errInvalid, maxReasonBytes)
-	}
-	if err := checkAnnotations(d.Annotations); err != nil {
-		return err
-	}
-	if d.Verdict == policyv1.Verdict_VERDICT_DENY {
-		return nil // a deny's other fields are ignored
-	}
-	if rw := d.Rewrite; rw != nil {
-		if rw.Code != nil && (len(rw.GetCode()) == 0 || len(rw.GetCode()) > maxCodeBytes) {
-			return fmt.Errorf("%w: rewritten code must be 1 to %d bytes", errInvalid, maxCodeBytes)
-		}
-		if rw.Language != nil && !e.knownLanguage(rw.GetLanguage()) {
-			return fmt.Errorf("%w: rewrite to unknown language %q", errInvalid, rw.GetLanguage())
-		}
-		if len(rw.Stdin) > maxStdinBytes {
-			return fmt.Errorf("%w: rewritten stdin longer than %d bytes", errInvalid, maxStdinBytes)
-		}
-	}
-	if l := d.Limits; l != nil {
-		if l.Timeout != nil {
-			if err := l.Timeout.CheckValid(); err != nil {
-				return fmt.Errorf("%w: timeout: %w", errInvalid, err)
-			}
-			if t := l.Timeout.AsDuration(); t < 0 || t > ceiling.timeout {
-				return fmt.Errorf("%w: timeout %v loosens the limit %v", errInvalid, t, ceiling.timeout)
-			}
-		}
-		if ceiling.memory != 0 && l.MemoryBytes > ceiling.memory {
-			return fmt.Errorf("%w: memory_bytes %d loosens the limit %d", errInvalid, l.MemoryBytes, ceiling.memory)
-		}
-		if ceiling.output != 0 && l.OutputBytes > ceiling.output {
-			return fmt.Errorf("%w: output_bytes %d loosens the limit %d", errInvalid, l.OutputBytes, ceiling.output)
-		}
-	}
-	if len(d.Route) > 16 {
-		return fmt.Errorf("%w: more than 16 route labels", errInvalid)
-	}
-	for k, v := range d.Route {
-		values, known := g.labels[k]
-		if !known {
-			return fmt.Errorf("%w: route to unknown label %q", errInvalid, k)
-		}
-		if values != nil && !values[v] {
-			return fmt.Errorf("%w: route to unknown value %q of label %q", errInvalid, v, k)
-		}
-	}
-	return nil
 }
 
 func checkAnnotations(a map[string]string) error {
@@ -371,155 +237,3 @@ func checkAnnotations(a map[string]string) error {
 	}
 	return nil
 }
-
-// EvaluateResult runs the result-phase chain on in. It returns a [*Denial]
-// when a policy withholds the result (or fails closed), ErrClosed after
-// Close, or the context's error; otherwise the verdict holds the result to
-// return, redacted as the policies asked. Each policy sees the output as the
-// ones before it left it.
-func (e *Engine) EvaluateResult(ctx context.Context, in ResultInput) (ResultVerdict, error) {
-	g := e.acquire()
-	defer g.release()
-	if g.shut {
-		return ResultVerdict{}, ErrClosed
-	}
-	v := ResultVerdict{Result: in.Result, Generation: g.id}
-	if len(g.result) == 0 {
-		return v, nil
-	}
-	var (
-		input  []byte
-		dirty  = true
-		cloned bool
-	)
-	msg := &policyv1.ResultInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID, Language: in.Language, Annotations: in.Annotations}
-	for _, m := range g.result {
-		if dirty {
-			msg.Result = v.Result
-			var err error
-			if input, err = (proto.MarshalOptions{}).MarshalAppend(input[:0], msg); err != nil {
-				return ResultVerdict{}, fmt.Errorf("encode policy input: %w", err)
-			}
-			dirty = false
-		}
-		var d policyv1.ResultDecision
-		err := m.call(ctx, input, func(b []byte) error { return unmarshalStrict(b, &d) })
-		var stdout, stderr string
-		if err == nil {
-			stdout, stderr, err = applyResult(&d, v.Result)
-			if err != nil {
-				m.counters.invalid.Add(1)
-			}
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return ResultVerdict{}, ctx.Err()
-			}
-			if denial := m.failed(err, in.RequestID); denial != nil {
-				return ResultVerdict{}, denial
-			}
-			continue
-		}
-		if d.Verdict == policyv1.Verdict_VERDICT_DENY {
-			m.counters.denied.Add(1)
-			reason := d.Reason
-			if reason == "" {
-				reason = "result withheld by policy " + m.cfg.Name
-			}
-			return ResultVerdict{}, &Denial{Policy: m.cfg.Name, Reason: reason, Cause: policyv1.Cause_CAUSE_DENIED, RequestID: in.RequestID}
-		}
-		m.counters.allowed.Add(1)
-		if stdout != v.Result.GetStdout() || stderr != v.Result.GetStderr() {
-			if !cloned {
-				v.Result, cloned = proto.CloneOf(v.Result), true
-			}
-			v.Result.Stdout, v.Result.Stderr = stdout, stderr
-			dirty = true
-		}
-		if len(d.Annotations) > 0 {
-			if v.Annotations == nil {
-				v.Annotations = make(map[string]string, len(d.Annotations))
-			}
-			for k, val := range d.Annotations {
-				v.Annotations[k] = val
-			}
-		}
-	}
-	return v, nil
-}
-
-// applyResult validates a result decision and returns the output it leaves.
-func applyResult(d *policyv1.ResultDecision, r *executionv1.Result) (stdout, stderr string, err error) {
-	switch d.Verdict {
-	case policyv1.Verdict_VERDICT_ALLOW, policyv1.Verdict_VERDICT_DENY:
-	default:
-		return "", "", fmt.Errorf("%w: verdict %v", errInvalid, d.Verdict)
-	}
-	if len(d.Reason) > maxReasonBytes {
-		return "", "", fmt.Errorf("%w: reason longer than %d bytes", errInvalid, maxReasonBytes)
-	}
-	if err := checkAnnotations(d.Annotations); err != nil {
-		return "", "", err
-	}
-	stdout, stderr = r.GetStdout(), r.GetStderr()
-	if d.Verdict == policyv1.Verdict_VERDICT_DENY {
-		return stdout, stderr, nil
-	}
-	var outSpans, errSpans []*policyv1.Redaction
-	for _, x := range d.Redactions {
-		switch x.Stream {
-		case policyv1.Stream_STREAM_STDOUT:
-			outSpans = append(outSpans, x)
-		case policyv1.Stream_STREAM_STDERR:
-			errSpans = append(errSpans, x)
-		default:
-			return "", "", fmt.Errorf("%w: redaction of stream %v", errInvalid, x.Stream)
-		}
-	}
-	if d.Stdout != nil {
-		stdout = d.GetStdout()
-	} else if stdout, err = redact(stdout, outSpans); err != nil {
-		return "", "", err
-	}
-	if d.Stderr != nil {
-		stderr = d.GetStderr()
-	} else if stderr, err = redact(stderr, errSpans); err != nil {
-		return "", "", err
-	}
-	return stdout, stderr, nil
-}
-
-// redact replaces the spans of s, which must be in order and not overlap.
-// Replacing part of a UTF-8 sequence leaves U+FFFD, as the result's text
-// promises valid UTF-8.
-func redact(s string, spans []*policyv1.Redaction) (string, error) {
-	if len(spans) == 0 {
-		return s, nil
-	}
-	var b []byte
-	at := uint32(0)
-	for _, x := range spans {
-		if x.Start < at || x.End < x.Start || x.End > uint32(len(s)) {
-			return "", fmt.Errorf("%w: redaction [%d, %d) out of order or outside %d bytes", errInvalid, x.Start, x.End, len(s))
-		}
-		b = append(b, s[at:x.Start]...)
-		b = append(b, x.Replacement...)
-		at = x.End
-	}
-	b = append(b, s[at:]...)
-	if !utf8.Valid(b) {
-		return string([]rune(string(b))), nil
-	}
-	return string(b), nil
-}
-
-// knownLanguage reports whether a rewrite may set the language name.
-func (e *Engine) knownLanguage(name string) bool {
-	if !languageName.MatchString(name) {
-		return false
-	}
-	return e.opts.KnownLanguage == nil || e.opts.KnownLanguage(name)
-}
-
-// languageName is the form of a language name in the protos' rules.
-var languageName = regexp.MustCompile(`^[a-z][a-z0-9+_.-]{0,31}$`)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -214,6 +215,137 @@ func TestTenantBlockWAT(t *testing.T) {
 	// A big input makes the WAT module grow its buffer.
 	_, err = e.EvaluateRequest(t.Context(), req("mallory", "python", strings.Repeat("x", 200000)))
 	wantDenial(t, err, "tenantblock", "tenant is suspended by the tenant policy", denied)
+}
+
+// exampleEgress is a tenant's egress for TestEgressExample: an API over the
+// default ports, GitHub's content hosts and an address range over TLS, an
+// address over plain HTTP, a configured API name, and a host on two ports.
+func exampleEgress(connections uint32) *executionv1.Egress {
+	return &executionv1.Egress{
+		Allow: []*executionv1.EgressRule{
+			egressRule("api.github.com"),
+			egressRule("*.githubusercontent.com", 443),
+			egressRule("192.0.2.0/24", 443),
+			egressRule("198.51.100.7", 80),
+			egressRule("github.api.codemode"),
+			egressRule("example.org", 8080, 443),
+		},
+		Limits: &executionv1.EgressLimits{Connections: connections},
+	}
+}
+
+func TestEgressExample(t *testing.T) {
+	t.Parallel()
+	e := newEngine(t, Config{Policies: []PolicyConfig{
+		pol(t, "egress", PhaseRequest, 0, "*: https-only, no-wildcards, connections 16\nacme: https-only\nci-bot: read-only-apis\n# comment\npartner:"),
+	}})
+	for _, tc := range []struct {
+		name, tenant string
+		base         *executionv1.Egress
+		want         []string
+		wantConns    uint32
+		annotation   string // "": none
+	}{
+		{
+			name: "https only, no wildcards, 16 connections", tenant: "bob", base: exampleEgress(100),
+			want:      []string{"api.github.com[443]", "github.api.codemode", "example.org[443]"},
+			wantConns: 16, annotation: "kept 3 of 6 rules (https-only, no-wildcards, connections 16)",
+		},
+		{
+			name: "the tenant's lower limit stays", tenant: "bob", base: exampleEgress(8),
+			want:      []string{"api.github.com[443]", "github.api.codemode", "example.org[443]"},
+			wantConns: 8, annotation: "kept 3 of 6 rules (https-only, no-wildcards, connections 16)",
+		},
+		{
+			name: "https only keeps wildcards and prefixes", tenant: "acme", base: exampleEgress(100),
+			want: []string{"api.github.com[443]", "*.githubusercontent.com[443]", "192.0.2.0/24[443]",
+				"github.api.codemode", "example.org[443]"},
+			wantConns: 100, annotation: "kept 5 of 6 rules (https-only)",
+		},
+		{
+			name: "nothing to narrow", tenant: "partner", base: exampleEgress(100),
+			want: []string{"api.github.com", "*.githubusercontent.com[443]", "192.0.2.0/24[443]",
+				"198.51.100.7[80]", "github.api.codemode", "example.org[8080 443]"},
+			wantConns: 100,
+		},
+		{
+			name: "a tenant without egress keeps none", tenant: "bob", base: nil,
+			want: nil, wantConns: 16, annotation: "kept 0 of 0 rules (https-only, no-wildcards, connections 16)",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := e.EvaluateRequest(t.Context(), withEgress(req(tc.tenant, "python", "1"), tc.base))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := hosts(v.Egress); !slices.Equal(got, tc.want) {
+				t.Errorf("egress = %q, want %q", got, tc.want)
+			}
+			if got := v.Egress.GetLimits().GetConnections(); got != tc.wantConns {
+				t.Errorf("connections = %d, want %d", got, tc.wantConns)
+			}
+			if v.Annotations["egress"] != tc.annotation {
+				t.Errorf("annotation = %q, want %q", v.Annotations["egress"], tc.annotation)
+			}
+			if tc.annotation == "" && v.Egress != tc.base {
+				t.Errorf("egress was replaced though the policy left it alone")
+			}
+		})
+	}
+
+	// API tool calls: ci-bot may only read.
+	call := func(tenant, method string) RequestInput {
+		in := withEgress(req(tenant, "python", ""), exampleEgress(100))
+		in.Door = "mcp-api"
+		in.APICall = &policyv1.ApiCall{Api: "github", Tool: "github_create_issue", ArgumentsJson: `{"title":"x"}`,
+			Method: method, Url: "https://api.github.com/repos/o/r/issues"}
+		return in
+	}
+	_, err := e.EvaluateRequest(t.Context(), call("ci-bot", "POST"))
+	wantDenial(t, err, "egress", "tenant ci-bot may only read through API tools; github_create_issue is a POST", denied)
+	if _, err := e.EvaluateRequest(t.Context(), call("ci-bot", "GET")); err != nil {
+		t.Errorf("GET by ci-bot: %v", err)
+	}
+	if _, err := e.EvaluateRequest(t.Context(), call("partner", "POST")); err != nil {
+		t.Errorf("POST by partner: %v", err)
+	}
+}
+
+// TestEgressExampleInChain runs the egress example with modules that answer
+// fixed decisions: one that narrows before it (the example sees what it
+// left) and one after it that asks for far more than the tenant has (and
+// gets none of it).
+func TestEgressExampleInChain(t *testing.T) {
+	t.Parallel()
+	before := allowEgress(&executionv1.Egress{Allow: []*executionv1.EgressRule{
+		egressRule("api.github.com"), egressRule("*.githubusercontent.com"), egressRule("example.org"),
+	}})
+	widen := allowEgress(&executionv1.Egress{
+		Allow: []*executionv1.EgressRule{
+			egressRule("*.com", 80, 443, 8080), egressRule("*.org"), egressRule("0.0.0.0/0"), egressRule("::/0"),
+			egressRule("github.api.codemode"), egressRule("evil.example"),
+		},
+		Limits: &executionv1.EgressLimits{Connections: 1000},
+	})
+	e := newEngine(t, Config{Policies: []PolicyConfig{
+		fixed(t, "before", 1, before),
+		pol(t, "egress", PhaseRequest, 2, "*: https-only, connections 4"),
+		fixed(t, "widen", 3, widen),
+	}})
+	v, err := e.EvaluateRequest(t.Context(), withEgress(req("bob", "python", "1"), exampleEgress(100)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"api.github.com[443]", "*.githubusercontent.com[443]", "example.org[443]"}; !slices.Equal(hosts(v.Egress), want) {
+		t.Errorf("egress = %q, want %q", hosts(v.Egress), want)
+	}
+	if c := v.Egress.GetLimits().GetConnections(); c != 4 {
+		t.Errorf("connections = %d, want 4", c)
+	}
+	// The example saw the three rules "before" left, not the tenant's six.
+	if want := "kept 3 of 3 rules (https-only, connections 4)"; v.Annotations["egress"] != want {
+		t.Errorf("annotation = %q, want %q", v.Annotations["egress"], want)
+	}
 }
 
 // TestChain checks how a chain combines: rewrites are seen by later

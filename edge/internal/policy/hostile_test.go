@@ -191,6 +191,10 @@ func TestInvalidDecisionsAreRefused(t *testing.T) {
 		{"garbage", []byte{0xff, 0xff, 0xff}, req("t", "python", "1")},
 		{"empty answer", []byte{}, req("t", "python", "1")},
 		{"unknown field", []byte{0x08, 0x01, 0x78, 0x01}, req("t", "python", "1")},
+		// allow, egress {allow {host "a.b", 9: 1}}
+		{"unknown field in an egress rule", []byte{0x08, 0x01, 0x42, 0x09, 0x0a, 0x07, 0x0a, 0x03, 'a', '.', 'b', 0x48, 0x01}, req("t", "python", "1")},
+		// allow, egress {limits {connection_time {seconds: 1, 5: 1}}}
+		{"unknown field in egress limits", []byte{0x08, 0x01, 0x42, 0x08, 0x12, 0x06, 0x1a, 0x04, 0x08, 0x01, 0x28, 0x01}, req("t", "python", "1")},
 		{"unknown verdict", &policyv1.RequestDecision{Verdict: 7}, req("t", "python", "1")},
 		{"invalid utf-8 reason", []byte{0x08, 0x02, 0x12, 0x01, 0xff}, req("t", "python", "1")},
 		{"reason too long", &policyv1.RequestDecision{Verdict: policyv1.Verdict_VERDICT_DENY, Reason: strings.Repeat("x", 2000)}, req("t", "python", "1")},

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/codemode-go/codemode/edge/internal/policy/wasminterrupt"
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
@@ -62,9 +63,7 @@ type module struct {
 	config    []byte
 	evaluate  string // export called per evaluation
 
-	pool     chan *instance
-	done     chan struct{} // closed when the module closes: stops replacements
-	replacer sync.WaitGroup
+	pool *pool // nil until loaded
 	// counters are shared with the same policy (name, phase and digest) in
 	// the generations before and after this one, so a reload does not reset
 	// them.
@@ -101,7 +100,6 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 		sha256:   digest,
 		logger:   logger.With("policy", cfg.Name),
 		config:   cfg.configBytes(),
-		done:     make(chan struct{}),
 		counters: new(counters),
 	}
 	m.evaluate = exportRequest
@@ -114,9 +112,10 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 		}
 	}()
 	// Interrupt by the instrumented flag where the module allows it, else
-	// by wazero's WithCloseOnContextDone (see interrupt.go, RATIONALE.md).
+	// by wazero's WithCloseOnContextDone (see package wasminterrupt and
+	// RATIONALE.md).
 	if !contextInterrupt {
-		instrumented, ierr := instrument(code)
+		instrumented, ierr := wasminterrupt.Instrument(code)
 		if ierr == nil {
 			if err := m.compile(ctx, instrumented, cache, false); err == nil {
 				m.interrupt = true
@@ -140,13 +139,8 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 	if size == 0 {
 		size = min(runtime.GOMAXPROCS(0), 8)
 	}
-	m.pool = make(chan *instance, size)
-	for range size {
-		inst, err := m.instantiate(ctx)
-		if err != nil {
-			return nil, err
-		}
-		m.pool <- inst
+	if m.pool, err = newPool(ctx, size, m.instantiate, m.logger); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -263,7 +257,7 @@ func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
 	var flag api.MutableGlobal
 	if m.interrupt {
 		var ok bool
-		if flag, ok = mod.ExportedGlobal(interruptExport).(api.MutableGlobal); !ok {
+		if flag, ok = mod.ExportedGlobal(wasminterrupt.FlagExport).(api.MutableGlobal); !ok {
 			return nil, errors.New("instrumented module lost its interrupt global")
 		}
 	}
@@ -350,12 +344,17 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		m.counters.unavailable.Add(1)
 		return fmt.Errorf("%w: %d bytes, limit %d", errInputTooBig, len(input), m.cfg.MaxInputBytes)
 	}
-	inst, err := m.acquire(ctx)
+	// Wait at most the call's deadline for an instance to come back or be
+	// replaced, and a little more.
+	inst, err := m.pool.get(ctx, time.Duration(m.cfg.Deadline)+250*time.Millisecond)
 	if err != nil {
+		if errors.Is(err, errUnavailable) {
+			m.counters.unavailable.Add(1)
+		}
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		m.pool <- inst
+		m.pool.put(inst)
 		return err
 	}
 	cctx := inst.deadline.start(ctx, time.Duration(m.cfg.Deadline))
@@ -387,7 +386,7 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		m.discard(inst, err)
 		return err
 	}
-	m.pool <- inst
+	m.pool.put(inst)
 	return nil
 }
 
@@ -432,157 +431,21 @@ func (m *module) classify(err error) {
 	}
 }
 
-// acquire takes an instance from the pool, waiting at most the call
-// deadline for one to come back or be replaced.
-func (m *module) acquire(ctx context.Context) (*instance, error) {
-	select {
-	case inst := <-m.pool:
-		return inst, nil
-	default:
-	}
-	t := time.NewTimer(time.Duration(m.cfg.Deadline) + 250*time.Millisecond)
-	defer t.Stop()
-	select {
-	case inst := <-m.pool:
-		return inst, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-m.done:
-		return nil, errModuleClosed
-	case <-t.C:
-		m.counters.unavailable.Add(1)
-		return nil, errUnavailable
-	}
-}
-
-// discard closes a failed instance and makes a replacement in the background.
+// discard closes a failed instance; the pool replaces it.
 func (m *module) discard(inst *instance, cause error) {
-	level := slog.LevelWarn
-	if errors.Is(cause, context.Canceled) {
-		level = slog.LevelDebug // the caller went away; nothing is wrong
-	}
-	m.logger.Log(context.Background(), level, "policy instance discarded", "error", cause)
-	_ = inst.mod.Close(context.Background())
 	m.counters.replaced.Add(1)
-	m.replacer.Add(1)
-	go m.replace()
+	m.pool.discard(inst, cause)
 }
 
-// replace instantiates a new instance into the pool, retrying with backoff
-// until it succeeds or the module closes.
-func (m *module) replace() {
-	defer m.replacer.Done()
-	backoff := 50 * time.Millisecond
-	for {
-		select {
-		case <-m.done:
-			return
-		default:
-		}
-		inst, err := m.instantiate(context.Background())
-		if err == nil {
-			select {
-			case <-m.done:
-				_ = inst.mod.Close(context.Background())
-			default:
-				m.pool <- inst
-			}
-			return
-		}
-		m.logger.Error("replace policy instance", "error", err)
-		select {
-		case <-m.done:
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
-}
-
-// close stops replacements and closes every instance and the runtime. The
-// caller makes sure no call is in flight.
+// close closes the pool, if any, and the runtime. The caller makes sure no
+// call is in flight.
 func (m *module) close(ctx context.Context) {
-	close(m.done)
-	m.replacer.Wait()
 	if m.pool != nil {
-	drain:
-		for {
-			select {
-			case inst := <-m.pool:
-				_ = inst.mod.Close(ctx)
-			default:
-				break drain
-			}
-		}
+		m.pool.close(ctx)
 	}
 	if err := m.rt.Close(ctx); err != nil {
 		m.logger.Warn("close policy runtime", "error", err)
 	}
-}
-
-// deadlineCtx is the context of one instance's calls: a reusable timer
-// fires when a call passes its deadline. It sets the interrupt global of an
-// instrumented module (whose next loop iteration traps) and closes done, on
-// which wazero closes a module run WithCloseOnContextDone. This costs no allocation per call, where
-// context.WithTimeout costs a timer, a context and a channel. Once done is
-// closed the instance is discarded, so the channel never needs reopening.
-//
-// Cancelling the parent context fires it early (see module.call).
-type deadlineCtx struct {
-	context.Context // the parent, for values; set per call
-	done            chan struct{}
-	timer           *time.Timer
-	at              time.Time
-	fired           atomic.Bool
-	flag            api.MutableGlobal // nil: not instrumented
-}
-
-// newDeadlineCtx returns the deadline of one instance. When it fires it
-// sets flag, the interrupt global of an instrumented module, if not nil.
-func newDeadlineCtx(flag api.MutableGlobal) *deadlineCtx {
-	d := &deadlineCtx{done: make(chan struct{}), flag: flag}
-	d.timer = time.AfterFunc(time.Hour, d.fire)
-	d.timer.Stop()
-	return d
-}
-
-// fire interrupts the running call, once: at the deadline, or when the
-// caller's context is cancelled.
-func (d *deadlineCtx) fire() {
-	if !d.fired.CompareAndSwap(false, true) {
-		return
-	}
-	if d.flag != nil {
-		d.flag.Set(1)
-	}
-	close(d.done)
-}
-
-// noStop stands for the stop function of a context.AfterFunc that was not
-// registered (the parent context cannot be cancelled).
-func noStop() bool { return true }
-
-// start arms the deadline for one call.
-func (d *deadlineCtx) start(parent context.Context, timeout time.Duration) *deadlineCtx {
-	d.Context = parent
-	d.at = time.Now().Add(timeout)
-	d.timer.Reset(timeout)
-	return d
-}
-
-// stop disarms the deadline; false means it fired.
-func (d *deadlineCtx) stop() bool {
-	d.Context = nil
-	return d.timer.Stop() && !d.fired.Load()
-}
-
-func (d *deadlineCtx) Deadline() (time.Time, bool) { return d.at, true }
-func (d *deadlineCtx) Done() <-chan struct{}       { return d.done }
-func (d *deadlineCtx) Err() error {
-	if d.fired.Load() {
-		return context.DeadlineExceeded
-	}
-	return nil
 }
 
 // capWriter keeps the first max bytes written to it: a guest's stderr, for

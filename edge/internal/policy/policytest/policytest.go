@@ -20,7 +20,7 @@ import (
 )
 
 // GoExamples are the Go example policies, by directory name.
-var GoExamples = []string{"languages", "patterns", "limits", "routes", "prelude", "redact"}
+var GoExamples = []string{"languages", "patterns", "limits", "routes", "prelude", "redact", "egress"}
 
 // Modules are built modules by name: the examples by their directory name
 // ("tenantblock" is the WAT one), the test modules by file name without

@@ -1,6 +1,7 @@
-package policy
+package wasminterrupt
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -14,6 +15,65 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 )
+
+func TestMain(m *testing.M) { policytest.Main(m) }
+
+// TestInstrumentOneLoop checks the exact rewrite of the smallest module with
+// a loop: the two globals and the export are added, and the check follows
+// the loop's block type.
+func TestInstrumentOneLoop(t *testing.T) {
+	t.Parallel()
+	const (
+		header = "\x00asm\x01\x00\x00\x00"
+		types  = "\x01\x04\x01\x60\x00\x00" // one type: () -> ()
+		funcs  = "\x03\x02\x01\x00"         // one function of type 0
+		memory = "\x05\x03\x01\x00\x01"     // one memory, at least one page
+	)
+	// (func (loop (br 0)))
+	in := header + types + funcs + memory + "\x0a\x09\x01\x07\x00\x03\x40\x0c\x00\x0b\x0b"
+	check := "" +
+		"\x23\x01\x45\x04\x40" + // global.get fuel; i32.eqz; if
+		"\x41\x00\x40\x00\x1a" + //   i32.const 0; memory.grow 0; drop
+		"\x41\x80\x08\x24\x01" + //   i32.const 1024; global.set fuel
+		"\x0b" + // end
+		"\x23\x00\x04\x40\x00\x0b" + // global.get flag; if; unreachable; end
+		"\x23\x01\x41\x01\x6b\x24\x01" // global.get fuel; i32.const 1; i32.sub; global.set fuel
+	globals := "\x06\x0c\x02" + // global section, 12 bytes: two entries
+		"\x7f\x01\x41\x00\x0b" + // flag: mut i32 = 0
+		"\x7f\x01\x41\x80\x08\x0b" // fuel: mut i32 = 1024
+	exports := "\x07\x16\x01\x12" + FlagExport + "\x03\x00" // export global 0
+	body := "\x00\x03\x40" + check + "\x0c\x00\x0b\x0b"
+	code := "\x0a" + string([]byte{byte(len(body) + 2), 1, byte(len(body))}) + body // one body
+	want := header + types + funcs + memory + globals + exports + code
+	got, err := Instrument([]byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, []byte(want)) {
+		t.Errorf("Instrument =\n%x\nwant\n%x", got, want)
+	}
+}
+
+func TestI32(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		v    int32
+		want []byte
+	}{
+		{0, []byte{0x00}},
+		{1, []byte{0x01}},
+		{63, []byte{0x3f}},
+		{64, []byte{0xc0, 0x00}},
+		{1024, []byte{0x80, 0x08}},
+		{-1, []byte{0x7f}},
+		{-64, []byte{0x40}},
+		{-65, []byte{0xbf, 0x7f}},
+	} {
+		if got := i32(tc.v); !bytes.Equal(got, tc.want) {
+			t.Errorf("i32(%d) = %x, want %x", tc.v, got, tc.want)
+		}
+	}
+}
 
 // TestInstrumentEveryModule rewrites every module the tests build and checks
 // that wazero still compiles it and that it exports the interrupt global.
@@ -35,10 +95,10 @@ func TestInstrumentEveryModule(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out, err := instrument(code)
+			out, err := Instrument(code)
 			if e.Name() == "startloop.wasm" {
-				if !errors.Is(err, errUninstrumentable) {
-					t.Fatalf("instrument a module with a start section = %v, want errUninstrumentable", err)
+				if !errors.Is(err, ErrUninstrumentable) {
+					t.Fatalf("instrument a module with a start section = %v, want ErrUninstrumentable", err)
 				}
 				return
 			}
@@ -56,8 +116,8 @@ func TestInstrumentEveryModule(t *testing.T) {
 			if err != nil {
 				t.Fatalf("instantiate instrumented module: %v", err)
 			}
-			if g, ok := mod.ExportedGlobal(interruptExport).(api.MutableGlobal); !ok || g.Type() != api.ValueTypeI32 {
-				t.Fatalf("instrumented module does not export a mutable i32 %s", interruptExport)
+			if g, ok := mod.ExportedGlobal(FlagExport).(api.MutableGlobal); !ok || g.Type() != api.ValueTypeI32 {
+				t.Fatalf("instrumented module does not export a mutable i32 %s", FlagExport)
 			}
 		})
 	}
@@ -80,7 +140,7 @@ func TestInterruptStopsLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := instrument(code)
+	out, err := Instrument(code)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +151,7 @@ func TestInterruptStopsLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := mod.ExportedGlobal(interruptExport).(api.MutableGlobal)
+	g := mod.ExportedGlobal(FlagExport).(api.MutableGlobal)
 	// Garbage collections keep stopping the world while the guest spins:
 	// the guest must let them (a hang here is the failure).
 	stop := make(chan struct{})
@@ -134,8 +194,8 @@ func TestInstrumentRefuses(t *testing.T) {
 		{"no memory", []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x0a\x04\x01\x02\x00\x0b"), "no memory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := instrument(tc.b); !errors.Is(err, errUninstrumentable) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("instrument = %v, want errUninstrumentable about %q", err, tc.want)
+			if _, err := Instrument(tc.b); !errors.Is(err, ErrUninstrumentable) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("instrument = %v, want ErrUninstrumentable about %q", err, tc.want)
 			}
 		})
 	}
@@ -145,5 +205,5 @@ func TestInstrumentRefuses(t *testing.T) {
 func FuzzInstrument(f *testing.F) {
 	f.Add([]byte("\x00asm\x01\x00\x00\x00"))
 	f.Add([]byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x0a\x09\x01\x07\x00\x03\x40\x0c\x00\x0b\x0b"))
-	f.Fuzz(func(t *testing.T, b []byte) { _, _ = instrument(b) })
+	f.Fuzz(func(t *testing.T, b []byte) { _, _ = Instrument(b) })
 }

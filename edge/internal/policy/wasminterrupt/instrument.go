@@ -1,0 +1,417 @@
+// Package wasminterrupt rewrites a WebAssembly module so that its host can
+// interrupt a running call cheaply: the host sets an exported flag global
+// (at a call's deadline, or when its caller goes away) and the guest traps
+// at its next loop iteration. It is Wasmtime's epoch interruption done in
+// the module, for wazero, whose own mechanism (WithCloseOnContextDone)
+// costs about 35 ns per loop iteration; see ../RATIONALE.md for the
+// measurements.
+//
+// [Instrument] is a pure function over bytes: it neither compiles nor runs
+// the module, and is safe for concurrent use.
+package wasminterrupt
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// FlagExport names the mutable i32 global that [Instrument] adds and
+// exports. Setting it to a non-zero value makes the next loop iteration of
+// every call into the instance trap with "unreachable".
+const FlagExport = "codemode_interrupt"
+
+// ErrUninstrumentable is the error (wrapped with the reason) of a module
+// that [Instrument] does not know how to rewrite or cannot bound. The
+// caller then interrupts it some other way.
+var ErrUninstrumentable = errors.New("cannot instrument module")
+
+// safePointEvery is how many loop iterations run between two calls into Go.
+const safePointEvery = 1024
+
+// Instrument returns a copy of the WebAssembly module wasm rewritten so that
+// the host can interrupt it. It adds two mutable i32 globals: a flag,
+// exported as [FlagExport], and a fuel counter. At the head of every loop it
+// inserts:
+//
+//	if fuel == 0 { memory.grow(0); fuel = safePointEvery }  // leave native code now and then
+//	if flag != 0 { unreachable }                            // the deadline passed
+//	fuel--
+//
+// Code without loops ends by itself (recursion runs out of stack, and stack
+// growth leaves native code too).
+//
+// The memory.grow(0) every safePointEvery iterations matters: Go cannot
+// preempt a goroutine while it runs native code, so a guest spinning in pure
+// native code would hold off a stop-the-world garbage collection, and with it
+// the timer that is to set the flag: the process would hang (seen in
+// testing). memory.grow is compiled as a call into Go, where the goroutine
+// can be stopped. wazero's own WithCloseOnContextDone makes that call at every
+// iteration (35 ns each here) and starts a goroutine per call; this costs a
+// few loads and stores per iteration and a Go call per safePointEvery.
+//
+// DWARF sections are dropped: their code offsets would no longer be right.
+//
+// # Errors
+//
+// It returns an error wrapping [ErrUninstrumentable] for what it does not
+// know or cannot bound: SIMD, exceptions, tail calls (which loop without a
+// loop), a start section (which runs before the host holds the flag),
+// several memories, a module without memory, a module that already exports
+// [FlagExport], or code that names globals it does not define (after the
+// rewrite they would reach the added ones, and a module that clears its own
+// flag cannot be stopped). Malformed input is refused the same way.
+func Instrument(wasm []byte) ([]byte, error) {
+	if len(wasm) < 8 || string(wasm[:4]) != magic || string(wasm[4:8]) != version {
+		return nil, fmt.Errorf("%w: not a WebAssembly 1.0 binary", ErrUninstrumentable)
+	}
+	type section struct {
+		id   byte
+		body []byte
+	}
+	var sections []section
+	r := reader{b: wasm[8:]}
+	for !r.done() {
+		id := r.byte()
+		size := r.u32()
+		body := r.take(int(size))
+		if r.err != nil {
+			return nil, r.err
+		}
+		sections = append(sections, section{id, body})
+	}
+	var importedGlobals, definedGlobals uint32
+	hasGlobal, hasExport, hasCode, hasMemory := false, false, false, false
+	for _, s := range sections {
+		switch s.id {
+		case sectionImport:
+			n, mem, err := countImports(s.body)
+			if err != nil {
+				return nil, err
+			}
+			importedGlobals, hasMemory = n, hasMemory || mem
+		case sectionMemory:
+			sr := reader{b: s.body}
+			hasMemory = hasMemory || sr.u32() > 0
+		case sectionGlobal:
+			hasGlobal = true
+			sr := reader{b: s.body}
+			definedGlobals = sr.u32()
+			if sr.err != nil {
+				return nil, sr.err
+			}
+		case sectionExport:
+			hasExport = true
+		case sectionStart:
+			// The start function runs inside instantiation, before the host
+			// holds the flag: leave such modules to wazero's mechanism.
+			return nil, fmt.Errorf("%w: start section", ErrUninstrumentable)
+		case sectionCode:
+			hasCode = true
+		}
+	}
+	globals := importedGlobals + definedGlobals
+	for _, s := range sections {
+		if s.id == sectionExport {
+			if err := checkExports(s.body, globals); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if !hasCode || !hasMemory {
+		return nil, fmt.Errorf("%w: no code or no memory", ErrUninstrumentable)
+	}
+	flag := uleb(uint64(globals))
+	fuel := uleb(uint64(globals + 1))
+	check := loopCheck(flag, fuel)
+	newGlobals := append(newGlobal(0), newGlobal(safePointEvery)...) // flag, fuel
+	newExport := append(uleb(uint64(len(FlagExport))), FlagExport...)
+	newExport = append(append(newExport, externGlobal), flag...)
+
+	out := append([]byte(nil), wasm[:8]...)
+	emit := func(id byte, body []byte) {
+		out = append(out, id)
+		out = append(out, uleb(uint64(len(body)))...)
+		out = append(out, body...)
+	}
+	// Sections must keep their order: global and export come after memory
+	// and before start, element, data count, code and data.
+	placeGlobal := func() {
+		if !hasGlobal {
+			emit(sectionGlobal, append(uleb(2), newGlobals...))
+			hasGlobal = true
+		}
+	}
+	placeExport := func() {
+		if !hasExport {
+			emit(sectionExport, append(uleb(1), newExport...))
+			hasExport = true
+		}
+	}
+	for _, s := range sections {
+		switch s.id {
+		case sectionCustom:
+			if isDWARF(s.body) {
+				continue
+			}
+		case sectionGlobal:
+			body, err := appendEntries(s.body, 2, newGlobals)
+			if err != nil {
+				return nil, err
+			}
+			emit(sectionGlobal, body)
+			continue
+		case sectionExport:
+			placeGlobal()
+			body, err := appendEntries(s.body, 1, newExport)
+			if err != nil {
+				return nil, err
+			}
+			emit(sectionExport, body)
+			continue
+		case sectionStart, sectionElement, sectionCode, sectionData, sectionDataCount:
+			placeGlobal()
+			placeExport()
+			if s.id == sectionCode {
+				body, err := instrumentCode(s.body, check, globals)
+				if err != nil {
+					return nil, err
+				}
+				emit(sectionCode, body)
+				continue
+			}
+		}
+		emit(s.id, s.body)
+	}
+	return out, nil
+}
+
+// loopCheck returns the code inserted at the head of every loop, given the
+// encoded indexes of the flag and fuel globals.
+func loopCheck(flag, fuel []byte) []byte {
+	var c []byte
+	op := func(code byte, imm ...byte) { c = append(append(c, code), imm...) }
+	// if fuel == 0 { drop(memory.grow(0)); fuel = safePointEvery }
+	op(opGlobalGet, fuel...)
+	op(opI32Eqz)
+	op(opIf, blockEmpty)
+	op(opI32Const, i32(0)...)
+	op(opMemoryGrow, 0x00) // memory index 0
+	op(opDrop)
+	op(opI32Const, i32(safePointEvery)...)
+	op(opGlobalSet, fuel...)
+	op(opEnd)
+	// if flag { unreachable }
+	op(opGlobalGet, flag...)
+	op(opIf, blockEmpty)
+	op(opUnreachable)
+	op(opEnd)
+	// fuel = fuel - 1
+	op(opGlobalGet, fuel...)
+	op(opI32Const, i32(1)...)
+	op(opI32Sub)
+	op(opGlobalSet, fuel...)
+	return c
+}
+
+// newGlobal encodes a global entry: a mutable i32 that starts at v.
+func newGlobal(v int32) []byte {
+	g := []byte{typeI32, globalVar, opI32Const}
+	g = append(g, i32(v)...)
+	return append(g, opEnd)
+}
+
+// i32 encodes v as signed LEB128, the immediate of i32.const.
+func i32(v int32) []byte {
+	var b []byte
+	for {
+		c := byte(v & 0x7f)
+		v >>= 7
+		if v == 0 && c&0x40 == 0 || v == -1 && c&0x40 != 0 {
+			return append(b, c)
+		}
+		b = append(b, c|0x80)
+	}
+}
+
+func isDWARF(custom []byte) bool {
+	r := reader{b: custom}
+	name := r.take(int(r.u32()))
+	return r.err == nil && strings.HasPrefix(string(name), ".debug_")
+}
+
+// appendEntries adds n encoded entries to a section that is a vector.
+func appendEntries(body []byte, n uint64, entry []byte) ([]byte, error) {
+	r := reader{b: body}
+	count := r.u32()
+	if r.err != nil {
+		return nil, r.err
+	}
+	out := uleb(uint64(count) + n)
+	out = append(out, r.b...)
+	return append(out, entry...), nil
+}
+
+// countImports returns the number of imported globals and whether a memory
+// is imported.
+func countImports(body []byte) (globals uint32, memory bool, err error) {
+	r := reader{b: body}
+	for n := r.u32(); n > 0 && r.err == nil; n-- {
+		r.take(int(r.u32())) // module
+		r.take(int(r.u32())) // name
+		switch kind := r.byte(); kind {
+		case externFunc:
+			r.u32() // type index
+		case externTable:
+			r.byte() // reference type
+			r.limits()
+		case externMemory:
+			r.limits()
+			memory = true
+		case externGlobal:
+			r.byte() // value type
+			r.byte() // mutability
+			globals++
+		default:
+			return 0, false, fmt.Errorf("%w: import kind %#x", ErrUninstrumentable, kind)
+		}
+	}
+	return globals, memory, r.err
+}
+
+// checkExports refuses a module that already exports FlagExport or exports
+// a global index it does not have (which would be an added one).
+func checkExports(body []byte, globals uint32) error {
+	r := reader{b: body}
+	for n := r.u32(); n > 0 && r.err == nil; n-- {
+		name := r.take(int(r.u32()))
+		kind := r.byte()
+		idx := r.u32()
+		if string(name) == FlagExport {
+			return fmt.Errorf("%w: module already exports %s", ErrUninstrumentable, FlagExport)
+		}
+		if kind == externGlobal && idx >= globals {
+			return fmt.Errorf("%w: export of global index out of range", ErrUninstrumentable)
+		}
+	}
+	return r.err
+}
+
+// instrumentCode inserts check after the block type of every loop. Code
+// must only use the module's own globals (fewer than globals): an index that
+// was invalid before the rewrite would reach the added ones, and a module
+// that clears its interrupt flag cannot be stopped.
+func instrumentCode(body, check []byte, globals uint32) ([]byte, error) {
+	r := reader{b: body}
+	n := r.u32()
+	out := uleb(uint64(n))
+	for ; n > 0 && r.err == nil; n-- {
+		fn := r.take(int(r.u32()))
+		if r.err != nil {
+			break
+		}
+		nf, err := instrumentFunction(fn, check, globals)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, uleb(uint64(len(nf)))...)
+		out = append(out, nf...)
+	}
+	if r.err == nil && !r.done() {
+		return nil, fmt.Errorf("%w: trailing bytes in code section", ErrUninstrumentable)
+	}
+	return out, r.err
+}
+
+// instrumentFunction copies one function body, inserting check after every
+// loop's block type. It decodes every instruction it passes, so that an
+// immediate byte is never taken for an opcode.
+func instrumentFunction(fn, check []byte, globals uint32) ([]byte, error) {
+	r := reader{b: fn}
+	for n := r.u32(); n > 0 && r.err == nil; n-- { // locals: count and type
+		r.u32()
+		r.byte()
+	}
+	out := make([]byte, 0, len(fn)+64)
+	out = append(out, fn[:len(fn)-len(r.b)]...)
+	for !r.done() && r.err == nil {
+		start := len(fn) - len(r.b)
+		op := r.byte()
+		loop := false
+		switch {
+		case op == opBlock || op == opIf:
+			r.blockType()
+		case op == opLoop:
+			r.blockType()
+			loop = true
+		case op == opGlobalGet || op == opGlobalSet:
+			if r.u32() >= globals {
+				return nil, fmt.Errorf("%w: global index out of range", ErrUninstrumentable)
+			}
+		case op == opBr || op == opBrIf || op == opCall ||
+			op >= opLocalGet && op <= opTableSet || op == opRefFunc:
+			r.u32() // label, function, local or table index
+		case op == opBrTable:
+			for k := r.u32(); k > 0 && r.err == nil; k-- {
+				r.u32()
+			}
+			r.u32()
+		case op == opCallIndirect:
+			r.u32() // type index
+			r.u32() // table index
+		case op == opSelectTyped:
+			for k := r.u32(); k > 0 && r.err == nil; k-- {
+				r.byte()
+			}
+		case op >= opI32Load && op <= opI64Store32: // memarg
+			if align := r.u32(); align&memargMultiMemory != 0 {
+				return nil, fmt.Errorf("%w: multiple memories", ErrUninstrumentable)
+			}
+			r.u64() // offset
+		case op == opMemorySize || op == opMemoryGrow:
+			if r.byte() != 0 {
+				return nil, fmt.Errorf("%w: multiple memories", ErrUninstrumentable)
+			}
+		case op == opI32Const || op == opI64Const:
+			r.u64()
+		case op == opF32Const:
+			r.take(4)
+		case op == opF64Const:
+			r.take(8)
+		case op == opRefNull:
+			r.byte() // reference type
+		case op == opUnreachable || op == opNop || op == opElse || op == opEnd || op == opReturn ||
+			op == opDrop || op == opSelect || op >= opI32Eqz && op <= opI64Extend32S || op == opRefIsNull:
+			// no immediates
+		case op == opPrefixFC:
+			switch sub := r.u32(); {
+			case sub <= fcI64TruncSatF64U:
+			case sub == fcMemoryInit:
+				r.u32() // data index
+				r.byte()
+			case sub == fcDataDrop || sub == fcElemDrop || sub >= fcTableGrow && sub <= fcTableFill:
+				r.u32() // data, element or table index
+			case sub == fcMemoryCopy:
+				r.byte()
+				r.byte()
+			case sub == fcMemoryFill:
+				r.byte()
+			case sub == fcTableInit || sub == fcTableCopy:
+				r.u32()
+				r.u32()
+			default:
+				return nil, fmt.Errorf("%w: opcode 0xfc %d", ErrUninstrumentable, sub)
+			}
+		default:
+			return nil, fmt.Errorf("%w: opcode %#x", ErrUninstrumentable, op)
+		}
+		out = append(out, fn[start:len(fn)-len(r.b)]...)
+		if loop {
+			out = append(out, check...)
+		}
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return out, nil
+}
