@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -21,9 +22,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
+	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 )
 
 // Keys of the egress stack's tenants.
@@ -34,6 +39,7 @@ const (
 	keyEgressDave  = "k-egress-dave-0123456789a"
 	keyEgressEve   = "k-egress-eve-0123456789ab"
 	keyEgressFrank = "k-egress-frank-0123456789"
+	keyEgressGrace = "k-egress-grace-0123456789"
 )
 
 // egressStack is a stack whose tenants have different egress, and the
@@ -57,7 +63,11 @@ type egressStack struct {
 // nothing; carol, allowed plain.test by name only; dave, allowed
 // plain.test and its address; eve, allowed the HTTP server's address and
 // the ports of the agent, the control plane and the edge; frank, allowed
-// the HTTP server within tight limits.
+// the HTTP server within tight limits; grace, allowed every name below
+// .test and the HTTP server's address. Two request policies run: the
+// egress example, which drops grace's wildcard rules and leaves the others
+// alone, then a module whose every decision asks for every port of every
+// name below .test and of every address, which must widen nobody's egress.
 func startEgressStack(t testing.TB) *egressStack {
 	t.Helper()
 	if binDir == "" {
@@ -107,12 +117,13 @@ func startEgressStack(t testing.TB) *egressStack {
 				rule("127.0.0.1", es.httpPort, es.httpsPort)}},
 			"carol": map[string]any{"allow": []any{rule("plain.test", es.httpPort)}},
 			"dave":  map[string]any{"allow": []any{rule("plain.test", es.httpPort), rule("127.0.0.1", es.httpPort)}},
+			"grace": map[string]any{"allow": []any{rule("*.test", es.httpPort), rule("127.0.0.1", es.httpPort)}},
 			"frank": map[string]any{"allow": []any{rule("plain.test", es.httpPort), rule("127.0.0.1", es.httpPort)},
 				"limits": map[string]any{"connections": 2, "bytes": "100000"}},
 		},
 	}
 	keys := map[string]string{keyEgressAlice: "alice", keyEgressBob: "bob", keyEgressCarol: "carol",
-		keyEgressDave: "dave", keyEgressEve: "eve", keyEgressFrank: "frank"}
+		keyEgressDave: "dave", keyEgressEve: "eve", keyEgressFrank: "frank", keyEgressGrace: "grace"}
 	write := func(name string, v any) string {
 		b, _ := json.Marshal(v)
 		p := filepath.Join(dir, name)
@@ -140,13 +151,38 @@ func startEgressStack(t testing.TB) *egressStack {
 		rule("cluster.test", ports...), rule("127.0.0.1", ports...)}}
 	egressFile := write("egress.json", egress)
 
+	mods, err := policytest.BuildInto(dir, "egress", "fixed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allPorts []uint32
+	for _, p := range append(ports, es.httpsPort) {
+		allPorts = append(allPorts, uint32(atoi(p)))
+	}
+	widen, _ := proto.Marshal(&policyv1.RequestDecision{Verdict: policyv1.Verdict_VERDICT_ALLOW, Egress: &executionv1.Egress{
+		Allow:  []*executionv1.EgressRule{{Host: "*.test", Ports: allPorts}, {Host: "0.0.0.0/0", Ports: allPorts}, {Host: "::/0", Ports: allPorts}},
+		Limits: &executionv1.EgressLimits{Connections: 1000, Bytes: 1 << 40},
+	}})
+	pol := func(name, module string, order int, config, config64 string) map[string]any {
+		path := mods.Path(t, module)
+		return map[string]any{"name": name, "path": path, "sha256": policytest.Digest(t, path), "phase": "request",
+			"order": order, "config": config, "config_base64": config64}
+	}
+	policies := write("policies.json", map[string]any{
+		"deadline": "2s", // deadlines are not under test here
+		"policies": []any{
+			pol("egress", "egress", 10, "grace: no-wildcards", ""),
+			pol("widen", "fixed", 20, "", base64.StdEncoding.EncodeToString(widen)),
+		},
+	})
+
 	s.ControlPlane, err = start("controlplane", append(s.ClusterEnv(), "REMOTE_HOSTS="+s.Agent.Addr),
 		"--addr", fmt.Sprintf("127.0.0.1:%d", cpPort), "--poll-interval", "200ms")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Edge, err = start("edge", append(s.ClusterEnv(), "CODE_EXECUTION_HOST="+s.ControlPlane.URL()),
-		"--addr", fmt.Sprintf("127.0.0.1:%d", edgePort), "--api-keys", keysFile, "--egress", egressFile)
+		"--addr", fmt.Sprintf("127.0.0.1:%d", edgePort), "--api-keys", keysFile, "--egress", egressFile, "--policy-config", policies)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,6 +380,29 @@ func TestEgress(t *testing.T) {
 		if e := r.GetEgress(); e.GetLimitReached() != executionv1.EgressLimit_EGRESS_LIMIT_BYTES || e.GetBytesReceived() > 100_000 ||
 			strings.Contains(r.GetStdout(), "exit=0") {
 			t.Errorf("egress report %v, stdout %q: want the byte limit reached and the download cut", e, r.GetStdout())
+		}
+	})
+
+	t.Run("a policy narrows", func(t *testing.T) {
+		// grace's "*.test" is dropped by the egress example; its address
+		// rule alone lets nothing through by name.
+		r := es.run(t, keyEgressGrace, "bash", fetchers(httpURL)["curl"].code, "")
+		if strings.Contains(r.GetStdout(), "hello over") || !strings.Contains(r.GetStderr(), "plain.test:"+es.httpPort+" is not in this run's egress allowlist") {
+			t.Errorf("grace: stdout %q, stderr %q; want plain.test refused", r.GetStdout(), r.GetStderr())
+		}
+	})
+
+	t.Run("a policy cannot widen", func(t *testing.T) {
+		// The widening module asked for every name and address on every
+		// port in play: bob still reaches nothing, carol still not the
+		// address, and frank keeps his limits (checked in "limits").
+		r := es.run(t, keyEgressBob, "bash", fetchers(httpURL)["curl"].code, "")
+		if strings.Contains(r.GetStdout(), "hello over") {
+			t.Errorf("bob reached a server: %q", r.GetStdout())
+		}
+		r = es.run(t, keyEgressCarol, "bash", fetchers(httpURL)["curl"].code, "")
+		if strings.Contains(r.GetStdout(), "hello over") || !strings.Contains(r.GetStderr(), "which only an address rule allows") {
+			t.Errorf("carol: stdout %q, stderr %q", r.GetStdout(), r.GetStderr())
 		}
 	})
 

@@ -32,6 +32,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/egressrule"
 )
 
 // APIHostSuffix ends the names by which code reaches configured APIs.
@@ -125,7 +126,7 @@ func (g *Gate) Close() error {
 func (g *Gate) Begin(e *executionv1.Egress, tenant, requestID string) *Run {
 	r := &Run{g: g, tenant: tenant, requestID: requestID, limits: g.limits(e.GetLimits())}
 	for _, rule := range e.GetAllow() {
-		if p, err := parseRule(rule); err == nil {
+		if p, err := egressrule.Parse(rule); err == nil {
 			r.rules = append(r.rules, p)
 		} else {
 			g.cfg.Log.Warn("egress rule ignored", "rule", rule.GetHost(), "error", err, "request_id", requestID)
@@ -155,7 +156,7 @@ func (g *Gate) limits(l *executionv1.EgressLimits) Limits {
 type Run struct {
 	g                 *Gate
 	tenant, requestID string
-	rules             []rule
+	rules             []egressrule.Rule
 	limits            Limits
 
 	bytes atomic.Int64
@@ -402,7 +403,7 @@ func (r *Run) openAPI(host string, port uint32) (func(*wire.Tunnel), error) {
 // literal) on port.
 func (r *Run) allowsName(host string, port uint32) bool {
 	for _, rl := range r.rules {
-		if rl.matchHost(host, port) {
+		if rl.MatchHost(host, port) {
 			return true
 		}
 	}
@@ -412,7 +413,7 @@ func (r *Run) allowsName(host string, port uint32) bool {
 // allowsAddr reports whether an address rule allows a on port.
 func (r *Run) allowsAddr(a netip.Addr, port uint32) bool {
 	for _, rl := range r.rules {
-		if rl.matchAddr(a, port) {
+		if rl.MatchAddr(a, port) {
 			return true
 		}
 	}

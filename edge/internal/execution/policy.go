@@ -45,12 +45,12 @@ func (s *Service) vetRequest(ctx context.Context, call Call, ex *executionv1.Exe
 		return vetted{ex: ex, egress: eg}, nil
 	}
 	v, err := s.policies.EvaluateRequest(ctx, policy.RequestInput{
-		Execution: ex, Tenant: call.Tenant, Door: call.Door, RequestID: call.RequestID,
+		Execution: ex, Tenant: call.Tenant, Door: call.Door, RequestID: call.RequestID, Egress: eg,
 	})
 	if err != nil {
 		return vetted{}, policyError(err)
 	}
-	out := vetted{ex: v.Execution, annotations: v.Annotations, egress: eg}
+	out := vetted{ex: v.Execution, annotations: v.Annotations, egress: v.Egress}
 	if out.ex.GetLanguage() != ex.GetLanguage() {
 		// A rewrite may name an alias; the agents get the table's name.
 		// (The engine let only names the table knows through.)

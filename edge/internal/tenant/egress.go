@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/egressrule"
 )
 
 // EgressConfig is what each tenant's runs may reach outside their sandboxes
@@ -67,6 +68,9 @@ func ParseEgress(b []byte) (*EgressConfig, error) {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		if err := protovalidate.Validate(e); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		if err := egressrule.ValidateEgress(e); err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		return e, nil
