@@ -42,6 +42,10 @@ type RequestInput struct {
 	Door string
 	// RequestID identifies the request in logs.
 	RequestID string
+	// APICall is set, with door "mcp-api" and an empty Execution, when the
+	// request is a call of a declared API tool that the edge makes itself.
+	// Only a denial applies to it.
+	APICall *policyv1.ApiCall
 }
 
 // RequestVerdict is the outcome of an allowed request.
@@ -135,7 +139,7 @@ func (e *Engine) EvaluateRequest(ctx context.Context, in RequestInput) (RequestV
 		limits  = ceiling
 		tighter bool
 	)
-	msg := &policyv1.RequestInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID}
+	msg := &policyv1.RequestInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID, ApiCall: in.APICall}
 	for _, m := range g.request {
 		if dirty {
 			msg.Execution, msg.Annotations = v.Execution, v.Annotations
