@@ -51,6 +51,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -215,7 +216,7 @@ func Parse(b []byte, opts ...Option) (*Catalog, error) {
 		}
 	}
 	for name := range o.baseURLs {
-		if _, ok := c.byName[name]; !ok && len(errs) == 0 {
+		if !slices.ContainsFunc(d.APIs, func(a APIDeclaration) bool { return a.Name == name }) {
 			errs = append(errs, fmt.Errorf("base URL given for api %q, which is not declared", name))
 		}
 	}

@@ -287,8 +287,19 @@ func TestCredential(t *testing.T) {
 	}
 
 	h := http.Header{"X-Api-Key": {"s3cr3t-value"}}
-	if got := string(a.Redact(h, []byte(`{"echo": "s3cr3t-value", "again": "s3cr3t-value"}`))); got != `{"echo": "[REDACTED]", "again": "[REDACTED]"}` {
-		t.Errorf("Redact: %s", got)
+	for _, tc := range []struct {
+		in   string
+		cut  bool
+		want string
+	}{
+		{`{"echo": "s3cr3t-value", "again": "s3cr3t-value"}`, false, `{"echo": "[REDACTED]", "again": "[REDACTED]"}`},
+		{`{"echo": "s3cr3t-value", "again": "s3cr3t-va`, true, `{"echo": "[REDACTED]", "again": "`},
+		{`{"echo": "s3cr3t-va`, false, `{"echo": "s3cr3t-va`},
+		{`nothing to see`, true, `nothing to see`},
+	} {
+		if got := string(a.Redact(h, []byte(tc.in), tc.cut)); got != tc.want {
+			t.Errorf("Redact(%q, cut %v) = %q, want %q", tc.in, tc.cut, got, tc.want)
+		}
 	}
 
 	// An optional credential with no secret sends no header.
@@ -377,6 +388,44 @@ func FuzzParse(f *testing.F) {
 		for _, a := range c.APIs() {
 			for _, tool := range a.Tools {
 				_, _ = tool.NewCall(json.RawMessage(`{}`))
+			}
+		}
+	})
+}
+
+// FuzzRedact checks that no body keeps a secret, whole or (when cut) the
+// start of one at its end. Secrets are taken as tokens are: 8 or more letters and
+// digits.
+func FuzzRedact(f *testing.F) {
+	f.Add([]byte("echo: tok3n-tok3n"), "tok3ntok3n", true)
+	f.Add([]byte("tok3ntok3ntok3nto"), "tok3ntok3n", true)
+	f.Add([]byte("ttttttttttttttttt"), "tttttttt", false)
+	f.Fuzz(func(t *testing.T, b []byte, secret string, cut bool) {
+		if len(secret) < 8 || strings.IndexFunc(secret, func(r rune) bool {
+			return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9')
+		}) >= 0 {
+			return
+		}
+		c, err := Parse([]byte(`{"apis": [{"name": "ex", "base_url": "http://127.0.0.1:9", "credential": {"header": "X-Key", "prefix": "Token ", "secret_env": "K"}}]}`),
+			WithGetenv(func(string) string { return secret }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := c.Lookup("ex")
+		h, err := a.Header(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := a.Redact(h, b, cut)
+		if strings.Contains(string(out), secret) {
+			t.Fatalf("Redact(%q) = %q keeps the secret %q", b, out, secret)
+		}
+		// Where the body might go on with the rest of the secret, that
+		// start is not kept. (Checked when nothing was replaced, so that
+		// what was kept is a prefix of b.)
+		for k := 1; cut && k < len(secret) && strings.HasPrefix(string(b), string(out)); k++ {
+			if strings.HasSuffix(string(b), secret[:k]) && len(out) > len(b)-k {
+				t.Fatalf("Redact(%q, cut) = %q keeps the start of the secret %q", b, out, secret)
 			}
 		}
 	})

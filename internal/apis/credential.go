@@ -47,20 +47,18 @@ func (c *Credential) check(getenv func(string) string) error {
 	if c.SecretEnv == "" && c.SecretFile == "" {
 		return errors.New("give secret_env, secret_file or both")
 	}
+	var from []string
+	if c.SecretEnv != "" {
+		from = append(from, "the environment variable "+c.SecretEnv)
+	}
+	if c.SecretFile != "" {
+		from = append(from, "the file "+c.SecretFile)
+	}
 	_, ok, err := c.secret(getenv)
 	switch {
-	case err != nil && c.SecretFile != "":
-		return fmt.Errorf("secret file %s: %w", c.SecretFile, err)
 	case err != nil:
-		return err
+		return fmt.Errorf("%w (secret from %s)", err, strings.Join(from, " or "))
 	case !ok && !c.Optional:
-		var from []string
-		if c.SecretEnv != "" {
-			from = append(from, "the environment variable "+c.SecretEnv)
-		}
-		if c.SecretFile != "" {
-			from = append(from, "the file "+c.SecretFile)
-		}
 		return fmt.Errorf("no secret in %s, and the credential is not optional", strings.Join(from, " or "))
 	}
 	return nil
@@ -154,15 +152,27 @@ const Redacted = "[REDACTED]"
 
 // Redact returns b with every occurrence of the secret that h (a header
 // returned by Header) carries replaced by [Redacted], for an API that
-// echoes what it was sent. b is returned as is when there is nothing to
-// replace.
-func (a *API) Redact(h http.Header, b []byte) []byte {
+// echoes what it was sent. With cut, b is the start of a longer body, and
+// an end of b that could be the start of the secret is dropped as well.
+// b is returned as is when there is nothing to change.
+func (a *API) Redact(h http.Header, b []byte, cut bool) []byte {
 	if a.cred == nil {
 		return b
 	}
-	s := strings.TrimPrefix(h.Get(a.cred.Header), a.cred.Prefix)
-	if s == "" || !bytes.Contains(b, []byte(s)) {
+	s := []byte(strings.TrimPrefix(h.Get(a.cred.Header), a.cred.Prefix))
+	if len(s) == 0 {
 		return b
 	}
-	return bytes.ReplaceAll(b, []byte(s), []byte(Redacted))
+	if cut {
+		for k := min(len(s)-1, len(b)); k > 0; k-- {
+			if bytes.HasSuffix(b, s[:k]) {
+				b = b[:len(b)-k]
+				break
+			}
+		}
+	}
+	if !bytes.Contains(b, s) {
+		return b
+	}
+	return bytes.ReplaceAll(b, s, []byte(Redacted))
 }
