@@ -80,14 +80,12 @@ func WithTimeout(d time.Duration) Option { return func(s *Service) { s.timeout =
 // means DefaultMaxResponseBytes.
 func WithMaxResponseBytes(n int64) Option { return func(s *Service) { s.maxBytes = n } }
 
-// WithTransport sends requests through rt instead of a clone of
-// http.DefaultTransport (which honours the proxy variables).
-func WithTransport(rt http.RoundTripper) Option { return func(s *Service) { s.client.Transport = rt } }
-
 // New returns a Service.
 func New(logger *slog.Logger, opts ...Option) *Service {
 	s := &Service{
 		logger: logger,
+		// The default transport's settings, the proxy variables included
+		// (they never apply to loopback).
 		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), CheckRedirect: sameHost},
 	}
 	for _, o := range opts {
@@ -114,12 +112,6 @@ func sameHost(req *http.Request, via []*http.Request) error {
 	}
 	return nil
 }
-
-// Timeout returns the bound on one call.
-func (s *Service) Timeout() time.Duration { return s.timeout }
-
-// MaxResponseBytes returns how much of an answer is kept.
-func (s *Service) MaxResponseBytes() int64 { return s.maxBytes }
 
 // Call is one call of a tool, as the door hands it over.
 type Call struct {
@@ -253,21 +245,21 @@ func (s *Service) vet(ctx context.Context, c Call, call *apis.Call) error {
 	return nil
 }
 
-// read reads up to the limit of body, redacts the credential the request
-// carried in h, and cuts what is over the limit.
+// read reads body up to the limit, redacts the credential the request
+// carried in h, and says whether the body was cut.
 func (s *Service) read(body io.Reader, api *apis.API, h http.Header) (b []byte, truncated bool, err error) {
-	// Read as far past the limit as the credential is long, so that a
-	// secret that starts before the cut is redacted whole.
-	extra := int64(len(h.Get(api.CredentialHeader())))
-	limit := s.maxBytes + extra + 1
-	b, err = io.ReadAll(io.LimitReader(body, limit))
+	b, err = io.ReadAll(io.LimitReader(body, s.maxBytes+1))
 	if err != nil {
 		return nil, false, err
 	}
-	more := int64(len(b)) == limit
-	b = api.Redact(h, b)
-	if int64(len(b)) > s.maxBytes || more {
-		b = b[:min(int64(len(b)), s.maxBytes)]
+	truncated = int64(len(b)) > s.maxBytes
+	// Redact before cutting, and drop an end that may be the start of the
+	// secret when more was left unread.
+	b = api.Redact(h, b, truncated)
+	if int64(len(b)) > s.maxBytes {
+		b = b[:s.maxBytes]
+	}
+	if truncated {
 		// Text is not left ending in part of a character.
 		for i := 1; i < utf8.UTFMax && len(b) > 0; i++ {
 			if r, size := utf8.DecodeLastRune(b); r != utf8.RuneError || size != 1 {
@@ -275,7 +267,6 @@ func (s *Service) read(body io.Reader, api *apis.API, h http.Header) (b []byte, 
 			}
 			b = b[:len(b)-1]
 		}
-		truncated = true
 	}
 	return b, truncated, nil
 }

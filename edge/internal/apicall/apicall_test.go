@@ -216,7 +216,13 @@ func TestCutKeepsSecretRedacted(t *testing.T) {
 	h, _ := api.Header(t.Context())
 	body := strings.Repeat("x", 95) + "SECRET-0123456789" + strings.Repeat("y", 100)
 	b, truncated, err := New(nil, WithMaxResponseBytes(100)).read(strings.NewReader(body), api, h)
-	if err != nil || !truncated || strings.Contains(string(b), "SECRET") || len(b) != 100 {
+	if err != nil || !truncated || strings.Contains(string(b), "SECRET") || string(b) != strings.Repeat("x", 95) {
+		t.Fatalf("%q %v %v", b, truncated, err)
+	}
+	// Many echoes shorten the body below the limit when redacted, though
+	// more was there to read.
+	b, truncated, err = New(nil, WithMaxResponseBytes(100)).read(strings.NewReader(strings.Repeat("SECRET-0123456789", 20)), api, h)
+	if err != nil || !truncated || strings.Contains(string(b), "SECRET") {
 		t.Fatalf("%q %v %v", b, truncated, err)
 	}
 	b, _, _ = New(nil, WithMaxResponseBytes(100)).read(strings.NewReader(strings.Repeat("x", 99)+"é"), api, h)
