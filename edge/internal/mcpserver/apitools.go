@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"mime"
 	"net/http"
 	"strings"
 	"unicode/utf8"
@@ -78,15 +77,14 @@ func errorResult(err error) *mcp.CallToolResult {
 // and as structured content; other text as it is; a cut body with a note
 // saying so.
 func apiResult(tool *apis.Tool, res *apicall.Response) *mcp.CallToolResult {
-	isJSON := jsonType(res.ContentType) || json.Valid(res.Body)
 	if res.Status >= 400 {
-		excerpt := res.Body
-		if len(excerpt) > maxErrorExcerpt {
-			excerpt = append(bytes.Clone(excerpt[:maxErrorExcerpt]), "..."...)
-		}
 		msg := fmt.Sprintf("%s answered %s to %s %s", tool.API.Name, res.StatusText, res.Method, res.URL)
-		if len(bytes.TrimSpace(excerpt)) > 0 {
-			msg += ": " + bodyText(excerpt, res.ContentType)
+		if excerpt := bytes.TrimSpace(res.Body); len(excerpt) > 0 {
+			more := ""
+			if len(excerpt) > maxErrorExcerpt {
+				excerpt, more = cutText(excerpt, maxErrorExcerpt), "..."
+			}
+			msg += ": " + bodyText(excerpt, res.ContentType) + more
 		}
 		return &mcp.CallToolResult{Content: text(msg), IsError: true}
 	}
@@ -97,7 +95,7 @@ func apiResult(tool *apis.Tool, res *apicall.Response) *mcp.CallToolResult {
 		body = fmt.Sprintf("[%s: redirected to %s, which leaves the API and was not followed]", res.StatusText, res.Location)
 	case len(res.Body) == 0:
 		body = fmt.Sprintf("[%s, empty body]", res.StatusText)
-	case isJSON && !res.Truncated && json.Valid(res.Body):
+	case !res.Truncated && json.Valid(res.Body):
 		var pretty bytes.Buffer
 		if json.Indent(&pretty, res.Body, "", "  ") == nil {
 			body = pretty.String()
@@ -127,9 +125,17 @@ func bodyText(b []byte, contentType string) string {
 	return fmt.Sprintf("[%d bytes of %s]", len(b), contentType)
 }
 
-func jsonType(contentType string) bool {
-	mt, _, err := mime.ParseMediaType(contentType)
-	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
+// cutText returns at most n bytes of b, not ending in part of a UTF-8
+// sequence.
+func cutText(b []byte, n int) []byte {
+	b = b[:min(len(b), n)]
+	for i := 1; i < utf8.UTFMax && len(b) > 0; i++ {
+		if r, size := utf8.DecodeLastRune(b); r != utf8.RuneError || size != 1 {
+			break
+		}
+		b = b[:len(b)-1]
+	}
+	return b
 }
 
 // apisText tells a model which declared APIs code can reach, and how.
