@@ -16,8 +16,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"time"
+
+	"connectrpc.com/connect"
 )
 
 // Config sets the limits that apply to every tenant. The zero Config limits
@@ -93,6 +96,16 @@ func (e *ExceededError) Error() string {
 	default:
 		return fmt.Sprintf("tenant %q is over its rate limit of %g calls/s (burst %d): retry after %s", e.Tenant, e.Config.Rate, e.Config.Burst, retry)
 	}
+}
+
+// ConnectError returns e as the error every door reports: Connect's
+// resource_exhausted with e's message, and metadata holding a Retry-After
+// header (whole seconds, at least 1, as HTTP wants it) for the doors that
+// send headers.
+func (e *ExceededError) ConnectError() *connect.Error {
+	ce := connect.NewError(connect.CodeResourceExhausted, e)
+	ce.Meta().Set("Retry-After", strconv.FormatInt(max(1, int64((e.RetryAfter+time.Second-1)/time.Second)), 10))
+	return ce
 }
 
 // Limiter applies a Config to each tenant.

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/codemode-go/codemode/edge/internal/admission"
+	"github.com/codemode-go/codemode/edge/internal/apicall"
 	"github.com/codemode-go/codemode/edge/internal/connectapi"
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
@@ -27,6 +28,7 @@ import (
 	"github.com/codemode-go/codemode/edge/web"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/apis"
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
@@ -69,9 +71,23 @@ type Config struct {
 	// value bounds none of them.
 	Limits server.Limits
 	// Admission limits each tenant's calls in flight and per second; see
-	// admission.Config. The zero value limits nothing.
+	// admission.Config. The zero value limits nothing. API tool calls count
+	// too.
 	Admission admission.Config
+	// APIs is the API declaration file (see internal/apis): its tools are
+	// offered on /mcp-no-code-execute, and execute_code's description names
+	// its APIs. Empty: the shipped declaration (GitHub's public API);
+	// APIsNone: no APIs.
+	APIs string
+	// APITimeout bounds one API tool call; zero: apicall.DefaultTimeout.
+	APITimeout time.Duration
+	// APIMaxResponseBytes is how much of an API's answer a tool returns;
+	// more is cut, saying so. Zero: apicall.DefaultMaxResponseBytes.
+	APIMaxResponseBytes int64
 }
+
+// APIsNone as Config.APIs declares no APIs.
+const APIsNone = "none"
 
 // Defaults.
 const (
@@ -100,6 +116,12 @@ func (c Config) Validate() error {
 	}
 	if err := c.Admission.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.APITimeout < 0 {
+		errs = append(errs, fmt.Errorf("api timeout %s is negative", c.APITimeout))
+	}
+	if c.APIMaxResponseBytes < 0 {
+		errs = append(errs, fmt.Errorf("api max response bytes %d is negative", c.APIMaxResponseBytes))
 	}
 	return errors.Join(errs...)
 }
@@ -143,6 +165,12 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.Env("tenant-rate", "CODEMODE_TENANT_RATE")
 	tenantBurst := fs.Int("tenant-burst", admission.DefaultBurst, "calls of one tenant that may start at once above --tenant-rate, after a quiet spell; at least 1 when --tenant-rate is set")
 	fs.Env("tenant-burst", "CODEMODE_TENANT_BURST")
+	apisFile := fs.String("apis", "", "JSON file declaring the HTTP APIs offered as tools on /mcp-no-code-execute and named to code on /mcp (see internal/apis); empty for the shipped declaration (GitHub's public API, token from CODEMODE_GITHUB_TOKEN if set), \""+APIsNone+"\" for none")
+	fs.Env("apis", "CODEMODE_APIS")
+	apiTimeout := fs.Duration("api-timeout", apicall.DefaultTimeout, "time one API tool call may take, answer included")
+	fs.Env("api-timeout", "CODEMODE_API_TIMEOUT")
+	apiMaxBytes := fs.Int64("api-max-response-bytes", apicall.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
+	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
 	loadSecret := cluster.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
 	fs.Usage = func() {
@@ -165,7 +193,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 		ClusterSecret: secret, PublicWithoutKeys: *public,
 		Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
-		Admission: admission.Config{Concurrency: *tenantConcurrency, Rate: *tenantRate, Burst: *tenantBurst}}
+		Admission: admission.Config{Concurrency: *tenantConcurrency, Rate: *tenantRate, Burst: *tenantBurst},
+		APIs:      *apisFile, APITimeout: *apiTimeout, APIMaxResponseBytes: *apiMaxBytes}
 	if !strings.Contains(cfg.ControlPlane, "://") {
 		cfg.ControlPlane = "http://" + cfg.ControlPlane
 	}
@@ -230,6 +259,11 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		ln.Close()
 		return err
 	}
+	catalog, err := loadAPIs(cfg.APIs)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(server.NewClient()), strings.TrimRight(cfg.ControlPlane, "/"))
 	var svc *execution.Service // set before anything is served
 	knownLanguage := func(name string) bool { return svc.KnownLanguage(name) }
@@ -240,19 +274,34 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	}
 	defer policies.Close(context.WithoutCancel(ctx))
 	go policies.Watch(ctx, policyWatchInterval)
+	limits := admission.New(cfg.Admission)
 	svc = execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.ClusterSecret.Key(execution.SessionKeyPurpose)),
-		execution.WithAdmission(admission.New(cfg.Admission)), execution.WithEgress(egress))
+		execution.WithAdmission(limits), execution.WithEgress(egress))
+	calls := apicall.New(logger.With("component", "apicall"), apicall.WithPolicies(policies), apicall.WithAdmission(limits),
+		apicall.WithTimeout(cfg.APITimeout), apicall.WithMaxResponseBytes(cfg.APIMaxResponseBytes))
 
 	srv := server.New(logger)
 	srv.Limits = cfg.Limits
 	srv.Authenticate = authenticate(tenants)
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions()...))
-	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, tenants), Logger: logger.With("component", "mcp"), Version: Version}).Handlers()
+	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
+		Version: Version, APIs: catalog}).Handlers()
 	srv.HandleTooLarge("/mcp", withCode, mcpserver.RefuseTooLarge)
 	srv.HandleTooLarge("/mcp-no-code-execute", withoutCode, mcpserver.RefuseTooLarge)
 	srv.Handle("/run", seed.RunHandler(svc))
 	srv.Handle("/status", seed.StatusHandler(svc))
 	srv.Handle("/", web.Handler())
 	return srv.Serve(ctx, ln)
+}
+
+// loadAPIs returns the catalog Config.APIs names.
+func loadAPIs(path string) (*apis.Catalog, error) {
+	switch path {
+	case "":
+		return apis.Default(), nil
+	case APIsNone:
+		return &apis.Catalog{}, nil
+	}
+	return apis.Load(path)
 }

@@ -26,14 +26,16 @@ const StdioCommand = "mcp-stdio"
 // launch a server as a subprocess, and forwards every tool call to an edge
 // over its Connect API with the caller's API key. The tools and their
 // results are those of the edge's /mcp (or /mcp-no-code-execute with
-// --no-code-execute). Logs go to stderr: stdout carries the protocol.
+// --no-code-execute), except the declared API tools, which only the edge's
+// HTTP door serves (edge/RATIONALE.md). Logs go to stderr: stdout carries
+// the protocol.
 func RunStdio(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := cli.NewFlags("edge "+StdioCommand, stderr)
 	edgeURL := fs.String("url", "http://127.0.0.1:8000", "the edge's base URL")
 	fs.Env("url", "CODEMODE_URL")
 	key := fs.String("api-key", "", "API key sent to the edge; prefer the environment variable, which other users cannot see in the process list")
 	fs.Env("api-key", "CODEMODE_API_KEY")
-	noCode := fs.Bool("no-code-execute", false, "offer the tools of /mcp-no-code-execute: none that runs code")
+	noCode := fs.Bool("no-code-execute", false, "offer the tools of /mcp-no-code-execute, none of which runs code (the declared API tools are served by the edge's /mcp-no-code-execute only)")
 	logFormat, logLevel := cli.LogFlags(fs)
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err

@@ -3,8 +3,6 @@ package execution
 import (
 	"context"
 	"errors"
-	"strconv"
-	"time"
 
 	"connectrpc.com/connect"
 
@@ -19,9 +17,8 @@ func WithAdmission(l *admission.Limiter) Option {
 
 // admit lets a call of tenant in, or refuses it with resource_exhausted
 // when the tenant is over its limits: the message says which limit and when
-// to retry, and the error's metadata carries a Retry-After header (whole
-// seconds, as HTTP wants it) for the doors that send headers. release must
-// be called when the call has ended.
+// to retry, with a Retry-After hint (see admission.ExceededError.ConnectError).
+// release must be called when the call has ended.
 func (s *Service) admit(_ context.Context, tenant string) (release func(), err error) {
 	if s.admission == nil {
 		return func() {}, nil
@@ -30,14 +27,8 @@ func (s *Service) admit(_ context.Context, tenant string) (release func(), err e
 	if err == nil {
 		return release, nil
 	}
-	ce := connect.NewError(connect.CodeResourceExhausted, err)
 	if ex := (*admission.ExceededError)(nil); errors.As(err, &ex) {
-		ce.Meta().Set("Retry-After", retryAfter(ex.RetryAfter))
+		return nil, ex.ConnectError()
 	}
-	return nil, ce
-}
-
-// retryAfter is d as an HTTP Retry-After value: whole seconds, at least 1.
-func retryAfter(d time.Duration) string {
-	return strconv.FormatInt(max(1, int64((d+time.Second-1)/time.Second)), 10)
+	return nil, connect.NewError(connect.CodeResourceExhausted, err)
 }

@@ -2,17 +2,20 @@ package mcpserver
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/codemode-go/codemode/edge/internal/apicall"
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/apis"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -32,16 +35,19 @@ type Backend interface {
 	// Languages returns the languages some agent runs now, and the agents'
 	// defaults.
 	Languages(ctx context.Context) (*edgev1.ListLanguagesResponse, error)
+	// CallAPI calls a declared API tool with arguments (a JSON object) and
+	// returns the API's answer, whatever its status.
+	CallAPI(ctx context.Context, tool *apis.Tool, arguments []byte) (*apicall.Response, error)
 }
 
 // An Opener returns the Backend for one MCP request and the request's id.
 // h is the HTTP request's header, nil on stdio.
 type Opener func(ctx context.Context, h http.Header) (b Backend, requestID string, err error)
 
-// Local returns an Opener over the edge's own Service: the tenant is the
-// one whose API key the HTTP request carries (the edge checked it before
-// MCP read the body).
-func Local(svc *execution.Service, tenants *tenant.Resolver) Opener {
+// Local returns an Opener over the edge's own Service, and its API calls
+// (nil: none): the tenant is the one whose API key the HTTP request
+// carries (the edge checked it before MCP read the body).
+func Local(svc *execution.Service, calls *apicall.Service, tenants *tenant.Resolver) Opener {
 	return func(ctx context.Context, h http.Header) (Backend, string, error) {
 		t, err := tenants.Of(ctx, h)
 		if err != nil {
@@ -51,13 +57,14 @@ func Local(svc *execution.Service, tenants *tenant.Resolver) Opener {
 		if c.RequestID == "" {
 			c.RequestID = execution.NewRequestID()
 		}
-		return &local{svc: svc, c: c}, c.RequestID, nil
+		return &local{svc: svc, calls: calls, c: c}, c.RequestID, nil
 	}
 }
 
 type local struct {
-	svc *execution.Service
-	c   execution.Caller
+	svc   *execution.Service
+	calls *apicall.Service
+	c     execution.Caller
 }
 
 func (l *local) call(ex *executionv1.Execution) execution.Call {
@@ -95,6 +102,17 @@ func (l *local) WriteFile(ctx context.Context, id string, f *executionv1.File) e
 func (l *local) Languages(ctx context.Context) (*edgev1.ListLanguagesResponse, error) {
 	return l.svc.Languages(ctx, l.c)
 }
+
+func (l *local) CallAPI(ctx context.Context, tool *apis.Tool, arguments []byte) (*apicall.Response, error) {
+	if l.calls == nil {
+		return nil, errNoAPICalls
+	}
+	return l.calls.Call(ctx, apicall.Call{Tool: tool, Arguments: arguments, Tenant: l.c.Tenant, RequestID: l.c.RequestID})
+}
+
+// errNoAPICalls is the error of an API tool called where no edge makes
+// API calls; the tool sets offer none there, so it means a wiring mistake.
+var errNoAPICalls = connect.NewError(connect.CodeUnimplemented, errors.New("declared API tools are served by an edge's /mcp-no-code-execute only"))
 
 // Remote returns an Opener that forwards to an edge's ExecutionService
 // through client, which carries the caller's API key. Each request gets a
@@ -181,6 +199,12 @@ func (r *remote) ReadFile(ctx context.Context, id, path string) (*executionv1.Fi
 func (r *remote) WriteFile(ctx context.Context, id string, f *executionv1.File) error {
 	_, err := r.client.WriteFile(ctx, request(r, &edgev1.WriteFileRequest{SessionId: id, File: f}))
 	return err
+}
+
+// CallAPI fails: the Connect API has no call for API tools, and over stdio
+// none are offered (see Config.APIs).
+func (r *remote) CallAPI(context.Context, *apis.Tool, []byte) (*apicall.Response, error) {
+	return nil, errNoAPICalls
 }
 
 func (r *remote) Languages(ctx context.Context) (*edgev1.ListLanguagesResponse, error) {

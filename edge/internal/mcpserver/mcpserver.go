@@ -3,7 +3,10 @@
 // over streamable HTTP, or an edge's Connect API for MCP over stdio.
 //
 // Two tool sets: one with execute_code and the session and file tools, and
-// one without any tool that runs code, for clients that must not be able to.
+// one without any tool that runs code, for clients that must not be able
+// to. The second offers the declared APIs' tools (Config.APIs), each one
+// HTTP request the edge makes; the first tells code where the same APIs
+// are.
 package mcpserver
 
 import (
@@ -24,6 +27,7 @@ import (
 
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/apis"
 )
 
 // ExecuteInput is execute_code's input.
@@ -102,6 +106,10 @@ type Config struct {
 	// Heartbeat is how long a run that prints nothing goes without a
 	// progress notification; zero means DefaultHeartbeat.
 	Heartbeat time.Duration
+	// APIs are the declared APIs: their tools are offered without code
+	// execution (called through Backend.CallAPI), and execute_code's
+	// description names them. Nil: none.
+	APIs *apis.Catalog
 }
 
 const (
@@ -152,8 +160,10 @@ func (s *Servers) Server(ctx context.Context, h http.Header, withCode bool) *mcp
 	t := &tools{open: s.cfg.Open, progressEvery: s.cfg.ProgressInterval, heartbeat: s.cfg.Heartbeat}
 	mcp.AddTool(srv, languagesTool(), t.listLanguages)
 	if withCode {
-		t.addCodeTools(srv, langs)
+		t.addCodeTools(srv, langs, s.cfg.APIs)
 		t.addFileTools(srv)
+	} else {
+		t.addAPITools(srv, s.cfg.APIs)
 	}
 	return srv
 }
@@ -268,13 +278,14 @@ type tools struct {
 	heartbeat     time.Duration
 }
 
-func (t *tools) addCodeTools(s *mcp.Server, langs *edgev1.ListLanguagesResponse) {
+func (t *tools) addCodeTools(s *mcp.Server, langs *edgev1.ListLanguagesResponse, catalog *apis.Catalog) {
 	mcp.AddTool(s, &mcp.Tool{
 		Name:  "execute_code",
 		Title: "Execute code",
 		Description: "Run code in an isolated sandbox with no network and return its stdout, stderr and exit code. " +
 			sandboxText(langs) + " Files the code writes to /workspace/outputs come back with the result, images as image content" +
 			" and other files as embedded resources; in python, matplotlib's plt.show() saves each figure there as a PNG." +
+			apisText(catalog) +
 			" With a progress token, output is sent as progress notifications while it is produced.",
 		InputSchema: inputSchema[ExecuteInput](langs),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: false, IdempotentHint: false, DestructiveHint: new(true), OpenWorldHint: new(false)},

@@ -247,12 +247,26 @@ describe("edge mcp-stdio", () => {
 });
 
 describe("/mcp-no-code-execute", () => {
-  test("lists no tool that executes code", async () => {
+  test("lists no tool that executes code, and the declared API tools", async () => {
     const client = await connect("/mcp-no-code-execute");
     try {
       const { tools } = await client.listTools();
-      const names = tools.map((t) => t.name);
-      assert.deepEqual(names, ["list_languages"]);
+      const names = tools.map((t) => t.name).sort();
+      // The edge's shipped declaration: GitHub's four tools. They are not
+      // called here: they would reach GitHub (edge/e2e calls them against a
+      // loopback fake).
+      assert.deepEqual(names, [
+        "github_list_user_closed_pull_requests",
+        "github_list_user_issues",
+        "github_list_user_pull_requests",
+        "github_list_user_repos",
+        "list_languages",
+      ]);
+      for (const t of tools.filter((t) => t.name.startsWith("github_"))) {
+        assert.equal(t.annotations?.readOnlyHint, true, t.name);
+        assert.equal(t.annotations?.openWorldHint, true, t.name);
+        assert.deepEqual(t.inputSchema.required, ["username"], t.name);
+      }
       await assert.rejects(
         client.callTool({ name: "execute_code", arguments: { language: "python", code: "print(1)" } }),
         (err) => /execute_code|unknown tool|not found/i.test(String(err?.message ?? err)),

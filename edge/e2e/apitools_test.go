@@ -1,0 +1,223 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
+	"github.com/codemode-go/codemode/internal/apis"
+	"github.com/codemode-go/codemode/internal/apis/apistest"
+)
+
+// keySession connects an MCP client to endpoint as the tenant of key.
+func keySession(t *testing.T, endpoint, key string) *mcp.ClientSession {
+	t.Helper()
+	hc := &http.Client{Transport: bearer{key: key, next: http.DefaultTransport}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-apis", Version: "1"}, nil).
+		Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatalf("connect MCP %s: %v", endpoint, err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// TestAPITools starts an edge whose API declaration is the shipped GitHub
+// one pointed at a fake GitHub on loopback, with a token in a file, API
+// keys for alice and mallory, and the tenantblock policy denying mallory.
+// A real MCP client lists and calls every GitHub tool on
+// /mcp-no-code-execute and gets the fake's data; the fake sees the token,
+// which no result and no log line holds; mallory's call is denied before it
+// reaches the fake; bad arguments and an error status are tool errors.
+func TestAPITools(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	fake := apistest.NewGitHub(t)
+	dir := t.TempDir()
+	const token = "ghp_e2e0123456789abcdefghijklmnopqrstu"
+	tokenFile := filepath.Join(dir, "github-token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// The shipped declaration, pointed at the fake, its token read from a
+	// file and required.
+	var decl apis.Declaration
+	if err := json.Unmarshal(apis.DefaultDeclaration(), &decl); err != nil {
+		t.Fatal(err)
+	}
+	decl.APIs[0].BaseURL = fake.URL
+	decl.APIs[0].Credential = &apis.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}
+	declFile := filepath.Join(dir, "apis.json")
+	writeJSON(t, declFile, decl)
+
+	mods, err := policytest.BuildInto(dir, "tenantblock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := mods.Path(t, "tenantblock")
+	policies := filepath.Join(dir, "policies.json")
+	writeJSON(t, policies, map[string]any{"deadline": "2s", "policies": []map[string]any{{
+		"name": "tenantblock", "path": filepath.Base(block), "sha256": policytest.Digest(t, block), "phase": "request", "config": "mallory",
+	}}})
+	const keyAlice, keyMallory = "k-apis-alice-0123456789", "k-apis-mallory-0123456789"
+	keys := filepath.Join(dir, "keys.json")
+	writeJSON(t, keys, map[string]string{keyAlice: "alice", keyMallory: "mallory"})
+
+	edge, err := s.StartEdge(nil, "--apis", declFile, "--api-keys", keys, "--policy-config", policies)
+	if err != nil {
+		t.Fatalf("start edge: %v", err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	noCode := edge.URL() + "/mcp-no-code-execute"
+	alice := keySession(t, noCode, keyAlice)
+
+	list, err := alice.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tool := range list.Tools {
+		names = append(names, tool.Name)
+	}
+	slices.Sort(names)
+	want := []string{"github_list_user_closed_pull_requests", "github_list_user_issues", "github_list_user_pull_requests", "github_list_user_repos", "list_languages"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("tools on /mcp-no-code-execute: %v, want %v", names, want)
+	}
+
+	for _, tc := range []struct {
+		tool, want string
+		args       map[string]any
+	}{
+		{"github_list_user_repos", `"full_name": "octocat/Hello-World"`, map[string]any{"username": "octocat", "per_page": 5}},
+		{"github_list_user_pull_requests", `"title": "Add a widget cache"`, map[string]any{"username": "octocat"}},
+		{"github_list_user_closed_pull_requests", `"title": "Fix the gear ratio"`, map[string]any{"username": "octocat"}},
+		{"github_list_user_issues", `"title": "Widgets spin backwards"`, map[string]any{"username": "octocat"}},
+	} {
+		res := call(t, alice, tc.tool, tc.args)
+		if res.IsError || !strings.Contains(textOf(res), tc.want) {
+			t.Errorf("%s: isError=%v %.300s", tc.tool, res.IsError, textOf(res))
+		}
+		if sc := structured(t, res); sc["status"] != float64(200) || sc["body"] == nil {
+			t.Errorf("%s: structured content %.300v", tc.tool, sc)
+		}
+	}
+	reqs := fake.Requests()
+	if len(reqs) != 4 {
+		t.Fatalf("the fake got %d requests, want 4", len(reqs))
+	}
+	for _, r := range reqs {
+		if r.Header.Get("Authorization") != "Bearer "+token || r.Header.Get("X-GitHub-Api-Version") != "2022-11-28" {
+			t.Errorf("%s %s came with headers %v", r.Method, r.Path, r.Header)
+		}
+	}
+	if q := reqs[0].Query; reqs[0].Path != "/users/octocat/repos" || q.Get("per_page") != "5" || q.Get("sort") != "updated" || q.Get("type") != "owner" || q.Has("page") {
+		t.Errorf("repos request %s %v", reqs[0].Path, q)
+	}
+
+	t.Run("the token is redacted from an echo", func(t *testing.T) {
+		res := call(t, alice, "github_list_user_repos", map[string]any{"username": "echo"})
+		if res.IsError || strings.Contains(textOf(res), token) || !strings.Contains(textOf(res), "Bearer [REDACTED]") {
+			t.Fatalf("isError=%v %.300s", res.IsError, textOf(res))
+		}
+	})
+	t.Run("error status", func(t *testing.T) {
+		res := call(t, alice, "github_list_user_repos", map[string]any{"username": "ghost"})
+		if !res.IsError || !strings.Contains(textOf(res), "github answered 404 Not Found to GET "+fake.URL+"/users/ghost/repos") {
+			t.Fatalf("isError=%v %q", res.IsError, textOf(res))
+		}
+	})
+	t.Run("bad arguments", func(t *testing.T) {
+		before := len(fake.Requests())
+		res := call(t, alice, "github_list_user_issues", map[string]any{"username": "octocat author:someone-else"})
+		if !res.IsError || !strings.Contains(textOf(res), "invalid_argument: invalid arguments for github_list_user_issues") || !strings.Contains(textOf(res), "username") {
+			t.Fatalf("isError=%v %q", res.IsError, textOf(res))
+		}
+		if len(fake.Requests()) != before {
+			t.Error("a call with bad arguments reached the API")
+		}
+	})
+	t.Run("a policy denial stops the call", func(t *testing.T) {
+		before := len(fake.Requests())
+		mallory := keySession(t, noCode, keyMallory)
+		res := call(t, mallory, "github_list_user_repos", map[string]any{"username": "octocat"})
+		if !res.IsError || !strings.Contains(textOf(res), "permission_denied: denied by policy tenantblock: tenant is suspended by the tenant policy") {
+			t.Fatalf("mallory: isError=%v %q", res.IsError, textOf(res))
+		}
+		if len(fake.Requests()) != before {
+			t.Error("mallory's denied call reached the API")
+		}
+	})
+	t.Run("no key", func(t *testing.T) {
+		client := mcp.NewClient(&mcp.Implementation{Name: "e2e-apis", Version: "1"}, nil)
+		if _, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: noCode}, nil); err == nil {
+			t.Fatal("connected to /mcp-no-code-execute without a key")
+		}
+	})
+	t.Run("execute_code names the API for code", func(t *testing.T) {
+		tools, err := keySession(t, edge.URL()+"/mcp", keyAlice).ListTools(t.Context(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tool := range tools.Tools {
+			if strings.HasPrefix(tool.Name, "github_") {
+				t.Errorf("/mcp offers %s", tool.Name)
+			}
+			if tool.Name == "execute_code" && !strings.Contains(tool.Description, "http://github.api.codemode/ for "+fake.URL) {
+				t.Errorf("execute_code's description: %s", tool.Description)
+			}
+		}
+	})
+	if logs := edge.logs.String(); strings.Contains(logs, token) {
+		t.Error("the edge logged the token")
+	} else if !strings.Contains(logs, `"msg":"api call"`) {
+		t.Errorf("the edge logged no API call:\n%s", logs)
+	}
+}
+
+// TestAPIsFlag checks the edge's --apis: a declaration that does not load
+// stops the edge with the reason, and "none" offers no API tools.
+func TestAPIsFlag(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	bad := filepath.Join(t.TempDir(), "apis.json")
+	if err := os.WriteFile(bad, []byte(`{"apis": [{"name": "Bad Name", "base_url": "http://127.0.0.1:1"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.StartEdge(nil, "--apis", bad); err == nil {
+		_ = p.Stop(30 * time.Second)
+		t.Fatal("an edge started with a bad API declaration")
+	} else if !strings.Contains(err.Error(), `api "Bad Name": the name must match`) {
+		t.Errorf("the edge did not say what is wrong: %v", err)
+	}
+
+	edge, err := s.StartEdge([]string{"CODEMODE_APIS=none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	if names := listTools(t, edge.URL()+"/mcp-no-code-execute"); fmt.Sprint(names) != "[list_languages]" {
+		t.Errorf("tools with CODEMODE_APIS=none: %v", names)
+	}
+}
+
+func writeJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,158 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/codemode-go/codemode/edge/internal/apicall"
+	"github.com/codemode-go/codemode/internal/apis"
+)
+
+// maxErrorExcerpt bounds how much of an error answer's body a tool error
+// quotes.
+const maxErrorExcerpt = 2 << 10
+
+// APIOutput is the structured result of a declared API tool whose answer
+// is JSON.
+type APIOutput struct {
+	// Status is the HTTP status code.
+	Status int `json:"status"`
+	// Body is the answer's JSON.
+	Body json.RawMessage `json:"body"`
+}
+
+// addAPITools adds one tool per tool of c's APIs: the tool's name,
+// description and argument schema as declared; read-only tools are
+// read-only and idempotent; all reach the open world.
+func (t *tools) addAPITools(s *mcp.Server, c *apis.Catalog) {
+	for _, a := range c.APIs() {
+		for _, tool := range a.Tools {
+			ann := &mcp.ToolAnnotations{ReadOnlyHint: tool.ReadOnly, IdempotentHint: tool.ReadOnly, OpenWorldHint: new(true)}
+			if !tool.ReadOnly {
+				ann.IdempotentHint = tool.Method == http.MethodPut || tool.Method == http.MethodDelete
+			}
+			s.AddTool(&mcp.Tool{
+				Name:        tool.Name,
+				Title:       tool.Title,
+				Description: tool.Description,
+				InputSchema: tool.InputSchema(),
+				Annotations: ann,
+			}, t.callAPI(tool))
+		}
+	}
+}
+
+// callAPI returns the handler of tool. Whatever goes wrong comes back as a
+// result with isError, for the model to read: arguments that do not fit,
+// limits, a policy's denial, an API that cannot be reached, and an answer
+// with an error status (quoting the start of its body).
+func (t *tools) callAPI(tool *apis.Tool) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		b, id, err := t.open(ctx, header(req))
+		if err != nil {
+			return errorResult(err), nil
+		}
+		res, err := b.CallAPI(ctx, tool, req.Params.Arguments)
+		if err != nil {
+			return withRequestID(errorResult(failed(id, err)), id), nil
+		}
+		return withRequestID(apiResult(tool, res), id), nil
+	}
+}
+
+func errorResult(err error) *mcp.CallToolResult {
+	res := &mcp.CallToolResult{}
+	res.SetError(err)
+	return res
+}
+
+// apiResult renders an answer for a model: a JSON body indented, as text
+// and as structured content; other text as it is; a cut body with a note
+// saying so.
+func apiResult(tool *apis.Tool, res *apicall.Response) *mcp.CallToolResult {
+	if res.Status >= 400 {
+		msg := fmt.Sprintf("%s answered %s to %s %s", tool.API.Name, res.StatusText, res.Method, res.URL)
+		if excerpt := bytes.TrimSpace(res.Body); len(excerpt) > 0 {
+			more := ""
+			if len(excerpt) > maxErrorExcerpt {
+				excerpt, more = cutText(excerpt, maxErrorExcerpt), "..."
+			}
+			msg += ": " + bodyText(excerpt, res.ContentType) + more
+		}
+		return &mcp.CallToolResult{Content: text(msg), IsError: true}
+	}
+	out := &mcp.CallToolResult{}
+	var body string
+	switch {
+	case res.Location != "":
+		body = fmt.Sprintf("[%s: redirected to %s, which leaves the API and was not followed]", res.StatusText, res.Location)
+	case len(res.Body) == 0:
+		body = fmt.Sprintf("[%s, empty body]", res.StatusText)
+	case !res.Truncated && json.Valid(res.Body):
+		var pretty bytes.Buffer
+		if json.Indent(&pretty, res.Body, "", "  ") == nil {
+			body = pretty.String()
+		} else {
+			body = string(res.Body)
+		}
+		out.StructuredContent = APIOutput{Status: res.Status, Body: res.Body}
+	default:
+		body = bodyText(res.Body, res.ContentType)
+	}
+	if res.Truncated {
+		body += fmt.Sprintf("\n[the answer was cut at %d bytes; ask for less, e.g. a smaller page]", len(res.Body))
+	}
+	out.Content = text(body)
+	return out
+}
+
+// bodyText is a body as a model reads it: the text, or what it is when it
+// is not text.
+func bodyText(b []byte, contentType string) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	if contentType == "" {
+		contentType = "binary data"
+	}
+	return fmt.Sprintf("[%d bytes of %s]", len(b), contentType)
+}
+
+// cutText returns at most n bytes of b, not ending in part of a UTF-8
+// sequence.
+func cutText(b []byte, n int) []byte {
+	b = b[:min(len(b), n)]
+	for i := 1; i < utf8.UTFMax && len(b) > 0; i++ {
+		if r, size := utf8.DecodeLastRune(b); r != utf8.RuneError || size != 1 {
+			break
+		}
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// apisText tells a model which declared APIs code can reach, and how.
+func apisText(c *apis.Catalog) string {
+	list := c.APIs()
+	if len(list) == 0 {
+		return ""
+	}
+	var names []string
+	for _, a := range list {
+		n := fmt.Sprintf("http://%s/ for %s", a.Host(), a.BaseURL)
+		if a.Description != "" {
+			n += " (" + a.Description + ")"
+		}
+		names = append(names, n)
+	}
+	return fmt.Sprintf(" Declared APIs can be reached despite the missing network, where the tenant's egress allows: %s. "+
+		"Use plain HTTP to that host (e.g. GET http://%s/<path>); codemode forwards each request over TLS and adds the credential, so send none.",
+		strings.Join(names, "; "), list[0].Host())
+}
