@@ -164,6 +164,21 @@ var defaultDeclaration []byte
 // CODEMODE_GITHUB_TOKEN, is optional.
 func DefaultDeclaration() []byte { return bytes.Clone(defaultDeclaration) }
 
+// None, given to [FromFlag], declares no APIs.
+const None = "none"
+
+// FromFlag returns the catalog a service's --apis flag names: the shipped
+// declaration ([Default]) for "", none for [None], else the file's.
+func FromFlag(path string, opts ...Option) (*Catalog, error) {
+	switch path {
+	case "":
+		return Default(), nil
+	case None:
+		return &Catalog{}, nil
+	}
+	return Load(path, opts...)
+}
+
 // Default returns the catalog of the shipped declaration.
 func Default() *Catalog {
 	c, err := Parse(defaultDeclaration)

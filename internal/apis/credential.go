@@ -147,6 +147,19 @@ func (a *API) Header(_ context.Context) (http.Header, error) {
 	return h, nil
 }
 
+// Secret returns the secret that h (a header returned by Header) carries,
+// or nil when it carries none: for a caller that redacts a stream itself.
+func (a *API) Secret(h http.Header) []byte {
+	if a.cred == nil {
+		return nil
+	}
+	s := strings.TrimPrefix(h.Get(a.cred.Header), a.cred.Prefix)
+	if s == "" {
+		return nil
+	}
+	return []byte(s)
+}
+
 // Redacted is what Redact writes in place of a secret.
 const Redacted = "[REDACTED]"
 

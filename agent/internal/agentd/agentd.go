@@ -25,6 +25,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
+	"github.com/codemode-go/codemode/internal/apis"
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
@@ -91,6 +92,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	if err := checkRunner(cfg.Runner); err != nil {
+		return nil, err
+	}
+	catalog, err := apis.FromFlag(cfg.APIs)
+	if err != nil {
 		return nil, err
 	}
 	driver, err := sandbox.NewDocker(cfg.DockerHost, logger.With("component", "docker"))
@@ -169,6 +174,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	})
 	a.pool, a.sessions, a.journal = p, sessions, journal
 	a.egress = egress.New(egress.Config{
+		APIs:     catalog,
 		Defaults: egress.Limits{Connections: cfg.EgressMaxConnections, Bytes: cfg.EgressMaxBytes, ConnectionTime: cfg.EgressMaxConnectionTime},
 		Max:      egress.Limits{Connections: cfg.EgressMaxConnections, Bytes: cfg.EgressMaxBytes, ConnectionTime: cfg.EgressMaxConnectionTime},
 		Deny:     append(ownAddrs(cfg.Addr), cfg.EgressDeny...),

@@ -92,6 +92,12 @@ type Config struct {
 	// (":8080", "0.0.0.0:8080") means that port on every address of this
 	// host, loopback included.
 	EgressDeny []netip.AddrPort
+	// APIs is the API declaration file (see internal/apis), the same as
+	// the edge's: code reaches each API at http://<name>.api.codemode/ when
+	// its run's egress allows that name, and the agent forwards the
+	// requests with the API's credential. Empty: the shipped declaration;
+	// "none": no APIs.
+	APIs string
 	// EgressHosts are names the agent resolves for egress without asking
 	// DNS, as a hosts file would (internal services, pinned addresses).
 	// Their addresses are checked like any others.
@@ -237,6 +243,8 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 		return nil
 	})
 	f.Env("egress-deny", "EGRESS_DENY")
+	f.StringVar(&cfg.APIs, "apis", "", "API declaration file (JSON; see README, \"Code mode\"): code reaches each API at http://NAME.api.codemode/ when its egress allows it, with the API's credential added by the agent; empty: the shipped declaration (GitHub's public API); \"none\": no APIs")
+	f.Env("apis", "CODEMODE_APIS")
 	f.Func("egress-hosts", "comma-separated NAME=IP entries the agent resolves for egress without DNS, like a hosts file; the addresses still need rules when they are not public", func(v string) error {
 		cfg.EgressHosts = make(map[string][]netip.Addr)
 		for _, e := range strings.Split(v, ",") {

@@ -1,17 +1,22 @@
 package egress
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/apis"
 )
 
 // apiConn is a program's connection to a configured API; requests on it go
@@ -19,7 +24,7 @@ import (
 type apiConn struct {
 	*wire.Tunnel
 	run *Run
-	api *API
+	api *apis.API
 }
 
 // Read counts what the program sends against the run's byte limit.
@@ -74,12 +79,29 @@ func (g *Gate) serveAPI(c *apiConn) {
 		}
 		rp := &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
-				c := pr.In.Context().Value(apiConnKey{}).(*apiConn)
-				pr.SetURL(c.api.BaseURL)
-				h, _ := pr.In.Context().Value(apiHeaderKey{}).(http.Header)
-				for k, vs := range h {
+				f := pr.In.Context().Value(apiForwardKey{}).(*apiForward)
+				pr.Out.URL, pr.Out.Host = f.url, ""
+				for k, vs := range f.header {
 					pr.Out.Header[k] = vs
 				}
+			},
+			// An API that echoes what it was sent must not hand the
+			// credential to the program.
+			ModifyResponse: func(res *http.Response) error {
+				f := res.Request.Context().Value(apiForwardKey{}).(*apiForward)
+				if s := f.secret; len(s) > 0 {
+					for k, vs := range res.Header {
+						for i, v := range vs {
+							if strings.Contains(v, string(s)) {
+								res.Header[k][i] = strings.ReplaceAll(v, string(s), apis.Redacted)
+							}
+						}
+					}
+					res.Body = &redactReader{r: res.Body, secret: s}
+					res.ContentLength = -1
+					res.Header.Del("Content-Length")
+				}
+				return nil
 			},
 			Transport: tr,
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -102,8 +124,14 @@ func (g *Gate) serveAPI(c *apiConn) {
 					http.Error(w, fmt.Sprintf("codemode egress: the credential of API %s is not available", c.api.Name), http.StatusBadGateway)
 					return
 				}
+				u, err := c.api.URL(r.URL.EscapedPath(), r.URL.RawQuery)
+				if err != nil {
+					http.Error(w, fmt.Sprintf("codemode egress: %s: %v", c.api.Name, err), http.StatusBadRequest)
+					return
+				}
 				g.cfg.Log.Info("egress api call", "tenant", c.run.tenant, "request_id", c.run.requestID, "api", c.api.Name, "method", r.Method, "path", r.URL.Path)
-				rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), apiHeaderKey{}, h)))
+				f := &apiForward{url: u, header: h, secret: c.api.Secret(h)}
+				rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), apiForwardKey{}, f)))
 			}),
 			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 				return context.WithValue(ctx, apiConnKey{}, c)
@@ -120,7 +148,61 @@ func (g *Gate) serveAPI(c *apiConn) {
 	g.apiLn.push(c)
 }
 
-type apiHeaderKey struct{}
+// apiForward is where one request to an API goes, and with what.
+type apiForward struct {
+	url    *url.URL
+	header http.Header
+	secret []byte
+}
+
+type apiForwardKey struct{}
+
+// redactReader replaces secret in what it reads with apis.Redacted, holding
+// back the end of each read that could be the start of the secret.
+type redactReader struct {
+	r       io.ReadCloser
+	secret  []byte
+	pending []byte // read, not yet returned
+	out     []byte // redacted, not yet returned
+	eof     bool
+}
+
+func (r *redactReader) Read(p []byte) (int, error) {
+	for len(r.out) == 0 {
+		if r.eof {
+			if len(r.pending) == 0 {
+				return 0, io.EOF
+			}
+			r.out, r.pending = bytes.ReplaceAll(r.pending, r.secret, []byte(apis.Redacted)), nil
+			break
+		}
+		buf := make([]byte, 32<<10)
+		n, err := r.r.Read(buf)
+		r.pending = append(r.pending, buf[:n]...)
+		if err == io.EOF {
+			r.eof = true
+		} else if err != nil {
+			return 0, err
+		}
+		red := bytes.ReplaceAll(r.pending, r.secret, []byte(apis.Redacted))
+		// Keep back what could be the start of the secret.
+		keep := 0
+		for k := min(len(r.secret)-1, len(red)); k > 0; k-- {
+			if bytes.HasSuffix(red, r.secret[:k]) {
+				keep = k
+				break
+			}
+		}
+		if !r.eof {
+			r.out, r.pending = red[:len(red)-keep], bytes.Clone(red[len(red)-keep:])
+		}
+	}
+	n := copy(p, r.out)
+	r.out = r.out[n:]
+	return n, nil
+}
+
+func (r *redactReader) Close() error { return r.r.Close() }
 
 // chanListener is a net.Listener of connections pushed to it.
 type chanListener struct {

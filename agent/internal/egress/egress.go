@@ -22,7 +22,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,23 +31,15 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/apis"
 	"github.com/codemode-go/codemode/internal/egressrule"
 )
 
 // APIHostSuffix ends the names by which code reaches configured APIs.
-const APIHostSuffix = ".api.codemode"
+const APIHostSuffix = apis.HostSuffix
 
 // MaxRefusals is how many refusals a run's report lists.
 const MaxRefusals = 16
-
-// API is a configured API that code reaches at http://<name>.api.codemode/.
-type API struct {
-	Name    string
-	BaseURL *url.URL
-	// Header returns the headers to add to every request, the credential
-	// among them.
-	Header func(ctx context.Context) (http.Header, error)
-}
 
 // Limits are a run's egress limits; zero means none.
 type Limits struct {
@@ -70,8 +61,9 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// DialTimeout bounds resolving and dialing one connection.
 	DialTimeout time.Duration
-	// API finds the configured API of a name ending in APIHostSuffix.
-	API func(host string) (*API, bool)
+	// APIs are the configured APIs that code reaches at
+	// http://<name>.api.codemode/; nil: none.
+	APIs *apis.Catalog
 	// Deny lists addresses no rule can open: the agent's own listeners.
 	Deny []netip.AddrPort
 	Log  *slog.Logger
@@ -383,10 +375,7 @@ func (r *Run) copy(dst net.Conn, src net.Conn, sent bool) (int64, error) {
 // openAPI serves a connection to a configured API: requests on it go to
 // the API's base URL with its credential.
 func (r *Run) openAPI(host string, port uint32) (func(*wire.Tunnel), error) {
-	api, ok := (*API)(nil), false
-	if r.g.cfg.API != nil {
-		api, ok = r.g.cfg.API(host)
-	}
+	api, ok := r.g.cfg.APIs.ByHost(host)
 	if !ok {
 		return nil, r.refuse(host, port, http.StatusNotFound, 0, "no API named %q is configured", strings.TrimSuffix(host, APIHostSuffix))
 	}

@@ -9,13 +9,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/apis"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestSpecialAddresses(t *testing.T) {
@@ -34,8 +35,8 @@ func TestSpecialAddresses(t *testing.T) {
 // pipe returns the two ends of one tunnel, connected back to back.
 func pipe(t *testing.T) (program, agent *wire.Tunnel) {
 	var a, b *wire.Tunnels
-	a = wire.NewTunnels(func(d *runnerv1.EgressData) error { b.Deliver(d); return nil }, func(c *runnerv1.EgressClose) error { b.Closed(c); return nil })
-	b = wire.NewTunnels(func(d *runnerv1.EgressData) error { a.Deliver(d); return nil }, func(c *runnerv1.EgressClose) error { a.Closed(c); return nil })
+	a = wire.NewTunnels(func(d *runnerv1.EgressData) error { b.Deliver(proto.CloneOf(d)); return nil }, func(c *runnerv1.EgressClose) error { b.Closed(c); return nil })
+	b = wire.NewTunnels(func(d *runnerv1.EgressData) error { a.Deliver(proto.CloneOf(d)); return nil }, func(c *runnerv1.EgressClose) error { a.Closed(c); return nil })
 	program, _ = a.Open(1, wire.EgressAddr{Host: "program"}, wire.EgressAddr{Host: "agent"})
 	agent, _ = b.Open(1, wire.EgressAddr{Host: "agent"}, wire.EgressAddr{Host: "program"})
 	t.Cleanup(func() { program.Close(); agent.Close() })
@@ -187,18 +188,31 @@ func TestAPIForwarding(t *testing.T) {
 	var seenPath string
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen, seenPath = r.Header.Clone(), r.URL.RequestURI()
+		if r.URL.Path == "/v1/echo" {
+			// An API that echoes what it was sent, in a header and in a
+			// long body with the secret across read boundaries.
+			w.Header().Set("X-Echo", r.Header.Get("Authorization"))
+			for i := range 5000 {
+				fmt.Fprintf(w, "%d %s ", i, r.Header.Get("Authorization"))
+			}
+			return
+		}
 		fmt.Fprint(w, `{"login":"octo"}`)
 	}))
 	defer upstream.Close()
-	base, _ := url.Parse(upstream.URL + "/v1")
-	g := New(Config{API: func(host string) (*API, bool) {
-		if host != "fake.api.codemode" {
-			return nil, false
+	decl := fmt.Sprintf(`{"apis": [{"name": "fake", "description": "a fake", "base_url": %q,
+		"credential": {"header": "Authorization", "prefix": "Bearer ", "secret_env": "FAKE_TOKEN"},
+		"tools": []}]}`, upstream.URL+"/v1")
+	catalog, err := apis.Parse([]byte(decl), apis.WithGetenv(func(k string) string {
+		if k == "FAKE_TOKEN" {
+			return secret
 		}
-		return &API{Name: "fake", BaseURL: base, Header: func(context.Context) (http.Header, error) {
-			return http.Header{"Authorization": {"Bearer " + secret}}, nil
-		}}, true
-	}})
+		return ""
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := New(Config{APIs: catalog})
 	defer g.Close()
 	run := g.Begin(&executionv1.Egress{Allow: []*executionv1.EgressRule{{Host: "*.api.codemode"}}}, "t", "r")
 
@@ -207,18 +221,29 @@ func TestAPIForwarding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := body(res); got != `{"login":"octo"}` || strings.Contains(got, secret) {
+	if got := body(res); got != `{"login":"octo"}` {
 		t.Errorf("body %q", got)
 	}
 	if seen.Get("Authorization") != "Bearer "+secret || seenPath != "/v1/users/octo?x=1" {
 		t.Errorf("the API saw Authorization %q, path %q", seen.Get("Authorization"), seenPath)
 	}
-	for k, vs := range res.Header {
-		if strings.Contains(strings.Join(vs, " "), secret) {
-			t.Errorf("response header %s carries the secret", k)
-		}
+
+	res, err = get(t, run, "fake.api.codemode", 80, "/echo", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := body(res)
+	if strings.Contains(b, secret) || strings.Contains(res.Header.Get("X-Echo"), secret) {
+		t.Errorf("the echo carries the secret")
+	}
+	if n := strings.Count(b, "Bearer "+apis.Redacted); n != 5000 || !strings.HasPrefix(res.Header.Get("X-Echo"), "Bearer "+apis.Redacted) {
+		t.Errorf("%d redactions in the body, header %q; want 5000 and the header redacted", n, res.Header.Get("X-Echo"))
 	}
 
+	res, err = get(t, run, "fake.api.codemode", 80, "/%2e%2e/other", nil)
+	if err != nil || res.StatusCode != http.StatusBadRequest || seenPath == "/other" {
+		t.Errorf("a path with dot segments: %v, %v; the API saw %q", res.Status, err, seenPath)
+	}
 	_, err = get(t, run, "fake.api.codemode", 443, "/", nil)
 	if r := refusal(t, err); !strings.Contains(r.Reason, "use http://fake.api.codemode/") {
 		t.Errorf("port 443: got %+v", r)

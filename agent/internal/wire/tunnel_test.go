@@ -11,6 +11,7 @@ import (
 	"time"
 
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // tunnelPair connects two tunnels back to back; inflight counts the data
@@ -23,12 +24,12 @@ func tunnelPair(t *testing.T) (a, b *Tunnel, peak *atomic.Int64) {
 		if n := unacked.Add(int64(len(d.GetData()))); n > peak.Load() {
 			peak.Store(n)
 		}
-		tb.Deliver(d)
+		tb.Deliver(proto.CloneOf(d)) // as a frame would be: a copy
 		return nil
 	}, func(c *runnerv1.EgressClose) error { tb.Closed(c); return nil })
 	tb = NewTunnels(func(d *runnerv1.EgressData) error {
 		unacked.Add(-int64(d.GetAck()))
-		ta.Deliver(d)
+		ta.Deliver(proto.CloneOf(d))
 		return nil
 	}, func(c *runnerv1.EgressClose) error { ta.Closed(c); return nil })
 	a, _ = ta.Open(7, EgressAddr{Host: "a"}, EgressAddr{Host: "b"})

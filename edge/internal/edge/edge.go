@@ -87,7 +87,7 @@ type Config struct {
 }
 
 // APIsNone as Config.APIs declares no APIs.
-const APIsNone = "none"
+const APIsNone = apis.None
 
 // Defaults.
 const (
@@ -259,7 +259,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		ln.Close()
 		return err
 	}
-	catalog, err := loadAPIs(cfg.APIs)
+	catalog, err := apis.FromFlag(cfg.APIs)
 	if err != nil {
 		ln.Close()
 		return err
@@ -295,13 +295,3 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	return srv.Serve(ctx, ln)
 }
 
-// loadAPIs returns the catalog Config.APIs names.
-func loadAPIs(path string) (*apis.Catalog, error) {
-	switch path {
-	case "":
-		return apis.Default(), nil
-	case APIsNone:
-		return &apis.Catalog{}, nil
-	}
-	return apis.Load(path)
-}
