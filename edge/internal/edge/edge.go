@@ -294,4 +294,3 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	srv.Handle("/", web.Handler())
 	return srv.Serve(ctx, ln)
 }
-
