@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"path"
@@ -53,6 +54,33 @@ type ExecuteOutput struct {
 	// as image content, other files as embedded resources), not here.
 	Artifacts          []Artifact `json:"artifacts,omitempty" jsonschema:"files the run left in /workspace/outputs (new or changed), sent as image or resource content items"`
 	ArtifactsTruncated bool       `json:"artifacts_truncated,omitempty" jsonschema:"some files of /workspace/outputs were left out for the size limits"`
+	Egress             *Egress    `json:"egress,omitempty" jsonschema:"what the run reached outside its sandbox through the egress proxy, when it tried"`
+}
+
+// Egress is what a run did through its egress.
+type Egress struct {
+	Connections   uint32 `json:"connections" jsonschema:"connections opened"`
+	Refused       uint32 `json:"refused,omitempty" jsonschema:"connections refused: not allowed, a limit, or unreachable"`
+	BytesSent     uint64 `json:"bytes_sent"`
+	BytesReceived uint64 `json:"bytes_received"`
+	// The first refusals, with the reason the proxy gave.
+	Refusals     []string `json:"refusals,omitempty" jsonschema:"the first refusals: host:port and why"`
+	LimitReached string   `json:"limit_reached,omitempty" jsonschema:"a limit the run reached (connections, bytes, connection_time); connections past it were refused or cut"`
+}
+
+// egressOf describes a result's egress report; nil if there is none.
+func egressOf(r *executionv1.EgressReport) *Egress {
+	if r == nil {
+		return nil
+	}
+	e := &Egress{Connections: r.GetConnections(), Refused: r.GetRefused(), BytesSent: r.GetBytesSent(), BytesReceived: r.GetBytesReceived()}
+	for _, f := range r.GetRefusals() {
+		e.Refusals = append(e.Refusals, fmt.Sprintf("%s: %s", net.JoinHostPort(f.GetHost(), fmt.Sprint(f.GetPort())), f.GetReason()))
+	}
+	if l := r.GetLimitReached(); l != executionv1.EgressLimit_EGRESS_LIMIT_UNSPECIFIED {
+		e.LimitReached = strings.ToLower(strings.TrimPrefix(l.String(), "EGRESS_LIMIT_"))
+	}
+	return e
 }
 
 // Artifact describes one file a run left in /workspace/outputs.
@@ -354,7 +382,7 @@ func (t *tools) executeCode(ctx context.Context, req *mcp.CallToolRequest, in Ex
 		Stdout: res.GetStdout(), Stderr: res.GetStderr(), ExitCode: res.GetExitCode(),
 		TimedOut: res.GetTimedOut(), Truncated: res.GetTruncated(), OOMKilled: res.GetOomKilled(),
 		DurationMS: res.GetDuration().AsDuration().Milliseconds(), SessionID: res.GetSessionId(),
-		ArtifactsTruncated: res.GetArtifactsTruncated(),
+		ArtifactsTruncated: res.GetArtifactsTruncated(), Egress: egressOf(res.GetEgress()),
 	}
 	for _, a := range res.GetArtifacts() {
 		out.Artifacts = append(out.Artifacts, Artifact{Name: a.GetName(), MediaType: a.GetMediaType(), Size: a.GetSize()})
@@ -457,6 +485,13 @@ func Summary(res *executionv1.Result) string {
 	}
 	if res.GetArtifactsTruncated() {
 		notes = append(notes, "some artifacts left out for the size limit")
+	}
+	if e := egressOf(res.GetEgress()); e != nil && (e.Refused > 0 || e.LimitReached != "") {
+		n := fmt.Sprintf("egress: %d connections, %d refused", e.Connections, e.Refused)
+		if e.LimitReached != "" {
+			n += ", " + e.LimitReached + " limit reached"
+		}
+		notes = append(notes, n)
 	}
 	if len(notes) > 0 {
 		if b.Len() > 0 && !strings.HasSuffix(b.String(), "\n") {
