@@ -394,7 +394,11 @@ type Result struct {
 	ArtifactsTruncated bool `protobuf:"varint,11,opt,name=artifacts_truncated,json=artifactsTruncated,proto3" json:"artifacts_truncated,omitempty"`
 	// What the run reached outside its sandbox, if it tried to: connections
 	// made and refused, bytes, and a limit it ran into.
-	Egress        *EgressReport `protobuf:"bytes,12,opt,name=egress,proto3" json:"egress,omitempty"`
+	Egress *EgressReport `protobuf:"bytes,12,opt,name=egress,proto3" json:"egress,omitempty"`
+	// The request's id: the caller's X-Request-Id when it was a token of at
+	// most 64 letters, digits, '-', '_' or '.', else one the edge made. Every
+	// service logs the run under it.
+	RequestId     string `protobuf:"bytes,13,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -511,6 +515,13 @@ func (x *Result) GetEgress() *EgressReport {
 		return x.Egress
 	}
 	return nil
+}
+
+func (x *Result) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 // Egress says what a run may reach outside its sandbox. A sandbox has no
@@ -1474,7 +1485,7 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x01 \x01(\x04B\r\xbaH\n" +
 	"2\b\x18\x80\x80\x80\x80\x10(\x00R\vmemoryBytes\x12-\n" +
 	"\foutput_bytes\x18\x02 \x01(\x04B\n" +
-	"\xbaH\a2\x05\x18\x80\x80\x80 R\voutputBytes\"\xc8\x03\n" +
+	"\xbaH\a2\x05\x18\x80\x80\x80 R\voutputBytes\"\xe7\x03\n" +
 	"\x06Result\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06stdout\x18\x02 \x01(\tR\x06stdout\x12\x16\n" +
@@ -1490,7 +1501,9 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\tartifacts\x18\n" +
 	" \x03(\v2\x1f.codemode.execution.v1.ArtifactR\tartifacts\x12/\n" +
 	"\x13artifacts_truncated\x18\v \x01(\bR\x12artifactsTruncated\x12;\n" +
-	"\x06egress\x18\f \x01(\v2#.codemode.execution.v1.EgressReportR\x06egress\"\x89\x01\n" +
+	"\x06egress\x18\f \x01(\v2#.codemode.execution.v1.EgressReportR\x06egress\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\r \x01(\tR\trequestId\"\x89\x01\n" +
 	"\x06Egress\x12B\n" +
 	"\x05allow\x18\x01 \x03(\v2!.codemode.execution.v1.EgressRuleB\t\xbaH\x06\x92\x01\x03\x10\x80\x02R\x05allow\x12;\n" +
 	"\x06limits\x18\x02 \x01(\v2#.codemode.execution.v1.EgressLimitsR\x06limits\"\x7f\n" +
