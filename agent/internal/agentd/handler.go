@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -15,6 +16,7 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 var _ agentv1connect.AgentServiceHandler = (*handler)(nil)
@@ -26,22 +28,30 @@ type handler struct {
 }
 
 func (h *handler) Execute(ctx context.Context, req *connect.Request[agentv1.ExecuteRequest]) (*connect.Response[agentv1.ExecuteResponse], error) {
+	start := time.Now()
 	res, err := h.svc.Execute(ctx, callOf(req.Msg), nil)
+	if res != nil {
+		res.RequestId = req.Msg.GetRequestId()
+	}
+	h.logRun(ctx, req.Msg, res, err, time.Since(start))
 	if err != nil {
 		return nil, h.toConnect(err, req.Msg.GetRequestId())
 	}
-	h.logRun(req.Msg.GetRequestId(), req.Msg.GetExecution(), res)
 	return connect.NewResponse(&agentv1.ExecuteResponse{Result: res}), nil
 }
 
 func (h *handler) ExecuteStream(ctx context.Context, req *connect.Request[agentv1.ExecuteStreamRequest], stream *connect.ServerStream[agentv1.ExecuteStreamResponse]) error {
+	start := time.Now()
 	res, err := h.svc.Execute(ctx, callOf(req.Msg), func(ev *executionv1.Event) error {
 		return stream.Send(&agentv1.ExecuteStreamResponse{Event: ev})
 	})
+	if res != nil {
+		res.RequestId = req.Msg.GetRequestId()
+	}
+	h.logRun(ctx, req.Msg, res, err, time.Since(start))
 	if err != nil {
 		return h.toConnect(err, req.Msg.GetRequestId())
 	}
-	h.logRun(req.Msg.GetRequestId(), req.Msg.GetExecution(), res)
 	return stream.Send(&agentv1.ExecuteStreamResponse{Event: &executionv1.Event{Event: &executionv1.Event_Result{Result: res}}})
 }
 
@@ -114,10 +124,19 @@ func (h *handler) WriteFile(ctx context.Context, req *connect.Request[agentv1.Wr
 	return connect.NewResponse(&agentv1.WriteFileResponse{}), nil
 }
 
-func (h *handler) logRun(requestID string, e *executionv1.Execution, res *executionv1.Result) {
-	h.log.Debug("run", "request_id", requestID, "language", e.GetLanguage(), "session_id", e.GetSessionId(),
-		"exit_code", res.GetExitCode(), "timed_out", res.GetTimedOut(), "oom_killed", res.GetOomKilled(),
-		"truncated", res.GetTruncated(), "duration", res.GetDuration().AsDuration())
+// logRun writes the agent's line about one execution.
+func (h *handler) logRun(ctx context.Context, r executeRequest, res *executionv1.Result, err error, elapsed time.Duration) {
+	e := telemetry.Execution{
+		RequestID: r.GetRequestId(),
+		Tenant:    r.GetTenant(),
+		Language:  r.GetExecution().GetLanguage(),
+		Agent:     h.svc.cfg.Name,
+		SessionID: r.GetExecution().GetSessionId(),
+		Result:    res,
+		Err:       err,
+		Elapsed:   elapsed,
+	}
+	e.Log(ctx, h.log)
 }
 
 // toConnect turns a service error into the Connect error the caller sees:

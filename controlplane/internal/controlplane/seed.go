@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"buf.build/go/protovalidate"
 	"connectrpc.com/connect"
 
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/server"
 )
 
 // maxRunBody bounds the JSON body of POST /run: the code limit plus room for
@@ -57,7 +59,9 @@ func (s *Service) handleRun(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, runResponse{Error: err.Error(), ExitCode: -1})
 		return
 	}
-	res, err := s.execute(r.Context(), "", ex, nil, nil, requestID(r.Header.Get("X-Request-Id")))
+	start, reqID := time.Now(), requestID(r.Header.Get(server.RequestIDHeader))
+	res, err := s.execute(r.Context(), "", ex, nil, nil, reqID)
+	s.logExecution(r.Context(), reqID, "", ex, res, err, start)
 	if err != nil {
 		writeJSON(w, httpStatus(err), runResponse{Error: connectMessage(err), ExitCode: -1})
 		return

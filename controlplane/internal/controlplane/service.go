@@ -20,6 +20,7 @@ import (
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // maxAttempts bounds how many agents one stateless run is offered to when
@@ -245,7 +246,9 @@ func requestID(id string) string {
 
 // Execute implements ControlPlaneService.
 func (s *Service) Execute(ctx context.Context, req *connect.Request[cpv1.ExecuteRequest]) (*connect.Response[cpv1.ExecuteResponse], error) {
-	res, err := s.execute(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetEgress(), req.Msg.GetRoute().GetLabels(), requestID(req.Msg.GetRequestId()))
+	start, reqID := time.Now(), requestID(req.Msg.GetRequestId())
+	res, err := s.execute(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetEgress(), req.Msg.GetRoute().GetLabels(), reqID)
+	s.logExecution(ctx, reqID, req.Msg.GetTenant(), req.Msg.GetExecution(), res, err, start)
 	if err != nil {
 		return nil, err
 	}
@@ -289,8 +292,34 @@ func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Ex
 
 // ExecuteStream implements ControlPlaneService.
 func (s *Service) ExecuteStream(ctx context.Context, req *connect.Request[cpv1.ExecuteStreamRequest], stream *connect.ServerStream[cpv1.ExecuteStreamResponse]) error {
-	return s.executeStream(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetEgress(), req.Msg.GetRoute().GetLabels(), requestID(req.Msg.GetRequestId()),
-		func(ev *executionv1.Event) error { return stream.Send(&cpv1.ExecuteStreamResponse{Event: ev}) })
+	start, reqID := time.Now(), requestID(req.Msg.GetRequestId())
+	var res *executionv1.Result
+	err := s.executeStream(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetEgress(), req.Msg.GetRoute().GetLabels(), reqID,
+		func(ev *executionv1.Event) error {
+			if r := ev.GetResult(); r != nil {
+				res = r
+			}
+			return stream.Send(&cpv1.ExecuteStreamResponse{Event: ev})
+		})
+	s.logExecution(ctx, reqID, req.Msg.GetTenant(), req.Msg.GetExecution(), res, err, start)
+	return err
+}
+
+// logExecution writes the control plane's line about one execution.
+func (s *Service) logExecution(ctx context.Context, reqID, tenant string, ex *executionv1.Execution, res *executionv1.Result, err error, start time.Time) {
+	if err == nil && res == nil {
+		err = errors.New("no result")
+	}
+	e := telemetry.Execution{
+		RequestID: reqID,
+		Tenant:    tenant,
+		Language:  ex.GetLanguage(),
+		SessionID: ex.GetSessionId(),
+		Result:    res,
+		Err:       err,
+		Elapsed:   time.Since(start),
+	}
+	e.Log(ctx, s.logger)
 }
 
 func (s *Service) executeStream(ctx context.Context, tenant string, ex *executionv1.Execution, eg *executionv1.Egress, labels map[string]string, reqID string, send func(*executionv1.Event) error) error {

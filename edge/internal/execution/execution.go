@@ -31,6 +31,7 @@ import (
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // Call is one request to run code, as a door hands it to the Service.
@@ -140,11 +141,13 @@ func (s *Service) prepare(ctx context.Context, call *Call) (*executionv1.Executi
 }
 
 // Execute runs call and returns its result.
-func (s *Service) Execute(ctx context.Context, call Call) (_ *executionv1.Result, err error) {
+func (s *Service) Execute(ctx context.Context, call Call) (r *executionv1.Result, err error) {
+	start := time.Now()
 	ex, err := s.prepare(ctx, &call)
 	if err != nil {
 		return nil, err
 	}
+	defer func() { s.logExecution(ctx, call, ex, r, err, start) }()
 	defer s.publicError(call.caller(), call.Execution.GetSessionId(), &err)
 	release, err := s.admit(ctx, call.Tenant)
 	if err != nil {
@@ -156,31 +159,50 @@ func (s *Service) Execute(ctx context.Context, call Call) (_ *executionv1.Result
 		return nil, err
 	}
 	ex = v.ex
-	start := time.Now()
 	res, err := s.cp.Execute(ctx, connect.NewRequest(&cpv1.ExecuteRequest{Execution: ex, Egress: v.egress, RequestId: call.RequestID, Route: v.route, Tenant: call.Tenant}))
 	if err != nil {
 		return nil, err
 	}
-	r := res.Msg.GetResult()
+	r = res.Msg.GetResult()
 	if r == nil {
 		return nil, connect.NewError(connect.CodeInternal, errors.New("the control plane answered without a result"))
 	}
 	r.SessionId = call.Execution.GetSessionId()
+	r.RequestId = call.RequestID
 	if r, err = s.vetResult(ctx, call, v, r); err != nil {
 		return nil, err
 	}
-	s.logger.Debug("executed", "request_id", call.RequestID, "tenant", call.Tenant, "door", call.Door,
-		"language", ex.GetLanguage(), "exit_code", r.GetExitCode(), "elapsed", time.Since(start))
 	return r, nil
+}
+
+// logExecution writes the edge's line about one execution.
+func (s *Service) logExecution(ctx context.Context, call Call, ex *executionv1.Execution, res *executionv1.Result, err error, start time.Time) {
+	if err == nil && res == nil {
+		err = errors.New("no result")
+	}
+	e := telemetry.Execution{
+		RequestID: call.RequestID,
+		Tenant:    call.Tenant,
+		Door:      call.Door,
+		Language:  ex.GetLanguage(),
+		SessionID: call.Execution.GetSessionId(),
+		Result:    res,
+		Err:       err,
+		Elapsed:   time.Since(start),
+	}
+	e.Log(ctx, s.logger)
 }
 
 // ExecuteStream runs call, passing each event to send as it comes. The last
 // event is the result.
 func (s *Service) ExecuteStream(ctx context.Context, call Call, send func(*executionv1.Event) error) (err error) {
+	start := time.Now()
 	ex, err := s.prepare(ctx, &call)
 	if err != nil {
 		return err
 	}
+	var last *executionv1.Result
+	defer func() { s.logExecution(ctx, call, ex, last, err, start) }()
 	defer s.publicError(call.caller(), call.Execution.GetSessionId(), &err)
 	release, err := s.admit(ctx, call.Tenant)
 	if err != nil {
@@ -206,6 +228,8 @@ func (s *Service) ExecuteStream(ctx context.Context, call Call, send func(*execu
 		ev := st.Msg().GetEvent()
 		if r := ev.GetResult(); r != nil {
 			r.SessionId = call.Execution.GetSessionId()
+			r.RequestId = call.RequestID
+			last = r
 		}
 		if err := send(ev); err != nil {
 			return err

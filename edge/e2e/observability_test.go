@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// logRecord is one JSON log line, decoded.
+type logRecord map[string]any
+
+// records returns p's JSON log lines so far.
+func (p *Process) records() []logRecord {
+	p.logs.mu.Lock()
+	lines := append([]string(nil), p.logs.lines...)
+	p.logs.mu.Unlock()
+	var out []logRecord
+	for _, l := range lines {
+		var r logRecord
+		if json.Unmarshal([]byte(l), &r) == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// waitLog waits until p has logged a line with message msg and every
+// key-value in want, and returns it.
+func waitLog(t *testing.T, p *Process, msg string, want map[string]any) logRecord {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+	next:
+		for _, r := range p.records() {
+			if r["msg"] != msg {
+				continue
+			}
+			for k, v := range want {
+				if r[k] != v {
+					continue next
+				}
+			}
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s logged no %q line with %v\n%s", p.Name, msg, want, p.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// headerTransport sends a header with every request.
+type headerTransport struct {
+	key, value string
+	base       http.RoundTripper
+}
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(h.key, h.value)
+	return h.base.RoundTrip(r)
+}
+
+// TestRequestIDEverywhere sends a request id through every door and finds
+// it in the response header, in the result, and on each service's line
+// about the execution.
+func TestRequestIDEverywhere(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	stamp := time.Now().UnixNano()
+	checkLogs := func(t *testing.T, id, door string) {
+		t.Helper()
+		edge := waitLog(t, s.Edge, "execution", map[string]any{"request_id": id, "door": door})
+		for _, k := range []string{"tenant", "language", "agent", "outcome", "elapsed"} {
+			if _, ok := edge[k]; !ok {
+				t.Errorf("edge's execution line has no %s: %v", k, edge)
+			}
+		}
+		if edge["outcome"] != "ok" || edge["language"] != "python" || edge["agent"] != s.AgentName {
+			t.Errorf("edge's execution line: %v, want outcome ok, language python, agent %s", edge, s.AgentName)
+		}
+		waitLog(t, s.ControlPlane, "execution", map[string]any{"request_id": id, "outcome": "ok", "agent": s.AgentName})
+		waitLog(t, s.Agent, "execution", map[string]any{"request_id": id, "outcome": "ok", "agent": s.AgentName, "language": "python"})
+	}
+	for _, p := range protocols {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			c := edgev1connect.NewExecutionServiceClient(httpClient, s.Edge.URL(), p.opts...)
+			id := fmt.Sprintf("e2e-%s-unary.%d", p.name, stamp)
+			req := connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})
+			req.Header().Set(server.RequestIDHeader, id)
+			res, err := c.Execute(t.Context(), req)
+			if err != nil {
+				t.Fatalf("execute: %v\n%s", err, s.Logs())
+			}
+			if got := res.Header().Get(server.RequestIDHeader); got != id {
+				t.Errorf("response header %s = %q, want %q", server.RequestIDHeader, got, id)
+			}
+			if got := res.Msg.GetResult().GetRequestId(); got != id {
+				t.Errorf("result request_id = %q, want %q", got, id)
+			}
+			checkLogs(t, id, p.name)
+
+			id = fmt.Sprintf("e2e-%s-stream.%d", p.name, stamp)
+			sreq := connect.NewRequest(&edgev1.ExecuteStreamRequest{Language: "python", Code: "print(2)"})
+			sreq.Header().Set(server.RequestIDHeader, id)
+			st, err := c.ExecuteStream(t.Context(), sreq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			for st.Receive() {
+				if r := st.Msg().GetEvent().GetResult(); r != nil {
+					got = r.GetRequestId()
+				}
+			}
+			if err := st.Err(); err != nil {
+				t.Fatalf("stream: %v", err)
+			}
+			if h := st.ResponseHeader().Get(server.RequestIDHeader); h != id {
+				t.Errorf("stream response header %s = %q, want %q", server.RequestIDHeader, h, id)
+			}
+			if got != id {
+				t.Errorf("stream result request_id = %q, want %q", got, id)
+			}
+			checkLogs(t, id, p.name)
+		})
+	}
+	t.Run("mcp", func(t *testing.T) {
+		t.Parallel()
+		id := fmt.Sprintf("e2e-mcp.%d", stamp)
+		hc := &http.Client{Transport: headerTransport{key: server.RequestIDHeader, value: id, base: http.DefaultTransport}}
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil).
+			Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: s.Edge.URL() + "/mcp", HTTPClient: hc}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": "print(3)", "language": "python"}})
+		if err != nil || res.IsError {
+			t.Fatalf("execute_code: %v %v", err, textOf(res))
+		}
+		if got := res.Meta["codemode/request_id"]; got != id {
+			t.Errorf("_meta codemode/request_id = %v, want %q", got, id)
+		}
+		checkLogs(t, id, "mcp")
+	})
+	t.Run("run", func(t *testing.T) {
+		t.Parallel()
+		id := fmt.Sprintf("e2e-run.%d", stamp)
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.Edge.URL()+"/run", strings.NewReader(`{"code":"print(4)","language":"python"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(server.RequestIDHeader, id)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || res.Header.Get(server.RequestIDHeader) != id {
+			t.Fatalf("HTTP %d, %s %q, want 200 and %q", res.StatusCode, server.RequestIDHeader, res.Header.Get(server.RequestIDHeader), id)
+		}
+		checkLogs(t, id, "http")
+	})
+	t.Run("invalid id replaced", func(t *testing.T) {
+		t.Parallel()
+		c := edgev1connect.NewExecutionServiceClient(httpClient, s.Edge.URL())
+		for _, bad := range []string{"has space", strings.Repeat("x", 65), "semi;colon", "new\u00e9"} {
+			req := connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(5)"})
+			req.Header().Set(server.RequestIDHeader, bad)
+			res, err := c.Execute(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := res.Header().Get(server.RequestIDHeader)
+			if got == "" || got == bad || res.Msg.GetResult().GetRequestId() != got {
+				t.Errorf("sent %q: header %q, result %q; want a new id in both", bad, got, res.Msg.GetResult().GetRequestId())
+			}
+		}
+	})
+}
