@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"net"
 	"testing"
 	"time"
 
@@ -63,5 +64,25 @@ func TestExecutionLog(t *testing.T) {
 		if _, ok := got[k]; !ok {
 			t.Errorf("no %s in %s", k, buf.Bytes())
 		}
+	}
+}
+
+// TestMetricsLoopbackOnly holds SECURITY.md's claim that /metrics, served
+// without authentication, is never served off loopback.
+func TestMetricsLoopbackOnly(t *testing.T) {
+	t.Parallel()
+	for _, addr := range []string{"0.0.0.0:0", "[::]:0", "192.0.2.1:0", "example.com:0"} {
+		if ln, err := ListenMetrics(t.Context(), addr); err == nil {
+			ln.Close()
+			t.Errorf("ListenMetrics(%q) listened; want a refusal", addr)
+		}
+	}
+	ln, err := ListenMetrics(t.Context(), ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); host != "127.0.0.1" {
+		t.Errorf("a bare port listened on %s, want 127.0.0.1", ln.Addr())
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // Run runs the agent binary: it parses args and the environment, serves
@@ -47,6 +48,10 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	}
 	a, err := New(ctx, cfg, logger)
 	if err != nil {
+		return err
+	}
+	if err := a.svc.metrics.StartMetrics(ctx, cfg.MetricsAddr, logger.With("component", "metrics")); err != nil {
+		a.Close(context.Background())
 		return err
 	}
 	ln, err := server.Listen(ctx, cfg.Addr)
@@ -181,7 +186,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		Hosts:    cfg.EgressHosts,
 		Log:      logger.With("component", "egress"),
 	})
-	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, sessions: sessions, egress: a.egress}
+	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, sessions: sessions, egress: a.egress, metrics: telemetry.NewMetrics()}
+	a.svc.metrics.MustRegister(newPoolCollector(a.svc))
 	logger.Info("agent started", "name", cfg.Name, "labels", labelString(cfg.Labels), "image", cfg.Image,
 		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes)
 	return a, nil

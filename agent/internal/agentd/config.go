@@ -15,6 +15,7 @@ import (
 
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // Config configures an agent. ParseConfig fills it from flags and
@@ -118,6 +119,10 @@ type Config struct {
 	// LogFormat ("text" or "json") and LogLevel configure the logger Run
 	// builds.
 	LogFormat, LogLevel string
+
+	// MetricsAddr is the loopback address Run serves Prometheus metrics
+	// on, at /metrics; empty: none.
+	MetricsAddr string
 }
 
 // DefaultConfig returns the defaults of every setting.
@@ -268,9 +273,11 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	f.Env("state-dir", "AGENT_STATE_DIR")
 	loadSecret := cluster.Flags(f)
 	format, level := cli.LogFlags(f)
+	metricsAddr := telemetry.MetricsFlags(f)
 	if err := f.Parse(args, getenv); err != nil {
 		return Config{}, err
 	}
+	cfg.MetricsAddr = *metricsAddr
 	secret, err := loadSecret(getenv)
 	if err != nil {
 		return Config{}, err

@@ -130,6 +130,7 @@ func (h *handler) logRun(ctx context.Context, r executeRequest, res *executionv1
 		RequestID: r.GetRequestId(),
 		Tenant:    r.GetTenant(),
 		Language:  r.GetExecution().GetLanguage(),
+		Door:      "rpc",
 		Agent:     h.svc.cfg.Name,
 		SessionID: r.GetExecution().GetSessionId(),
 		Result:    res,
@@ -137,6 +138,7 @@ func (h *handler) logRun(ctx context.Context, r executeRequest, res *executionv1
 		Elapsed:   elapsed,
 	}
 	e.Log(ctx, h.log)
+	h.svc.metrics.ObserveExecution(&e)
 }
 
 // toConnect turns a service error into the Connect error the caller sees:

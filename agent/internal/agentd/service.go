@@ -19,6 +19,7 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // Errors of the service, besides those of packages pool, sandbox and wire.
@@ -56,6 +57,7 @@ type Service struct {
 	pool     *pool.Pool
 	sessions *pool.Sessions
 	egress   *egress.Gate
+	metrics  *telemetry.Metrics
 }
 
 // Call is one request to run a program.
@@ -149,8 +151,10 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 	}
 
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
+	queued := time.Now()
 	sb, err := s.pool.AcquireFor(qctx, memory, exec.GetLanguage())
 	cancel()
+	s.metrics.ObserveQueueWait(time.Since(queued))
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // Config is the control plane's configuration.
@@ -33,6 +34,9 @@ type Config struct {
 	// Secret authenticates the edges' calls and this control plane's calls
 	// to the agents; nil: none, and the control plane serves on loopback only.
 	Secret *cluster.Secret
+	// MetricsAddr is the loopback address to serve Prometheus metrics on,
+	// at /metrics; empty: none.
+	MetricsAddr string
 }
 
 // Defaults.
@@ -85,6 +89,7 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	fs.Env("poll-interval", "POLL_INTERVAL")
 	loadSecret := cluster.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
+	metricsAddr := telemetry.MetricsFlags(fs)
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
@@ -96,7 +101,7 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll, Secret: secret}
+	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll, Secret: secret, MetricsAddr: *metricsAddr}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -125,6 +130,11 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	r.Start(ctx)
 	defer r.Close()
 	svc := NewService(r, logger)
+	svc.metrics = newMetrics(r)
+	if err := svc.metrics.StartMetrics(ctx, cfg.MetricsAddr, logger.With("component", "metrics")); err != nil {
+		ln.Close()
+		return err
+	}
 	srv := server.New(logger)
 	if cfg.Secret != nil {
 		srv.Authenticate = cfg.Secret.Authenticate

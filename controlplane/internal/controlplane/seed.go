@@ -61,7 +61,7 @@ func (s *Service) handleRun(w http.ResponseWriter, r *http.Request) {
 	}
 	start, reqID := time.Now(), requestID(r.Header.Get(server.RequestIDHeader))
 	res, err := s.execute(r.Context(), "", ex, nil, nil, reqID)
-	s.logExecution(r.Context(), reqID, "", ex, res, err, start)
+	s.logExecution(r.Context(), "http", reqID, "", ex, res, err, start)
 	if err != nil {
 		writeJSON(w, httpStatus(err), runResponse{Error: connectMessage(err), ExitCode: -1})
 		return

@@ -30,8 +30,9 @@ const maxAttempts = 3
 // Service implements ControlPlaneService over a Router. It is the one code
 // path behind both the Connect API and the seed-compatible HTTP endpoints.
 type Service struct {
-	router *router.Router
-	logger *slog.Logger
+	router  *router.Router
+	logger  *slog.Logger
+	metrics *metrics // nil: none
 }
 
 var _ controlplanev1connect.ControlPlaneServiceHandler = (*Service)(nil)
@@ -248,7 +249,7 @@ func requestID(id string) string {
 func (s *Service) Execute(ctx context.Context, req *connect.Request[cpv1.ExecuteRequest]) (*connect.Response[cpv1.ExecuteResponse], error) {
 	start, reqID := time.Now(), requestID(req.Msg.GetRequestId())
 	res, err := s.execute(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetEgress(), req.Msg.GetRoute().GetLabels(), reqID)
-	s.logExecution(ctx, reqID, req.Msg.GetTenant(), req.Msg.GetExecution(), res, err, start)
+	s.logExecution(ctx, "rpc", reqID, req.Msg.GetTenant(), req.Msg.GetExecution(), res, err, start)
 	if err != nil {
 		return nil, err
 	}
@@ -263,6 +264,7 @@ func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Ex
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
 		a, allowNew, err := s.choose(ctx, tenant, sid, labels, tried)
+		s.metrics.route(sid, err)
 		if err != nil {
 			return nil, err
 		}
@@ -301,18 +303,19 @@ func (s *Service) ExecuteStream(ctx context.Context, req *connect.Request[cpv1.E
 			}
 			return stream.Send(&cpv1.ExecuteStreamResponse{Event: ev})
 		})
-	s.logExecution(ctx, reqID, req.Msg.GetTenant(), req.Msg.GetExecution(), res, err, start)
+	s.logExecution(ctx, "rpc", reqID, req.Msg.GetTenant(), req.Msg.GetExecution(), res, err, start)
 	return err
 }
 
 // logExecution writes the control plane's line about one execution.
-func (s *Service) logExecution(ctx context.Context, reqID, tenant string, ex *executionv1.Execution, res *executionv1.Result, err error, start time.Time) {
+func (s *Service) logExecution(ctx context.Context, door, reqID, tenant string, ex *executionv1.Execution, res *executionv1.Result, err error, start time.Time) {
 	if err == nil && res == nil {
 		err = errors.New("no result")
 	}
 	e := telemetry.Execution{
 		RequestID: reqID,
 		Tenant:    tenant,
+		Door:      door,
 		Language:  ex.GetLanguage(),
 		SessionID: ex.GetSessionId(),
 		Result:    res,
@@ -320,6 +323,7 @@ func (s *Service) logExecution(ctx context.Context, reqID, tenant string, ex *ex
 		Elapsed:   time.Since(start),
 	}
 	e.Log(ctx, s.logger)
+	s.metrics.execution().ObserveExecution(&e)
 }
 
 func (s *Service) executeStream(ctx context.Context, tenant string, ex *executionv1.Execution, eg *executionv1.Egress, labels map[string]string, reqID string, send func(*executionv1.Event) error) error {
@@ -327,6 +331,7 @@ func (s *Service) executeStream(ctx context.Context, tenant string, ex *executio
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
 		a, allowNew, err := s.choose(ctx, tenant, sid, labels, tried)
+		s.metrics.route(sid, err)
 		if err != nil {
 			return err
 		}

@@ -32,6 +32,7 @@ import (
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // Version is reported to MCP clients.
@@ -84,6 +85,9 @@ type Config struct {
 	// APIMaxResponseBytes is how much of an API's answer a tool returns;
 	// more is cut, saying so. Zero: apicall.DefaultMaxResponseBytes.
 	APIMaxResponseBytes int64
+	// MetricsAddr is the loopback address to serve Prometheus metrics on,
+	// at /metrics; empty: none.
+	MetricsAddr string
 }
 
 // APIsNone as Config.APIs declares no APIs.
@@ -173,6 +177,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
 	loadSecret := cluster.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
+	metricsAddr := telemetry.MetricsFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n\nFlags:\n",
 			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand)
@@ -194,7 +199,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		ClusterSecret: secret, PublicWithoutKeys: *public,
 		Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
 		Admission: admission.Config{Concurrency: *tenantConcurrency, Rate: *tenantRate, Burst: *tenantBurst},
-		APIs:      *apisFile, APITimeout: *apiTimeout, APIMaxResponseBytes: *apiMaxBytes}
+		APIs:      *apisFile, APITimeout: *apiTimeout, APIMaxResponseBytes: *apiMaxBytes,
+		MetricsAddr: *metricsAddr}
 	if !strings.Contains(cfg.ControlPlane, "://") {
 		cfg.ControlPlane = "http://" + cfg.ControlPlane
 	}
@@ -275,8 +281,13 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	defer policies.Close(context.WithoutCancel(ctx))
 	go policies.Watch(ctx, policyWatchInterval)
 	limits := admission.New(cfg.Admission)
+	metrics := telemetry.NewMetrics()
+	if err := metrics.StartMetrics(ctx, cfg.MetricsAddr, logger.With("component", "metrics")); err != nil {
+		ln.Close()
+		return err
+	}
 	svc = execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.ClusterSecret.Key(execution.SessionKeyPurpose)),
-		execution.WithAdmission(limits), execution.WithEgress(egress))
+		execution.WithAdmission(limits), execution.WithEgress(egress), execution.WithMetrics(metrics))
 	calls := apicall.New(logger.With("component", "apicall"), apicall.WithPolicies(policies), apicall.WithAdmission(limits),
 		apicall.WithTimeout(cfg.APITimeout), apicall.WithMaxResponseBytes(cfg.APIMaxResponseBytes))
 

@@ -60,6 +60,7 @@ type Service struct {
 	admission  *admission.Limiter // nil: no limits
 	languages  *languages
 	egress     *tenant.EgressConfig // nil: runs reach nothing
+	metrics    *telemetry.Metrics   // nil: none
 }
 
 // SessionKeyPurpose names the key that maps session ids (see WithSessionKey).
@@ -82,6 +83,11 @@ func New(cp controlplanev1connect.ControlPlaneServiceClient, logger *slog.Logger
 // must use the same key, derived from the cluster secret.
 func WithSessionKey(key []byte) Option {
 	return func(s *Service) { s.sessionKey = key }
+}
+
+// WithMetrics records each execution in m.
+func WithMetrics(m *telemetry.Metrics) Option {
+	return func(s *Service) { s.metrics = m }
 }
 
 // NewRequestID returns a random request id.
@@ -191,6 +197,7 @@ func (s *Service) logExecution(ctx context.Context, call Call, ex *executionv1.E
 		Elapsed:   time.Since(start),
 	}
 	e.Log(ctx, s.logger)
+	s.metrics.ObserveExecution(&e)
 }
 
 // ExecuteStream runs call, passing each event to send as it comes. The last
