@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -398,15 +400,39 @@ func (s *Service) ListAgents(ctx context.Context, _ *connect.Request[cpv1.ListAg
 	var out []*cpv1.Agent
 	for _, snap := range s.router.Agents() {
 		out = append(out, &cpv1.Agent{
-			Address:  snap.Address,
-			Healthy:  snap.Healthy,
-			Status:   snap.Status,
-			InFlight: int32(snap.InFlight),
-			Error:    snap.Error,
+			Address:    snap.Address,
+			Healthy:    snap.Healthy,
+			Status:     snap.Status,
+			InFlight:   int32(snap.InFlight),
+			Error:      snap.Error,
+			Registered: snap.Registered,
 		})
 	}
 	return connect.NewResponse(&cpv1.ListAgentsResponse{Agents: out}), nil
 }
+
+// Heartbeat implements ControlPlaneService: the agent joins routing, or
+// stays in it, at the address it gives.
+func (s *Service) Heartbeat(ctx context.Context, req *connect.Request[cpv1.HeartbeatRequest]) (*connect.Response[cpv1.HeartbeatResponse], error) {
+	addr := req.Msg.GetAddress()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || port == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("address %q: want host:port", addr))
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.IsUnspecified() {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("address %q is unspecified: advertise an address the control plane can reach (--advertise-addr)", addr))
+	}
+	interval := req.Msg.GetInterval().AsDuration()
+	if interval <= 0 {
+		interval = DefaultHeartbeatInterval
+	}
+	s.router.Register(addr, req.Msg.GetStatus(), interval)
+	return connect.NewResponse(&cpv1.HeartbeatResponse{}), nil
+}
+
+// DefaultHeartbeatInterval is the interval assumed of a heartbeat that
+// gives none.
+const DefaultHeartbeatInterval = time.Second
 
 // checkLanguage fails with invalid_argument, naming the valid languages,
 // when no healthy agent lists name as a language or alias. With no healthy
