@@ -63,7 +63,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 
 func TestAgentsJoinByHeartbeat(t *testing.T) {
 	t.Parallel()
-	const interval = 100 * time.Millisecond
+	const interval = 250 * time.Millisecond
 	c := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), startControlPlane(t))
 	if _, err := execute(t, c, "", nil); connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("with no agent: got %v, want unavailable", err)
@@ -103,16 +103,26 @@ func TestAgentsJoinByHeartbeat(t *testing.T) {
 	// three intervals, not at its first failed call.
 	stop1()
 	stopped := time.Now()
-	waitFor(t, 2*time.Second, "the silent agent still takes runs", func() bool {
-		for range 4 {
-			if got, err := execute(t, c, "", nil); err != nil || got == "one" {
-				return false
+	healthy := func(name string) bool {
+		res, err := c.ListAgents(t.Context(), connect.NewRequest(&cpv1.ListAgentsRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range res.Msg.GetAgents() {
+			if a.GetStatus().GetName() == name {
+				return a.GetHealthy()
 			}
 		}
-		return true
-	})
+		return false
+	}
+	waitFor(t, 2*time.Second, "the silent agent is still healthy", func() bool { return !healthy("one") })
 	if d := time.Since(stopped); d < 2*interval {
 		t.Errorf("the agent left routing %v after its last heartbeat, before its heartbeats were missed", d)
+	}
+	for range 8 {
+		if got, err := execute(t, c, "", nil); err != nil || got != "two" {
+			t.Fatalf("after one left, a run went to %q (%v), want two", got, err)
+		}
 	}
 
 	// It comes back.

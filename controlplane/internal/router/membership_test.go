@@ -41,7 +41,7 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	}
 	const interval = 500 * time.Millisecond
 	status := func(name string, free int32) *agentv1.AgentStatus {
-		return &agentv1.AgentStatus{Name: name, Ready: true, Free: free, Capacity: free}
+		return &agentv1.AgentStatus{Name: name, Ready: true, Free: free, Capacity: 4}
 	}
 	r.Register("10.0.0.1:30031", status("a", 4), interval)
 	r.Register("10.0.0.2:30031", status("b", 2), interval)

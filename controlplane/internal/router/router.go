@@ -15,6 +15,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,6 +63,10 @@ type Agent struct {
 	// lastSeen is the last heartbeat or successful status check.
 	lastSeen time.Time
 	now      func() time.Time
+
+	// credit orders agents of equal score (see Pick); guarded by the
+	// Router's mu.
+	credit int
 }
 
 // Snapshot is an agent's state at one moment.
@@ -91,15 +96,22 @@ func (a *Agent) expiredLocked() bool {
 }
 
 // score is the agent's free capacity as the router sees it: what the agent
-// reported less the runs this router sent since.
-func (a *Agent) score() (int, bool) {
+// reported less the runs this router sent since, out of its capacity.
+func (a *Agent) score() (score, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if !a.healthy || a.status == nil || a.expiredLocked() {
-		return 0, false
+		return score{}, false
 	}
-	return int(a.status.GetFree()) - a.inFlight, true
+	return score{free: int(a.status.GetFree()) - a.inFlight, capacity: max(int(a.status.GetCapacity()), 1)}, true
 }
+
+// score is free runs out of capacity; agents compare by the fraction, so
+// that under load each gets runs in proportion to its capacity.
+type score struct{ free, capacity int }
+
+// cmp compares the fractions free/capacity of s and o.
+func (s score) cmp(o score) int { return cmp.Compare(s.free*o.capacity, o.free*s.capacity) }
 
 // Matches reports whether the agent has every label of labels.
 func (a *Agent) Matches(labels map[string]string) bool {
@@ -217,7 +229,6 @@ type Router struct {
 
 	mu       sync.Mutex
 	sessions map[string]binding // session id -> agent holding it
-	next     int                // rotates ties
 
 	stop chan struct{}
 	done chan struct{}
@@ -501,11 +512,13 @@ func (r *Router) Agents() []Snapshot {
 	return out
 }
 
-// Pick returns the healthy agent matching labels with the most free
-// capacity, skipping those in exclude. Among equals it rotates.
+// Pick returns the healthy agent matching labels with the largest part of
+// its capacity free, skipping those in exclude. Among equals it rotates,
+// giving each a share in proportion to its capacity.
 func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, error) {
 	var best []*Agent
-	bestScore := 0
+	var bestScore score
+	total := 0 // capacity of best
 	r.amu.RLock()
 	defer r.amu.RUnlock()
 	for _, a := range r.agents {
@@ -516,21 +529,31 @@ func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, erro
 		if !ok {
 			continue
 		}
-		switch {
-		case len(best) == 0 || s > bestScore:
-			best, bestScore = []*Agent{a}, s
-		case s == bestScore:
-			best = append(best, a)
+		switch c := s.cmp(bestScore); {
+		case len(best) == 0 || c > 0:
+			best, bestScore, total = append(best[:0], a), s, s.capacity
+		case c == 0:
+			best, total = append(best, a), total+s.capacity
 		}
 	}
 	if len(best) == 0 {
 		return nil, ErrNoAgent
 	}
+	// Smooth weighted round robin (as nginx balances upstreams): each
+	// gains its capacity, the most credited is picked and pays the total,
+	// so that shares follow capacity without runs in bursts.
 	r.mu.Lock()
-	r.next++
-	a := best[r.next%len(best)]
-	r.mu.Unlock()
-	return a, nil
+	defer r.mu.Unlock()
+	var picked *Agent
+	for _, a := range best {
+		s, _ := a.score()
+		a.credit += s.capacity
+		if picked == nil || a.credit > picked.credit {
+			picked = a
+		}
+	}
+	picked.credit -= total
+	return picked, nil
 }
 
 // Session returns the agent that holds session id, if the router knows it
