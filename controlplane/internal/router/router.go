@@ -57,6 +57,9 @@ type Agent struct {
 	healthy  bool
 	lastErr  string
 	inFlight int
+	// reported is inFlight when the last status was read: the runs of
+	// this router that the status counts as busy.
+	reported int
 	// expires, when set, is when the agent leaves routing unless a
 	// heartbeat comes first.
 	expires time.Time
@@ -95,15 +98,22 @@ func (a *Agent) expiredLocked() bool {
 	return !a.expires.IsZero() && !a.now().Before(a.expires)
 }
 
-// score is the agent's free capacity as the router sees it: what the agent
-// reported less the runs this router sent since, out of its capacity.
+// score is the agent's free capacity as the router sees it, out of its
+// capacity: what the agent last reported, less the runs this router has
+// started there since and plus those that ended since (the report counted
+// them busy), and at most its capacity less this router's runs in flight.
 func (a *Agent) score() (score, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if !a.healthy || a.status == nil || a.expiredLocked() {
 		return score{}, false
 	}
-	return score{free: int(a.status.GetFree()) - a.inFlight, capacity: max(int(a.status.GetCapacity()), 1)}, true
+	capacity := int(a.status.GetCapacity())
+	free := int(a.status.GetFree()) - (a.inFlight - a.reported)
+	if capacity > 0 {
+		free = min(free, capacity-a.inFlight)
+	}
+	return score{free: free, capacity: max(capacity, 1)}, true
 }
 
 // score is free runs out of capacity; agents compare by the fraction, so
@@ -433,7 +443,7 @@ func (r *Router) Register(addr string, status *agentv1.AgentStatus, interval tim
 			a.lastErr = "agent reports not ready"
 		}
 	}
-	a.status = status
+	a.status, a.reported = status, a.inFlight
 	a.lastSeen = now
 	if !known {
 		r.logger.Info("agent registered", "agent", addr, "name", status.GetName(), "healthy", a.healthy)
@@ -489,7 +499,7 @@ func (r *Router) refresh(ctx context.Context, a *Agent) {
 		a.healthy = false
 		a.lastErr = err.Error()
 	} else {
-		a.status = res.Msg.GetStatus()
+		a.status, a.reported = res.Msg.GetStatus(), a.inFlight
 		a.healthy = a.status.GetReady()
 		a.lastErr = ""
 		a.lastSeen = r.now()

@@ -44,6 +44,17 @@ func TestPickCountsInFlight(t *testing.T) {
 	if got, _ := r.Pick(nil); got != r.agents[0] {
 		t.Fatalf("after release picked %v, want the first agent", got)
 	}
+	// A status read while a run is in flight counts it busy: the run is
+	// not counted twice, and its end frees its place.
+	release := first.Acquire()
+	r.Register(first.Address, &agentv1.AgentStatus{Free: 2, Ready: true}, time.Second)
+	if s, _ := first.score(); s.free != 2 {
+		t.Fatalf("free %d with the run in the status, want 2", s.free)
+	}
+	release()
+	if s, _ := first.score(); s.free != 3 {
+		t.Fatalf("free %d after the run ended, want 3", s.free)
+	}
 }
 
 func TestPickSkipsUnhealthyAndExcluded(t *testing.T) {
