@@ -267,7 +267,17 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 		a.srvMu.Unlock()
 		a.setHealth(true)
 	}}
+	// The heartbeats end, saying the agent leaves, as soon as ctx is done,
+	// while the server still drains its runs.
+	hctx, stopBeating := context.WithCancel(ctx)
+	beating := make(chan struct{})
+	go func() {
+		defer close(beating)
+		a.heartbeat(hctx, advertiseAddr(a.cfg.AdvertiseAddr, ln.Addr().String()))
+	}()
 	err := srv.Serve(ctx, ln)
+	stopBeating()
+	<-beating
 	a.srvMu.Lock()
 	a.srv = nil
 	a.srvMu.Unlock()

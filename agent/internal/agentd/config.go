@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -104,6 +106,19 @@ type Config struct {
 	// Their addresses are checked like any others.
 	EgressHosts map[string][]netip.Addr
 
+	// ControlPlanes are the control planes the agent joins by itself
+	// (host:port or http://host:port): it sends each its address and status
+	// every HeartbeatInterval, and leaves their routing when it stops.
+	// Empty: the agent waits to be listed in a control plane's agents.
+	ControlPlanes []string
+	// AdvertiseAddr is the address the control planes reach the agent at,
+	// host:port. Empty: the address it listens on, or, when that is every
+	// address, its host name with the port it listens on.
+	AdvertiseAddr string
+	// HeartbeatInterval is how often the agent sends its heartbeat; a
+	// control plane takes it out of routing after three intervals without
+	// one.
+	HeartbeatInterval time.Duration
 	// ShutdownTimeout bounds the graceful shutdown of the server.
 	ShutdownTimeout time.Duration
 
@@ -159,6 +174,7 @@ func DefaultConfig() Config {
 		MaxSessionIdleTTL: 24 * time.Hour,
 		MaxSessions:       8,
 		ShutdownTimeout:   10 * time.Second,
+		HeartbeatInterval: 500 * time.Millisecond,
 		LogFormat:         "text",
 
 		EgressMaxConnections: 64,
@@ -271,6 +287,20 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	f.Env("shutdown-timeout", "SHUTDOWN_TIMEOUT")
 	f.StringVar(&cfg.StateDir, "state-dir", "", "directory for the agent's state across restarts (its session journal); \"none\" keeps nothing (default: $CODEMODE_STATE_DIR/agents/NAME, CODEMODE_STATE_DIR defaulting to /var/lib/codemode)")
 	f.Env("state-dir", "AGENT_STATE_DIR")
+	f.Func("controlplanes", "control planes to join by heartbeat, URL or host:port, comma-separated; empty: wait to be listed in a control plane's --agents", func(v string) error {
+		cfg.ControlPlanes = nil
+		for _, u := range strings.Split(v, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				cfg.ControlPlanes = append(cfg.ControlPlanes, u)
+			}
+		}
+		return nil
+	})
+	f.Env("controlplanes", "CONTROLPLANES")
+	f.StringVar(&cfg.AdvertiseAddr, "advertise-addr", "", "host:port the control planes reach this agent at (default: the listen address, or the host name and port when it listens on every address)")
+	f.Env("advertise-addr", "ADVERTISE_ADDR")
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "how often to send the control planes a heartbeat; they stop routing to the agent after three missed")
+	f.Env("heartbeat-interval", "HEARTBEAT_INTERVAL")
 	loadSecret := cluster.Flags(f)
 	format, level := cli.LogFlags(f)
 	metricsAddr := telemetry.MetricsFlags(f)
@@ -327,6 +357,16 @@ func (c *Config) Validate() error {
 	check(c.SessionIdleTTL > 0 && c.SessionIdleTTL <= c.MaxSessionIdleTTL, "session-idle-ttl %v: want positive and at most max-session-idle-ttl", c.SessionIdleTTL)
 	check(c.MaxSessions >= 0 && c.MaxSessions <= c.MaxSandboxes, "max-sessions %d: want 0 to max-sandboxes (%d)", c.MaxSessions, c.MaxSandboxes)
 	check(!strings.ContainsAny(c.Name, "=,\n"), "name %q: no '=', ',' or newline", c.Name)
+	check(c.HeartbeatInterval >= 100*time.Millisecond && c.HeartbeatInterval <= time.Minute, "heartbeat-interval %v: want 100ms to 1m", c.HeartbeatInterval)
+	if c.AdvertiseAddr != "" {
+		host, port, err := net.SplitHostPort(c.AdvertiseAddr)
+		ip, ipErr := netip.ParseAddr(host)
+		check(err == nil && host != "" && port != "" && (ipErr != nil || !ip.IsUnspecified()), "advertise-addr %q: want a reachable host:port", c.AdvertiseAddr)
+	}
+	for _, u := range c.ControlPlanes {
+		_, err := url.Parse(controlPlaneURL(u))
+		check(err == nil, "controlplanes %q: %v", u, err)
+	}
 	return errors.Join(errs...)
 }
 

@@ -27,10 +27,14 @@ import (
 type Config struct {
 	// Addr to listen on for gRPC, gRPC-Web, Connect and the seed endpoints.
 	Addr string
-	// Agents are the agents' addresses, host:port.
+	// Agents are the agents' addresses, host:port. A name is resolved
+	// again every ResolveInterval, each of its addresses an agent. Agents
+	// may also join by themselves (their --controlplanes flag).
 	Agents []string
-	// PollInterval is how often agents' status is read.
+	// PollInterval is how often configured agents' status is read.
 	PollInterval time.Duration
+	// ResolveInterval is how often names in Agents are resolved again.
+	ResolveInterval time.Duration
 	// Secret authenticates the edges' calls and this control plane's calls
 	// to the agents; nil: none, and the control plane serves on loopback only.
 	Secret *cluster.Secret
@@ -41,9 +45,10 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultAddr         = ":8080" // 127.0.0.1:8080 without a cluster secret
-	DefaultAgents       = "127.0.0.1:30031"
-	DefaultPollInterval = 500 * time.Millisecond
+	DefaultAddr            = ":8080" // 127.0.0.1:8080 without a cluster secret
+	DefaultAgents          = "127.0.0.1:30031"
+	DefaultPollInterval    = 500 * time.Millisecond
+	DefaultResolveInterval = 5 * time.Second
 )
 
 // Validate reports whether the configuration can be used.
@@ -52,9 +57,6 @@ func (c Config) Validate() error {
 	if c.Addr == "" {
 		errs = append(errs, errors.New("addr is empty"))
 	}
-	if len(c.Agents) == 0 {
-		errs = append(errs, errors.New("no agents: set REMOTE_HOSTS or --agents"))
-	}
 	for _, a := range c.Agents {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			errs = append(errs, fmt.Errorf("agent address %q: %w", a, err))
@@ -62,6 +64,9 @@ func (c Config) Validate() error {
 	}
 	if c.PollInterval <= 0 {
 		errs = append(errs, errors.New("poll interval must be positive"))
+	}
+	if c.ResolveInterval <= 0 {
+		errs = append(errs, errors.New("resolve interval must be positive"))
 	}
 	return errors.Join(errs...)
 }
@@ -83,10 +88,12 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	fs := cli.NewFlags("controlplane", stderr)
 	addr := fs.String("addr", DefaultAddr, "address to serve gRPC, gRPC-Web, Connect, POST /run and GET /status on; without a cluster secret, loopback only (a bare port binds 127.0.0.1)")
 	fs.Env("addr", "CONTROLPLANE_ADDR")
-	agents := fs.String("agents", DefaultAgents, "agents as host:port;host:port")
+	agents := fs.String("agents", DefaultAgents, "agents as host:port;host:port; a host name is resolved again every --resolve-interval and each of its addresses is an agent; empty: only agents that join by themselves (agent --controlplanes)")
 	fs.Env("agents", "REMOTE_HOSTS")
-	poll := fs.Duration("poll-interval", DefaultPollInterval, "how often to read each agent's status")
+	poll := fs.Duration("poll-interval", DefaultPollInterval, "how often to read each configured agent's status")
 	fs.Env("poll-interval", "POLL_INTERVAL")
+	resolve := fs.Duration("resolve-interval", DefaultResolveInterval, "how often to resolve host names in --agents again")
+	fs.Env("resolve-interval", "RESOLVE_INTERVAL")
 	loadSecret := cluster.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
 	metricsAddr := telemetry.MetricsFlags(fs)
@@ -101,7 +108,7 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll, Secret: secret, MetricsAddr: *metricsAddr}
+	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll, ResolveInterval: *resolve, Secret: secret, MetricsAddr: *metricsAddr}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -118,10 +125,11 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 // Serve serves the control plane on ln until ctx is done.
 func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
 	r, err := router.New(router.Config{
-		Addresses:    cfg.Agents,
-		PollInterval: cfg.PollInterval,
-		HTTPClient:   cfg.Secret.Client(server.NewClient()),
-		Logger:       logger,
+		Addresses:       cfg.Agents,
+		PollInterval:    cfg.PollInterval,
+		ResolveInterval: cfg.ResolveInterval,
+		HTTPClient:      cfg.Secret.Client(server.NewClient()),
+		Logger:          logger,
 	})
 	if err != nil {
 		ln.Close()

@@ -12,31 +12,22 @@ import (
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
 
-// onSession calls fn with the agent holding tenant's session id. When the
-// router does not know the session (the control plane restarted), every
-// agent is asked. A session no agent has is not_found, with the reason when
-// it is known to have ended.
+// onSession calls fn with the agent holding tenant's session id (see
+// locate). A session no agent has is not_found, with the reason when it is
+// known to have ended.
 func (s *Service) onSession(ctx context.Context, id, tenant string, fn func(*router.Agent) error) error {
-	if reason, ended, ok := s.router.Gone(id); ok {
-		return goneError(reason, ended)
+	a, confirmed, err := s.locate(ctx, tenant, id)
+	if err != nil {
+		return err
 	}
-	a, confirmed, ok := s.router.Session(id)
-	if !ok {
-		found, err := s.findSession(ctx, tenant, id)
-		if err != nil {
-			return err
-		}
-		if found == nil {
-			return goneError(executionv1.SessionNotFound_REASON_UNKNOWN, time.Time{})
-		}
-		a, confirmed = found, true
+	if a == nil {
+		return goneError(executionv1.SessionNotFound_REASON_UNKNOWN, time.Time{})
 	}
-	err := fn(a)
-	if err == nil {
-		s.router.Bind(id, a)
-		return nil
+	if err := fn(a); err != nil {
+		return s.agentError(a, "", s.sessionError(id, confirmed, err))
 	}
-	return s.agentError(a, "", s.sessionError(id, confirmed, err))
+	s.router.Bind(id, a)
+	return nil
 }
 
 // ListFiles implements ControlPlaneService.

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -53,13 +55,12 @@ func retryable(err error) bool {
 }
 
 // choose returns the agent for a run: the session's agent if the session
-// exists (asking every agent if this control plane does not know where it
-// lives), else the best agent for the route. allowNew says whether the
-// agent may open the session: not when the agent has confirmed it before,
-// since then a session it does not know was lost, not new. A session known
-// to have ended is not_found. A session that lives on an agent the route
-// does not select is failed_precondition: running it there would ignore the
-// route, and elsewhere it does not exist.
+// exists (see locate), else the best agent for the route. allowNew says
+// whether the agent may open the session: not when the agent has confirmed
+// it before, since then a session it does not know was lost, not new. A
+// session known to have ended is not_found. A session that lives on an
+// agent the route does not select is failed_precondition: running it there
+// would ignore the route, and elsewhere it does not exist.
 func (s *Service) choose(ctx context.Context, tenant, sessionID string, labels map[string]string, exclude []*router.Agent) (a *router.Agent, allowNew bool, err error) {
 	if sessionID == "" {
 		a, err := s.router.Pick(labels, exclude...)
@@ -68,19 +69,9 @@ func (s *Service) choose(ctx context.Context, tenant, sessionID string, labels m
 		}
 		return a, false, nil
 	}
-	if reason, ended, ok := s.router.Gone(sessionID); ok {
-		return nil, false, goneError(reason, ended)
-	}
-	a, confirmed, ok := s.router.Session(sessionID)
-	if !ok {
-		found, err := s.findSession(ctx, tenant, sessionID)
-		if err != nil {
-			return nil, false, err
-		}
-		if found != nil {
-			s.router.Bind(sessionID, found)
-			a, confirmed = found, true
-		}
+	a, confirmed, err := s.locate(ctx, tenant, sessionID)
+	if err != nil {
+		return nil, false, err
 	}
 	if a == nil {
 		if a, err = s.router.PickSession(sessionID, labels); err != nil {
@@ -95,6 +86,26 @@ func (s *Service) choose(ctx context.Context, tenant, sessionID string, labels m
 			fmt.Errorf("the session lives on an agent that this request's route (labels %v) does not select; close it and open it again under the same route", labels))
 	}
 	return a, !confirmed, nil
+}
+
+// locate returns the agent holding tenant's session id and whether that
+// agent has confirmed it, or a nil agent when none holds it. It asks the
+// router, and when the router does not know the session (this control plane
+// restarted, say) every agent at once (findSession). A session known to
+// have ended is not_found with the reason.
+func (s *Service) locate(ctx context.Context, tenant, id string) (a *router.Agent, confirmed bool, err error) {
+	if reason, ended, ok := s.router.Gone(id); ok {
+		return nil, false, goneError(reason, ended)
+	}
+	if a, confirmed, ok := s.router.Session(id); ok {
+		return a, confirmed, nil
+	}
+	found, err := s.findSession(ctx, tenant, id)
+	if err != nil || found == nil {
+		return nil, false, err
+	}
+	s.router.Bind(id, found)
+	return found, true, nil
 }
 
 // findSessionTimeout bounds the search for a session on every agent.
@@ -260,33 +271,62 @@ func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Ex
 	if err := s.checkLanguage(ex.GetLanguage()); err != nil {
 		return nil, err
 	}
-	sid := ex.GetSessionId()
+	var out *executionv1.Result
+	err := s.offer(ctx, call{what: "execute", tenant: tenant, sessionID: ex.GetSessionId(), labels: labels, requestID: reqID},
+		func(a *router.Agent, allowNew bool) (bool, error) {
+			release := a.Acquire()
+			defer release()
+			res, err := a.Client.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: ex, Egress: eg, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}))
+			if err != nil {
+				return false, err
+			}
+			out = res.Msg.GetResult()
+			return false, nil
+		})
+	return out, err
+}
+
+// call describes a call that offer makes to agents.
+type call struct {
+	what      string // for logs
+	tenant    string
+	sessionID string // "" for a stateless run or a new session named by the agent
+	labels    map[string]string
+	requestID string
+}
+
+// offer makes a call on the agent that choose gives, and, when that agent
+// turns it away before starting it (retryable), on another, up to
+// maxAttempts agents in all. A call on a session is made once, on the
+// session's agent, as is a call that has sent the caller part of its
+// answer (try reports sent). An agent that cannot be reached leaves routing
+// until it answers again. Whatever the agents say of the session is
+// recorded (sessionError), and the error returned is the caller's.
+func (s *Service) offer(ctx context.Context, c call, try func(a *router.Agent, allowNew bool) (sent bool, err error)) error {
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
-		a, allowNew, err := s.choose(ctx, tenant, sid, labels, tried)
-		s.metrics.route(sid, err)
+		a, allowNew, err := s.choose(ctx, c.tenant, c.sessionID, c.labels, tried)
+		s.metrics.route(c.sessionID, err)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		release := a.Acquire()
-		res, err := a.Client.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: ex, Egress: eg, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}))
-		release()
+		sent, err := try(a, allowNew)
 		if err == nil {
-			if sid != "" {
-				s.router.Bind(sid, a)
+			if c.sessionID != "" {
+				s.router.Bind(c.sessionID, a)
 			}
-			return res.Msg.GetResult(), nil
+			return nil
 		}
-		if sid != "" {
-			err = s.sessionError(sid, !allowNew, err)
+		if c.sessionID != "" && !sent {
+			err = s.sessionError(c.sessionID, !allowNew, err)
 		}
-		err = s.agentError(a, reqID, err)
-		s.logger.Log(ctx, failureLevel(err), "agent execute failed", "agent", a.Address, "request_id", reqID, "session_id", sid, "attempt", attempt, "error", err)
-		if connect.CodeOf(err) == connect.CodeUnavailable && ctx.Err() == nil {
+		err = s.agentError(a, c.requestID, err)
+		s.logger.Log(ctx, failureLevel(err), "agent "+c.what+" failed", "agent", a.Address, "request_id", c.requestID, "session_id", c.sessionID, "attempt", attempt, "error", err)
+		if connect.CodeOf(err) == connect.CodeUnavailable && ctx.Err() == nil && !sent {
 			a.MarkDown(err)
 		}
-		if sid != "" || !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
-			return nil, err
+		if sent || c.sessionID != "" || !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
+			return err
 		}
 		tried = append(tried, a)
 	}
@@ -327,35 +367,11 @@ func (s *Service) logExecution(ctx context.Context, door, reqID, tenant string, 
 }
 
 func (s *Service) executeStream(ctx context.Context, tenant string, ex *executionv1.Execution, eg *executionv1.Egress, labels map[string]string, reqID string, send func(*executionv1.Event) error) error {
-	sid := ex.GetSessionId()
-	var tried []*router.Agent
-	for attempt := 1; ; attempt++ {
-		a, allowNew, err := s.choose(ctx, tenant, sid, labels, tried)
-		s.metrics.route(sid, err)
-		if err != nil {
-			return err
-		}
-		req := &agentv1.ExecuteStreamRequest{Execution: ex, Egress: eg, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}
-		sent, err := s.streamFrom(ctx, a, req, send)
-		if err == nil {
-			if sid != "" {
-				s.router.Bind(sid, a)
-			}
-			return nil
-		}
-		if sid != "" && !sent {
-			err = s.sessionError(sid, !allowNew, err)
-		}
-		err = s.agentError(a, reqID, err)
-		s.logger.Log(ctx, failureLevel(err), "agent execute stream failed", "agent", a.Address, "request_id", reqID, "session_id", sid, "attempt", attempt, "error", err)
-		if connect.CodeOf(err) == connect.CodeUnavailable && ctx.Err() == nil && !sent {
-			a.MarkDown(err)
-		}
-		if sent || sid != "" || !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
-			return err
-		}
-		tried = append(tried, a)
-	}
+	return s.offer(ctx, call{what: "execute stream", tenant: tenant, sessionID: ex.GetSessionId(), labels: labels, requestID: reqID},
+		func(a *router.Agent, allowNew bool) (bool, error) {
+			req := &agentv1.ExecuteStreamRequest{Execution: ex, Egress: eg, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}
+			return s.streamFrom(ctx, a, req, send)
+		})
 }
 
 // streamFrom relays one agent's stream; sent reports whether any event went
@@ -387,29 +403,26 @@ func (s *Service) CreateSession(ctx context.Context, req *connect.Request[cpv1.C
 			return nil, err
 		}
 	}
-	var tried []*router.Agent
-	for attempt := 1; ; attempt++ {
-		a, _, err := s.choose(ctx, m.GetTenant(), m.GetSessionId(), m.GetRoute().GetLabels(), tried)
-		if err != nil {
-			return nil, err
-		}
-		res, err := a.Client.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{
-			Language:    m.GetLanguage(),
-			SessionId:   m.GetSessionId(),
-			IdleTimeout: m.GetIdleTimeout(),
-			Tenant:      m.GetTenant(),
-		}))
-		if err == nil {
-			sess := res.Msg.GetSession()
-			s.router.Bind(sess.GetId(), a)
-			return connect.NewResponse(&cpv1.CreateSessionResponse{Session: sess}), nil
-		}
-		err = s.agentError(a, "", err)
-		if !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
-			return nil, err
-		}
-		tried = append(tried, a)
+	var out *executionv1.Session
+	err := s.offer(ctx, call{what: "create session", tenant: m.GetTenant(), sessionID: m.GetSessionId(), labels: m.GetRoute().GetLabels()},
+		func(a *router.Agent, _ bool) (bool, error) {
+			res, err := a.Client.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{
+				Language:    m.GetLanguage(),
+				SessionId:   m.GetSessionId(),
+				IdleTimeout: m.GetIdleTimeout(),
+				Tenant:      m.GetTenant(),
+			}))
+			if err != nil {
+				return false, err
+			}
+			out = res.Msg.GetSession()
+			s.router.Bind(out.GetId(), a) // the agent names a session created without an id
+			return false, nil
+		})
+	if err != nil {
+		return nil, err
 	}
+	return connect.NewResponse(&cpv1.CreateSessionResponse{Session: out}), nil
 }
 
 // CloseSession implements ControlPlaneService. A session this control plane
@@ -432,15 +445,39 @@ func (s *Service) ListAgents(ctx context.Context, _ *connect.Request[cpv1.ListAg
 	var out []*cpv1.Agent
 	for _, snap := range s.router.Agents() {
 		out = append(out, &cpv1.Agent{
-			Address:  snap.Address,
-			Healthy:  snap.Healthy,
-			Status:   snap.Status,
-			InFlight: int32(snap.InFlight),
-			Error:    snap.Error,
+			Address:    snap.Address,
+			Healthy:    snap.Healthy,
+			Status:     snap.Status,
+			InFlight:   int32(snap.InFlight),
+			Error:      snap.Error,
+			Registered: snap.Registered,
 		})
 	}
 	return connect.NewResponse(&cpv1.ListAgentsResponse{Agents: out}), nil
 }
+
+// Heartbeat implements ControlPlaneService: the agent joins routing, or
+// stays in it, at the address it gives.
+func (s *Service) Heartbeat(ctx context.Context, req *connect.Request[cpv1.HeartbeatRequest]) (*connect.Response[cpv1.HeartbeatResponse], error) {
+	addr := req.Msg.GetAddress()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || port == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("address %q: want host:port", addr))
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.IsUnspecified() {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("address %q is unspecified: advertise an address the control plane can reach (--advertise-addr)", addr))
+	}
+	interval := req.Msg.GetInterval().AsDuration()
+	if interval <= 0 {
+		interval = DefaultHeartbeatInterval
+	}
+	s.router.Register(addr, req.Msg.GetStatus(), interval)
+	return connect.NewResponse(&cpv1.HeartbeatResponse{}), nil
+}
+
+// DefaultHeartbeatInterval is the interval assumed of a heartbeat that
+// gives none.
+const DefaultHeartbeatInterval = time.Second
 
 // checkLanguage fails with invalid_argument, naming the valid languages,
 // when no healthy agent lists name as a language or alias. With no healthy

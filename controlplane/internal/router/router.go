@@ -3,16 +3,26 @@
 // route, the one with the most free capacity first, and always the same
 // agent for the same session.
 //
-// A Router polls every agent's Status in the background between Start and
+// Agents come from three places: addresses configured as IP:port, which are
+// polled; names configured as host:port, resolved again every
+// ResolveInterval with every address an agent (a headless service's name,
+// say); and agents that register themselves with heartbeats (Register),
+// which leave routing when three of their intervals pass without one and
+// come back with the next.
+//
+// A Router polls, resolves and expires in the background between Start and
 // Close. All methods are safe for concurrent use.
 package router
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -39,11 +49,27 @@ type Agent struct {
 	// Client calls the agent.
 	Client agentv1connect.AgentServiceClient
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// polled: the router reads its status (a configured or resolved
+	// address); otherwise its heartbeats bring the status.
+	polled   bool
 	status   *agentv1.AgentStatus
 	healthy  bool
 	lastErr  string
 	inFlight int
+	// reported is inFlight when the last status was read: the runs of
+	// this router that the status counts as busy.
+	reported int
+	// expires, when set, is when the agent leaves routing unless a
+	// heartbeat comes first.
+	expires time.Time
+	// lastSeen is the last heartbeat or successful status check.
+	lastSeen time.Time
+	now      func() time.Time
+
+	// credit orders agents of equal score (see Pick); guarded by the
+	// Router's mu.
+	credit int
 }
 
 // Snapshot is an agent's state at one moment.
@@ -53,24 +79,49 @@ type Snapshot struct {
 	Status   *agentv1.AgentStatus
 	InFlight int
 	Error    string
+	// Registered: the agent joined by heartbeats.
+	Registered bool
 }
 
 func (a *Agent) snapshot() Snapshot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return Snapshot{Address: a.Address, Healthy: a.healthy, Status: a.status, InFlight: a.inFlight, Error: a.lastErr}
+	healthy, lastErr := a.healthy, a.lastErr
+	if a.expiredLocked() {
+		healthy, lastErr = false, "missed its heartbeats"
+	}
+	return Snapshot{Address: a.Address, Healthy: healthy, Status: a.status, InFlight: a.inFlight, Error: lastErr, Registered: !a.expires.IsZero()}
 }
 
-// score is the agent's free capacity as the router sees it: what the agent
-// reported less the runs this router sent since.
-func (a *Agent) score() (int, bool) {
+// expiredLocked reports whether the agent's heartbeats stopped. a.mu is held.
+func (a *Agent) expiredLocked() bool {
+	return !a.expires.IsZero() && !a.now().Before(a.expires)
+}
+
+// score is the agent's free capacity as the router sees it, out of its
+// capacity: what the agent last reported, less the runs this router has
+// started there since and plus those that ended since (the report counted
+// them busy), and at most its capacity less this router's runs in flight.
+func (a *Agent) score() (score, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !a.healthy || a.status == nil {
-		return 0, false
+	if !a.healthy || a.status == nil || a.expiredLocked() {
+		return score{}, false
 	}
-	return int(a.status.GetFree()) - a.inFlight, true
+	capacity := int(a.status.GetCapacity())
+	free := int(a.status.GetFree()) - (a.inFlight - a.reported)
+	if capacity > 0 {
+		free = min(free, capacity-a.inFlight)
+	}
+	return score{free: free, capacity: max(capacity, 1)}, true
 }
+
+// score is free runs out of capacity; agents compare by the fraction, so
+// that under load each gets runs in proportion to its capacity.
+type score struct{ free, capacity int }
+
+// cmp compares the fractions free/capacity of s and o.
+func (s score) cmp(o score) int { return cmp.Compare(s.free*o.capacity, o.free*s.capacity) }
 
 // Matches reports whether the agent has every label of labels.
 func (a *Agent) Matches(labels map[string]string) bool {
@@ -101,7 +152,8 @@ func (a *Agent) Acquire() (release func()) {
 }
 
 // MarkDown records that a call to the agent failed for transport reasons,
-// so that it is not picked until its next successful status check.
+// so that it is not picked until its next successful status check or
+// heartbeat.
 func (a *Agent) MarkDown(err error) {
 	a.mu.Lock()
 	a.healthy = false
@@ -130,46 +182,95 @@ const SessionTTL = 25 * time.Hour
 
 // Config configures a Router.
 type Config struct {
-	// Addresses of the agents, host:port.
+	// Addresses of the agents, host:port. An IP address is polled as it
+	// is; a name is resolved every ResolveInterval, and each of its
+	// addresses is an agent.
 	Addresses []string
-	// PollInterval is how often each agent's status is read.
+	// PollInterval is how often each polled agent's status is read.
 	PollInterval time.Duration
+	// ResolveInterval is how often names in Addresses are resolved again;
+	// 0: DefaultResolveInterval.
+	ResolveInterval time.Duration
+	// Resolver resolves names in Addresses; nil: net.DefaultResolver.
+	Resolver Resolver
 	// HTTPClient reaches the agents; it must speak h2c.
 	HTTPClient *http.Client
 	// ClientOptions are passed to every agent client.
 	ClientOptions []connect.ClientOption
 	Logger        *slog.Logger
+	// Now is the clock of heartbeats' expiry; nil: time.Now.
+	Now func() time.Time
 }
+
+// Resolver resolves a host name to addresses. *net.Resolver is one.
+type Resolver interface {
+	LookupHost(ctx context.Context, host string) ([]string, error)
+}
+
+var _ Resolver = (*net.Resolver)(nil)
+
+// DefaultResolveInterval is how often configured names are resolved again.
+const DefaultResolveInterval = 5 * time.Second
+
+// MissedHeartbeats is how many intervals may pass without a heartbeat
+// before a registered agent leaves routing.
+const MissedHeartbeats = 3
+
+// ForgetAgentAfter is how long an agent that stopped sending heartbeats
+// stays listed (unhealthy) before the router forgets it.
+const ForgetAgentAfter = 10 * time.Minute
 
 // Router chooses agents.
 type Router struct {
-	agents []*Agent
-	poll   time.Duration
-	logger *slog.Logger
+	cfg     Config
+	poll    time.Duration
+	resolve time.Duration
+	logger  *slog.Logger
+	now     func() time.Time
+
+	// static are the configured IP addresses; names the configured
+	// names, host:port.
+	static, names []string
+
+	amu      sync.RWMutex
+	agents   []*Agent            // in the order they became known
+	byAddr   map[string]*Agent   // address -> agent
+	resolved map[string][]string // name -> addresses it last gave
 
 	mu       sync.Mutex
 	sessions map[string]binding // session id -> agent holding it
-	next     int                // rotates ties
 
 	stop chan struct{}
 	done chan struct{}
 }
 
 // New returns a router over the configured agents. It does not contact them
-// until Start or Refresh.
+// until Start or Refresh. With no addresses it routes only to agents that
+// register.
 func New(cfg Config) (*Router, error) {
-	if len(cfg.Addresses) == 0 {
-		return nil, errors.New("no agent addresses")
-	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = time.Second
+	}
+	if cfg.ResolveInterval <= 0 {
+		cfg.ResolveInterval = DefaultResolveInterval
+	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	r := &Router{
+		cfg:      cfg,
 		poll:     cfg.PollInterval,
+		resolve:  cfg.ResolveInterval,
 		logger:   cfg.Logger,
+		now:      cfg.Now,
+		byAddr:   map[string]*Agent{},
+		resolved: map[string][]string{},
 		sessions: map[string]binding{},
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -181,33 +282,77 @@ func New(cfg Config) (*Router, error) {
 			continue
 		}
 		seen[addr] = true
-		base := addr
-		if !strings.Contains(base, "://") {
-			base = "http://" + base
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("agent address %q: %w", addr, err)
 		}
-		r.agents = append(r.agents, &Agent{
-			Address: addr,
-			Client:  agentv1connect.NewAgentServiceClient(cfg.HTTPClient, base, cfg.ClientOptions...),
-		})
+		if _, err := netip.ParseAddr(host); err != nil {
+			r.names = append(r.names, addr)
+			continue
+		}
+		r.static = append(r.static, addr)
+		r.amu.Lock()
+		r.addLocked(addr).polled = true
+		r.amu.Unlock()
 	}
 	return r, nil
 }
 
-// Start polls the agents until Close: once now, synchronously, then every
-// PollInterval in the background.
+// addLocked returns the agent at addr, adding it if it is new. r.amu is held.
+func (r *Router) addLocked(addr string) *Agent {
+	if a, ok := r.byAddr[addr]; ok {
+		return a
+	}
+	base := addr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	a := &Agent{
+		Address: addr,
+		Client:  agentv1connect.NewAgentServiceClient(r.cfg.HTTPClient, base, r.cfg.ClientOptions...),
+		now:     r.now,
+	}
+	r.agents = append(r.agents, a)
+	r.byAddr[addr] = a
+	return a
+}
+
+// removeLocked drops the agent at addr from routing. Sessions bound to it
+// keep their binding, and fail as their agent does. r.amu is held.
+func (r *Router) removeLocked(addr string) {
+	a, ok := r.byAddr[addr]
+	if !ok {
+		return
+	}
+	delete(r.byAddr, addr)
+	r.agents = slices.DeleteFunc(r.agents, func(b *Agent) bool { return b == a })
+}
+
+// Start resolves and polls the agents until Close: once now,
+// synchronously, then in the background.
 func (r *Router) Start(ctx context.Context) {
+	r.Resolve(ctx)
 	r.Refresh(ctx)
 	go func() {
 		defer close(r.done)
-		t := time.NewTicker(r.poll)
-		defer t.Stop()
+		poll := time.NewTicker(r.poll)
+		defer poll.Stop()
+		var resolve <-chan time.Time
+		if len(r.names) > 0 {
+			t := time.NewTicker(r.resolve)
+			defer t.Stop()
+			resolve = t.C
+		}
 		for {
 			select {
 			case <-r.stop:
 				return
-			case now := <-t.C:
+			case <-resolve:
+				r.Resolve(ctx)
+			case now := <-poll.C:
 				r.Refresh(ctx)
 				r.forget(now.Add(-SessionTTL))
+				r.forgetAgents(r.now().Add(-ForgetAgentAfter))
 			}
 		}
 	}()
@@ -219,11 +364,126 @@ func (r *Router) Close() {
 	<-r.done
 }
 
-// Refresh reads every agent's status now, concurrently.
+// Resolve resolves the configured names now: each address of a name is an
+// agent, and an address no name gives any more leaves routing. A name that
+// fails to resolve keeps the addresses it had.
+func (r *Router) Resolve(ctx context.Context) {
+	if len(r.names) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	got := map[string][]string{}
+	for _, name := range r.names {
+		host, port, _ := net.SplitHostPort(name)
+		ips, err := r.cfg.Resolver.LookupHost(ctx, host)
+		if err != nil {
+			r.logger.Warn("resolve agents", "name", name, "error", err)
+			r.amu.RLock()
+			got[name] = r.resolved[name] // keep what there was
+			r.amu.RUnlock()
+			continue
+		}
+		for _, ip := range ips {
+			got[name] = append(got[name], net.JoinHostPort(ip, port))
+		}
+	}
+	r.amu.Lock()
+	defer r.amu.Unlock()
+	was, now := map[string]bool{}, map[string]bool{}
+	for _, addrs := range r.resolved {
+		for _, addr := range addrs {
+			was[addr] = true
+		}
+	}
+	for _, addrs := range got {
+		for _, addr := range addrs {
+			now[addr] = true
+		}
+	}
+	for addr := range now {
+		if !was[addr] {
+			r.logger.Info("agent resolved", "agent", addr)
+		}
+		a := r.addLocked(addr)
+		a.mu.Lock()
+		a.polled, a.expires = true, time.Time{}
+		a.mu.Unlock()
+	}
+	for addr := range was {
+		if !now[addr] && !slices.Contains(r.static, addr) {
+			r.logger.Info("agent no longer resolved", "agent", addr)
+			r.removeLocked(addr)
+		}
+	}
+	r.resolved = got
+}
+
+// Register records a heartbeat of the agent at addr: its status now, and
+// that it leaves routing unless another heartbeat comes within
+// MissedHeartbeats intervals. An agent new to the router joins routing.
+func (r *Router) Register(addr string, status *agentv1.AgentStatus, interval time.Duration) {
+	r.amu.Lock()
+	a, known := r.byAddr[addr]
+	if !known {
+		a = r.addLocked(addr)
+	}
+	r.amu.Unlock()
+	now := r.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	was := a.healthy && !a.expiredLocked()
+	if !a.polled {
+		// A polled agent's health is its status checks'; its heartbeats
+		// only refresh the status.
+		a.expires = now.Add(MissedHeartbeats * interval)
+		a.healthy = status.GetReady()
+		a.lastErr = ""
+		if !a.healthy {
+			a.lastErr = "agent reports not ready"
+		}
+	}
+	a.status, a.reported = status, a.inFlight
+	a.lastSeen = now
+	if !known {
+		r.logger.Info("agent registered", "agent", addr, "name", status.GetName(), "healthy", a.healthy)
+	} else if is := a.healthy && !a.expiredLocked(); is != was {
+		r.logger.Info("agent health changed", "agent", addr, "name", status.GetName(), "healthy", is, "error", a.lastErr)
+	}
+}
+
+// forgetAgents drops registered agents last heard from before cutoff.
+func (r *Router) forgetAgents(cutoff time.Time) {
+	r.amu.Lock()
+	defer r.amu.Unlock()
+	for _, a := range slices.Clone(r.agents) {
+		a.mu.Lock()
+		drop := !a.polled && a.lastSeen.Before(cutoff)
+		a.mu.Unlock()
+		if drop {
+			r.logger.Info("agent forgotten", "agent", a.Address)
+			r.removeLocked(a.Address)
+		}
+	}
+}
+
+// list returns the agents known now.
+func (r *Router) list() []*Agent {
+	r.amu.RLock()
+	defer r.amu.RUnlock()
+	return slices.Clone(r.agents)
+}
+
+// Refresh reads every polled agent's status now, concurrently.
 func (r *Router) Refresh(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, a := range r.agents {
-		wg.Go(func() { r.refresh(ctx, a) })
+	for _, a := range r.list() {
+		a.mu.Lock()
+		polled := a.polled
+		a.mu.Unlock()
+		if polled {
+			wg.Go(func() { r.refresh(ctx, a) })
+		}
 	}
 	wg.Wait()
 }
@@ -239,9 +499,10 @@ func (r *Router) refresh(ctx context.Context, a *Agent) {
 		a.healthy = false
 		a.lastErr = err.Error()
 	} else {
-		a.status = res.Msg.GetStatus()
+		a.status, a.reported = res.Msg.GetStatus(), a.inFlight
 		a.healthy = a.status.GetReady()
 		a.lastErr = ""
+		a.lastSeen = r.now()
 		if !a.healthy {
 			a.lastErr = "agent reports not ready"
 		}
@@ -253,18 +514,23 @@ func (r *Router) refresh(ctx context.Context, a *Agent) {
 
 // Agents returns a snapshot of every agent.
 func (r *Router) Agents() []Snapshot {
-	out := make([]Snapshot, 0, len(r.agents))
-	for _, a := range r.agents {
+	agents := r.list()
+	out := make([]Snapshot, 0, len(agents))
+	for _, a := range agents {
 		out = append(out, a.snapshot())
 	}
 	return out
 }
 
-// Pick returns the healthy agent matching labels with the most free
-// capacity, skipping those in exclude. Among equals it rotates.
+// Pick returns the healthy agent matching labels with the largest part of
+// its capacity free, skipping those in exclude. Among equals it rotates,
+// giving each a share in proportion to its capacity.
 func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, error) {
 	var best []*Agent
-	bestScore := 0
+	var bestScore score
+	total := 0 // capacity of best
+	r.amu.RLock()
+	defer r.amu.RUnlock()
 	for _, a := range r.agents {
 		if slices.Contains(exclude, a) || !a.Matches(labels) {
 			continue
@@ -273,21 +539,31 @@ func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, erro
 		if !ok {
 			continue
 		}
-		switch {
-		case len(best) == 0 || s > bestScore:
-			best, bestScore = []*Agent{a}, s
-		case s == bestScore:
-			best = append(best, a)
+		switch c := s.cmp(bestScore); {
+		case len(best) == 0 || c > 0:
+			best, bestScore, total = append(best[:0], a), s, s.capacity
+		case c == 0:
+			best, total = append(best, a), total+s.capacity
 		}
 	}
 	if len(best) == 0 {
 		return nil, ErrNoAgent
 	}
+	// Smooth weighted round robin (as nginx balances upstreams): each
+	// gains its capacity, the most credited is picked and pays the total,
+	// so that shares follow capacity without runs in bursts.
 	r.mu.Lock()
-	r.next++
-	a := best[r.next%len(best)]
-	r.mu.Unlock()
-	return a, nil
+	defer r.mu.Unlock()
+	var picked *Agent
+	for _, a := range best {
+		s, _ := a.score()
+		a.credit += s.capacity
+		if picked == nil || a.credit > picked.credit {
+			picked = a
+		}
+	}
+	picked.credit -= total
+	return picked, nil
 }
 
 // Session returns the agent that holds session id, if the router knows it
@@ -383,7 +659,7 @@ func (r *Router) Bind(id string, a *Agent) {
 }
 
 // All returns every agent, healthy or not.
-func (r *Router) All() []*Agent { return slices.Clone(r.agents) }
+func (r *Router) All() []*Agent { return r.list() }
 
 // String describes the agent for logs.
 func (a *Agent) String() string { return fmt.Sprintf("agent %s", a.Address) }

@@ -44,6 +44,17 @@ func TestPickCountsInFlight(t *testing.T) {
 	if got, _ := r.Pick(nil); got != r.agents[0] {
 		t.Fatalf("after release picked %v, want the first agent", got)
 	}
+	// A status read while a run is in flight counts it busy: the run is
+	// not counted twice, and its end frees its place.
+	release := first.Acquire()
+	r.Register(first.Address, &agentv1.AgentStatus{Free: 2, Ready: true}, time.Second)
+	if s, _ := first.score(); s.free != 2 {
+		t.Fatalf("free %d with the run in the status, want 2", s.free)
+	}
+	release()
+	if s, _ := first.score(); s.free != 3 {
+		t.Fatalf("free %d after the run ended, want 3", s.free)
+	}
 }
 
 func TestPickSkipsUnhealthyAndExcluded(t *testing.T) {
@@ -106,3 +117,62 @@ type testError string
 func (e testError) Error() string { return string(e) }
 
 const errTest = testError("connection refused")
+
+func TestPickSharesInProportionToCapacity(t *testing.T) {
+	t.Parallel()
+	r, err := New(Config{Addresses: []string{"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, capacity := range []int32{4, 4, 2} {
+		r.agents[i].status = &agentv1.AgentStatus{Free: capacity, Capacity: capacity, Ready: true}
+		r.agents[i].healthy = true
+	}
+	got := map[string]int{}
+	run := 0 // longest run of picks of one agent
+	var last *Agent
+	for range 100 {
+		a, err := r.Pick(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[a.Address]++
+		if a == last {
+			run++
+		} else {
+			run = 1
+		}
+		if run > 2 {
+			t.Fatalf("%s picked %d times in a row: want the shares interleaved", a.Address, run)
+		}
+		last = a
+	}
+	if got["127.0.0.1:1"] != 40 || got["127.0.0.1:2"] != 40 || got["127.0.0.1:3"] != 20 {
+		t.Fatalf("picks %v, want 40, 40 and 20", got)
+	}
+
+	// Under load the largest free fraction wins: 2 of 4 free (one half)
+	// loses to 2 of 2.
+	r.agents[0].status.Free, r.agents[1].status.Free = 2, 2
+	if a, _ := r.Pick(nil); a != r.agents[2] {
+		t.Fatalf("picked %v, want the agent with all of its capacity free", a)
+	}
+}
+
+func BenchmarkPick(b *testing.B) {
+	r, err := New(Config{Addresses: []string{"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i, a := range r.agents {
+		a.status = &agentv1.AgentStatus{Free: int32(4 + i%2), Capacity: 8, Ready: true, Labels: map[string]string{"pool": "general"}}
+		a.healthy = true
+	}
+	labels := map[string]string{"pool": "general"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := r.Pick(labels); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -628,7 +628,10 @@ type Agent struct {
 	// Runs sent to it by this control plane and not yet ended.
 	InFlight int32 `protobuf:"varint,4,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	// Why its last status check failed, if it did.
-	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// It joined by heartbeats (see Heartbeat) rather than from the control
+	// plane's configured list.
+	Registered    bool `protobuf:"varint,6,opt,name=registered,proto3" json:"registered,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -696,6 +699,13 @@ func (x *Agent) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *Agent) GetRegistered() bool {
+	if x != nil {
+		return x.Registered
+	}
+	return false
 }
 
 type ListLanguagesRequest struct {
@@ -1119,6 +1129,106 @@ func (*WriteFileResponse) Descriptor() ([]byte, []int) {
 	return file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
 }
 
+type HeartbeatRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Address the control plane reaches the agent at, host:port.
+	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// The agent's status now: its name, labels, languages and capacity.
+	Status *v11.AgentStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// How often the agent sends heartbeats; after three intervals without
+	// one, the agent leaves routing.
+	Interval      *durationpb.Duration `protobuf:"bytes,3,opt,name=interval,proto3" json:"interval,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatRequest) Reset() {
+	*x = HeartbeatRequest{}
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatRequest) ProtoMessage() {}
+
+func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
+func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
+	return file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *HeartbeatRequest) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetStatus() *v11.AgentStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *HeartbeatRequest) GetInterval() *durationpb.Duration {
+	if x != nil {
+		return x.Interval
+	}
+	return nil
+}
+
+type HeartbeatResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatResponse) Reset() {
+	*x = HeartbeatResponse{}
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatResponse) ProtoMessage() {}
+
+func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_codemode_controlplane_v1_controlplane_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
+func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
+	return file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
+}
+
 var File_codemode_controlplane_v1_controlplane_proto protoreflect.FileDescriptor
 
 const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
@@ -1163,13 +1273,16 @@ const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x14CloseSessionResponse\"\x13\n" +
 	"\x11ListAgentsRequest\"M\n" +
 	"\x12ListAgentsResponse\x127\n" +
-	"\x06agents\x18\x01 \x03(\v2\x1f.codemode.controlplane.v1.AgentR\x06agents\"\xa6\x01\n" +
+	"\x06agents\x18\x01 \x03(\v2\x1f.codemode.controlplane.v1.AgentR\x06agents\"\xc6\x01\n" +
 	"\x05Agent\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
 	"\ahealthy\x18\x02 \x01(\bR\ahealthy\x126\n" +
 	"\x06status\x18\x03 \x01(\v2\x1e.codemode.agent.v1.AgentStatusR\x06status\x12\x1b\n" +
 	"\tin_flight\x18\x04 \x01(\x05R\binFlight\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\x16\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12\x1e\n" +
+	"\n" +
+	"registered\x18\x06 \x01(\bR\n" +
+	"registered\"\x16\n" +
 	"\x14ListLanguagesRequest\"\x93\x01\n" +
 	"\x15ListLanguagesResponse\x12=\n" +
 	"\tlanguages\x18\x01 \x03(\v2\x1f.codemode.execution.v1.LanguageR\tlanguages\x12;\n" +
@@ -1198,7 +1311,13 @@ const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x127\n" +
 	"\x04file\x18\x02 \x01(\v2\x1b.codemode.execution.v1.FileB\x06\xbaH\x03\xc8\x01\x01R\x04file\x12=\n" +
 	"\x06tenant\x18\x03 \x01(\tB%\xbaH\"r 2\x1e^([a-z0-9][a-z0-9_.-]{0,62})?$R\x06tenant\"\x13\n" +
-	"\x11WriteFileResponse2\xf2\a\n" +
+	"\x11WriteFileResponse\"\xc2\x01\n" +
+	"\x10HeartbeatRequest\x12$\n" +
+	"\aaddress\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x03\x18\x85\x02R\aaddress\x12>\n" +
+	"\x06status\x18\x02 \x01(\v2\x1e.codemode.agent.v1.AgentStatusB\x06\xbaH\x03\xc8\x01\x01R\x06status\x12H\n" +
+	"\binterval\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x11\xbaH\x0e\xaa\x01\v\"\x02\b<2\x05\x10\x80\xc2\xd7/R\binterval\"\x13\n" +
+	"\x11HeartbeatResponse2\xdd\b\n" +
 	"\x13ControlPlaneService\x12`\n" +
 	"\aExecute\x12(.codemode.controlplane.v1.ExecuteRequest\x1a).codemode.controlplane.v1.ExecuteResponse\"\x00\x12t\n" +
 	"\rExecuteStream\x12..codemode.controlplane.v1.ExecuteStreamRequest\x1a/.codemode.controlplane.v1.ExecuteStreamResponse\"\x000\x01\x12r\n" +
@@ -1209,7 +1328,8 @@ const file_codemode_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\tWriteFile\x12*.codemode.controlplane.v1.WriteFileRequest\x1a+.codemode.controlplane.v1.WriteFileResponse\"\x00\x12l\n" +
 	"\n" +
 	"ListAgents\x12+.codemode.controlplane.v1.ListAgentsRequest\x1a,.codemode.controlplane.v1.ListAgentsResponse\"\x03\x90\x02\x01\x12u\n" +
-	"\rListLanguages\x12..codemode.controlplane.v1.ListLanguagesRequest\x1a/.codemode.controlplane.v1.ListLanguagesResponse\"\x03\x90\x02\x01B\x80\x02\n" +
+	"\rListLanguages\x12..codemode.controlplane.v1.ListLanguagesRequest\x1a/.codemode.controlplane.v1.ListLanguagesResponse\"\x03\x90\x02\x01\x12i\n" +
+	"\tHeartbeat\x12*.codemode.controlplane.v1.HeartbeatRequest\x1a+.codemode.controlplane.v1.HeartbeatResponse\"\x03\x90\x02\x02B\x80\x02\n" +
 	"\x1ccom.codemode.controlplane.v1B\x11ControlplaneProtoP\x01ZKgithub.com/codemode-go/codemode/gen/codemode/controlplane/v1;controlplanev1\xa2\x02\x03CCX\xaa\x02\x18Codemode.Controlplane.V1\xca\x02\x18Codemode\\Controlplane\\V1\xe2\x02$Codemode\\Controlplane\\V1\\GPBMetadata\xea\x02\x1aCodemode::Controlplane::V1b\x06proto3"
 
 var (
@@ -1224,7 +1344,7 @@ func file_codemode_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 	return file_codemode_controlplane_v1_controlplane_proto_rawDescData
 }
 
-var file_codemode_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_codemode_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_codemode_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*Route)(nil),                 // 0: codemode.controlplane.v1.Route
 	(*ExecuteRequest)(nil),        // 1: codemode.controlplane.v1.ExecuteRequest
@@ -1246,62 +1366,68 @@ var file_codemode_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*ReadFileResponse)(nil),      // 17: codemode.controlplane.v1.ReadFileResponse
 	(*WriteFileRequest)(nil),      // 18: codemode.controlplane.v1.WriteFileRequest
 	(*WriteFileResponse)(nil),     // 19: codemode.controlplane.v1.WriteFileResponse
-	nil,                           // 20: codemode.controlplane.v1.Route.LabelsEntry
-	(*v1.Execution)(nil),          // 21: codemode.execution.v1.Execution
-	(*v1.Egress)(nil),             // 22: codemode.execution.v1.Egress
-	(*v1.Result)(nil),             // 23: codemode.execution.v1.Result
-	(*v1.Event)(nil),              // 24: codemode.execution.v1.Event
-	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
-	(*v1.Session)(nil),            // 26: codemode.execution.v1.Session
-	(*v11.AgentStatus)(nil),       // 27: codemode.agent.v1.AgentStatus
-	(*v1.Language)(nil),           // 28: codemode.execution.v1.Language
-	(*v1.Defaults)(nil),           // 29: codemode.execution.v1.Defaults
-	(*v1.FileInfo)(nil),           // 30: codemode.execution.v1.FileInfo
-	(*v1.File)(nil),               // 31: codemode.execution.v1.File
+	(*HeartbeatRequest)(nil),      // 20: codemode.controlplane.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 21: codemode.controlplane.v1.HeartbeatResponse
+	nil,                           // 22: codemode.controlplane.v1.Route.LabelsEntry
+	(*v1.Execution)(nil),          // 23: codemode.execution.v1.Execution
+	(*v1.Egress)(nil),             // 24: codemode.execution.v1.Egress
+	(*v1.Result)(nil),             // 25: codemode.execution.v1.Result
+	(*v1.Event)(nil),              // 26: codemode.execution.v1.Event
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(*v1.Session)(nil),            // 28: codemode.execution.v1.Session
+	(*v11.AgentStatus)(nil),       // 29: codemode.agent.v1.AgentStatus
+	(*v1.Language)(nil),           // 30: codemode.execution.v1.Language
+	(*v1.Defaults)(nil),           // 31: codemode.execution.v1.Defaults
+	(*v1.FileInfo)(nil),           // 32: codemode.execution.v1.FileInfo
+	(*v1.File)(nil),               // 33: codemode.execution.v1.File
 }
 var file_codemode_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	20, // 0: codemode.controlplane.v1.Route.labels:type_name -> codemode.controlplane.v1.Route.LabelsEntry
-	21, // 1: codemode.controlplane.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
+	22, // 0: codemode.controlplane.v1.Route.labels:type_name -> codemode.controlplane.v1.Route.LabelsEntry
+	23, // 1: codemode.controlplane.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
 	0,  // 2: codemode.controlplane.v1.ExecuteRequest.route:type_name -> codemode.controlplane.v1.Route
-	22, // 3: codemode.controlplane.v1.ExecuteRequest.egress:type_name -> codemode.execution.v1.Egress
-	23, // 4: codemode.controlplane.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
-	21, // 5: codemode.controlplane.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
+	24, // 3: codemode.controlplane.v1.ExecuteRequest.egress:type_name -> codemode.execution.v1.Egress
+	25, // 4: codemode.controlplane.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
+	23, // 5: codemode.controlplane.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
 	0,  // 6: codemode.controlplane.v1.ExecuteStreamRequest.route:type_name -> codemode.controlplane.v1.Route
-	22, // 7: codemode.controlplane.v1.ExecuteStreamRequest.egress:type_name -> codemode.execution.v1.Egress
-	24, // 8: codemode.controlplane.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
-	25, // 9: codemode.controlplane.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
+	24, // 7: codemode.controlplane.v1.ExecuteStreamRequest.egress:type_name -> codemode.execution.v1.Egress
+	26, // 8: codemode.controlplane.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
+	27, // 9: codemode.controlplane.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
 	0,  // 10: codemode.controlplane.v1.CreateSessionRequest.route:type_name -> codemode.controlplane.v1.Route
-	26, // 11: codemode.controlplane.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
+	28, // 11: codemode.controlplane.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
 	11, // 12: codemode.controlplane.v1.ListAgentsResponse.agents:type_name -> codemode.controlplane.v1.Agent
-	27, // 13: codemode.controlplane.v1.Agent.status:type_name -> codemode.agent.v1.AgentStatus
-	28, // 14: codemode.controlplane.v1.ListLanguagesResponse.languages:type_name -> codemode.execution.v1.Language
-	29, // 15: codemode.controlplane.v1.ListLanguagesResponse.defaults:type_name -> codemode.execution.v1.Defaults
-	30, // 16: codemode.controlplane.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
-	31, // 17: codemode.controlplane.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
-	31, // 18: codemode.controlplane.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
-	1,  // 19: codemode.controlplane.v1.ControlPlaneService.Execute:input_type -> codemode.controlplane.v1.ExecuteRequest
-	3,  // 20: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:input_type -> codemode.controlplane.v1.ExecuteStreamRequest
-	5,  // 21: codemode.controlplane.v1.ControlPlaneService.CreateSession:input_type -> codemode.controlplane.v1.CreateSessionRequest
-	7,  // 22: codemode.controlplane.v1.ControlPlaneService.CloseSession:input_type -> codemode.controlplane.v1.CloseSessionRequest
-	14, // 23: codemode.controlplane.v1.ControlPlaneService.ListFiles:input_type -> codemode.controlplane.v1.ListFilesRequest
-	16, // 24: codemode.controlplane.v1.ControlPlaneService.ReadFile:input_type -> codemode.controlplane.v1.ReadFileRequest
-	18, // 25: codemode.controlplane.v1.ControlPlaneService.WriteFile:input_type -> codemode.controlplane.v1.WriteFileRequest
-	9,  // 26: codemode.controlplane.v1.ControlPlaneService.ListAgents:input_type -> codemode.controlplane.v1.ListAgentsRequest
-	12, // 27: codemode.controlplane.v1.ControlPlaneService.ListLanguages:input_type -> codemode.controlplane.v1.ListLanguagesRequest
-	2,  // 28: codemode.controlplane.v1.ControlPlaneService.Execute:output_type -> codemode.controlplane.v1.ExecuteResponse
-	4,  // 29: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:output_type -> codemode.controlplane.v1.ExecuteStreamResponse
-	6,  // 30: codemode.controlplane.v1.ControlPlaneService.CreateSession:output_type -> codemode.controlplane.v1.CreateSessionResponse
-	8,  // 31: codemode.controlplane.v1.ControlPlaneService.CloseSession:output_type -> codemode.controlplane.v1.CloseSessionResponse
-	15, // 32: codemode.controlplane.v1.ControlPlaneService.ListFiles:output_type -> codemode.controlplane.v1.ListFilesResponse
-	17, // 33: codemode.controlplane.v1.ControlPlaneService.ReadFile:output_type -> codemode.controlplane.v1.ReadFileResponse
-	19, // 34: codemode.controlplane.v1.ControlPlaneService.WriteFile:output_type -> codemode.controlplane.v1.WriteFileResponse
-	10, // 35: codemode.controlplane.v1.ControlPlaneService.ListAgents:output_type -> codemode.controlplane.v1.ListAgentsResponse
-	13, // 36: codemode.controlplane.v1.ControlPlaneService.ListLanguages:output_type -> codemode.controlplane.v1.ListLanguagesResponse
-	28, // [28:37] is the sub-list for method output_type
-	19, // [19:28] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	29, // 13: codemode.controlplane.v1.Agent.status:type_name -> codemode.agent.v1.AgentStatus
+	30, // 14: codemode.controlplane.v1.ListLanguagesResponse.languages:type_name -> codemode.execution.v1.Language
+	31, // 15: codemode.controlplane.v1.ListLanguagesResponse.defaults:type_name -> codemode.execution.v1.Defaults
+	32, // 16: codemode.controlplane.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
+	33, // 17: codemode.controlplane.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	33, // 18: codemode.controlplane.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	29, // 19: codemode.controlplane.v1.HeartbeatRequest.status:type_name -> codemode.agent.v1.AgentStatus
+	27, // 20: codemode.controlplane.v1.HeartbeatRequest.interval:type_name -> google.protobuf.Duration
+	1,  // 21: codemode.controlplane.v1.ControlPlaneService.Execute:input_type -> codemode.controlplane.v1.ExecuteRequest
+	3,  // 22: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:input_type -> codemode.controlplane.v1.ExecuteStreamRequest
+	5,  // 23: codemode.controlplane.v1.ControlPlaneService.CreateSession:input_type -> codemode.controlplane.v1.CreateSessionRequest
+	7,  // 24: codemode.controlplane.v1.ControlPlaneService.CloseSession:input_type -> codemode.controlplane.v1.CloseSessionRequest
+	14, // 25: codemode.controlplane.v1.ControlPlaneService.ListFiles:input_type -> codemode.controlplane.v1.ListFilesRequest
+	16, // 26: codemode.controlplane.v1.ControlPlaneService.ReadFile:input_type -> codemode.controlplane.v1.ReadFileRequest
+	18, // 27: codemode.controlplane.v1.ControlPlaneService.WriteFile:input_type -> codemode.controlplane.v1.WriteFileRequest
+	9,  // 28: codemode.controlplane.v1.ControlPlaneService.ListAgents:input_type -> codemode.controlplane.v1.ListAgentsRequest
+	12, // 29: codemode.controlplane.v1.ControlPlaneService.ListLanguages:input_type -> codemode.controlplane.v1.ListLanguagesRequest
+	20, // 30: codemode.controlplane.v1.ControlPlaneService.Heartbeat:input_type -> codemode.controlplane.v1.HeartbeatRequest
+	2,  // 31: codemode.controlplane.v1.ControlPlaneService.Execute:output_type -> codemode.controlplane.v1.ExecuteResponse
+	4,  // 32: codemode.controlplane.v1.ControlPlaneService.ExecuteStream:output_type -> codemode.controlplane.v1.ExecuteStreamResponse
+	6,  // 33: codemode.controlplane.v1.ControlPlaneService.CreateSession:output_type -> codemode.controlplane.v1.CreateSessionResponse
+	8,  // 34: codemode.controlplane.v1.ControlPlaneService.CloseSession:output_type -> codemode.controlplane.v1.CloseSessionResponse
+	15, // 35: codemode.controlplane.v1.ControlPlaneService.ListFiles:output_type -> codemode.controlplane.v1.ListFilesResponse
+	17, // 36: codemode.controlplane.v1.ControlPlaneService.ReadFile:output_type -> codemode.controlplane.v1.ReadFileResponse
+	19, // 37: codemode.controlplane.v1.ControlPlaneService.WriteFile:output_type -> codemode.controlplane.v1.WriteFileResponse
+	10, // 38: codemode.controlplane.v1.ControlPlaneService.ListAgents:output_type -> codemode.controlplane.v1.ListAgentsResponse
+	13, // 39: codemode.controlplane.v1.ControlPlaneService.ListLanguages:output_type -> codemode.controlplane.v1.ListLanguagesResponse
+	21, // 40: codemode.controlplane.v1.ControlPlaneService.Heartbeat:output_type -> codemode.controlplane.v1.HeartbeatResponse
+	31, // [31:41] is the sub-list for method output_type
+	21, // [21:31] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_codemode_controlplane_v1_controlplane_proto_init() }
@@ -1315,7 +1441,7 @@ func file_codemode_controlplane_v1_controlplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_controlplane_v1_controlplane_proto_rawDesc), len(file_codemode_controlplane_v1_controlplane_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

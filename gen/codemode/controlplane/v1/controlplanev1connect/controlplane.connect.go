@@ -62,6 +62,9 @@ const (
 	// ControlPlaneServiceListLanguagesProcedure is the fully-qualified name of the
 	// ControlPlaneService's ListLanguages RPC.
 	ControlPlaneServiceListLanguagesProcedure = "/codemode.controlplane.v1.ControlPlaneService/ListLanguages"
+	// ControlPlaneServiceHeartbeatProcedure is the fully-qualified name of the ControlPlaneService's
+	// Heartbeat RPC.
+	ControlPlaneServiceHeartbeatProcedure = "/codemode.controlplane.v1.ControlPlaneService/Heartbeat"
 )
 
 // ControlPlaneServiceClient is a client for the codemode.controlplane.v1.ControlPlaneService
@@ -86,6 +89,11 @@ type ControlPlaneServiceClient interface {
 	ListAgents(context.Context, *connect.Request[v1.ListAgentsRequest]) (*connect.Response[v1.ListAgentsResponse], error)
 	// ListLanguages reports the languages that some ready agent runs.
 	ListLanguages(context.Context, *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error)
+	// Heartbeat registers an agent, or renews its registration, with the
+	// address it is reached at and its status. An agent whose heartbeats stop
+	// leaves routing after three of its intervals; its next heartbeat brings
+	// it back. Only agents call it.
+	Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error)
 }
 
 // NewControlPlaneServiceClient constructs a client for the
@@ -158,6 +166,13 @@ func NewControlPlaneServiceClient(httpClient connect.HTTPClient, baseURL string,
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		heartbeat: connect.NewClient[v1.HeartbeatRequest, v1.HeartbeatResponse](
+			httpClient,
+			baseURL+ControlPlaneServiceHeartbeatProcedure,
+			connect.WithSchema(controlPlaneServiceMethods.ByName("Heartbeat")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -172,6 +187,7 @@ type controlPlaneServiceClient struct {
 	writeFile     *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
 	listAgents    *connect.Client[v1.ListAgentsRequest, v1.ListAgentsResponse]
 	listLanguages *connect.Client[v1.ListLanguagesRequest, v1.ListLanguagesResponse]
+	heartbeat     *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
 }
 
 // Execute calls codemode.controlplane.v1.ControlPlaneService.Execute.
@@ -219,6 +235,11 @@ func (c *controlPlaneServiceClient) ListLanguages(ctx context.Context, req *conn
 	return c.listLanguages.CallUnary(ctx, req)
 }
 
+// Heartbeat calls codemode.controlplane.v1.ControlPlaneService.Heartbeat.
+func (c *controlPlaneServiceClient) Heartbeat(ctx context.Context, req *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error) {
+	return c.heartbeat.CallUnary(ctx, req)
+}
+
 // ControlPlaneServiceHandler is an implementation of the
 // codemode.controlplane.v1.ControlPlaneService service.
 type ControlPlaneServiceHandler interface {
@@ -241,6 +262,11 @@ type ControlPlaneServiceHandler interface {
 	ListAgents(context.Context, *connect.Request[v1.ListAgentsRequest]) (*connect.Response[v1.ListAgentsResponse], error)
 	// ListLanguages reports the languages that some ready agent runs.
 	ListLanguages(context.Context, *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error)
+	// Heartbeat registers an agent, or renews its registration, with the
+	// address it is reached at and its status. An agent whose heartbeats stop
+	// leaves routing after three of its intervals; its next heartbeat brings
+	// it back. Only agents call it.
+	Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error)
 }
 
 // NewControlPlaneServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -308,6 +334,13 @@ func NewControlPlaneServiceHandler(svc ControlPlaneServiceHandler, opts ...conne
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	controlPlaneServiceHeartbeatHandler := connect.NewUnaryHandler(
+		ControlPlaneServiceHeartbeatProcedure,
+		svc.Heartbeat,
+		connect.WithSchema(controlPlaneServiceMethods.ByName("Heartbeat")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/codemode.controlplane.v1.ControlPlaneService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ControlPlaneServiceExecuteProcedure:
@@ -328,6 +361,8 @@ func NewControlPlaneServiceHandler(svc ControlPlaneServiceHandler, opts ...conne
 			controlPlaneServiceListAgentsHandler.ServeHTTP(w, r)
 		case ControlPlaneServiceListLanguagesProcedure:
 			controlPlaneServiceListLanguagesHandler.ServeHTTP(w, r)
+		case ControlPlaneServiceHeartbeatProcedure:
+			controlPlaneServiceHeartbeatHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -371,4 +406,8 @@ func (UnimplementedControlPlaneServiceHandler) ListAgents(context.Context, *conn
 
 func (UnimplementedControlPlaneServiceHandler) ListLanguages(context.Context, *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.controlplane.v1.ControlPlaneService.ListLanguages is not implemented"))
+}
+
+func (UnimplementedControlPlaneServiceHandler) Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("codemode.controlplane.v1.ControlPlaneService.Heartbeat is not implemented"))
 }
