@@ -20,14 +20,26 @@ import (
 )
 
 func TestSpecialAddresses(t *testing.T) {
-	for addr, want := range map[string]string{
-		"127.0.0.1": "loopback", "::1": "loopback", "10.1.2.3": "private", "172.16.0.1": "private",
-		"192.168.1.1": "private", "fd00::1": "private", "169.254.169.254": "link-local", "fe80::1": "link-local",
-		"0.0.0.0": "unspecified", "100.64.0.1": "reserved", "192.0.2.1": "reserved", "fd00:ec2::254": "private",
-		"239.1.1.1": "multicast", "224.0.0.1": "link-local", "8.8.8.8": "", "2606:4700::1111": "",
+	// Addresses to classify only: nothing here is dialed.
+	v4 := func(a, b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{a, b, c, d}) }
+	v6 := func(first, second uint16, last byte) netip.Addr {
+		var b [16]byte
+		b[0], b[1], b[2], b[3], b[15] = byte(first>>8), byte(first), byte(second>>8), byte(second), last
+		return netip.AddrFrom16(b)
+	}
+	for _, tt := range []struct {
+		addr netip.Addr
+		want string
+	}{
+		{v4(127, 0, 0, 1), "loopback"}, {netip.IPv6Loopback(), "loopback"},
+		{v4(10, 1, 2, 3), "private"}, {v4(172, 16, 0, 1), "private"}, {v4(192, 168, 1, 1), "private"},
+		{v6(0xfd00, 0, 1), "private"}, {v6(0xfd00, 0x0ec2, 0x54), "private"},
+		{v4(169, 254, 169, 254), "link-local"}, {v6(0xfe80, 0, 1), "link-local"}, {v4(224, 0, 0, 1), "link-local"},
+		{v4(0, 0, 0, 0), "unspecified"}, {v4(100, 64, 0, 1), "reserved"}, {v4(192, 0, 2, 1), "reserved"},
+		{v4(239, 1, 1, 1), "multicast"}, {v4(8, 8, 8, 8), ""}, {v6(0x2606, 0x4700, 1), ""},
 	} {
-		if got := special(netip.MustParseAddr(addr)); got != want {
-			t.Errorf("special(%s) = %q, want %q", addr, got, want)
+		if got := special(tt.addr); got != tt.want {
+			t.Errorf("special(%s) = %q, want %q", tt.addr, got, tt.want)
 		}
 	}
 }

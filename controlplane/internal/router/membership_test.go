@@ -43,9 +43,9 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	status := func(name string, free int32) *agentv1.AgentStatus {
 		return &agentv1.AgentStatus{Name: name, Ready: true, Free: free, Capacity: 4}
 	}
-	r.Register("10.0.0.1:30031", status("a", 4), interval)
-	r.Register("10.0.0.2:30031", status("b", 2), interval)
-	if a, err := r.Pick(nil); err != nil || a.Address != "10.0.0.1:30031" {
+	r.Register("127.0.0.11:30031", status("a", 4), interval)
+	r.Register("127.0.0.12:30031", status("b", 2), interval)
+	if a, err := r.Pick(nil); err != nil || a.Address != "127.0.0.11:30031" {
 		t.Fatalf("picked %v, %v; want the agent with more free", a, err)
 	}
 	snaps := r.Agents()
@@ -56,13 +56,13 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	// b keeps beating; a stops.
 	for range MissedHeartbeats {
 		c.advance(interval)
-		r.Register("10.0.0.2:30031", status("b", 2), interval)
+		r.Register("127.0.0.12:30031", status("b", 2), interval)
 	}
-	if a, err := r.Pick(nil); err != nil || a.Address != "10.0.0.2:30031" {
+	if a, err := r.Pick(nil); err != nil || a.Address != "127.0.0.12:30031" {
 		t.Fatalf("after a missed %d heartbeats picked %v, %v; want b", MissedHeartbeats, a, err)
 	}
 	for _, s := range r.Agents() {
-		if s.Address == "10.0.0.1:30031" && (s.Healthy || s.Error == "") {
+		if s.Address == "127.0.0.11:30031" && (s.Healthy || s.Error == "") {
 			t.Fatalf("silent agent listed as %+v, want unhealthy with a reason", s)
 		}
 	}
@@ -70,22 +70,22 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	// a comes back with the same address: the same agent, so that
 	// sessions bound to it find it again.
 	before := r.All()[0]
-	r.Register("10.0.0.1:30031", status("a", 4), interval)
+	r.Register("127.0.0.11:30031", status("a", 4), interval)
 	if a, err := r.Pick(nil); err != nil || a != before {
 		t.Fatalf("after rejoining picked %v, %v; want a again", a, err)
 	}
 
 	// A registered agent that reports not ready is not picked.
-	r.Register("10.0.0.1:30031", &agentv1.AgentStatus{Name: "a", Free: 4}, interval)
-	if a, _ := r.Pick(nil); a.Address != "10.0.0.2:30031" {
+	r.Register("127.0.0.11:30031", &agentv1.AgentStatus{Name: "a", Free: 4}, interval)
+	if a, _ := r.Pick(nil); a.Address != "127.0.0.12:30031" {
 		t.Fatalf("picked %v, want b while a is not ready", a)
 	}
 
 	// Silent long enough, an agent is forgotten.
 	c.advance(ForgetAgentAfter + time.Second)
-	r.Register("10.0.0.2:30031", status("b", 2), interval)
+	r.Register("127.0.0.12:30031", status("b", 2), interval)
 	r.forgetAgents(c.now().Add(-ForgetAgentAfter))
-	if got := r.All(); len(got) != 1 || got[0].Address != "10.0.0.2:30031" {
+	if got := r.All(); len(got) != 1 || got[0].Address != "127.0.0.12:30031" {
 		t.Fatalf("agents %v, want only b", got)
 	}
 }
@@ -124,26 +124,26 @@ func addresses(r *Router) []string {
 func TestNamesAreResolvedAgain(t *testing.T) {
 	t.Parallel()
 	res := &resolver{hosts: map[string][]string{}}
-	res.set("agents.example", []string{"10.0.0.1", "10.0.0.2"}, nil)
-	r, err := New(Config{Addresses: []string{"agents.example:30031", "10.0.0.9:30031"}, Resolver: res})
+	res.set("agents.example", []string{"127.0.0.11", "127.0.0.12"}, nil)
+	r, err := New(Config{Addresses: []string{"agents.example:30031", "127.0.0.19:30031"}, Resolver: res})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.Resolve(t.Context())
-	want := []string{"10.0.0.1:30031", "10.0.0.2:30031", "10.0.0.9:30031"}
+	want := []string{"127.0.0.11:30031", "127.0.0.12:30031", "127.0.0.19:30031"}
 	if got := addresses(r); !slices.Equal(got, want) {
 		t.Fatalf("agents %v, want %v", got, want)
 	}
-	kept := r.byAddr["10.0.0.2:30031"]
+	kept := r.byAddr["127.0.0.12:30031"]
 
 	// The name now gives one old address and one new.
-	res.set("agents.example", []string{"10.0.0.2", "fd00::3"}, nil)
+	res.set("agents.example", []string{"127.0.0.12", "::1"}, nil)
 	r.Resolve(t.Context())
-	want = []string{"10.0.0.2:30031", "10.0.0.9:30031", "[fd00::3]:30031"}
+	want = []string{"127.0.0.12:30031", "127.0.0.19:30031", "[::1]:30031"}
 	if got := addresses(r); !slices.Equal(got, want) {
 		t.Fatalf("after a change agents %v, want %v", got, want)
 	}
-	if r.byAddr["10.0.0.2:30031"] != kept {
+	if r.byAddr["127.0.0.12:30031"] != kept {
 		t.Fatal("an address resolved again became a new agent")
 	}
 
