@@ -425,19 +425,27 @@ func (g *Gate) denied(a netip.Addr, port uint32) bool {
 	return false
 }
 
-// isLocal reports whether a is an address of this host's interfaces.
+// isLocal reports whether a is an address of this host's interfaces, as
+// they were when first asked.
 func isLocal(a netip.Addr) bool {
+	_, ok := localAddrs()[a]
+	return ok
+}
+
+// localAddrs are the addresses of this host's interfaces, read once.
+var localAddrs = sync.OnceValue(func() map[netip.Addr]struct{} {
+	m := make(map[netip.Addr]struct{})
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
-		return false
+		return m
 	}
 	for _, ia := range addrs {
-		if p, err := netip.ParsePrefix(ia.String()); err == nil && p.Addr().Unmap() == a {
-			return true
+		if p, err := netip.ParsePrefix(ia.String()); err == nil {
+			m[p.Addr().Unmap()] = struct{}{}
 		}
 	}
-	return false
-}
+	return m
+})
 
 // special names the kind of a non-public address; "" for a public one.
 func special(a netip.Addr) string {

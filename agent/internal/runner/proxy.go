@@ -103,10 +103,9 @@ func newProxy(log *slog.Logger, addrs []string, send func(*runnerv1.Event) error
 			}
 			return p.open(ctx, host, port)
 		},
-		DisableCompression:    true,
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       30 * time.Second,
-		ResponseHeaderTimeout: 0,
+		DisableCompression:  true,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     30 * time.Second,
 	}
 	p.fwd = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
