@@ -19,6 +19,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
@@ -100,6 +101,12 @@ func TestInternalServicesRequireTheSecret(t *testing.T) {
 				}
 				if _, err := cp.ListAgents(t.Context(), connect.NewRequest(&cpv1.ListAgentsRequest{})); connect.CodeOf(err) != connect.CodeUnauthenticated {
 					t.Errorf("control plane ListAgents: %v, want unauthenticated", err)
+				}
+				// A stranger cannot join routing as an agent.
+				hb := &cpv1.HeartbeatRequest{Address: "127.0.0.1:1", Status: &agentv1.AgentStatus{Name: "stranger", Ready: true, Capacity: 4, Free: 4},
+					Interval: durationpb.New(time.Second)}
+				if _, err := cp.Heartbeat(t.Context(), connect.NewRequest(hb)); connect.CodeOf(err) != connect.CodeUnauthenticated {
+					t.Errorf("control plane Heartbeat: %v, want unauthenticated", err)
 				}
 				ag := agentv1connect.NewAgentServiceClient(c, "http://"+s.Agent.Addr, p.opts...)
 				_, err = ag.Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "print(1)"}}))
