@@ -123,6 +123,13 @@ type score struct{ free, capacity int }
 // cmp compares the fractions free/capacity of s and o.
 func (s score) cmp(o score) int { return cmp.Compare(s.free*o.capacity, o.free*s.capacity) }
 
+// near reports whether s is at most one run short of best's fraction: one
+// run more free on s, or one less on best, would make s at least as free.
+// (Either, because a run is a larger part of a smaller capacity.)
+func (s score) near(best score) bool {
+	return (s.free+1)*best.capacity >= best.free*s.capacity || s.free*best.capacity >= (best.free-1)*s.capacity
+}
+
 // Matches reports whether the agent has every label of labels.
 func (a *Agent) Matches(labels map[string]string) bool {
 	a.mu.Lock()
@@ -522,13 +529,22 @@ func (r *Router) Agents() []Snapshot {
 	return out
 }
 
-// Pick returns the healthy agent matching labels with the largest part of
-// its capacity free, skipping those in exclude. Among equals it rotates,
-// giving each a share in proportion to its capacity.
+// Pick returns a healthy agent matching labels, skipping those in exclude:
+// among those with the largest part of their capacity free, or at most one
+// run short of it, each in turn, with a share in proportion to its
+// capacity.
+//
+// The run of slack is what makes shares follow capacity rather than speed.
+// Free capacity counts whole runs: when a run ends, its agent is one run
+// freer than the others, and a closed loop of callers (each sending its
+// next run when the last one ends) would otherwise send every next run back
+// to the agent the last one ended on, so that each agent's share would be
+// its own speed. An agent two runs short of the best is left out: that is
+// load.
 func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, error) {
-	var best []*Agent
-	var bestScore score
-	total := 0 // capacity of best
+	var buf [16]candidate // no allocation for up to 16 agents
+	cands := buf[:0]
+	var best score
 	r.amu.RLock()
 	defer r.amu.RUnlock()
 	for _, a := range r.agents {
@@ -539,14 +555,12 @@ func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, erro
 		if !ok {
 			continue
 		}
-		switch c := s.cmp(bestScore); {
-		case len(best) == 0 || c > 0:
-			best, bestScore, total = append(best[:0], a), s, s.capacity
-		case c == 0:
-			best, total = append(best, a), total+s.capacity
+		if len(cands) == 0 || s.cmp(best) > 0 {
+			best = s
 		}
+		cands = append(cands, candidate{a, s})
 	}
-	if len(best) == 0 {
+	if len(cands) == 0 {
 		return nil, ErrNoAgent
 	}
 	// Smooth weighted round robin (as nginx balances upstreams): each
@@ -555,15 +569,25 @@ func (r *Router) Pick(labels map[string]string, exclude ...*Agent) (*Agent, erro
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var picked *Agent
-	for _, a := range best {
-		s, _ := a.score()
-		a.credit += s.capacity
-		if picked == nil || a.credit > picked.credit {
-			picked = a
+	total := 0
+	for _, c := range cands {
+		if !c.score.near(best) {
+			continue
+		}
+		c.agent.credit += c.score.capacity
+		total += c.score.capacity
+		if picked == nil || c.agent.credit > picked.credit {
+			picked = c.agent
 		}
 	}
 	picked.credit -= total
 	return picked, nil
+}
+
+// candidate is an agent Pick may choose and its score.
+type candidate struct {
+	agent *Agent
+	score score
 }
 
 // Session returns the agent that holds session id, if the router knows it

@@ -151,9 +151,9 @@ func TestPickSharesInProportionToCapacity(t *testing.T) {
 		t.Fatalf("picks %v, want 40, 40 and 20", got)
 	}
 
-	// Under load the largest free fraction wins: 2 of 4 free (one half)
-	// loses to 2 of 2.
-	r.agents[0].status.Free, r.agents[1].status.Free = 2, 2
+	// Under load the largest free fraction wins over agents more than a
+	// run short of it: 1 of 4 free loses to 2 of 2.
+	r.agents[0].status.Free, r.agents[1].status.Free = 1, 1
 	if a, _ := r.Pick(nil); a != r.agents[2] {
 		t.Fatalf("picked %v, want the agent with all of its capacity free", a)
 	}
@@ -174,5 +174,79 @@ func BenchmarkPick(b *testing.B) {
 		if _, err := r.Pick(labels); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestPickClosedLoopSharesFollowCapacity: callers that each send their next
+// run when the last one ends, to agents of unequal speed, get shares in
+// proportion to capacity, not to speed.
+func TestPickClosedLoopSharesFollowCapacity(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		capacities []int32
+		ticks      []int // how long a run takes on each agent
+		callers    int
+	}{
+		{"equal capacity, unequal speed", []int32{4, 4, 4}, []int{2, 3, 4}, 3},
+		{"half capacity, unequal speed", []int32{4, 4, 2}, []int{2, 3, 4}, 5},
+		{"half capacity, fastest", []int32{4, 4, 2}, []int{4, 3, 2}, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var addrs []string
+			for i := range tc.capacities {
+				addrs = append(addrs, "127.0.0.1:"+string(rune('1'+i)))
+			}
+			r, err := New(Config{Addresses: addrs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			total := int32(0)
+			for i, c := range tc.capacities {
+				r.agents[i].status = &agentv1.AgentStatus{Free: c, Capacity: c, Ready: true}
+				r.agents[i].healthy = true
+				total += c
+			}
+			type run struct {
+				end     int
+				release func()
+			}
+			index := map[*Agent]int{}
+			for i, a := range r.agents {
+				index[a] = i
+			}
+			got := make([]int, len(r.agents))
+			const picks = 600
+			n := 0
+			pick := func(now int) run {
+				a, err := r.Pick(nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n++
+				got[index[a]]++
+				return run{end: now + tc.ticks[index[a]], release: a.Acquire()}
+			}
+			var runs []run
+			for range tc.callers {
+				runs = append(runs, pick(0))
+			}
+			for now := 1; n < picks; now++ {
+				for i := range runs {
+					if runs[i].end <= now && n < picks {
+						runs[i].release()
+						runs[i] = pick(now)
+					}
+				}
+			}
+			for i, c := range tc.capacities {
+				want := float64(picks) * float64(c) / float64(total)
+				if d := float64(got[i]) - want; d > want/5 || d < -want/5 {
+					t.Errorf("agent %d (capacity %d, %d ticks a run) took %d of %d runs, want %.0f within 20%%", i, c, tc.ticks[i], got[i], picks, want)
+				}
+			}
+			t.Logf("runs by agent: %v", got)
+		})
 	}
 }
