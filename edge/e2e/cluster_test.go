@@ -135,12 +135,9 @@ func (c *cluster) load(t *testing.T, workers, runs int) (byAgent map[string]int,
 	return byAgent, failed
 }
 
+// TestClusterSpreadsRunsOverSelfRegisteredAgents: three equal agents share
+// a closed loop of three callers within 20%.
 func TestClusterSpreadsRunsOverSelfRegisteredAgents(t *testing.T) {
-	// Not yet within bounds on real agents: under a closed loop the shares
-	// follow each agent's speed (sandboxes being scrubbed count as busy in
-	// the agents' reports, and a run beyond the warm sandboxes waits for
-	// one to start), not only the routing, which the router's tests check.
-	t.Skip("spread on real agents not yet within 20% (see controlplane/RATIONALE.md)")
 	c := startCluster(t, 4, 4, 4)
 	byAgent, failed := c.load(t, 3, 90)
 	if len(failed) > 0 {
@@ -212,12 +209,9 @@ func TestClusterAgentKilledLeavesRoutingAndRejoins(t *testing.T) {
 	}
 }
 
+// TestClusterLowerCapacityGetsProportionallyLess: an agent of half the
+// capacity of the two others takes half as many runs as each, within 20%.
 func TestClusterLowerCapacityGetsProportionallyLess(t *testing.T) {
-	// Not yet within bounds on real agents: under a closed loop the shares
-	// follow each agent's speed (sandboxes being scrubbed count as busy in
-	// the agents' reports, and a run beyond the warm sandboxes waits for
-	// one to start), not only the routing, which the router's tests check.
-	t.Skip("spread on real agents not yet within 20% (see controlplane/RATIONALE.md)")
 	c := startCluster(t, 4, 4, 2)
 	byAgent, failed := c.load(t, 5, 100) // half the capacity of 10 in use
 	if len(failed) > 0 {

@@ -29,7 +29,7 @@ func newPoolCollector(svc *Service) *poolCollector {
 		sandbox:  prometheus.NewDesc("codemode_agent_sandboxes", "Sandboxes of the pool, by state.", []string{"state"}, nil),
 		max:      prometheus.NewDesc("codemode_agent_sandboxes_max", "The most sandboxes the pool keeps.", nil, nil),
 		sessions: prometheus.NewDesc("codemode_agent_sessions", "Open sessions.", nil, nil),
-		ready:    prometheus.NewDesc("codemode_agent_ready", "1 when the pool is ready to run.", nil, nil),
+		ready:    prometheus.NewDesc("codemode_agent_ready", "1 when the engine answers and the pool has warmed.", nil, nil),
 	}
 }
 
@@ -48,7 +48,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, float64(st.Max))
 	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(c.svc.sessions.Len()))
 	ready := 0.0
-	if st.Ready {
+	if st.Ready && st.Warmed {
 		ready = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, ready)

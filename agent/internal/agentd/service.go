@@ -346,8 +346,11 @@ func (s *Service) Status() *agentv1.AgentStatus {
 		Free:      int32(max(st.Max-st.Busy-sessions, 0)),
 		Languages: langs,
 		Runtime:   s.cfg.Runtime,
-		Ready:     st.Ready,
-		Defaults:  s.defaults(),
+		// Not before the pool has warmed: a control plane routing to an
+		// agent still starting its sandboxes would hold each run there
+		// for a start while warm agents idle.
+		Ready:    st.Ready && st.Warmed,
+		Defaults: s.defaults(),
 	}
 }
 

@@ -106,6 +106,7 @@ type Pool struct {
 	recycling int                 // being scrubbed
 	waiting   int                 // callers waiting for a default sandbox
 	ready     bool                // the engine answers
+	warmed    bool                // see Stats.Warmed
 	closed    bool
 	versions  map[string]string
 	changed   chan struct{} // closed and replaced on every change
@@ -218,7 +219,12 @@ func (p *Pool) Close(ctx context.Context) error {
 // Stats is a snapshot of the pool.
 type Stats struct {
 	Warm, Busy, Held, Starting, Recycling, Max int
-	Ready                                      bool
+	// Ready: the engine answers.
+	Ready bool
+	// Warmed: since the engine was last reached, the pool has had its
+	// MinWarm warm sandboxes, or has failed to start one. Until then a
+	// run may wait for a sandbox to start.
+	Warmed bool
 	// Versions are the interpreter versions the runners report.
 	Versions map[string]string
 }
@@ -230,7 +236,7 @@ func (p *Pool) Stats() Stats {
 	return Stats{
 		Warm: len(p.warm), Busy: p.busy, Held: p.held,
 		Starting: p.starting + p.direct, Recycling: p.recycling, Max: p.cfg.Max,
-		Ready: p.ready && !p.closed, Versions: p.versions,
+		Ready: p.ready && !p.closed, Warmed: p.warmed, Versions: p.versions,
 	}
 }
 
@@ -389,6 +395,7 @@ func (p *Pool) recycleLocked(sb *Sandbox, reusable bool) {
 		default:
 			sb.idleSince = time.Now()
 			p.warm = append(p.warm, sb)
+			p.noteWarmLocked()
 		}
 		p.broadcastLocked()
 	})
@@ -427,6 +434,14 @@ func (p *Pool) destroyLocked(sb *Sandbox) {
 	delete(p.live, sb.ID())
 	p.kickFill()
 	p.wg.Go(func() { p.destroyNow(sb) })
+}
+
+// noteWarmLocked records that the pool has warmed once it has MinWarm warm
+// sandboxes. p.mu is held.
+func (p *Pool) noteWarmLocked() {
+	if len(p.warm) >= p.cfg.MinWarm {
+		p.warmed = true
+	}
 }
 
 func (p *Pool) totalLocked() int {
@@ -508,6 +523,9 @@ func (p *Pool) fill(ctx context.Context) {
 			p.starting--
 			defer p.broadcastLocked()
 			if err != nil {
+				// Runs will meet the same error: waiting for warm
+				// sandboxes would hide it.
+				p.warmed = true
 				p.failures++
 				backoff := min(time.Duration(1<<min(p.failures, 5))*250*time.Millisecond, 10*time.Second)
 				p.nextFill = time.Now().Add(backoff)
@@ -526,6 +544,7 @@ func (p *Pool) fill(ctx context.Context) {
 			p.live[sb.ID()] = sb
 			sb.idleSince = time.Now()
 			p.warm = append(p.warm, sb)
+			p.noteWarmLocked()
 			p.kickFill()
 		})
 	}
@@ -568,7 +587,7 @@ func (p *Pool) reconnect(ctx context.Context) {
 	case err != nil && wasReady:
 		p.log.Warn("container engine unavailable; answering unavailable until it is back", "error", err)
 		p.mu.Lock()
-		p.ready = false
+		p.ready, p.warmed = false, false
 		warm := p.warm
 		p.warm = nil
 		for _, sb := range warm {
@@ -602,7 +621,7 @@ func (p *Pool) reconnect(ctx context.Context) {
 			p.log.Info("removed leftover sandboxes", "count", n)
 		}
 		p.mu.Lock()
-		p.ready = true
+		p.ready, p.warmed = true, p.cfg.MinWarm == 0
 		p.failures = 0
 		p.nextFill = time.Time{}
 		p.broadcastLocked()

@@ -28,6 +28,10 @@ type fakeDriver struct {
 	live     map[string]*fakeContainer
 	removed  []string
 	startDur time.Duration
+	// gate, if set, holds each start until it receives.
+	gate chan struct{}
+	// failStarts makes starts fail while the engine answers.
+	failStarts bool
 }
 
 var _ sandbox.Driver = (*fakeDriver)(nil)
@@ -46,9 +50,21 @@ func (d *fakeDriver) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Cont
 		d.mu.Unlock()
 		return nil, fmt.Errorf("start: %w", sandbox.ErrUnavailable)
 	}
+	if d.failStarts {
+		d.mu.Unlock()
+		return nil, errors.New("start: no such image")
+	}
 	d.started++
 	id := fmt.Sprintf("c%03d", d.started)
+	gate := d.gate
 	d.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	time.Sleep(d.startDur)
 	c := newFakeContainer(id)
 	d.mu.Lock()
@@ -381,6 +397,48 @@ func TestPoolEngineAway(t *testing.T) {
 		t.Error(err)
 	}
 	p.Release(sb, true)
+}
+
+// TestPoolWarmed: the pool says it has warmed once it has its MinWarm warm
+// sandboxes, again after the engine comes back, and at once if starts
+// fail (runs would meet the same error).
+func TestPoolWarmed(t *testing.T) {
+	t.Parallel()
+	t.Run("starts", func(t *testing.T) {
+		t.Parallel()
+		d := newFakeDriver()
+		d.gate = make(chan struct{})
+		p := newTestPool(t, d, func(c *Config) { c.MinWarm, c.Max = 2, 3 })
+		if st := p.Stats(); !st.Ready || st.Warmed {
+			t.Fatalf("before any start: ready %v, warmed %v; want ready, not warmed", st.Ready, st.Warmed)
+		}
+		d.gate <- struct{}{}
+		waitUntil(t, "one warm sandbox", func() bool { return p.Stats().Warm == 1 })
+		if p.Stats().Warmed {
+			t.Fatal("warmed with 1 of 2 warm sandboxes")
+		}
+		d.gate <- struct{}{}
+		waitUntil(t, "warmed", func() bool { return p.Stats().Warmed })
+		close(d.gate)
+		d.setDown(true)
+		p.NoteError(sandbox.ErrUnavailable)
+		waitUntil(t, "not ready", func() bool { return !p.Stats().Ready })
+		if p.Stats().Warmed {
+			t.Fatal("warmed with the engine away")
+		}
+		d.setDown(false)
+		waitUntil(t, "warmed again", func() bool { st := p.Stats(); return st.Ready && st.Warmed && st.Warm >= 2 })
+	})
+	t.Run("failed start", func(t *testing.T) {
+		t.Parallel()
+		d := newFakeDriver()
+		d.failStarts = true
+		p := newTestPool(t, d, nil)
+		waitUntil(t, "warmed", func() bool { return p.Stats().Warmed })
+		if st := p.Stats(); !st.Ready || st.Warm != 0 {
+			t.Fatalf("ready %v with %d warm, want ready with none", st.Ready, st.Warm)
+		}
+	})
 }
 
 func TestPoolReplacesDeadWarmSandbox(t *testing.T) {

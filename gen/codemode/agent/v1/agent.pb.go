@@ -687,7 +687,8 @@ type AgentStatus struct {
 	Languages []*v1.Language `protobuf:"bytes,8,rep,name=languages,proto3" json:"languages,omitempty"`
 	// OCI runtime of the sandboxes ("runsc").
 	Runtime string `protobuf:"bytes,9,opt,name=runtime,proto3" json:"runtime,omitempty"`
-	// Whether the agent can take runs now (false while its container engine is away).
+	// Whether the agent can take runs now: its container engine answers and its
+	// warm sandboxes have started (or failed to).
 	Ready bool `protobuf:"varint,10,opt,name=ready,proto3" json:"ready,omitempty"`
 	// What runs get for what their requests leave unset, and the most they
 	// may ask for.
