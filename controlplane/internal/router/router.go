@@ -123,11 +123,11 @@ type score struct{ free, capacity int }
 // cmp compares the fractions free/capacity of s and o.
 func (s score) cmp(o score) int { return cmp.Compare(s.free*o.capacity, o.free*s.capacity) }
 
-// near reports whether s is at most one run short of best's fraction: one
-// run more free on s, or one less on best, would make s at least as free.
-// (Either, because a run is a larger part of a smaller capacity.)
+// near reports whether s is at most one run short of best: with one run
+// more, best would be no freer than s. (A run on best's scale: on s's,
+// an agent of small capacity that is full would be near one half free.)
 func (s score) near(best score) bool {
-	return (s.free+1)*best.capacity >= best.free*s.capacity || s.free*best.capacity >= (best.free-1)*s.capacity
+	return s.free*best.capacity >= (best.free-1)*s.capacity
 }
 
 // Matches reports whether the agent has every label of labels.
