@@ -273,7 +273,11 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(server.NewClient()), strings.TrimRight(cfg.ControlPlane, "/"))
 	var svc *execution.Service // set before anything is served
 	knownLanguage := func(name string) bool { return svc.KnownLanguage(name) }
-	policies, err := policy.New(ctx, policy.Options{ConfigPath: cfg.PolicyConfig, CacheDir: cfg.PolicyCacheDir, KnownLanguage: knownLanguage, Logger: logger})
+	metrics := telemetry.NewMetrics()
+	policyMetrics := policy.NewMetrics()
+	metrics.MustRegister(policyMetrics)
+	policies, err := policy.New(ctx, policy.Options{ConfigPath: cfg.PolicyConfig, CacheDir: cfg.PolicyCacheDir, KnownLanguage: knownLanguage, Logger: logger,
+		Metrics: policyMetrics})
 	if err != nil {
 		ln.Close()
 		return fmt.Errorf("load policies: %w", err)
@@ -281,7 +285,6 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	defer policies.Close(context.WithoutCancel(ctx))
 	go policies.Watch(ctx, policyWatchInterval)
 	limits := admission.New(cfg.Admission)
-	metrics := telemetry.NewMetrics()
 	if err := metrics.StartMetrics(ctx, cfg.MetricsAddr, logger.With("component", "metrics")); err != nil {
 		ln.Close()
 		return err

@@ -38,6 +38,8 @@ type Options struct {
 	// is there to compare the two; modules that cannot be instrumented use
 	// it anyway.
 	ContextInterrupt bool
+	// Metrics, if set, count every policy call's decision and time it.
+	Metrics *Metrics
 }
 
 // Engine evaluates requests and results against the loaded policies. Create
@@ -159,6 +161,7 @@ func (e *Engine) build(ctx context.Context, raw []byte, prev *generation) (_ *ge
 			// Not serving yet: nothing has counted on m.
 			m.counters = p.counters
 		}
+		m.metrics = e.opts.Metrics.module(pc.Phase, pc.Name)
 		if pc.Phase == PhaseRequest {
 			g.request = append(g.request, m)
 		} else {

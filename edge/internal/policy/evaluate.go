@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"time"
 
 	"connectrpc.com/connect"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
@@ -95,7 +96,7 @@ type chain struct {
 
 // runChain runs the policies mods in order, as both phases do: it encodes
 // the input again only when it changed, calls each policy, checks its
-// decision and counts it. The first deny, or the first failure of a policy
+// decision and counts it (and, with [Metrics], times it). The first deny, or the first failure of a policy
 // that fails closed, ends the chain with a [*Denial]; a policy that fails
 // open is skipped; an allowed decision is applied, and its annotations are
 // added to the ones it returns. A cancelled ctx ends the chain with ctx's
@@ -118,6 +119,7 @@ func runChain[T any, D interface {
 			dirty = false
 		}
 		d := D(new(T))
+		start := time.Now()
 		err := m.call(ctx, input, func(b []byte) error { return unmarshalStrict(b, d) })
 		if err == nil {
 			if err = p.check(d); err != nil {
@@ -126,15 +128,20 @@ func runChain[T any, D interface {
 		}
 		if err != nil {
 			if ctx.Err() != nil {
+				m.metrics.observe(outcomeCancelled, time.Since(start))
 				return nil, ctx.Err()
 			}
-			if denial := m.failed(err, c.requestID); denial != nil {
+			denial := m.failed(err, c.requestID)
+			if denial != nil {
+				m.metrics.observe(outcomeFailClosed, time.Since(start))
 				return nil, denial
 			}
+			m.metrics.observe(outcomeFailOpen, time.Since(start))
 			continue
 		}
 		if d.GetVerdict() == policyv1.Verdict_VERDICT_DENY {
 			m.counters.denied.Add(1)
+			m.metrics.observe(outcomeDeny, time.Since(start))
 			reason := d.GetReason()
 			if reason == "" {
 				reason = c.denied + m.cfg.Name
@@ -143,9 +150,11 @@ func runChain[T any, D interface {
 			return nil, &Denial{Policy: m.cfg.Name, Reason: reason, Cause: policyv1.Cause_CAUSE_DENIED, RequestID: c.requestID}
 		}
 		m.counters.allowed.Add(1)
+		o := outcomeAllow
 		if p.apply(m, d) {
-			dirty = true
+			dirty, o = true, outcomeRewrite
 		}
+		m.metrics.observe(o, time.Since(start))
 		if a := d.GetAnnotations(); len(a) > 0 {
 			if annotations == nil {
 				annotations = make(map[string]string, len(a))

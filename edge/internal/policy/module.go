@@ -68,6 +68,8 @@ type module struct {
 	// the generations before and after this one, so a reload does not reset
 	// them.
 	counters *counters
+	// metrics are the policy's Prometheus series; nil: none.
+	metrics *moduleMetrics
 }
 
 // instance is one instantiated module, used by one call at a time.
