@@ -143,6 +143,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		ShmBytes: cfg.ShmSize,
 	}
 	a := &Agent{cfg: cfg, log: logger, driver: driver}
+	poolMetrics := pool.NewMetrics()
 	p, err := pool.New(pool.Config{
 		OnReady:  a.setHealth,
 		Driver:   driver,
@@ -153,6 +154,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		WarmIdle: cfg.WarmIdle,
 		Labels:   labels,
 		Logger:   logger.With("component", "pool"),
+		Metrics:  poolMetrics,
 	})
 	if err != nil {
 		driver.Close()
@@ -187,7 +189,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		Log:      logger.With("component", "egress"),
 	})
 	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, sessions: sessions, egress: a.egress, metrics: telemetry.NewMetrics()}
-	a.svc.metrics.MustRegister(newPoolCollector(a.svc))
+	a.svc.metrics.MustRegister(newPoolCollector(a.svc), poolMetrics)
 	logger.Info("agent started", "name", cfg.Name, "labels", labelString(cfg.Labels), "image", cfg.Image,
 		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes)
 	return a, nil

@@ -62,6 +62,8 @@ type Config struct {
 	// leftovers carrying them are removed when the engine is first reached.
 	Labels map[string]string
 	Logger *slog.Logger
+	// Metrics, if set, count sandboxes' and sessions' lifecycles.
+	Metrics *Metrics
 }
 
 // Defaults.
@@ -195,6 +197,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	all := make([]*Sandbox, 0, len(p.live))
 	for _, sb := range p.live {
 		all = append(all, sb)
+		p.cfg.Metrics.destroy(destroyPoolClosed)
 	}
 	p.live = map[string]*Sandbox{}
 	p.warm = nil
@@ -300,12 +303,17 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 				// It died while it waited (killed from outside, or the
 				// engine went away): replace it.
 				p.log.Warn("warm sandbox died", "sandbox_id", shortID(sb.ID()))
-				p.destroyLocked(sb)
+				p.destroyLocked(sb, destroyDied)
 				p.noteErrSoon()
 				continue
 			}
 			p.busy++
 			p.kickFill()
+			if sb.uses > 0 {
+				p.cfg.Metrics.took(takeReused)
+			} else {
+				p.cfg.Metrics.took(takeWarm)
+			}
 			return sb, nil
 		}
 		// Sandboxes on their way to the warm list that no earlier caller
@@ -324,7 +332,9 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 				}
 				p.direct++
 				p.mu.Unlock()
+				t0 := time.Now()
 				sb, err := p.open(ctx, memory)
+				p.cfg.Metrics.started(false, time.Since(t0), err)
 				p.mu.Lock()
 				p.direct--
 				if err != nil {
@@ -333,6 +343,7 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 					return nil, err
 				}
 				if p.closed {
+					p.cfg.Metrics.destroy(destroyPoolClosed)
 					p.mu.Unlock()
 					p.destroyNow(sb)
 					p.mu.Lock()
@@ -342,6 +353,7 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 				p.live[sb.ID()] = sb
 				p.setVersions(sb.Versions())
 				p.busy++
+				p.cfg.Metrics.took(takeCold)
 				return sb, nil
 			}
 		}
@@ -374,14 +386,16 @@ func (p *Pool) Release(sb *Sandbox, reusable bool) {
 
 func (p *Pool) recycleLocked(sb *Sandbox, reusable bool) {
 	defer p.broadcastLocked()
-	if !reusable || sb.dedicated || sb.uses >= p.cfg.MaxReuse || !p.ready || p.closed {
-		p.destroyLocked(sb)
+	if reason := p.unfitLocked(sb, reusable); reason != "" {
+		p.destroyLocked(sb, reason)
 		return
 	}
 	p.recycling++
 	p.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ResetTimeout)
+		t0 := time.Now()
 		err := sb.Reset(ctx)
+		p.cfg.Metrics.scrubbed(time.Since(t0), err)
 		cancel()
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -389,9 +403,9 @@ func (p *Pool) recycleLocked(sb *Sandbox, reusable bool) {
 		switch {
 		case err != nil:
 			p.log.Warn("scrub sandbox; destroying it", "sandbox_id", shortID(sb.ID()), "error", err)
-			p.destroyLocked(sb)
+			p.destroyLocked(sb, destroyScrubFailed)
 		case p.closed || !p.ready:
-			p.destroyLocked(sb)
+			p.destroyLocked(sb, destroyEngineAway)
 		default:
 			sb.idleSince = time.Now()
 			p.warm = append(p.warm, sb)
@@ -399,6 +413,24 @@ func (p *Pool) recycleLocked(sb *Sandbox, reusable bool) {
 		}
 		p.broadcastLocked()
 	})
+}
+
+// unfitLocked returns why sb, given back after a run, is not to serve
+// another, or "" if it is. p.mu is held.
+func (p *Pool) unfitLocked(sb *Sandbox, reusable bool) string {
+	switch {
+	case p.closed:
+		return destroyPoolClosed
+	case !p.ready:
+		return destroyEngineAway
+	case sb.dedicated:
+		return destroyDedicated
+	case !reusable:
+		return destroyNotReusable
+	case sb.uses >= p.cfg.MaxReuse:
+		return destroyMaxReuse
+	}
+	return ""
 }
 
 // Hold takes a sandbox for a session, as Acquire does. Give it back with
@@ -420,17 +452,19 @@ func (p *Pool) Drop(sb *Sandbox) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.held--
-	p.destroyLocked(sb)
+	p.destroyLocked(sb, destroySessionEnded)
 	p.broadcastLocked()
 }
 
-// destroyLocked forgets sb and removes its container in the background.
-func (p *Pool) destroyLocked(sb *Sandbox) {
+// destroyLocked forgets sb and removes its container in the background;
+// reason is why, for Metrics.
+func (p *Pool) destroyLocked(sb *Sandbox, reason string) {
 	if p.closed {
-		// Close removed every container already.
+		// Close removed (and counted) every container already.
 		sb.rc.Close()
 		return
 	}
+	p.cfg.Metrics.destroy(reason)
 	delete(p.live, sb.ID())
 	p.kickFill()
 	p.wg.Go(func() { p.destroyNow(sb) })
@@ -508,7 +542,7 @@ func (p *Pool) fill(ctx context.Context) {
 	for len(p.warm) > p.cfg.MinWarm && time.Since(p.warm[0].idleSince) > p.cfg.WarmIdle {
 		sb := p.warm[0]
 		p.warm = p.warm[1:]
-		p.destroyLocked(sb)
+		p.destroyLocked(sb, destroyIdle)
 	}
 	for p.ready && !p.closed &&
 		len(p.warm)+p.starting+p.recycling < p.cfg.MinWarm &&
@@ -517,7 +551,9 @@ func (p *Pool) fill(ctx context.Context) {
 		!time.Now().Before(p.nextFill) {
 		p.starting++
 		p.wg.Go(func() {
+			t0 := time.Now()
 			sb, err := p.open(ctx, p.cfg.Spec.MemoryBytes)
+			p.cfg.Metrics.started(true, time.Since(t0), err)
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			p.starting--
@@ -538,6 +574,11 @@ func (p *Pool) fill(ctx context.Context) {
 			p.failures = 0
 			p.setVersions(sb.Versions())
 			if p.closed || !p.ready {
+				reason := destroyEngineAway
+				if p.closed {
+					reason = destroyPoolClosed
+				}
+				p.cfg.Metrics.destroy(reason)
 				p.wg.Go(func() { p.destroyNow(sb) })
 				return
 			}
@@ -592,6 +633,7 @@ func (p *Pool) reconnect(ctx context.Context) {
 		p.warm = nil
 		for _, sb := range warm {
 			delete(p.live, sb.ID())
+			p.cfg.Metrics.destroy(destroyEngineAway)
 		}
 		p.broadcastLocked()
 		p.mu.Unlock()

@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
@@ -236,7 +239,8 @@ func run(t *testing.T, sb *Sandbox, code string) error {
 func TestPoolRecyclesBoundedTimes(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
-	p := newTestPool(t, d, func(c *Config) { c.Max = 1 })
+	m := NewMetrics()
+	p := newTestPool(t, d, func(c *Config) { c.Max, c.Metrics = 1, m })
 	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
 	var ids []string
 	for range 4 {
@@ -257,6 +261,26 @@ func TestPoolRecyclesBoundedTimes(t *testing.T) {
 	}
 	if got := d.get("c001"); got != nil && !isDone(got) {
 		t.Errorf("worn-out sandbox still live")
+	}
+	// The first and the fourth run took a new sandbox (warm, or started
+	// for the run if the pool had not started one yet), the second and
+	// the third the first one scrubbed; all but the third were scrubbed.
+	waitUntil(t, "three scrubs", func() bool { return counted(t, m.scrubs, "ok") == 3 })
+	for _, c := range []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"new sandboxes taken", counted(t, m.takes, takeWarm) + counted(t, m.takes, takeCold), 2},
+		{"reused sandboxes taken", counted(t, m.takes, takeReused), 2},
+		{"destroyed after MaxReuse", counted(t, m.destroyed, destroyMaxReuse), 1},
+		{"destroyed", counted(t, m.destroyed), 1},
+		{"failed scrubs", counted(t, m.scrubs, "error"), 0},
+		{"started", counted(t, m.starts, "warm", "ok") + counted(t, m.starts, "run", "ok"), 2},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
+		}
 	}
 }
 
@@ -298,7 +322,8 @@ func TestPoolPrefersPrestartedLanguage(t *testing.T) {
 func TestPoolDestroysOnAbnormal(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
-	p := newTestPool(t, d, nil)
+	m := NewMetrics()
+	p := newTestPool(t, d, func(c *Config) { c.Metrics = m })
 	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
 
 	// Not reusable: destroyed, not scrubbed.
@@ -320,6 +345,46 @@ func TestPoolDestroysOnAbnormal(t *testing.T) {
 	if st := p.Stats(); st.Busy != 0 || st.Recycling != 0 {
 		t.Errorf("stats after: %+v", st)
 	}
+	if n, f, all := counted(t, m.destroyed, destroyNotReusable), counted(t, m.destroyed, destroyScrubFailed), counted(t, m.destroyed); n != 1 || f != 1 || all != 2 {
+		t.Errorf("destroyed %v not reusable and %v whose scrub failed, %v in all; want 1, 1, 2", n, f, all)
+	}
+	if got := counted(t, m.scrubs, "error"); got != 1 {
+		t.Errorf("failed scrubs: %v, want 1", got)
+	}
+	// Closing destroys what is left, and every sandbox started is counted
+	// destroyed once.
+	waitUntil(t, "no start under way", func() bool { return p.Stats().Starting == 0 })
+	if err := p.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	started := counted(t, m.starts, "warm", "ok") + counted(t, m.starts, "run", "ok")
+	if destroyed := counted(t, m.destroyed); destroyed != started || counted(t, m.destroyed, destroyPoolClosed) < 1 {
+		t.Errorf("started %v, destroyed %v (%v on close); want all destroyed, some on close", started, destroyed, counted(t, m.destroyed, destroyPoolClosed))
+	}
+}
+
+// counted returns the sum of the series of v whose first labels are
+// values.
+func counted(t *testing.T, v *prometheus.CounterVec, values ...string) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 64)
+	v.Collect(ch)
+	close(ch)
+	var sum float64
+next:
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range values {
+			if pb.GetLabel()[i].GetValue() != want {
+				continue next
+			}
+		}
+		sum += pb.GetCounter().GetValue()
+	}
+	return sum
 }
 
 func isDone(c *fakeContainer) bool {
@@ -464,7 +529,8 @@ func TestPoolReplacesDeadWarmSandbox(t *testing.T) {
 func TestSessions(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
-	p := newTestPool(t, d, func(c *Config) { c.Max = 3 })
+	m := NewMetrics()
+	p := newTestPool(t, d, func(c *Config) { c.Max, c.Metrics = 3, m })
 	s := NewSessions(p, SessionsConfig{Max: 2, IdleTTL: 200 * time.Millisecond, MaxIdleTTL: 2 * time.Hour})
 	t.Cleanup(s.CloseAll)
 	ctx := t.Context()
@@ -541,6 +607,30 @@ func TestSessions(t *testing.T) {
 	if st := p.Stats(); st.Held != 0 {
 		t.Errorf("held sandboxes after sessions closed: %+v", st)
 	}
+	// Three sessions opened (a, b, d): b expired, a was lost, d closed.
+	if got := written(t, m.sessionsOpened).GetCounter().GetValue(); got != 3 {
+		t.Errorf("sessions opened: %v, want 3", got)
+	}
+	for _, r := range []EndReason{EndClosed, EndExpired, EndLost} {
+		if got := counted(t, m.sessionsClosed, r.String()); got != 1 {
+			t.Errorf("sessions %s: %v, want 1", r, got)
+		}
+	}
+	if got := counted(t, m.destroyed, destroySessionEnded); got != 3 {
+		t.Errorf("sandboxes destroyed as their session ended: %v, want 3", got)
+	}
+}
+
+// written returns c's one metric as it would be exposed.
+func written(t *testing.T, c prometheus.Collector) *dto.Metric {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 1)
+	c.Collect(ch)
+	var pb dto.Metric
+	if err := (<-ch).Write(&pb); err != nil {
+		t.Fatal(err)
+	}
+	return &pb
 }
 
 // TestJournal checks that sessions ended, and sessions open when the agent

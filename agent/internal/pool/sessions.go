@@ -379,6 +379,7 @@ func (s *Sessions) open(ctx context.Context, id, tenant, language string, idle t
 	if ss.err != nil {
 		return nil, false, ss.err
 	}
+	s.pool.cfg.Metrics.sessionOpened()
 	s.log.Info("session opened", "session_id", id, "tenant", tenant, "language", language, "sandbox_id", shortID(sb.ID()))
 	return ss, true, nil
 }
@@ -412,6 +413,10 @@ func (s *Sessions) drop(ss *Session, reason EndReason, why string) {
 	}
 	ss.dropped = true
 	s.endLocked(ss, reason)
+	if ss.sb != nil {
+		// Opened (one still starting is not counted either way).
+		s.pool.cfg.Metrics.sessionClosed(reason)
+	}
 	if s.m[ss.ID] == ss {
 		delete(s.m, ss.ID)
 	}
