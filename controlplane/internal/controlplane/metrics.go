@@ -17,7 +17,13 @@ import (
 //   - codemode_controlplane_agent_healthy{agent}: 1 while an agent
 //     answers and is ready, by address;
 //   - codemode_controlplane_agent_in_flight{agent}: calls this control
-//     plane has open to each agent.
+//     plane has open to each agent;
+//   - codemode_controlplane_agent_registrations_total: heartbeats from
+//     agents the control plane did not know (new, or forgotten);
+//   - codemode_controlplane_agent_routing_changes_total{change}: agents
+//     joining routing (joined) and leaving it (left: a failed status check
+//     or call, a status not ready, missed heartbeats noticed at the next
+//     pick or scrape, a name no longer resolving to it).
 //
 // A nil *metrics records nothing.
 type metrics struct {
@@ -34,9 +40,11 @@ func newMetrics(r *router.Router) *metrics {
 		}, []string{"kind", "result"}),
 	}
 	m.MustRegister(m.routes, &agentCollector{
-		router:   r,
-		healthy:  prometheus.NewDesc("codemode_controlplane_agent_healthy", "1 while the agent answers and is ready.", []string{"agent"}, nil),
-		inFlight: prometheus.NewDesc("codemode_controlplane_agent_in_flight", "Calls open to the agent.", []string{"agent"}, nil),
+		router:        r,
+		healthy:       prometheus.NewDesc("codemode_controlplane_agent_healthy", "1 while the agent answers and is ready.", []string{"agent"}, nil),
+		inFlight:      prometheus.NewDesc("codemode_controlplane_agent_in_flight", "Calls open to the agent.", []string{"agent"}, nil),
+		registrations: prometheus.NewDesc("codemode_controlplane_agent_registrations_total", "Heartbeats from agents the control plane did not know.", nil, nil),
+		changes:       prometheus.NewDesc("codemode_controlplane_agent_routing_changes_total", "Agents joining routing (joined) and leaving it (left).", []string{"change"}, nil),
 	})
 	return m
 }
@@ -65,8 +73,8 @@ func (m *metrics) execution() *telemetry.Metrics {
 
 // agentCollector reports the router's agents as they are at each scrape.
 type agentCollector struct {
-	router            *router.Router
-	healthy, inFlight *prometheus.Desc
+	router                                    *router.Router
+	healthy, inFlight, registrations, changes *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*agentCollector)(nil)
@@ -74,6 +82,8 @@ var _ prometheus.Collector = (*agentCollector)(nil)
 func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.healthy
 	ch <- c.inFlight
+	ch <- c.registrations
+	ch <- c.changes
 }
 
 func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
@@ -85,4 +95,9 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.healthy, prometheus.GaugeValue, h, a.Address)
 		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(a.InFlight), a.Address)
 	}
+	// Read after listing the agents, which notices missed heartbeats.
+	n := c.router.Membership()
+	ch <- prometheus.MustNewConstMetric(c.registrations, prometheus.CounterValue, float64(n.Registered))
+	ch <- prometheus.MustNewConstMetric(c.changes, prometheus.CounterValue, float64(n.Joined), "joined")
+	ch <- prometheus.MustNewConstMetric(c.changes, prometheus.CounterValue, float64(n.Left), "left")
 }

@@ -43,11 +43,18 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	status := func(name string, free int32) *agentv1.AgentStatus {
 		return &agentv1.AgentStatus{Name: name, Ready: true, Free: free, Capacity: 4}
 	}
+	membership := func(want Membership) {
+		t.Helper()
+		if got := r.Membership(); got != want {
+			t.Fatalf("membership %+v, want %+v", got, want)
+		}
+	}
 	r.Register("127.0.0.11:30031", status("a", 4), interval)
 	r.Register("127.0.0.12:30031", status("b", 2), interval)
 	if a, err := r.Pick(nil); err != nil || a.Address != "127.0.0.11:30031" {
 		t.Fatalf("picked %v, %v; want the agent with more free", a, err)
 	}
+	membership(Membership{Registered: 2, Joined: 2})
 	snaps := r.Agents()
 	if len(snaps) != 2 || !snaps[0].Registered || !snaps[0].Healthy {
 		t.Fatalf("agents %+v, want two registered, healthy", snaps)
@@ -66,6 +73,7 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 			t.Fatalf("silent agent listed as %+v, want unhealthy with a reason", s)
 		}
 	}
+	membership(Membership{Registered: 2, Joined: 2, Left: 1})
 
 	// a comes back with the same address: the same agent, so that
 	// sessions bound to it find it again.
@@ -74,12 +82,14 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	if a, err := r.Pick(nil); err != nil || a != before {
 		t.Fatalf("after rejoining picked %v, %v; want a again", a, err)
 	}
+	membership(Membership{Registered: 2, Joined: 3, Left: 1})
 
 	// A registered agent that reports not ready is not picked.
 	r.Register("127.0.0.11:30031", &agentv1.AgentStatus{Name: "a", Free: 4}, interval)
 	if a, _ := r.Pick(nil); a.Address != "127.0.0.12:30031" {
 		t.Fatalf("picked %v, want b while a is not ready", a)
 	}
+	membership(Membership{Registered: 2, Joined: 3, Left: 2})
 
 	// Silent long enough, an agent is forgotten.
 	c.advance(ForgetAgentAfter + time.Second)
@@ -88,6 +98,9 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	if got := r.All(); len(got) != 1 || got[0].Address != "127.0.0.12:30031" {
 		t.Fatalf("agents %v, want only b", got)
 	}
+	membership(Membership{Registered: 2, Joined: 3, Left: 2})
+	r.Register("127.0.0.11:30031", status("a", 4), interval)
+	membership(Membership{Registered: 3, Joined: 4, Left: 2})
 }
 
 // resolver answers from a table that the test changes.

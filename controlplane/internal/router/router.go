@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -66,6 +67,9 @@ type Agent struct {
 	// lastSeen is the last heartbeat or successful status check.
 	lastSeen time.Time
 	now      func() time.Time
+	// routed: the agent was in routing when last settled (see settleLocked).
+	routed     bool
+	membership *membership
 
 	// credit orders agents of equal score (see Pick); guarded by the
 	// Router's mu.
@@ -86,11 +90,28 @@ type Snapshot struct {
 func (a *Agent) snapshot() Snapshot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.settleLocked()
 	healthy, lastErr := a.healthy, a.lastErr
 	if a.expiredLocked() {
 		healthy, lastErr = false, "missed its heartbeats"
 	}
 	return Snapshot{Address: a.Address, Healthy: healthy, Status: a.status, InFlight: a.inFlight, Error: lastErr, Registered: !a.expires.IsZero()}
+}
+
+// settleLocked counts the agent joining or leaving routing since it was
+// last settled. Missed heartbeats are noticed here, when the agent is next
+// considered or listed. a.mu is held.
+func (a *Agent) settleLocked() {
+	in := a.healthy && a.status != nil && !a.expiredLocked()
+	if in == a.routed {
+		return
+	}
+	a.routed = in
+	if in {
+		a.membership.joined.Add(1)
+	} else {
+		a.membership.left.Add(1)
+	}
 }
 
 // expiredLocked reports whether the agent's heartbeats stopped. a.mu is held.
@@ -105,6 +126,7 @@ func (a *Agent) expiredLocked() bool {
 func (a *Agent) score() (score, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.settleLocked()
 	if !a.healthy || a.status == nil || a.expiredLocked() {
 		return score{}, false
 	}
@@ -165,6 +187,7 @@ func (a *Agent) MarkDown(err error) {
 	a.mu.Lock()
 	a.healthy = false
 	a.lastErr = err.Error()
+	a.settleLocked()
 	a.mu.Unlock()
 }
 
@@ -247,6 +270,8 @@ type Router struct {
 	mu       sync.Mutex
 	sessions map[string]binding // session id -> agent holding it
 
+	membership membership
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -315,9 +340,10 @@ func (r *Router) addLocked(addr string) *Agent {
 		base = "http://" + base
 	}
 	a := &Agent{
-		Address: addr,
-		Client:  agentv1connect.NewAgentServiceClient(r.cfg.HTTPClient, base, r.cfg.ClientOptions...),
-		now:     r.now,
+		Address:    addr,
+		Client:     agentv1connect.NewAgentServiceClient(r.cfg.HTTPClient, base, r.cfg.ClientOptions...),
+		now:        r.now,
+		membership: &r.membership,
 	}
 	r.agents = append(r.agents, a)
 	r.byAddr[addr] = a
@@ -331,6 +357,12 @@ func (r *Router) removeLocked(addr string) {
 	if !ok {
 		return
 	}
+	a.mu.Lock()
+	if a.routed {
+		a.routed = false
+		r.membership.left.Add(1)
+	}
+	a.mu.Unlock()
 	delete(r.byAddr, addr)
 	r.agents = slices.DeleteFunc(r.agents, func(b *Agent) bool { return b == a })
 }
@@ -452,7 +484,9 @@ func (r *Router) Register(addr string, status *agentv1.AgentStatus, interval tim
 	}
 	a.status, a.reported = status, a.inFlight
 	a.lastSeen = now
+	a.settleLocked()
 	if !known {
+		r.membership.registered.Add(1)
 		r.logger.Info("agent registered", "agent", addr, "name", status.GetName(), "healthy", a.healthy)
 	} else if is := a.healthy && !a.expiredLocked(); is != was {
 		r.logger.Info("agent health changed", "agent", addr, "name", status.GetName(), "healthy", is, "error", a.lastErr)
@@ -514,8 +548,30 @@ func (r *Router) refresh(ctx context.Context, a *Agent) {
 			a.lastErr = "agent reports not ready"
 		}
 	}
+	a.settleLocked()
 	if was != a.healthy {
 		r.logger.Info("agent health changed", "agent", a.Address, "healthy", a.healthy, "error", a.lastErr)
+	}
+}
+
+// membership counts agents' comings and goings.
+type membership struct{ registered, joined, left atomic.Uint64 }
+
+// Membership counts, since the router was made, agents that registered
+// (a heartbeat from an address it did not know, or had forgotten), and
+// agents joining routing (a ready status) and leaving it (a failed status
+// check or call, a status not ready, missed heartbeats: these noticed when
+// the agent is next considered for a run or listed).
+type Membership struct {
+	Registered, Joined, Left uint64
+}
+
+// Membership returns the counts so far.
+func (r *Router) Membership() Membership {
+	return Membership{
+		Registered: r.membership.registered.Load(),
+		Joined:     r.membership.joined.Load(),
+		Left:       r.membership.left.Load(),
 	}
 }
 
