@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 )
@@ -80,7 +82,9 @@ next:
 }
 
 // startMetricsStack starts an agent, a control plane and an edge, each
-// serving /metrics on a loopback port of its own.
+// serving /metrics on a loopback port of its own. The edge loads three
+// example policies: languages (python and bash only), prelude (rewrites
+// Python) and redact (result phase).
 func startMetricsStack(t *testing.T) *Stack {
 	t.Helper()
 	if binDir == "" {
@@ -93,6 +97,7 @@ func startMetricsStack(t *testing.T) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	policies := metricsPolicies(t)
 	env := append(s.ClusterEnv(), "METRICS_ADDR=127.0.0.1:0")
 	if s.Agent, err = start("agent", env, "--addr", "127.0.0.1:0", "--name", name, "--runner", filepath.Join(binDir, "runner"), "--state-dir", state, "--min-active", "1"); err != nil {
 		t.Fatal(err)
@@ -100,7 +105,7 @@ func startMetricsStack(t *testing.T) *Stack {
 	if s.ControlPlane, err = start("controlplane", append(env, "REMOTE_HOSTS="+s.Agent.Addr), "--addr", "127.0.0.1:0", "--poll-interval", "200ms"); err != nil {
 		t.Fatal(err)
 	}
-	if s.Edge, err = s.StartEdge([]string{"METRICS_ADDR=127.0.0.1:0"}); err != nil {
+	if s.Edge, err = s.StartEdge([]string{"METRICS_ADDR=127.0.0.1:0", "CODEMODE_POLICY_CONFIG=" + policies}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.waitAgentHealthy(timeoutHealthy); err != nil {
@@ -111,8 +116,67 @@ func startMetricsStack(t *testing.T) *Stack {
 
 const timeoutHealthy = 2 * time.Minute
 
-// TestMetrics makes runs through the edge and finds them counted, by door,
-// language and outcome, in each service's /metrics.
+// metricsPolicies builds the metrics stack's policies and returns their
+// configuration file.
+func metricsPolicies(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	mods, err := policytest.BuildInto(dir, "languages", "prelude", "redact")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type pc struct {
+		Name   string `json:"name"`
+		Path   string `json:"path"`
+		SHA256 string `json:"sha256"`
+		Phase  string `json:"phase"`
+		Order  int    `json:"order"`
+		Config string `json:"config,omitempty"`
+	}
+	p := func(name, phase string, order int, config string) pc {
+		path := mods.Path(t, name)
+		return pc{Name: name, Path: filepath.Base(path), SHA256: policytest.Digest(t, path), Phase: phase, Order: order, Config: config}
+	}
+	b, _ := json.Marshal(map[string]any{
+		"deadline": "2s", // deadlines are not under test here
+		"policies": []pc{
+			p("languages", "request", 10, "*: python, bash"),
+			p("prelude", "request", 20, "import sys; sys.setrecursionlimit(200)"),
+			p("redact", "result", 10, ""),
+		},
+	})
+	config := filepath.Join(dir, "policies.json")
+	if err := os.WriteFile(config, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return config
+}
+
+// settledAgentMetrics scrapes the agent until the scrubs after its
+// stateless runs are done and no sandbox is starting or being scrubbed, so
+// that its counters and gauges agree.
+func settledAgentMetrics(t *testing.T, p *Process, runs float64) map[string]*dto.MetricFamily {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		fams := scrape(t, p)
+		if sample(fams, "codemode_agent_sandbox_scrubs_total", nil) >= runs &&
+			sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "starting"}) == 0 &&
+			sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "recycling"}) == 0 {
+			return fams
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent not settled after a minute: scrubs %v, starting %v, recycling %v", sample(fams, "codemode_agent_sandbox_scrubs_total", nil),
+				sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "starting"}), sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "recycling"}))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestMetrics makes runs through the edge, one that a policy denies and a
+// session, and finds them counted in each service's /metrics: runs by door,
+// language and outcome, policy decisions, routing, and the agent's
+// sandboxes and sessions.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	s := startMetricsStack(t)
@@ -134,6 +198,17 @@ func TestMetrics(t *testing.T) {
 			t.Fatalf("execute: %v\n%s", err, s.Logs())
 		}
 	}
+	c := edgev1connect.NewExecutionServiceClient(httpClient, s.Edge.URL())
+	if _, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "sh", Code: "echo 1"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("a run in sh: %v, want permission_denied by the languages policy", err)
+	}
+	sess, err := c.CreateSession(t.Context(), connect.NewRequest(&edgev1.CreateSessionRequest{Language: "python"}))
+	if err != nil {
+		t.Fatalf("create session: %v", err)
+	}
+	if _, err := c.CloseSession(t.Context(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: sess.Msg.GetSession().GetId()})); err != nil {
+		t.Fatalf("close session: %v", err)
+	}
 	const total = "codemode_executions_total"
 	edge := scrape(t, s.Edge)
 	for _, c := range []struct {
@@ -143,14 +218,42 @@ func TestMetrics(t *testing.T) {
 		{map[string]string{"door": "connect", "language": "python", "outcome": "ok"}, 2},
 		{map[string]string{"door": "grpc", "language": "python", "outcome": "ok"}, 1},
 		{map[string]string{"door": "grpc", "language": "bash", "outcome": "exit"}, 1},
-		{nil, 4},
+		{map[string]string{"door": "connect", "language": "sh", "outcome": "permission_denied"}, 1},
+		{nil, 5},
 	} {
 		if got := sample(edge, total, c.labels); got != c.want {
 			t.Errorf("edge %s%v = %v, want %v", total, c.labels, got, c.want)
 		}
 	}
-	if got := sample(edge, "codemode_execution_seconds", nil); got != 4 {
-		t.Errorf("edge codemode_execution_seconds count = %v, want 4", got)
+	if got := sample(edge, "codemode_execution_seconds", nil); got != 5 {
+		t.Errorf("edge codemode_execution_seconds count = %v, want 5", got)
+	}
+	// Request policies see the five runs and the session's creation; the
+	// languages policy stops the run in sh, so the prelude sees the other
+	// four runs (three in Python, rewritten) and the session (Python,
+	// rewritten). The result policy sees the four results.
+	for _, c := range []struct {
+		phase, policy, decision string
+		want                    float64
+	}{
+		{"request", "languages", "allow", 5},
+		{"request", "languages", "deny", 1},
+		{"request", "prelude", "rewrite", 4},
+		{"request", "prelude", "allow", 1},
+		{"result", "redact", "allow", 4},
+	} {
+		labels := map[string]string{"phase": c.phase, "policy": c.policy, "decision": c.decision}
+		if got := sample(edge, "codemode_policy_decisions_total", labels); got != c.want {
+			t.Errorf("edge codemode_policy_decisions_total%v = %v, want %v", labels, got, c.want)
+		}
+	}
+	for policy, want := range map[string]float64{"languages": 6, "prelude": 5, "redact": 4} {
+		if got := sample(edge, "codemode_policy_decisions_total", map[string]string{"policy": policy}); got != want {
+			t.Errorf("edge codemode_policy_decisions_total{policy=%s} = %v, want %v", policy, got, want)
+		}
+		if got := sample(edge, "codemode_policy_call_seconds", map[string]string{"policy": policy}); got != want {
+			t.Errorf("edge codemode_policy_call_seconds{policy=%s} count = %v, want %v", policy, got, want)
+		}
 	}
 	for _, p := range []*Process{s.ControlPlane, s.Agent} {
 		fams := scrape(t, p)
@@ -177,7 +280,17 @@ func TestMetrics(t *testing.T) {
 	if got := sample(cp, "codemode_controlplane_agent_healthy", map[string]string{"agent": s.Agent.Addr}); got != 1 {
 		t.Errorf("control plane agent_healthy{agent=%s} = %v, want 1", s.Agent.Addr, got)
 	}
-	agent := scrape(t, s.Agent)
+	// The agent is polled (REMOTE_HOSTS), never registered, and in routing
+	// now: it joined once more than it left.
+	joined := sample(cp, "codemode_controlplane_agent_routing_changes_total", map[string]string{"change": "joined"})
+	left := sample(cp, "codemode_controlplane_agent_routing_changes_total", map[string]string{"change": "left"})
+	if joined != left+1 || joined < 1 {
+		t.Errorf("control plane agent joined routing %v times and left %v, want once more joined", joined, left)
+	}
+	if got := sample(cp, "codemode_controlplane_agent_registrations_total", nil); got != 0 || cp["codemode_controlplane_agent_registrations_total"] == nil {
+		t.Errorf("control plane registrations = %v, want 0 for a polled agent", got)
+	}
+	agent := settledAgentMetrics(t, s.Agent, 4)
 	if got := sample(agent, "codemode_queue_wait_seconds", nil); got != 4 {
 		t.Errorf("agent codemode_queue_wait_seconds count = %v, want 4", got)
 	}
@@ -186,6 +299,39 @@ func TestMetrics(t *testing.T) {
 	}
 	if agent["codemode_agent_sandboxes"] == nil || agent["codemode_agent_sessions"] == nil {
 		t.Errorf("agent /metrics lacks pool gauges")
+	}
+	// Sandboxes: each of the four runs and the session took one, each run's
+	// was scrubbed after it, the session's was destroyed when it closed;
+	// every sandbox started is either still there or destroyed.
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"codemode_agent_sandbox_takes_total", nil, 5},
+		{"codemode_agent_sandbox_scrubs_total", map[string]string{"result": "ok"}, 4},
+		{"codemode_agent_sandbox_scrubs_total", nil, 4},
+		{"codemode_agent_sandbox_scrub_seconds", nil, 4},
+		{"codemode_agent_sandboxes_destroyed_total", map[string]string{"reason": "session_ended"}, 1},
+		{"codemode_agent_sessions_opened_total", nil, 1},
+		{"codemode_agent_sessions_closed_total", map[string]string{"reason": "closed"}, 1},
+		{"codemode_agent_sessions_closed_total", nil, 1},
+		{"codemode_agent_sessions", nil, 0},
+	} {
+		if got := sample(agent, c.name, c.labels); got != c.want {
+			t.Errorf("agent %s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	started := sample(agent, "codemode_agent_sandbox_starts_total", map[string]string{"result": "ok"})
+	if warm := sample(agent, "codemode_agent_sandbox_starts_total", map[string]string{"for": "warm", "result": "ok"}); warm < 1 {
+		t.Errorf("agent warm sandbox starts = %v, want at least the one of --min-active", warm)
+	}
+	if got := sample(agent, "codemode_agent_sandbox_start_seconds", nil); got != started {
+		t.Errorf("agent codemode_agent_sandbox_start_seconds count = %v, want one per start, %v", got, started)
+	}
+	destroyed := sample(agent, "codemode_agent_sandboxes_destroyed_total", nil)
+	if there := sample(agent, "codemode_agent_sandboxes", nil); started-destroyed != there {
+		t.Errorf("agent started %v sandboxes and destroyed %v, but has %v", started, destroyed, there)
 	}
 	for name, fams := range map[string]map[string]*dto.MetricFamily{"edge": edge, "control plane": cp, "agent": agent} {
 		for fname, f := range fams {
