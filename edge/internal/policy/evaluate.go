@@ -96,11 +96,11 @@ type chain struct {
 
 // runChain runs the policies mods in order, as both phases do: it encodes
 // the input again only when it changed, calls each policy, checks its
-// decision and counts it (and, with [Metrics], times it). The first deny, or the first failure of a policy
-// that fails closed, ends the chain with a [*Denial]; a policy that fails
-// open is skipped; an allowed decision is applied, and its annotations are
-// added to the ones it returns. A cancelled ctx ends the chain with ctx's
-// error.
+// decision and counts it (and, with [Metrics], times it). The first deny,
+// or the first failure of a policy that fails closed, ends the chain with a
+// [*Denial]; a policy that fails open is skipped; an allowed decision is
+// applied, and its annotations are added to the ones it returns. A
+// cancelled ctx ends the chain with ctx's error.
 func runChain[T any, D interface {
 	*T
 	decision
@@ -131,8 +131,7 @@ func runChain[T any, D interface {
 				m.metrics.observe(outcomeCancelled, time.Since(start))
 				return nil, ctx.Err()
 			}
-			denial := m.failed(err, c.requestID)
-			if denial != nil {
+			if denial := m.failed(err, c.requestID); denial != nil {
 				m.metrics.observe(outcomeFailClosed, time.Since(start))
 				return nil, denial
 			}
