@@ -74,6 +74,10 @@ const (
 	// maxStarting bounds the warm sandboxes started at once: starting one
 	// is CPU-heavy under runsc.
 	maxStarting = 2
+	// startFailuresWarmed warm starts failing in a row make the pool
+	// warmed (see Stats.Warmed) without its warm sandboxes: the failure
+	// is not a passing one.
+	startFailuresWarmed = 3
 )
 
 // Validate reports the first problem with c.
@@ -225,8 +229,8 @@ type Stats struct {
 	// Ready: the engine answers.
 	Ready bool
 	// Warmed: since the engine was last reached, the pool has had its
-	// MinWarm warm sandboxes, or has failed to start one. Until then a
-	// run may wait for a sandbox to start.
+	// MinWarm warm sandboxes, or has failed to start one three times in
+	// a row. Until then a run may wait for a sandbox to start.
 	Warmed bool
 	// Versions are the interpreter versions the runners report.
 	Versions map[string]string
@@ -559,10 +563,12 @@ func (p *Pool) fill(ctx context.Context) {
 			p.starting--
 			defer p.broadcastLocked()
 			if err != nil {
-				// Runs will meet the same error: waiting for warm
-				// sandboxes would hide it.
-				p.warmed = true
 				p.failures++
+				if p.failures >= startFailuresWarmed {
+					// Runs will meet the same error: waiting for
+					// warm sandboxes would hide it.
+					p.warmed = true
+				}
 				backoff := min(time.Duration(1<<min(p.failures, 5))*250*time.Millisecond, 10*time.Second)
 				p.nextFill = time.Now().Add(backoff)
 				if ctx.Err() == nil {

@@ -33,8 +33,10 @@ type fakeDriver struct {
 	startDur time.Duration
 	// gate, if set, holds each start until it receives.
 	gate chan struct{}
-	// failStarts makes starts fail while the engine answers.
+	// failStarts makes starts fail while the engine answers; attempts
+	// counts them.
 	failStarts bool
+	attempts   atomic.Int64
 }
 
 var _ sandbox.Driver = (*fakeDriver)(nil)
@@ -54,6 +56,7 @@ func (d *fakeDriver) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Cont
 		return nil, fmt.Errorf("start: %w", sandbox.ErrUnavailable)
 	}
 	if d.failStarts {
+		d.attempts.Add(1)
 		d.mu.Unlock()
 		return nil, errors.New("start: no such image")
 	}
@@ -465,8 +468,8 @@ func TestPoolEngineAway(t *testing.T) {
 }
 
 // TestPoolWarmed: the pool says it has warmed once it has its MinWarm warm
-// sandboxes, again after the engine comes back, and at once if starts
-// fail (runs would meet the same error).
+// sandboxes, again after the engine comes back, and once starts have
+// failed three times in a row (runs would meet the same error).
 func TestPoolWarmed(t *testing.T) {
 	t.Parallel()
 	t.Run("starts", func(t *testing.T) {
@@ -502,6 +505,9 @@ func TestPoolWarmed(t *testing.T) {
 		waitUntil(t, "warmed", func() bool { return p.Stats().Warmed })
 		if st := p.Stats(); !st.Ready || st.Warm != 0 {
 			t.Fatalf("ready %v with %d warm, want ready with none", st.Ready, st.Warm)
+		}
+		if n := d.attempts.Load(); n < startFailuresWarmed {
+			t.Fatalf("warmed after %d failed starts, want %d", n, startFailuresWarmed)
 		}
 	})
 }

@@ -688,7 +688,7 @@ type AgentStatus struct {
 	// OCI runtime of the sandboxes ("runsc").
 	Runtime string `protobuf:"bytes,9,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// Whether the agent can take runs now: its container engine answers and its
-	// warm sandboxes have started (or failed to).
+	// warm sandboxes have started (or keep failing to).
 	Ready bool `protobuf:"varint,10,opt,name=ready,proto3" json:"ready,omitempty"`
 	// What runs get for what their requests leave unset, and the most they
 	// may ask for.
