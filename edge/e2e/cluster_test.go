@@ -25,7 +25,9 @@ type cluster struct {
 
 // startCluster starts a control plane and one agent per entry of
 // maxSandboxes (its --max-sandboxes), each joining by heartbeat, and waits
-// until all are healthy.
+// until all are healthy. Each keeps all its sandboxes warm (--min-active),
+// so that no sandbox starts while a test measures shares: on a busy host a
+// start takes seconds, and holds the run waiting for it.
 func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 	t.Helper()
 	if binDir == "" {
@@ -54,7 +56,7 @@ func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 		}
 		c.args[name] = []string{"--name", name, "--runner", filepath.Join(binDir, "runner"), "--state-dir", state,
 			"--controlplanes", c.ControlPlane.URL(), "--heartbeat-interval", "500ms",
-			"--max-sandboxes", fmt.Sprint(n), "--min-active", fmt.Sprint(min(n, 2)), "--max-sessions", "1"}
+			"--max-sandboxes", fmt.Sprint(n), "--min-active", fmt.Sprint(n), "--max-sessions", "1"}
 		if err := c.startAgent(name, "127.0.0.1:0"); err != nil {
 			t.Fatal(err)
 		}
