@@ -77,7 +77,7 @@ type otlpReceiver struct {
 	spans []receivedSpan
 }
 
-func newOTLPReceiver(t *testing.T) *otlpReceiver {
+func newOTLPReceiver(t testing.TB) *otlpReceiver {
 	t.Helper()
 	r := &otlpReceiver{}
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -427,4 +427,37 @@ func TestTraces(t *testing.T) {
 			}
 		}
 	})
+}
+
+// BenchmarkTracing measures what tracing adds to a run: print(1) through a
+// stack whose three services export every span to an in-test OTLP receiver
+// and through a stack with tracing off, interleaved in the same run.
+//
+//	go test -run '^$' -bench Tracing -benchtime 200x ./edge/e2e/
+func BenchmarkTracing(b *testing.B) {
+	if binDir == "" {
+		b.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	rec := newOTLPReceiver(b)
+	on, err := startStackEnv("", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rec.URL}, "e2e-bench-traced", "--min-active", "2")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(on.Stop)
+	off, err := StartStack("e2e-bench-untraced", "--min-active", "2")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(off.Stop)
+	runOnce := func(s *Stack) func() {
+		c := edgev1connect.NewExecutionServiceClient(server.NewClient(), s.Edge.URL())
+		return func() {
+			res, err := c.Execute(b.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}))
+			if err != nil || res.Msg.GetResult().GetStdout() != "1\n" {
+				b.Fatalf("run: %v %v", res, err)
+			}
+		}
+	}
+	pairedLatency(b, pair{"traced", runOnce(on)}, pair{"untraced", runOnce(off)})
+	b.ReportMetric(float64(len(rec.all()))/float64(b.N), "spans/op")
 }
