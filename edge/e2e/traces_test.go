@@ -222,7 +222,8 @@ func parentIs(t *testing.T, tr []receivedSpan, child, parent receivedSpan) {
 }
 
 // TestTraces starts a stack exporting spans to an in-test OTLP receiver,
-// runs code through the edge's Connect API, POST /run and MCP, and checks
+// runs code through the edge's Connect API (unary, and a gRPC stream),
+// POST /run and MCP, and checks
 // that each run is one trace across the edge, the control plane and the
 // agent, linked parent to child over the wire, down to the runner; that
 // the request id is on each service's span; and that no span carries the
@@ -249,16 +250,19 @@ func TestTraces(t *testing.T) {
 
 	// The handlers' spans of the control plane and the agent end after
 	// their children, and are exported with or after them.
-	handlers := []string{"codemode-controlplane codemode.controlplane.v1.ControlPlaneService/Execute", "codemode-agent codemode.agent.v1.AgentService/Execute"}
+	handlersOf := func(method string) []string {
+		return []string{"codemode-controlplane codemode.controlplane.v1.ControlPlaneService/" + method, "codemode-agent codemode.agent.v1.AgentService/" + method}
+	}
+	handlers := handlersOf("Execute")
 	const (
 		edge  = "codemode-edge"
 		cp    = "codemode-controlplane"
 		agent = "codemode-agent"
 	)
-	// checkChain checks that tr links the edge's client call to the
-	// control plane's handler, its client call to the agent's handler,
-	// and that handler to the runner, carrying the request id id.
-	checkChain := func(t *testing.T, tr []receivedSpan, edgeSpan receivedSpan, id string) {
+	// checkChain checks that tr links the edge's client call (of method)
+	// to the control plane's handler, its client call to the agent's
+	// handler, and that handler to the runner, carrying the request id id.
+	checkChain := func(t *testing.T, tr []receivedSpan, edgeSpan receivedSpan, id, method string) {
 		t.Helper()
 		services := map[string]bool{}
 		for _, sp := range tr {
@@ -269,10 +273,10 @@ func TestTraces(t *testing.T) {
 				t.Errorf("the trace has no span of %s:\n%s", svc, describe(tr))
 			}
 		}
-		edgeClient := one(t, tr, edge, "codemode.controlplane.v1.ControlPlaneService/Execute", tracev1.Span_SPAN_KIND_CLIENT)
-		cpServer := one(t, tr, cp, "codemode.controlplane.v1.ControlPlaneService/Execute", tracev1.Span_SPAN_KIND_SERVER)
-		cpClient := one(t, tr, cp, "codemode.agent.v1.AgentService/Execute", tracev1.Span_SPAN_KIND_CLIENT)
-		agentServer := one(t, tr, agent, "codemode.agent.v1.AgentService/Execute", tracev1.Span_SPAN_KIND_SERVER)
+		edgeClient := one(t, tr, edge, "codemode.controlplane.v1.ControlPlaneService/"+method, tracev1.Span_SPAN_KIND_CLIENT)
+		cpServer := one(t, tr, cp, "codemode.controlplane.v1.ControlPlaneService/"+method, tracev1.Span_SPAN_KIND_SERVER)
+		cpClient := one(t, tr, cp, "codemode.agent.v1.AgentService/"+method, tracev1.Span_SPAN_KIND_CLIENT)
+		agentServer := one(t, tr, agent, "codemode.agent.v1.AgentService/"+method, tracev1.Span_SPAN_KIND_SERVER)
 		runner := one(t, tr, agent, "runner", tracev1.Span_SPAN_KIND_INTERNAL)
 		route := one(t, tr, cp, "route", tracev1.Span_SPAN_KIND_INTERNAL)
 		acquire := one(t, tr, agent, "sandbox.acquire", tracev1.Span_SPAN_KIND_INTERNAL)
@@ -322,7 +326,25 @@ func TestTraces(t *testing.T) {
 		if len(door.GetParentSpanId()) != 0 {
 			t.Errorf("the edge's span has a parent: callers' trace context is only linked at the public door")
 		}
-		checkChain(t, tr, door, id)
+		checkChain(t, tr, door, id, "Execute")
+	})
+
+	t.Run("stream", func(t *testing.T) {
+		id := fmt.Sprintf("trace-stream-%d", stamp)
+		hc := server.NewClient()
+		hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
+		client := edgev1connect.NewExecutionServiceClient(hc, s.Edge.URL(), connect.WithGRPC())
+		st, err := client.ExecuteStream(t.Context(), connect.NewRequest(&edgev1.ExecuteStreamRequest{Language: "python", Code: code}))
+		if err != nil {
+			t.Fatalf("ExecuteStream: %v", err)
+		}
+		for st.Receive() {
+		}
+		if err := st.Err(); err != nil {
+			t.Fatalf("ExecuteStream: %v", err)
+		}
+		tr := rec.trace(t, edge, "codemode.edge.v1.ExecutionService/ExecuteStream", id, handlersOf("ExecuteStream")...)
+		checkChain(t, tr, one(t, tr, edge, "codemode.edge.v1.ExecutionService/ExecuteStream", tracev1.Span_SPAN_KIND_SERVER), id, "ExecuteStream")
 	})
 
 	t.Run("run", func(t *testing.T) {
@@ -344,7 +366,7 @@ func TestTraces(t *testing.T) {
 			t.Fatalf("POST /run: %s", resp.Status)
 		}
 		tr := rec.trace(t, edge, "POST /run", id, handlers...)
-		checkChain(t, tr, one(t, tr, edge, "POST /run", tracev1.Span_SPAN_KIND_SERVER), id)
+		checkChain(t, tr, one(t, tr, edge, "POST /run", tracev1.Span_SPAN_KIND_SERVER), id, "Execute")
 	})
 
 	t.Run("mcp", func(t *testing.T) {
@@ -361,11 +383,12 @@ func TestTraces(t *testing.T) {
 		if err != nil || res.IsError {
 			t.Fatalf("execute_code: %v %+v", err, res)
 		}
-		tr := rec.trace(t, edge, "tools/call execute_code", id, handlers...)
+		// The POST's span ends last: the trace is complete with it.
+		tr := rec.trace(t, edge, "POST /mcp", id, append(handlersOf("Execute"), edge+" tools/call execute_code")...)
 		tool := one(t, tr, edge, "tools/call execute_code", tracev1.Span_SPAN_KIND_INTERNAL)
 		post := one(t, tr, edge, "POST /mcp", tracev1.Span_SPAN_KIND_SERVER)
 		parentIs(t, tr, tool, post)
-		checkChain(t, tr, tool, id)
+		checkChain(t, tr, tool, id, "Execute")
 	})
 
 	t.Run("edge without the variables", func(t *testing.T) {
