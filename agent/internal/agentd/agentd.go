@@ -52,6 +52,9 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 		return err
 	}
 	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
+	if cfg.Tracing.Enabled() {
+		logger.Info("exporting traces over OTLP")
+	}
 	a, err := New(ctx, cfg, logger)
 	if err != nil {
 		return err

@@ -123,6 +123,9 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 		return err
 	}
 	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
+	if cfg.Tracing.Enabled() {
+		logger.Info("exporting traces over OTLP")
+	}
 	ln, err := server.Listen(ctx, cfg.Addr)
 	if err != nil {
 		return err

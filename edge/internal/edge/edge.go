@@ -220,6 +220,9 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return err
 	}
 	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
+	if cfg.Tracing.Enabled() {
+		logger.Info("exporting traces over OTLP")
+	}
 	ln, err := server.Listen(ctx, cfg.Addr)
 	if err != nil {
 		return err
