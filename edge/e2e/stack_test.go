@@ -231,6 +231,12 @@ func StartStack(agentName string, agentArgs ...string) (*Stack, error) {
 // startStackOf is StartStack with the agent and runner built into the
 // subdirectory bins of binDir ("": binDir itself).
 func startStackOf(bins, agentName string, agentArgs ...string) (*Stack, error) {
+	return startStackEnv(bins, nil, agentName, agentArgs...)
+}
+
+// startStackEnv is startStackOf with env added to the environment of the
+// agent, the control plane and the edge.
+func startStackEnv(bins string, env []string, agentName string, agentArgs ...string) (*Stack, error) {
 	agentName = fmt.Sprintf("%s-%d", agentName, os.Getpid())
 	s := &Stack{AgentName: agentName, Secret: newSecret()}
 	state, err := os.MkdirTemp(binDir, "agent-state-")
@@ -238,16 +244,16 @@ func startStackOf(bins, agentName string, agentArgs ...string) (*Stack, error) {
 		return nil, err
 	}
 	s.agentArgs = append([]string{"--name", agentName, "--runner", filepath.Join(binDir, bins, "runner"), "--state-dir", state}, agentArgs...)
-	s.Agent, err = start(filepath.Join(bins, "agent"), s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0"}, s.agentArgs...)...)
+	s.Agent, err = start(filepath.Join(bins, "agent"), append(s.ClusterEnv(), env...), append([]string{"--addr", "127.0.0.1:0"}, s.agentArgs...)...)
 	if err != nil {
 		return nil, err
 	}
-	s.ControlPlane, err = start("controlplane", append(s.ClusterEnv(), "REMOTE_HOSTS="+s.Agent.Addr), "--addr", "127.0.0.1:0", "--poll-interval", "200ms")
+	s.ControlPlane, err = start("controlplane", append(append(s.ClusterEnv(), "REMOTE_HOSTS="+s.Agent.Addr), env...), "--addr", "127.0.0.1:0", "--poll-interval", "200ms")
 	if err != nil {
 		s.Stop()
 		return nil, err
 	}
-	s.Edge, err = s.StartEdge(nil)
+	s.Edge, err = s.StartEdge(env)
 	if err != nil {
 		s.Stop()
 		return nil, err

@@ -368,7 +368,7 @@ func (b *bench) splitOne(ctx context.Context, lang, code string, prestart bool) 
 	if err != nil {
 		return run, reset, err
 	}
-	defer a.Pool().Release(sb, false)
+	defer a.Pool().Release(ctx, sb, false)
 	usage := func() time.Duration {
 		data, err := os.ReadFile("/sys/fs/cgroup/cpuacct/docker/" + sb.ID() + "/cpuacct.usage")
 		if err != nil {

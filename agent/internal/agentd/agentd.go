@@ -46,6 +46,15 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	if cfg.Addr, err = cluster.BindAddr(cfg.Addr, cfg.Secret != nil, "agent"); err != nil {
 		return err
 	}
+	// The control planes hold the cluster secret: their trace context is
+	// trusted.
+	if cfg.Tracing, err = telemetry.NewTracing(ctx, telemetry.ServiceAgent, os.Getenv, telemetry.TrustRemote()); err != nil {
+		return err
+	}
+	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
+	if cfg.Tracing.Enabled() {
+		logger.Info("exporting traces over OTLP")
+	}
 	a, err := New(ctx, cfg, logger)
 	if err != nil {
 		return err
@@ -244,7 +253,7 @@ func (a *Agent) Driver() *sandbox.Docker { return a.driver }
 // register mounts the AgentService (with health and reflection) on srv.
 func (a *Agent) register(srv *server.Server) {
 	h := &handler{svc: a.svc, log: a.log.With("component", "handler")}
-	srv.HandleService(agentv1connect.NewAgentServiceHandler(h, srv.HandlerOptions()...))
+	srv.HandleService(agentv1connect.NewAgentServiceHandler(h, srv.HandlerOptions(a.cfg.Tracing.HandlerOptions()...)...))
 }
 
 // Serve serves the agent's API on ln until ctx is done, then shuts down

@@ -138,6 +138,10 @@ type Config struct {
 	// MetricsAddr is the loopback address Run serves Prometheus metrics
 	// on, at /metrics; empty: none.
 	MetricsAddr string
+
+	// Tracing exports the agent's spans; Run sets it from OpenTelemetry's
+	// variables (see telemetry.NewTracing). Nil: none.
+	Tracing *telemetry.Tracing
 }
 
 // DefaultConfig returns the defaults of every setting.

@@ -137,6 +137,7 @@ func (h *handler) logRun(ctx context.Context, r executeRequest, res *executionv1
 		Err:       err,
 		Elapsed:   elapsed,
 	}
+	e.Trace(ctx)
 	e.Log(ctx, h.log)
 	h.svc.metrics.ObserveExecution(&e)
 }

@@ -151,15 +151,17 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 	}
 
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
+	qctx, span := telemetry.StartSpan(qctx, "sandbox.acquire", telemetry.AttrLanguage.String(exec.GetLanguage()))
 	queued := time.Now()
 	sb, err := s.pool.AcquireFor(qctx, memory, exec.GetLanguage())
 	cancel()
 	s.metrics.ObserveQueueWait(time.Since(queued))
+	telemetry.EndSpan(span, err)
 	if err != nil {
 		return nil, err
 	}
 	res, broken, err := s.run(ctx, sb, run, timeout, out, eg)
-	s.pool.Release(sb, !broken)
+	s.pool.Release(ctx, sb, !broken)
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +172,14 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, timeout time.Duration, out *output, eg *egress.Run) (_ *executionv1.Result, broken bool, _ error) {
 	rctx, cancel := context.WithTimeout(ctx, timeout+runGrace)
 	defer cancel()
+	rctx, span := telemetry.StartSpan(rctx, "runner",
+		telemetry.AttrLanguage.String(run.GetLanguage()), telemetry.AttrSession.Bool(run.GetStateful()))
 	exit, err := sb.Run(rctx, run, out.write, eg)
+	if exit != nil && span.IsRecording() {
+		span.SetAttributes(telemetry.AttrExitCode.Int(int(exit.GetCode())),
+			telemetry.AttrOutcome.String(telemetry.Outcome(&executionv1.Result{ExitCode: exit.GetCode(), TimedOut: exit.GetTimedOut(), OomKilled: exit.GetOomKilled()}, nil)))
+	}
+	telemetry.EndSpan(span, err)
 	res := &executionv1.Result{Agent: s.cfg.Name, Egress: eg.Report()}
 	switch {
 	case err == nil:

@@ -23,6 +23,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // ErrExhausted means every sandbox the agent may hold is in use (or every
@@ -380,27 +381,30 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 // Release gives back a sandbox taken with Acquire. If reusable (the run
 // ended normally) and the sandbox has served fewer than MaxReuse runs, it is
 // scrubbed in the background and returned to the warm list; otherwise it is
-// destroyed.
-func (p *Pool) Release(sb *Sandbox, reusable bool) {
+// destroyed. ctx is the run's: the scrub's span (see telemetry.StartSpan)
+// is a child of the span it carries; its cancellation is not the scrub's.
+func (p *Pool) Release(ctx context.Context, sb *Sandbox, reusable bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.busy--
-	p.recycleLocked(sb, reusable)
+	p.recycleLocked(ctx, sb, reusable)
 }
 
-func (p *Pool) recycleLocked(sb *Sandbox, reusable bool) {
+func (p *Pool) recycleLocked(ctx context.Context, sb *Sandbox, reusable bool) {
 	defer p.broadcastLocked()
 	if reason := p.unfitLocked(sb, reusable); reason != "" {
 		p.destroyLocked(sb, reason)
 		return
 	}
 	p.recycling++
+	_, span := telemetry.StartSpan(ctx, "scrub")
 	p.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ResetTimeout)
 		t0 := time.Now()
 		err := sb.Reset(ctx)
 		p.cfg.Metrics.scrubbed(time.Since(t0), err)
 		cancel()
+		telemetry.EndSpan(span, err)
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.recycling--

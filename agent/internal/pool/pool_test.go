@@ -255,7 +255,7 @@ func TestPoolRecyclesBoundedTimes(t *testing.T) {
 			t.Fatal(err)
 		}
 		ids = append(ids, sb.ID())
-		p.Release(sb, true)
+		p.Release(t.Context(), sb, true)
 	}
 	// MaxReuse 3: three runs in the first sandbox (scrubbed between them),
 	// the fourth in a new one.
@@ -304,7 +304,7 @@ func TestPoolPrefersPrestartedLanguage(t *testing.T) {
 			t.Fatal(err)
 		}
 		used[lang] = sb.ID()
-		p.Release(sb, true) // scrubbed: it prestarts lang
+		p.Release(t.Context(), sb, true) // scrubbed: it prestarts lang
 	}
 	waitUntil(t, "both back", func() bool { return p.Stats().Warm == 2 })
 	// python's sandbox came back last; javascript's is still preferred for
@@ -317,7 +317,7 @@ func TestPoolPrefersPrestartedLanguage(t *testing.T) {
 		if sb.ID() != used[lang] || sb.Prestarted() != lang {
 			t.Errorf("a %s run took %s (prestarted %q), want %s", lang, sb.ID(), sb.Prestarted(), used[lang])
 		}
-		p.Release(sb, true) // scrubbed without a run: still prestarted
+		p.Release(t.Context(), sb, true) // scrubbed without a run: still prestarted
 		waitUntil(t, "it back", func() bool { return p.Stats().Warm == 2 })
 	}
 }
@@ -332,7 +332,7 @@ func TestPoolDestroysOnAbnormal(t *testing.T) {
 	// Not reusable: destroyed, not scrubbed.
 	sb, _ := p.Acquire(t.Context(), 0)
 	c := d.get(sb.ID())
-	p.Release(sb, false)
+	p.Release(t.Context(), sb, false)
 	if c.resets.Load() != 0 {
 		t.Error("an abnormal sandbox was scrubbed for reuse")
 	}
@@ -343,7 +343,7 @@ func TestPoolDestroysOnAbnormal(t *testing.T) {
 	sb, _ = p.Acquire(t.Context(), 0)
 	c = d.get(sb.ID())
 	c.failNext.Store(true)
-	p.Release(sb, true)
+	p.Release(t.Context(), sb, true)
 	waitUntil(t, "the dirty sandbox destroyed", func() bool { return isDone(c) })
 	if st := p.Stats(); st.Busy != 0 || st.Recycling != 0 {
 		t.Errorf("stats after: %+v", st)
@@ -420,17 +420,17 @@ func TestPoolWaitsAtCapacity(t *testing.T) {
 		got <- sb
 	}()
 	time.Sleep(20 * time.Millisecond)
-	p.Release(a, true)
+	p.Release(t.Context(), a, true)
 	select {
 	case sb := <-got:
 		if sb.ID() != a.ID() {
 			t.Errorf("waiter got %s, want the scrubbed %s", sb.ID(), a.ID())
 		}
-		p.Release(sb, true)
+		p.Release(t.Context(), sb, true)
 	case <-time.After(5 * time.Second):
 		t.Fatal("waiter not served after a release")
 	}
-	p.Release(b, true)
+	p.Release(t.Context(), b, true)
 	d.mu.Lock()
 	if d.started != 2 {
 		t.Errorf("started %d sandboxes, want 2", d.started)
@@ -464,7 +464,7 @@ func TestPoolEngineAway(t *testing.T) {
 	if err := run(t, sb, "ok"); err != nil {
 		t.Error(err)
 	}
-	p.Release(sb, true)
+	p.Release(t.Context(), sb, true)
 }
 
 // TestPoolWarmed: the pool says it has warmed once it has its MinWarm warm
@@ -529,7 +529,7 @@ func TestPoolReplacesDeadWarmSandbox(t *testing.T) {
 	if err := run(t, sb, "ok"); err != nil {
 		t.Errorf("run in the replacement: %v", err)
 	}
-	p.Release(sb, true)
+	p.Release(t.Context(), sb, true)
 }
 
 func TestSessions(t *testing.T) {

@@ -41,6 +41,9 @@ type Config struct {
 	// MetricsAddr is the loopback address to serve Prometheus metrics on,
 	// at /metrics; empty: none.
 	MetricsAddr string
+	// Tracing exports the control plane's spans (see
+	// telemetry.NewTracing); nil: none.
+	Tracing *telemetry.Tracing
 }
 
 // Defaults.
@@ -115,6 +118,14 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	if cfg.Addr, err = cluster.BindAddr(cfg.Addr, secret != nil, "control plane"); err != nil {
 		return err
 	}
+	// The edges hold the cluster secret: their trace context is trusted.
+	if cfg.Tracing, err = telemetry.NewTracing(ctx, telemetry.ServiceControlPlane, os.Getenv, telemetry.TrustRemote()); err != nil {
+		return err
+	}
+	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
+	if cfg.Tracing.Enabled() {
+		logger.Info("exporting traces over OTLP")
+	}
 	ln, err := server.Listen(ctx, cfg.Addr)
 	if err != nil {
 		return err
@@ -129,6 +140,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		PollInterval:    cfg.PollInterval,
 		ResolveInterval: cfg.ResolveInterval,
 		HTTPClient:      cfg.Secret.Client(server.NewClient()),
+		ClientOptions:   cfg.Tracing.ClientOptions(),
 		Logger:          logger,
 	})
 	if err != nil {
@@ -147,8 +159,8 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	if cfg.Secret != nil {
 		srv.Authenticate = cfg.Secret.Authenticate
 	}
-	srv.HandleService(controlplanev1connect.NewControlPlaneServiceHandler(svc, srv.HandlerOptions()...))
-	srv.Handle("/run", http.HandlerFunc(svc.handleRun))
+	srv.HandleService(controlplanev1connect.NewControlPlaneServiceHandler(svc, srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
+	srv.Handle("/run", cfg.Tracing.Handler("/run", http.HandlerFunc(svc.handleRun)))
 	srv.Handle("/status", http.HandlerFunc(svc.handleStatus))
 	return srv.Serve(ctx, ln)
 }

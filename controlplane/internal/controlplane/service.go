@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -305,8 +306,7 @@ type call struct {
 func (s *Service) offer(ctx context.Context, c call, try func(a *router.Agent, allowNew bool) (sent bool, err error)) error {
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
-		a, allowNew, err := s.choose(ctx, c.tenant, c.sessionID, c.labels, tried)
-		s.metrics.route(c.sessionID, err)
+		a, allowNew, err := s.route(ctx, c, tried, attempt)
 		if err != nil {
 			return err
 		}
@@ -330,6 +330,22 @@ func (s *Service) offer(ctx context.Context, c call, try func(a *router.Agent, a
 		}
 		tried = append(tried, a)
 	}
+}
+
+// route is choose for the attempt-th try of c, recorded in metrics and in
+// a "route" span naming the agent chosen.
+func (s *Service) route(ctx context.Context, c call, tried []*router.Agent, attempt int) (*router.Agent, bool, error) {
+	ctx, span := telemetry.StartSpan(ctx, "route",
+		attribute.String("codemode.call", c.what),
+		telemetry.AttrSession.Bool(c.sessionID != ""),
+		attribute.Int("codemode.attempt", attempt))
+	a, allowNew, err := s.choose(ctx, c.tenant, c.sessionID, c.labels, tried)
+	s.metrics.route(c.sessionID, err)
+	if err == nil && span.IsRecording() {
+		span.SetAttributes(telemetry.AttrAgent.String(a.Address))
+	}
+	telemetry.EndSpan(span, err)
+	return a, allowNew, err
 }
 
 // ExecuteStream implements ControlPlaneService.
@@ -362,6 +378,7 @@ func (s *Service) logExecution(ctx context.Context, door, reqID, tenant string, 
 		Err:       err,
 		Elapsed:   time.Since(start),
 	}
+	e.Trace(ctx)
 	e.Log(ctx, s.logger)
 	s.metrics.execution().ObserveExecution(&e)
 }

@@ -88,6 +88,9 @@ type Config struct {
 	// MetricsAddr is the loopback address to serve Prometheus metrics on,
 	// at /metrics; empty: none.
 	MetricsAddr string
+	// Tracing exports the edge's spans (see telemetry.NewTracing); nil:
+	// none.
+	Tracing *telemetry.Tracing
 }
 
 // APIsNone as Config.APIs declares no APIs.
@@ -213,6 +216,13 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if secret == nil {
 		logger.Warn("no cluster secret: calls to the control plane are not authenticated; deploy the internal services on loopback only")
 	}
+	if cfg.Tracing, err = telemetry.NewTracing(ctx, telemetry.ServiceEdge, os.Getenv); err != nil {
+		return err
+	}
+	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
+	if cfg.Tracing.Enabled() {
+		logger.Info("exporting traces over OTLP")
+	}
 	ln, err := server.Listen(ctx, cfg.Addr)
 	if err != nil {
 		return err
@@ -270,7 +280,8 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		ln.Close()
 		return err
 	}
-	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(server.NewClient()), strings.TrimRight(cfg.ControlPlane, "/"))
+	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(server.NewClient()), strings.TrimRight(cfg.ControlPlane, "/"),
+		cfg.Tracing.ClientOptions()...)
 	var svc *execution.Service // set before anything is served
 	knownLanguage := func(name string) bool { return svc.KnownLanguage(name) }
 	metrics := telemetry.NewMetrics()
@@ -298,12 +309,12 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	srv.Limits = cfg.Limits
 	srv.Authenticate = authenticate(tenants)
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
-	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions()...))
+	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
 	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
-		Version: Version, APIs: catalog}).Handlers()
-	srv.HandleTooLarge("/mcp", withCode, mcpserver.RefuseTooLarge)
-	srv.HandleTooLarge("/mcp-no-code-execute", withoutCode, mcpserver.RefuseTooLarge)
-	srv.Handle("/run", seed.RunHandler(svc))
+		Version: Version, APIs: catalog, Tracing: cfg.Tracing}).Handlers()
+	srv.HandleTooLarge("/mcp", cfg.Tracing.Handler("/mcp", withCode), mcpserver.RefuseTooLarge)
+	srv.HandleTooLarge("/mcp-no-code-execute", cfg.Tracing.Handler("/mcp-no-code-execute", withoutCode), mcpserver.RefuseTooLarge)
+	srv.Handle("/run", cfg.Tracing.Handler("/run", seed.RunHandler(svc)))
 	srv.Handle("/status", seed.StatusHandler(svc))
 	srv.Handle("/", web.Handler())
 	return srv.Serve(ctx, ln)

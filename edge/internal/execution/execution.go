@@ -196,6 +196,7 @@ func (s *Service) logExecution(ctx context.Context, call Call, ex *executionv1.E
 		Err:       err,
 		Elapsed:   time.Since(start),
 	}
+	e.Trace(ctx)
 	e.Log(ctx, s.logger)
 	s.metrics.ObserveExecution(&e)
 }

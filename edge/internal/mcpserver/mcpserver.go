@@ -24,11 +24,16 @@ import (
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/apis"
+	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // ExecuteInput is execute_code's input.
@@ -138,6 +143,9 @@ type Config struct {
 	// execution (called through Backend.CallAPI), and execute_code's
 	// description names them. Nil: none.
 	APIs *apis.Catalog
+	// Tracing gives each tool call a span, a child of the HTTP request's
+	// (see telemetry.Tracing.Handler); nil: none.
+	Tracing *telemetry.Tracing
 }
 
 const (
@@ -185,6 +193,9 @@ func (s *Servers) Server(ctx context.Context, h http.Header, withCode bool) *mcp
 			" Use execute_code to run code; create_session for state that lasts across calls."
 	}
 	srv := mcp.NewServer(impl, opts)
+	if s.cfg.Tracing.Enabled() {
+		srv.AddReceivingMiddleware(traceToolCalls(s.cfg.Tracing))
+	}
 	t := &tools{open: s.cfg.Open, progressEvery: s.cfg.ProgressInterval, heartbeat: s.cfg.Heartbeat}
 	mcp.AddTool(srv, languagesTool(), t.listLanguages)
 	if withCode {
@@ -332,6 +343,35 @@ func (t *tools) addCodeTools(s *mcp.Server, langs *edgev1.ListLanguagesResponse,
 		Description: "Close a session and destroy its sandbox and files. Later calls with its id fail, saying it was closed.",
 		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: new(true), OpenWorldHint: new(false)},
 	}, t.closeSession)
+}
+
+// traceToolCalls gives each tools/call a span, "tools/call NAME", whose
+// parent is the span of the HTTP request that carried it: the MCP session
+// outlives its requests, so the handler's context is not that request's;
+// the request's header is. The span has the tool's name and the request
+// id, never the arguments or the result.
+func traceToolCalls(t *telemetry.Tracing) mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			call, ok := req.(*mcp.CallToolRequest)
+			if !ok || call.Params == nil {
+				return next(ctx, method, req)
+			}
+			h := header(call)
+			ctx, span := t.Tracer().Start(t.ContextFromHeader(ctx, h), method+" "+call.Params.Name,
+				trace.WithAttributes(
+					attribute.String("mcp.method.name", method),
+					attribute.String("gen_ai.tool.name", call.Params.Name),
+					telemetry.AttrRequestID.String(h.Get(server.RequestIDHeader)),
+				))
+			defer span.End()
+			res, err := next(ctx, method, req)
+			if r, ok := res.(*mcp.CallToolResult); err != nil || (ok && r.IsError) {
+				span.SetStatus(codes.Error, "tool call failed")
+			}
+			return res, err
+		}
+	}
 }
 
 // failed returns err for a tool result with isError, naming the request id

@@ -8,9 +8,13 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // ReasonUnavailable is the reason of a denial by a policy that failed and
@@ -85,6 +89,7 @@ type phase[D decision] interface {
 
 // chain is what an evaluation tells runChain besides its phase.
 type chain struct {
+	phase             string // "request" or "result", for spans
 	requestID, tenant string
 	// denied, followed by the policy's name, is the reason of a deny that
 	// gives none; logDenied is the message that logs a deny.
@@ -120,6 +125,7 @@ func runChain[T any, D interface {
 		}
 		d := D(new(T))
 		start := time.Now()
+		span := m.startSpan(ctx, c.phase)
 		err := m.call(ctx, input, func(b []byte) error { return unmarshalStrict(b, d) })
 		if err == nil {
 			if err = p.check(d); err != nil {
@@ -128,17 +134,21 @@ func runChain[T any, D interface {
 		}
 		if err != nil {
 			if ctx.Err() != nil {
+				endSpan(span, "canceled")
 				m.metrics.observe(outcomeCancelled, time.Since(start))
 				return nil, ctx.Err()
 			}
 			if denial := m.failed(err, c.requestID); denial != nil {
+				endSpan(span, "failed_closed")
 				m.metrics.observe(outcomeFailClosed, time.Since(start))
 				return nil, denial
 			}
+			endSpan(span, "failed_open")
 			m.metrics.observe(outcomeFailOpen, time.Since(start))
 			continue
 		}
 		if d.GetVerdict() == policyv1.Verdict_VERDICT_DENY {
+			endSpan(span, "deny")
 			m.counters.denied.Add(1)
 			m.metrics.observe(outcomeDeny, time.Since(start))
 			reason := d.GetReason()
@@ -148,6 +158,7 @@ func runChain[T any, D interface {
 			m.logger.Info(c.logDenied, "request_id", c.requestID, "tenant", c.tenant, "reason", reason)
 			return nil, &Denial{Policy: m.cfg.Name, Reason: reason, Cause: policyv1.Cause_CAUSE_DENIED, RequestID: c.requestID}
 		}
+		endSpan(span, "allow")
 		m.counters.allowed.Add(1)
 		o := outcomeAllow
 		if p.apply(m, d) {
@@ -163,6 +174,28 @@ func runChain[T any, D interface {
 		}
 	}
 	return annotations, nil
+}
+
+// startSpan starts the span of one call of m in phase, "policy NAME",
+// when ctx is traced; nil otherwise, at no cost beyond a context lookup.
+func (m *module) startSpan(ctx context.Context, phase string) trace.Span {
+	if !trace.SpanFromContext(ctx).IsRecording() {
+		return nil
+	}
+	_, span := telemetry.StartSpan(ctx, "policy "+m.cfg.Name,
+		attribute.String("codemode.policy", m.cfg.Name), attribute.String("codemode.policy.phase", phase))
+	return span
+}
+
+// endSpan ends a span of startSpan with the call's decision: allow, deny,
+// failed_open, failed_closed or canceled. Never the decision's reason,
+// which a policy may have made from the code.
+func endSpan(span trace.Span, decision string) {
+	if span == nil {
+		return
+	}
+	span.SetAttributes(attribute.String("codemode.policy.decision", decision))
+	span.End()
 }
 
 // failed accounts for a failed call and returns the denial when the policy

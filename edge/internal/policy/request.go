@@ -76,6 +76,7 @@ func (e *Engine) EvaluateRequest(ctx context.Context, in RequestInput) (RequestV
 		msg: &policyv1.RequestInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID, ApiCall: in.APICall},
 	}
 	c := chain{
+		phase:     "request",
 		requestID: in.RequestID, tenant: in.Tenant,
 		denied: "denied by policy ", logDenied: "request denied by policy",
 		annotationsInInput: true,

@@ -50,6 +50,7 @@ func (e *Engine) EvaluateResult(ctx context.Context, in ResultInput) (ResultVerd
 		msg: &policyv1.ResultInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID, Language: in.Language, Annotations: in.Annotations},
 	}
 	c := chain{
+		phase:     "result",
 		requestID: in.RequestID, tenant: in.Tenant,
 		denied: "result withheld by policy ", logDenied: "result withheld by policy",
 	}

@@ -1,0 +1,486 @@
+package e2e
+
+import (
+	"compress/gzip"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	collectorv1 "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonv1 "go.opentelemetry.io/proto/otlp/common/v1"
+	tracev1 "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
+
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// receivedSpan is a span an OTLP receiver was sent, with the service.name
+// of its resource and every attribute of its resource.
+type receivedSpan struct {
+	service  string
+	resource []*commonv1.KeyValue
+	*tracev1.Span
+}
+
+func (s receivedSpan) attr(key string) string {
+	for _, kv := range s.GetAttributes() {
+		if kv.GetKey() == key {
+			return anyValueString(kv.GetValue())
+		}
+	}
+	return ""
+}
+
+func anyValueString(v *commonv1.AnyValue) string {
+	switch x := v.GetValue().(type) {
+	case *commonv1.AnyValue_StringValue:
+		return x.StringValue
+	case *commonv1.AnyValue_IntValue:
+		return fmt.Sprint(x.IntValue)
+	case *commonv1.AnyValue_BoolValue:
+		return fmt.Sprint(x.BoolValue)
+	case *commonv1.AnyValue_DoubleValue:
+		return fmt.Sprint(x.DoubleValue)
+	case *commonv1.AnyValue_BytesValue:
+		return string(x.BytesValue)
+	case *commonv1.AnyValue_ArrayValue:
+		var parts []string
+		for _, e := range x.ArrayValue.GetValues() {
+			parts = append(parts, anyValueString(e))
+		}
+		return strings.Join(parts, ",")
+	case *commonv1.AnyValue_KvlistValue:
+		var parts []string
+		for _, kv := range x.KvlistValue.GetValues() {
+			parts = append(parts, kv.GetKey()+"="+anyValueString(kv.GetValue()))
+		}
+		return strings.Join(parts, ",")
+	}
+	return ""
+}
+
+// otlpReceiver is an OTLP/HTTP trace receiver on loopback: it decodes each
+// ExportTraceServiceRequest and keeps its spans.
+type otlpReceiver struct {
+	*httptest.Server
+	mu    sync.Mutex
+	spans []receivedSpan
+}
+
+func newOTLPReceiver(t testing.TB) *otlpReceiver {
+	t.Helper()
+	r := &otlpReceiver{}
+	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodPost || req.URL.Path != "/v1/traces" {
+			http.Error(w, "not an OTLP traces export", http.StatusNotFound)
+			return
+		}
+		var body io.Reader = req.Body
+		if req.Header.Get("Content-Encoding") == "gzip" {
+			gz, err := gzip.NewReader(req.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			body = gz
+		}
+		b, err := io.ReadAll(body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var export collectorv1.ExportTraceServiceRequest
+		if err := proto.Unmarshal(b, &export); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.add(&export)
+		out, _ := proto.Marshal(&collectorv1.ExportTraceServiceResponse{})
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		_, _ = w.Write(out)
+	}))
+	t.Cleanup(r.Close)
+	return r
+}
+
+func (r *otlpReceiver) add(export *collectorv1.ExportTraceServiceRequest) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rs := range export.GetResourceSpans() {
+		var service string
+		for _, kv := range rs.GetResource().GetAttributes() {
+			if kv.GetKey() == "service.name" {
+				service = kv.GetValue().GetStringValue()
+			}
+		}
+		for _, ss := range rs.GetScopeSpans() {
+			for _, sp := range ss.GetSpans() {
+				r.spans = append(r.spans, receivedSpan{service: service, resource: rs.GetResource().GetAttributes(), Span: sp})
+			}
+		}
+	}
+}
+
+// all returns the spans received so far.
+func (r *otlpReceiver) all() []receivedSpan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]receivedSpan(nil), r.spans...)
+}
+
+// trace returns the spans of the trace that holds a span of service named
+// name with request id id, once that trace also holds each span of want,
+// "SERVICE NAME" (spans arrive in batches, each service's own).
+func (r *otlpReceiver) trace(t *testing.T, service, name, id string, want ...string) []receivedSpan {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		all := r.all()
+		for _, s := range all {
+			if s.service != service || s.GetName() != name || s.attr("codemode.request_id") != id {
+				continue
+			}
+			var tr []receivedSpan
+			names := map[string]bool{}
+			for _, o := range all {
+				if string(o.GetTraceId()) == string(s.GetTraceId()) {
+					tr = append(tr, o)
+					names[o.service+" "+o.GetName()] = true
+				}
+			}
+			done := true
+			for _, w := range want {
+				done = done && names[w]
+			}
+			if done {
+				return tr
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no trace with a %s span %q of request %s and spans %q within 15s; received:\n%s", service, name, id, want, describe(all))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func describe(spans []receivedSpan) string {
+	var b strings.Builder
+	for _, s := range spans {
+		fmt.Fprintf(&b, "  %s %s trace=%s span=%s parent=%s kind=%s request_id=%s\n", s.service, s.GetName(),
+			hex.EncodeToString(s.GetTraceId()), hex.EncodeToString(s.GetSpanId()), hex.EncodeToString(s.GetParentSpanId()),
+			s.GetKind(), s.attr("codemode.request_id"))
+	}
+	return b.String()
+}
+
+// one returns the one span of tr from service with name and kind, failing
+// the test when there is not exactly one.
+func one(t *testing.T, tr []receivedSpan, service, name string, kind tracev1.Span_SpanKind) receivedSpan {
+	t.Helper()
+	var found []receivedSpan
+	for _, s := range tr {
+		if s.service == service && s.GetName() == name && s.GetKind() == kind {
+			found = append(found, s)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d %s spans %q of kind %s in the trace, want 1:\n%s", len(found), service, name, kind, describe(tr))
+	}
+	return found[0]
+}
+
+// descends reports whether span is ancestor or below it in tr.
+func descends(tr []receivedSpan, span, ancestor receivedSpan) bool {
+	byID := make(map[string]receivedSpan, len(tr))
+	for _, s := range tr {
+		byID[string(s.GetSpanId())] = s
+	}
+	for s, ok := span, true; ok; s, ok = byID[string(s.GetParentSpanId())] {
+		if string(s.GetSpanId()) == string(ancestor.GetSpanId()) {
+			return true
+		}
+	}
+	return false
+}
+
+// parentIs fails the test unless child's parent is parent.
+func parentIs(t *testing.T, tr []receivedSpan, child, parent receivedSpan) {
+	t.Helper()
+	if string(child.GetParentSpanId()) != string(parent.GetSpanId()) {
+		t.Errorf("the parent of %s %q is not %s %q:\n%s", child.service, child.GetName(), parent.service, parent.GetName(), describe(tr))
+	}
+}
+
+// TestTraces starts a stack exporting spans to an in-test OTLP receiver,
+// runs code through the edge's Connect API (unary, and a gRPC stream),
+// POST /run and MCP, and checks
+// that each run is one trace across the edge, the control plane and the
+// agent, linked parent to child over the wire, down to the runner; that
+// the request id is on each service's span; and that no span carries the
+// program's source or the cluster secret. An edge started without the
+// variables exports nothing: the control plane's span of its run is then
+// the root of its trace.
+func TestTraces(t *testing.T) {
+	t.Parallel()
+	if binDir == "" {
+		t.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	rec := newOTLPReceiver(t)
+	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rec.URL, "OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"}
+	s, err := startStackEnv("", env, "e2e-traces", "--min-active", "1")
+	if err != nil {
+		t.Fatalf("start stack: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	stamp := time.Now().UnixNano()
+	// The source's marker must appear in no span; the program prints
+	// something else.
+	marker := fmt.Sprintf("source-marker-%d", stamp)
+	code := fmt.Sprintf("marker = %q\nprint(len(marker))", marker)
+
+	// The handlers' spans of the control plane and the agent end after
+	// their children, and are exported with or after them.
+	handlersOf := func(method string) []string {
+		return []string{"codemode-controlplane codemode.controlplane.v1.ControlPlaneService/" + method, "codemode-agent codemode.agent.v1.AgentService/" + method}
+	}
+	handlers := handlersOf("Execute")
+	const (
+		edge  = "codemode-edge"
+		cp    = "codemode-controlplane"
+		agent = "codemode-agent"
+	)
+	// checkChain checks that tr links the edge's client call (of method)
+	// to the control plane's handler, its client call to the agent's
+	// handler, and that handler to the runner, carrying the request id id.
+	checkChain := func(t *testing.T, tr []receivedSpan, edgeSpan receivedSpan, id, method string) {
+		t.Helper()
+		services := map[string]bool{}
+		for _, sp := range tr {
+			services[sp.service] = true
+		}
+		for _, svc := range []string{edge, cp, agent} {
+			if !services[svc] {
+				t.Errorf("the trace has no span of %s:\n%s", svc, describe(tr))
+			}
+		}
+		edgeClient := one(t, tr, edge, "codemode.controlplane.v1.ControlPlaneService/"+method, tracev1.Span_SPAN_KIND_CLIENT)
+		cpServer := one(t, tr, cp, "codemode.controlplane.v1.ControlPlaneService/"+method, tracev1.Span_SPAN_KIND_SERVER)
+		cpClient := one(t, tr, cp, "codemode.agent.v1.AgentService/"+method, tracev1.Span_SPAN_KIND_CLIENT)
+		agentServer := one(t, tr, agent, "codemode.agent.v1.AgentService/"+method, tracev1.Span_SPAN_KIND_SERVER)
+		runner := one(t, tr, agent, "runner", tracev1.Span_SPAN_KIND_INTERNAL)
+		route := one(t, tr, cp, "route", tracev1.Span_SPAN_KIND_INTERNAL)
+		acquire := one(t, tr, agent, "sandbox.acquire", tracev1.Span_SPAN_KIND_INTERNAL)
+		if !descends(tr, edgeClient, edgeSpan) {
+			t.Errorf("the edge's call to the control plane is not below its door's span:\n%s", describe(tr))
+		}
+		parentIs(t, tr, cpServer, edgeClient)
+		if !descends(tr, cpClient, cpServer) || !descends(tr, route, cpServer) {
+			t.Errorf("the control plane's route and call to the agent are not below its handler's span:\n%s", describe(tr))
+		}
+		parentIs(t, tr, agentServer, cpClient)
+		parentIs(t, tr, runner, agentServer)
+		parentIs(t, tr, acquire, agentServer)
+		if got := route.attr("codemode.agent"); got != s.Agent.Addr {
+			t.Errorf("route span's codemode.agent = %q, want the agent's address %s", got, s.Agent.Addr)
+		}
+		for _, sp := range []receivedSpan{edgeSpan, cpServer, agentServer} {
+			if got := sp.attr("codemode.request_id"); got != id {
+				t.Errorf("%s span %q has request id %q, want %q", sp.service, sp.GetName(), got, id)
+			}
+			if got := sp.attr("codemode.outcome"); got != "ok" {
+				t.Errorf("%s span %q has outcome %q, want ok", sp.service, sp.GetName(), got)
+			}
+			if got := sp.attr("codemode.language"); got != "python" {
+				t.Errorf("%s span %q has language %q, want python", sp.service, sp.GetName(), got)
+			}
+		}
+		if got := runner.attr("codemode.exit_code"); got != "0" {
+			t.Errorf("runner span's exit code = %q, want 0", got)
+		}
+	}
+
+	t.Run("connect", func(t *testing.T) {
+		id := fmt.Sprintf("trace-connect-%d", stamp)
+		hc := server.NewClient()
+		hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
+		client := edgev1connect.NewExecutionServiceClient(hc, s.Edge.URL())
+		res, err := client.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: code}))
+		if err != nil {
+			t.Fatalf("Execute: %v", err)
+		}
+		if got, want := res.Msg.GetResult().GetStdout(), fmt.Sprintf("%d\n", len(marker)); got != want {
+			t.Fatalf("stdout %q, want %q", got, want)
+		}
+		tr := rec.trace(t, edge, "codemode.edge.v1.ExecutionService/Execute", id, handlers...)
+		door := one(t, tr, edge, "codemode.edge.v1.ExecutionService/Execute", tracev1.Span_SPAN_KIND_SERVER)
+		if len(door.GetParentSpanId()) != 0 {
+			t.Errorf("the edge's span has a parent: callers' trace context is only linked at the public door")
+		}
+		checkChain(t, tr, door, id, "Execute")
+	})
+
+	t.Run("stream", func(t *testing.T) {
+		id := fmt.Sprintf("trace-stream-%d", stamp)
+		hc := server.NewClient()
+		hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
+		client := edgev1connect.NewExecutionServiceClient(hc, s.Edge.URL(), connect.WithGRPC())
+		st, err := client.ExecuteStream(t.Context(), connect.NewRequest(&edgev1.ExecuteStreamRequest{Language: "python", Code: code}))
+		if err != nil {
+			t.Fatalf("ExecuteStream: %v", err)
+		}
+		for st.Receive() {
+		}
+		if err := st.Err(); err != nil {
+			t.Fatalf("ExecuteStream: %v", err)
+		}
+		tr := rec.trace(t, edge, "codemode.edge.v1.ExecutionService/ExecuteStream", id, handlersOf("ExecuteStream")...)
+		checkChain(t, tr, one(t, tr, edge, "codemode.edge.v1.ExecutionService/ExecuteStream", tracev1.Span_SPAN_KIND_SERVER), id, "ExecuteStream")
+	})
+
+	t.Run("run", func(t *testing.T) {
+		id := fmt.Sprintf("trace-run-%d", stamp)
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.Edge.URL()+"/run",
+			strings.NewReader(fmt.Sprintf(`{"code": %q, "language": "python"}`, code)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(server.RequestIDHeader, id)
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			t.Fatalf("POST /run: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST /run: %s", resp.Status)
+		}
+		tr := rec.trace(t, edge, "POST /run", id, handlers...)
+		checkChain(t, tr, one(t, tr, edge, "POST /run", tracev1.Span_SPAN_KIND_SERVER), id, "Execute")
+	})
+
+	t.Run("mcp", func(t *testing.T) {
+		id := fmt.Sprintf("trace-mcp-%d", stamp)
+		hc := server.NewClient()
+		hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-traces", Version: "1"}, nil).
+			Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: s.Edge.URL() + "/mcp", HTTPClient: hc}, nil)
+		if err != nil {
+			t.Fatalf("connect MCP: %v", err)
+		}
+		defer cs.Close()
+		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": code}})
+		if err != nil || res.IsError {
+			t.Fatalf("execute_code: %v %+v", err, res)
+		}
+		// The POST's span ends last: the trace is complete with it.
+		tr := rec.trace(t, edge, "POST /mcp", id, append(handlersOf("Execute"), edge+" tools/call execute_code")...)
+		tool := one(t, tr, edge, "tools/call execute_code", tracev1.Span_SPAN_KIND_INTERNAL)
+		post := one(t, tr, edge, "POST /mcp", tracev1.Span_SPAN_KIND_SERVER)
+		parentIs(t, tr, tool, post)
+		checkChain(t, tr, tool, id, "Execute")
+	})
+
+	t.Run("edge without the variables", func(t *testing.T) {
+		quiet, err := s.StartEdge(nil)
+		if err != nil {
+			t.Fatalf("start edge: %v", err)
+		}
+		defer quiet.Stop(30 * time.Second)
+		id := fmt.Sprintf("trace-off-%d", stamp)
+		hc := server.NewClient()
+		hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
+		client := edgev1connect.NewExecutionServiceClient(hc, quiet.URL())
+		if _, err := client.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: code})); err != nil {
+			t.Fatalf("Execute: %v", err)
+		}
+		// The control plane and the agent still export; the edge sent
+		// no trace context, so the control plane's span is a root.
+		tr := rec.trace(t, cp, "codemode.controlplane.v1.ControlPlaneService/Execute", id, handlers...)
+		for _, sp := range tr {
+			if sp.service == edge {
+				t.Errorf("an edge without OTEL_EXPORTER_OTLP_ENDPOINT exported a span: %s %q", sp.service, sp.GetName())
+			}
+		}
+		root := one(t, tr, cp, "codemode.controlplane.v1.ControlPlaneService/Execute", tracev1.Span_SPAN_KIND_SERVER)
+		if len(root.GetParentSpanId()) != 0 {
+			t.Errorf("the control plane's span has a parent although the edge traces nothing:\n%s", describe(tr))
+		}
+	})
+
+	t.Run("no code or secrets", func(t *testing.T) {
+		all := rec.all()
+		if len(all) == 0 {
+			t.Fatal("no spans received")
+		}
+		for _, sp := range all {
+			texts := []string{sp.GetName()}
+			for _, kv := range append(append([]*commonv1.KeyValue(nil), sp.GetAttributes()...), sp.resource...) {
+				texts = append(texts, kv.GetKey()+"="+anyValueString(kv.GetValue()))
+			}
+			for _, ev := range sp.GetEvents() {
+				texts = append(texts, ev.GetName())
+				for _, kv := range ev.GetAttributes() {
+					texts = append(texts, kv.GetKey()+"="+anyValueString(kv.GetValue()))
+				}
+			}
+			for _, l := range sp.GetLinks() {
+				for _, kv := range l.GetAttributes() {
+					texts = append(texts, kv.GetKey()+"="+anyValueString(kv.GetValue()))
+				}
+			}
+			texts = append(texts, sp.GetStatus().GetMessage())
+			for _, text := range texts {
+				if strings.Contains(text, marker) || strings.Contains(text, "marker = ") {
+					t.Errorf("%s span %q carries the program's source: %q", sp.service, sp.GetName(), text)
+				}
+				if strings.Contains(text, s.Secret) || strings.Contains(strings.ToLower(text), "bearer") {
+					t.Errorf("%s span %q carries the cluster secret or a bearer header: %q", sp.service, sp.GetName(), text)
+				}
+			}
+		}
+	})
+}
+
+// BenchmarkTracing measures what tracing adds to a run: print(1) through a
+// stack whose three services export every span to an in-test OTLP receiver
+// and through a stack with tracing off, interleaved in the same run.
+//
+//	go test -run '^$' -bench Tracing -benchtime 200x ./edge/e2e/
+func BenchmarkTracing(b *testing.B) {
+	if binDir == "" {
+		b.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	rec := newOTLPReceiver(b)
+	on, err := startStackEnv("", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rec.URL}, "e2e-bench-traced", "--min-active", "2")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(on.Stop)
+	off, err := StartStack("e2e-bench-untraced", "--min-active", "2")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(off.Stop)
+	runOnce := func(s *Stack) func() {
+		c := edgev1connect.NewExecutionServiceClient(server.NewClient(), s.Edge.URL())
+		return func() {
+			res, err := c.Execute(b.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}))
+			if err != nil || res.Msg.GetResult().GetStdout() != "1\n" {
+				b.Fatalf("run: %v %v", res, err)
+			}
+		}
+	}
+	pairedLatency(b, pair{"traced", runOnce(on)}, pair{"untraced", runOnce(off)})
+	b.ReportMetric(float64(len(rec.all()))/float64(b.N), "spans/op")
+}
