@@ -37,6 +37,7 @@ const (
 // Errors of a policy call. Each makes the call count as failed.
 var (
 	errTimeout      = errors.New("policy call passed its deadline")
+	errFuel         = errors.New("fuel exhausted")
 	errTrap         = errors.New("policy trapped")
 	errMalformed    = errors.New("malformed decision")
 	errUnavailable  = errors.New("no policy instance available")
@@ -47,7 +48,7 @@ var (
 
 // counters count one module's outcomes; see policyv1.PolicyCounters.
 type counters struct {
-	allowed, denied, traps, timeouts, invalid, failedOpen, replaced, unavailable atomic.Uint64
+	allowed, denied, traps, timeouts, fuelExhausted, invalid, failedOpen, replaced, unavailable atomic.Uint64
 }
 
 // module is one loaded policy: its runtime, its compiled code and its pool.
@@ -59,7 +60,7 @@ type module struct {
 
 	rt        wazero.Runtime
 	compiled  wazero.CompiledModule
-	interrupt bool // instrumented: deadlines set the interrupt global
+	interrupt bool // instrumented: calls count fuel, deadlines set the interrupt global
 	config    []byte
 	evaluate  string // export called per evaluation
 
@@ -81,6 +82,7 @@ type instance struct {
 	stack    [1]uint64
 	stderr   *capWriter
 	deadline *deadlineCtx
+	fuel     fuelGauge // zero: not instrumented
 }
 
 // loadModule reads, checks, compiles and warms one policy.
@@ -256,11 +258,16 @@ func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
 	}
 	var flag api.MutableGlobal
 	if m.interrupt {
-		var ok bool
-		if flag, ok = mod.ExportedGlobal(wasminterrupt.FlagExport).(api.MutableGlobal); !ok {
-			return nil, errors.New("instrumented module lost its interrupt global")
+		var ok, okFuel, okSlice bool
+		flag, ok = mod.ExportedGlobal(wasminterrupt.FlagExport).(api.MutableGlobal)
+		inst.fuel.fuel, okFuel = mod.ExportedGlobal(wasminterrupt.FuelExport).(api.MutableGlobal)
+		inst.fuel.slice, okSlice = mod.ExportedGlobal(wasminterrupt.SliceExport).(api.MutableGlobal)
+		if !ok || !okFuel || !okSlice {
+			return nil, errors.New("instrumented module lost its interrupt or fuel globals")
 		}
 	}
+	// Initialisation runs with no fuel limit (the globals start without
+	// one): it is bounded by initDeadline alone.
 	inst.deadline = newDeadlineCtx(flag)
 	dctx := inst.deadline.start(ctx, initDeadline)
 	err = m.initialize(dctx, inst)
@@ -357,6 +364,8 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		m.pool.put(inst)
 		return err
 	}
+	fuel := m.cfg.fuel(len(input))
+	inst.fuel.set(fuel)
 	cctx := inst.deadline.start(ctx, time.Duration(m.cfg.Deadline))
 	stopCancel := noStop
 	if ctx.Done() != nil {
@@ -365,6 +374,9 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		stopCancel = context.AfterFunc(ctx, inst.deadline.fire)
 	}
 	err = m.run(cctx, inst, input, decode)
+	if err != nil && errors.Is(err, errTrap) && inst.fuel.exhausted() {
+		err = fmt.Errorf("%w: the module did more than %d units of work", errFuel, fuel)
+	}
 	cancelled := !stopCancel()
 	if fired := !cctx.stop(); (fired || cancelled) && err == nil {
 		// The deadline or a cancel came as the call returned: its answer
@@ -408,7 +420,8 @@ func (m *module) run(ctx context.Context, inst *instance, input []byte, decode f
 	return nil
 }
 
-// callError tells a timeout from a trap.
+// callError tells a timeout from a trap. (The caller tells a trap for want
+// of fuel from others.)
 func callError(ctx context.Context, err error, inst *instance) error {
 	var exit *sys.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded ||
@@ -422,6 +435,8 @@ func (m *module) classify(err error) {
 	switch {
 	case errors.Is(err, errTimeout):
 		m.counters.timeouts.Add(1)
+	case errors.Is(err, errFuel):
+		m.counters.fuelExhausted.Add(1)
 	case errors.Is(err, errMalformed):
 		m.counters.invalid.Add(1)
 	case errors.Is(err, errUnavailable):
