@@ -113,20 +113,20 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 			m.close(context.WithoutCancel(ctx))
 		}
 	}()
-	// Interrupt by the instrumented flag where the module allows it, else
-	// by wazero's WithCloseOnContextDone (see package wasminterrupt and
-	// RATIONALE.md).
+	// Count fuel and interrupt by the instrumented check where the module
+	// allows it, else stop calls at their deadline only, by wazero's
+	// WithCloseOnContextDone (see package wasminterrupt and RATIONALE.md).
 	if !contextInterrupt {
 		instrumented, ierr := wasminterrupt.Instrument(code)
 		if ierr == nil {
 			if err := m.compile(ctx, instrumented, cache, false); err == nil {
 				m.interrupt = true
 			} else {
-				m.logger.Warn("instrumented policy does not compile; using context interruption", "error", err)
+				m.logger.Warn("instrumented policy does not compile; using context interruption, with no fuel limit", "error", err)
 				m.rt.Close(ctx)
 			}
 		} else {
-			m.logger.Info("policy cannot be instrumented; using context interruption", "reason", ierr)
+			m.logger.Warn("policy cannot be instrumented; using context interruption, with no fuel limit: only its deadline bounds a call", "reason", ierr, "deadline", time.Duration(cfg.Deadline))
 		}
 	}
 	if !m.interrupt {
@@ -147,7 +147,8 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 	return m, nil
 }
 
-// interruptMode names how the module's calls are stopped at their deadline.
+// interruptMode names how the module's calls are bounded: "instrumented"
+// (fuel and the deadline) or "context" (the deadline only).
 func (m *module) interruptMode() string {
 	if m.interrupt {
 		return "instrumented"
