@@ -22,10 +22,13 @@ import (
 )
 
 // fuelUsed loads p alone (one instance, the default fuel) and returns the
-// units of work each input took.
+// units of work each input took. The deadline is an hour: megabytes of
+// input under -race on a loaded machine can take longer than the default
+// backstop, and only fuel is measured here.
 func fuelUsed(t *testing.T, p PolicyConfig, inputs ...[]byte) []uint64 {
 	t.Helper()
 	p.PoolSize = 1
+	p.Deadline = Duration(time.Hour)
 	cfg := Config{Policies: []PolicyConfig{p}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
