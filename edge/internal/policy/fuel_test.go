@@ -313,3 +313,32 @@ func TestNoMisfireUnderCPUContention(t *testing.T) {
 		t.Errorf("looping policy counters = %v, want %d out of fuel and no timeout", c, loops)
 	}
 }
+
+// TestInitIsBoundedByFuel loads the count module, whose init does as much
+// work as its 100-byte configuration is long, with a unit of fuel per byte:
+// initialising an instance takes 104 units (the version call, the buffer
+// call, and init's 102), so 4 more units load it and 3 do not.
+func TestInitIsBoundedByFuel(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		fuel uint64
+		want string // "": loads
+	}{
+		{"enough", 4, ""},
+		{"one unit short", 3, "fuel exhausted: the module did more than 103 units of work"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := pol(t, "count", PhaseRequest, 0, strings.Repeat("x", 100))
+			p.Fuel, p.FuelPerInputByte = tc.fuel, 1
+			e, err := New(context.Background(), testOptions(t, writeConfig(t, "", Config{Policies: []PolicyConfig{p}})))
+			if err == nil {
+				e.Close(context.Background())
+			}
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("New error = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -31,7 +31,13 @@ const (
 	exportResult     = "codemode_result"
 	exportMemory     = "memory"
 	maxDecisionBytes = 16 << 20
-	initDeadline     = 2 * time.Second
+	// initDeadline bounds instantiation (a start section, which only a
+	// module that is not instrumented may have) and the initialisation of
+	// a module that has no fuel. An instrumented module's initialisation
+	// is bounded by its fuel, as a call is, with initBackstop behind it:
+	// off the request path on a loaded host, 2 s was passed.
+	initDeadline = 2 * time.Second
+	initBackstop = 30 * time.Second
 )
 
 // Errors of a policy call. Each makes the call count as failed.
@@ -267,13 +273,21 @@ func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
 			return nil, errors.New("instrumented module lost its interrupt or fuel globals")
 		}
 	}
-	// Initialisation runs with no fuel limit (the globals start without
-	// one): it is bounded by initDeadline alone.
+	// Initialisation gets the fuel of a call whose input is the
+	// configuration.
+	fuel, deadline := m.cfg.fuel(len(m.config)), initDeadline
+	if m.interrupt {
+		inst.fuel.set(fuel)
+		deadline = initBackstop
+	}
 	inst.deadline = newDeadlineCtx(flag)
-	dctx := inst.deadline.start(ctx, initDeadline)
+	dctx := inst.deadline.start(ctx, deadline)
 	err = m.initialize(dctx, inst)
 	if !dctx.stop() {
-		return nil, fmt.Errorf("initialise policy instance: passed its %v deadline", initDeadline)
+		return nil, fmt.Errorf("initialise policy instance: passed its %v deadline", deadline)
+	}
+	if err != nil && inst.fuel.exhausted() {
+		return nil, fmt.Errorf("initialise policy instance: %w: the module did more than %d units of work", errFuel, fuel)
 	}
 	return inst, err
 }
