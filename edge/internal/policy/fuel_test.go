@@ -208,12 +208,10 @@ func TestFuelBudget(t *testing.T) {
 // for a CPU.
 func TestNoMisfireUnderCPUContention(t *testing.T) {
 	t.Parallel()
-	chain := exampleChain(t)
-	chain.Deadline = Duration(DefaultDeadline) // newEngine would lengthen it
-	e := newEngine(t, chain)
+	e := newEngine(t, exampleChain(t))
 	hp := pol(t, "gohostile", PhaseRequest, 0, "")
 	hp.PoolSize = 1
-	hostile := newEngine(t, Config{Deadline: Duration(DefaultDeadline), Policies: []PolicyConfig{hp}})
+	hostile := newEngine(t, Config{Policies: []PolicyConfig{hp}})
 
 	// Burners: a spinning goroutine per P, until the test ends.
 	stop := make(chan struct{})
