@@ -13,7 +13,8 @@ wat2wasm policies/examples/tenantblock/tenantblock.wat -o "$out/tenantblock.wasm
 sum() { sha256sum "$out/$1.wasm" | cut -d' ' -f1; }
 cat > "$out/policies.json" <<JSON
 {
-  "deadline": "20ms",
+  "fuel": 10000000,
+  "deadline": "10s",
   "labels": {"pool": []},
   "policies": [
     {"name": "tenantblock", "path": "tenantblock.wasm", "sha256": "$(sum tenantblock)",

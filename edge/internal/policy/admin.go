@@ -43,6 +43,7 @@ func (e *Engine) Status() *policyv1.ListPoliciesResponse {
 					FailedOpen:        c.failedOpen.Load(),
 					InstancesReplaced: c.replaced.Load(),
 					Unavailable:       c.unavailable.Load(),
+					FuelExhausted:     c.fuelExhausted.Load(),
 				},
 			})
 		}

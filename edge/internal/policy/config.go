@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"path/filepath"
 	"regexp"
 	"time"
@@ -23,7 +25,22 @@ import (
 //	  ]
 //	}
 type Config struct {
-	// Deadline is the default deadline of one policy call. Default 20ms.
+	// Fuel and FuelPerInputByte are the default budget of one policy call,
+	// in units of work: a unit is one loop iteration or one function call
+	// in the guest, and a call gets Fuel plus FuelPerInputByte for every
+	// byte of its input. A call that needs more fails with "fuel
+	// exhausted". Fuel is what bounds a call: unlike a wall-clock deadline
+	// it does not run out while the call waits for a CPU. Defaults
+	// 10,000,000 (about 10 ms of a guest's empty loop) and 64; the examples
+	// use at most a twentieth of that (RATIONALE.md).
+	Fuel             uint64 `json:"fuel,omitempty"`
+	FuelPerInputByte uint64 `json:"fuel_per_input_byte,omitempty"`
+	// Deadline is the default wall-clock backstop of one policy call, for
+	// what fuel does not count: a call blocked in a host function, and
+	// modules that cannot be instrumented (which have no fuel). It is long
+	// so that a call waiting for a CPU on an overloaded host is not cut
+	// short (a 1s backstop was passed at load average 17 on two cores).
+	// Default 10s.
 	Deadline Duration `json:"deadline,omitempty"`
 	// DefaultTimeout is the run timeout assumed for a request that sets
 	// none; a policy's timeout counts as tighter only if it is below the
@@ -64,6 +81,9 @@ type PolicyConfig struct {
 	// PoolSize is the number of warm instances, the calls it can run at
 	// once. Default: GOMAXPROCS, at most 8.
 	PoolSize int `json:"pool_size,omitempty"`
+	// Fuel and FuelPerInputByte override the file's for this policy.
+	Fuel             uint64 `json:"fuel,omitempty"`
+	FuelPerInputByte uint64 `json:"fuel_per_input_byte,omitempty"`
 	// Deadline overrides the file's Deadline for this policy.
 	Deadline Duration `json:"deadline,omitempty"`
 	// MemoryLimitPages caps each instance's memory in 64 KiB pages.
@@ -96,7 +116,9 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 
 // Defaults.
 const (
-	DefaultDeadline         = 20 * time.Millisecond
+	DefaultFuel             = 10_000_000
+	DefaultFuelPerInputByte = 64
+	DefaultDeadline         = 10 * time.Second
 	DefaultRunTimeout       = 30 * time.Second
 	DefaultMemoryLimitPages = 512
 	DefaultMaxInputBytes    = 8 << 20
@@ -140,6 +162,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Deadline == 0 {
 		c.Deadline = Duration(DefaultDeadline)
+	}
+	if c.Fuel == 0 {
+		c.Fuel = DefaultFuel
+	}
+	if c.FuelPerInputByte == 0 {
+		c.FuelPerInputByte = DefaultFuelPerInputByte
 	}
 	if c.DefaultTimeout == 0 {
 		c.DefaultTimeout = Duration(DefaultRunTimeout)
@@ -212,6 +240,12 @@ func (p *PolicyConfig) validate(c *Config) error {
 	if p.Deadline == 0 {
 		p.Deadline = c.Deadline
 	}
+	if p.Fuel == 0 {
+		p.Fuel = c.Fuel
+	}
+	if p.FuelPerInputByte == 0 {
+		p.FuelPerInputByte = c.FuelPerInputByte
+	}
 	if p.MemoryLimitPages == 0 {
 		p.MemoryLimitPages = DefaultMemoryLimitPages
 	}
@@ -222,6 +256,18 @@ func (p *PolicyConfig) validate(c *Config) error {
 		p.MaxInputBytes = DefaultMaxInputBytes
 	}
 	return nil
+}
+
+// fuel returns the budget of a call with an input of n bytes: Fuel plus
+// FuelPerInputByte per byte, at most math.MaxInt64 (the guest's counter is
+// a signed i64).
+func (p *PolicyConfig) fuel(n int) uint64 {
+	hi, lo := bits.Mul64(p.FuelPerInputByte, uint64(n))
+	sum, carry := bits.Add64(lo, p.Fuel, 0)
+	if hi != 0 || carry != 0 || sum > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return sum
 }
 
 // configBytes returns the bytes given to the module's init export.

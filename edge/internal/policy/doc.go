@@ -21,14 +21,20 @@
 //
 // # Safety
 //
-// Every call has a deadline (default 20 ms): modules are rewritten at load
-// with a check at every loop head that traps once a timer sets a flag
-// (package wasminterrupt; wazero's WithCloseOnContextDone is the fallback);
-// cancelling the caller's context interrupts a call the same way. Each
-// module's memory is capped (WithMemoryLimitPages), and an instance whose
-// call failed in any way (trap, timeout, malformed decision) is discarded
-// and replaced in the background. A failing policy denies the request with reason
-// "policy_unavailable" unless it is configured to fail open.
+// Every call has a budget of work, its fuel (default 10M units plus 64 per
+// input byte; a unit is a loop iteration or a function call): modules are
+// rewritten at load with a check at every function entry and loop head
+// that counts fuel down and traps when it runs out, so a call waiting for a
+// CPU is never cut short (package wasminterrupt). A wall-clock deadline
+// (default 10 s) is the backstop, for a call blocked in a host function: a
+// timer sets a flag the same check tests. Modules that cannot be rewritten
+// have no fuel and are stopped at the deadline by wazero's
+// WithCloseOnContextDone. Cancelling the caller's context interrupts a call
+// as the deadline does. Each module's memory is capped
+// (WithMemoryLimitPages), and an instance whose call failed in any way
+// (trap, out of fuel, timeout, malformed decision) is discarded and
+// replaced in the background. A failing policy denies the request with
+// reason "policy_unavailable" unless it is configured to fail open.
 //
 // # Concurrency
 //

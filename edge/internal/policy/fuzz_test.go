@@ -44,10 +44,19 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{"policies": []}`))
 	f.Add([]byte(`{"deadline": "5ms", "labels": {"pool": ["a"]}, "policies": [{"name": "a", "path": "a.wasm", "sha256": "` + strings.Repeat("0", 64) + `", "phase": "request"}]}`))
 	f.Add([]byte(`{"policies": [{"name": "a", "config_base64": "!!"}]}`))
+	f.Add([]byte(`{"fuel": 1, "fuel_per_input_byte": 18446744073709551615, "policies": [{"name": "a", "path": "a.wasm", "sha256": "` + strings.Repeat("0", 64) + `", "phase": "result", "fuel": 7}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := ParseConfig(b)
-		if err == nil && c.Deadline <= 0 {
+		if err != nil {
+			return
+		}
+		if c.Deadline <= 0 {
 			t.Fatalf("accepted config without a positive deadline: %s", b)
+		}
+		for _, p := range c.Policies {
+			if p.Deadline <= 0 || p.fuel(0) == 0 || p.fuel(1<<30) < p.fuel(0) {
+				t.Fatalf("accepted policy %s without a positive deadline and fuel: %s", p.Name, b)
+			}
 		}
 	})
 }

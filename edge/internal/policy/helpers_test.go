@@ -68,10 +68,9 @@ func writeConfig(t testing.TB, path string, cfg Config) string {
 }
 
 // newEngine loads cfg into a new engine closed at the end of the test.
-//
-// Unless the test sets one, the deadline is 2 s instead of 20 ms: tests
-// that are not about deadlines must not fail when -race on a loaded machine
-// starves a call. The deadline tests set theirs.
+// Unless the test sets them, fuel and the deadline are the defaults: fuel
+// does not run out while -race on a loaded machine starves a call, and the
+// 10 s backstop is not reached either. The deadline tests set theirs.
 func newEngine(t testing.TB, cfg Config) *Engine {
 	t.Helper()
 	return newEngineWith(t, cfg, false)
@@ -81,9 +80,6 @@ func newEngine(t testing.TB, cfg Config) *Engine {
 // module when contextInterrupt is set.
 func newEngineWith(t testing.TB, cfg Config, contextInterrupt bool) *Engine {
 	t.Helper()
-	if cfg.Deadline == 0 {
-		cfg.Deadline = Duration(2 * time.Second)
-	}
 	opts := testOptions(t, writeConfig(t, "", cfg))
 	opts.ContextInterrupt = contextInterrupt
 	e, err := New(context.Background(), opts)

@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -28,12 +29,15 @@ type runaway struct {
 }
 
 // runawayEngine loads tc's module as the one request policy, with one
-// instance and the given deadline.
+// instance, the given deadline and no fuel limit: the deadline, or a
+// cancel, is what stops a runaway call here (fuel_test.go stops it by
+// fuel).
 func runawayEngine(t *testing.T, tc runaway, deadline time.Duration) *Engine {
 	t.Helper()
 	p := pol(t, tc.module, PhaseRequest, 0, "")
 	p.PoolSize = 1
 	p.Deadline = Duration(deadline)
+	p.Fuel = math.MaxInt64
 	return newEngineWith(t, Config{Policies: []PolicyConfig{p}}, tc.contextInterrupt)
 }
 

@@ -31,12 +31,19 @@ const (
 	exportResult     = "codemode_result"
 	exportMemory     = "memory"
 	maxDecisionBytes = 16 << 20
-	initDeadline     = 2 * time.Second
+	// initDeadline bounds instantiation (a start section, which only a
+	// module that is not instrumented may have) and the initialisation of
+	// a module that has no fuel. An instrumented module's initialisation
+	// is bounded by its fuel, as a call is, with initBackstop behind it:
+	// off the request path on a loaded host, 2 s was passed.
+	initDeadline = 2 * time.Second
+	initBackstop = 30 * time.Second
 )
 
 // Errors of a policy call. Each makes the call count as failed.
 var (
 	errTimeout      = errors.New("policy call passed its deadline")
+	errFuel         = errors.New("fuel exhausted")
 	errTrap         = errors.New("policy trapped")
 	errMalformed    = errors.New("malformed decision")
 	errUnavailable  = errors.New("no policy instance available")
@@ -47,7 +54,7 @@ var (
 
 // counters count one module's outcomes; see policyv1.PolicyCounters.
 type counters struct {
-	allowed, denied, traps, timeouts, invalid, failedOpen, replaced, unavailable atomic.Uint64
+	allowed, denied, traps, timeouts, fuelExhausted, invalid, failedOpen, replaced, unavailable atomic.Uint64
 }
 
 // module is one loaded policy: its runtime, its compiled code and its pool.
@@ -59,7 +66,7 @@ type module struct {
 
 	rt        wazero.Runtime
 	compiled  wazero.CompiledModule
-	interrupt bool // instrumented: deadlines set the interrupt global
+	interrupt bool // instrumented: calls count fuel, deadlines set the interrupt global
 	config    []byte
 	evaluate  string // export called per evaluation
 
@@ -83,6 +90,7 @@ type instance struct {
 	stack    [1]uint64
 	stderr   *capWriter
 	deadline *deadlineCtx
+	fuel     fuelGauge // zero: not instrumented
 }
 
 // loadModule reads, checks, compiles and warms one policy.
@@ -113,20 +121,20 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 			m.close(context.WithoutCancel(ctx))
 		}
 	}()
-	// Interrupt by the instrumented flag where the module allows it, else
-	// by wazero's WithCloseOnContextDone (see package wasminterrupt and
-	// RATIONALE.md).
+	// Count fuel and interrupt by the instrumented check where the module
+	// allows it, else stop calls at their deadline only, by wazero's
+	// WithCloseOnContextDone (see package wasminterrupt and RATIONALE.md).
 	if !contextInterrupt {
 		instrumented, ierr := wasminterrupt.Instrument(code)
 		if ierr == nil {
 			if err := m.compile(ctx, instrumented, cache, false); err == nil {
 				m.interrupt = true
 			} else {
-				m.logger.Warn("instrumented policy does not compile; using context interruption", "error", err)
+				m.logger.Warn("instrumented policy does not compile; using context interruption, with no fuel limit", "error", err)
 				m.rt.Close(ctx)
 			}
 		} else {
-			m.logger.Info("policy cannot be instrumented; using context interruption", "reason", ierr)
+			m.logger.Warn("policy cannot be instrumented; using context interruption, with no fuel limit: only its deadline bounds a call", "reason", ierr, "deadline", time.Duration(cfg.Deadline))
 		}
 	}
 	if !m.interrupt {
@@ -147,7 +155,8 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 	return m, nil
 }
 
-// interruptMode names how the module's calls are stopped at their deadline.
+// interruptMode names how the module's calls are bounded: "instrumented"
+// (fuel and the deadline) or "context" (the deadline only).
 func (m *module) interruptMode() string {
 	if m.interrupt {
 		return "instrumented"
@@ -258,16 +267,29 @@ func (m *module) instantiate(ctx context.Context) (_ *instance, err error) {
 	}
 	var flag api.MutableGlobal
 	if m.interrupt {
-		var ok bool
-		if flag, ok = mod.ExportedGlobal(wasminterrupt.FlagExport).(api.MutableGlobal); !ok {
-			return nil, errors.New("instrumented module lost its interrupt global")
+		var ok, okFuel, okSlice bool
+		flag, ok = mod.ExportedGlobal(wasminterrupt.FlagExport).(api.MutableGlobal)
+		inst.fuel.fuel, okFuel = mod.ExportedGlobal(wasminterrupt.FuelExport).(api.MutableGlobal)
+		inst.fuel.slice, okSlice = mod.ExportedGlobal(wasminterrupt.SliceExport).(api.MutableGlobal)
+		if !ok || !okFuel || !okSlice {
+			return nil, errors.New("instrumented module lost its interrupt or fuel globals")
 		}
 	}
+	// Initialisation gets the fuel of a call whose input is the
+	// configuration.
+	fuel, deadline := m.cfg.fuel(len(m.config)), initDeadline
+	if m.interrupt {
+		inst.fuel.set(fuel)
+		deadline = initBackstop
+	}
 	inst.deadline = newDeadlineCtx(flag)
-	dctx := inst.deadline.start(ctx, initDeadline)
+	dctx := inst.deadline.start(ctx, deadline)
 	err = m.initialize(dctx, inst)
 	if !dctx.stop() {
-		return nil, fmt.Errorf("initialise policy instance: passed its %v deadline", initDeadline)
+		return nil, fmt.Errorf("initialise policy instance: passed its %v deadline", deadline)
+	}
+	if err != nil && inst.fuel.exhausted() {
+		return nil, fmt.Errorf("initialise policy instance: %w: the module did more than %d units of work", errFuel, fuel)
 	}
 	return inst, err
 }
@@ -359,6 +381,8 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		m.pool.put(inst)
 		return err
 	}
+	fuel := m.cfg.fuel(len(input))
+	inst.fuel.set(fuel)
 	cctx := inst.deadline.start(ctx, time.Duration(m.cfg.Deadline))
 	stopCancel := noStop
 	if ctx.Done() != nil {
@@ -367,6 +391,9 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		stopCancel = context.AfterFunc(ctx, inst.deadline.fire)
 	}
 	err = m.run(cctx, inst, input, decode)
+	if err != nil && errors.Is(err, errTrap) && inst.fuel.exhausted() {
+		err = fmt.Errorf("%w: the module did more than %d units of work", errFuel, fuel)
+	}
 	cancelled := !stopCancel()
 	if fired := !cctx.stop(); (fired || cancelled) && err == nil {
 		// The deadline or a cancel came as the call returned: its answer
@@ -410,7 +437,8 @@ func (m *module) run(ctx context.Context, inst *instance, input []byte, decode f
 	return nil
 }
 
-// callError tells a timeout from a trap.
+// callError tells a timeout from a trap. (The caller tells a trap for want
+// of fuel from others.)
 func callError(ctx context.Context, err error, inst *instance) error {
 	var exit *sys.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded ||
@@ -424,6 +452,8 @@ func (m *module) classify(err error) {
 	switch {
 	case errors.Is(err, errTimeout):
 		m.counters.timeouts.Add(1)
+	case errors.Is(err, errFuel):
+		m.counters.fuelExhausted.Add(1)
 	case errors.Is(err, errMalformed):
 		m.counters.invalid.Add(1)
 	case errors.Is(err, errUnavailable):

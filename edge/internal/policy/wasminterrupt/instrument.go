@@ -1,9 +1,11 @@
 // Package wasminterrupt rewrites a WebAssembly module so that its host can
-// interrupt a running call cheaply: the host sets an exported flag global
-// (at a call's deadline, or when its caller goes away) and the guest traps
-// at its next loop iteration. It is Wasmtime's epoch interruption done in
-// the module, for wazero, whose own mechanism (WithCloseOnContextDone)
-// costs about 35 ns per loop iteration; see ../RATIONALE.md for the
+// bound a call by the work it does and interrupt it cheaply: the guest
+// counts down a fuel global at every loop iteration and function entry and
+// traps when it runs out, and traps at once when the host sets an exported
+// flag global (at a wall-clock backstop, or when the caller goes away). It
+// is Wasmtime's fuel and epoch interruption done in the module, for wazero,
+// whose own mechanism (WithCloseOnContextDone) costs about 35 ns per loop
+// iteration and counts wall-clock time only; see ../RATIONALE.md for the
 // measurements.
 //
 // [Instrument] is a pure function over bytes: it neither compiles nor runs
@@ -13,42 +15,65 @@ package wasminterrupt
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 )
 
-// FlagExport names the mutable i32 global that [Instrument] adds and
-// exports. Setting it to a non-zero value makes the next loop iteration of
-// every call into the instance trap with "unreachable".
-const FlagExport = "codemode_interrupt"
+// Names of the globals that [Instrument] adds and exports.
+const (
+	// FlagExport names a mutable i32. Setting it to a non-zero value makes
+	// every call into the instance trap with "unreachable" within
+	// [SliceUnits] units of work.
+	FlagExport = "codemode_interrupt"
+	// FuelExport names a mutable i64: the fuel left, not counting the
+	// current slice. A call traps with "unreachable" when it needs a unit
+	// of work and both this and the slice are zero. It starts at
+	// math.MaxInt64 (no limit).
+	FuelExport = "codemode_fuel"
+	// SliceExport names a mutable i32: the units of the current slice
+	// (taken from the fuel) not yet used. A host that sets the fuel before a
+	// call sets this to 0, so that the call gets exactly the fuel set; the
+	// units the call used are then the fuel set minus what is left in
+	// both.
+	SliceExport = "codemode_fuel_slice"
+)
 
 // ErrUninstrumentable is the error (wrapped with the reason) of a module
 // that [Instrument] does not know how to rewrite or cannot bound. The
 // caller then interrupts it some other way.
 var ErrUninstrumentable = errors.New("cannot instrument module")
 
-// safePointEvery is how many loop iterations run between two calls into Go.
-const safePointEvery = 1024
+// SliceUnits is the most units of work a slice holds: the guest leaves
+// native code for Go, checks the flag and takes the next slice from the
+// fuel once per slice.
+const SliceUnits = 1024
 
 // Instrument returns a copy of the WebAssembly module wasm rewritten so that
-// the host can interrupt it. It adds two mutable i32 globals: a flag,
-// exported as [FlagExport], and a fuel counter. At the head of every loop it
-// inserts:
+// the host can bound and interrupt its calls. It adds three mutable
+// globals, exported as [FlagExport], [FuelExport] and [SliceExport]. One
+// unit of work is one loop iteration or one function call: at the head of
+// every loop and at the entry of every function it inserts
 //
-//	if fuel == 0 { memory.grow(0); fuel = safePointEvery }  // leave native code now and then
-//	if flag != 0 { unreachable }                            // the deadline passed
-//	fuel--
+//	if slice == 0 {                      // once per SliceUnits units
+//		drop(memory.grow(0))             // leave native code
+//		if flag != 0 { unreachable }     // interrupted by the host
+//		if fuel == 0 { unreachable }     // out of fuel
+//		slice = min(fuel, SliceUnits)
+//		fuel -= slice
+//	}
+//	slice--
 //
-// Code without loops ends by itself (recursion runs out of stack, and stack
-// growth leaves native code too).
+// so that a call with fuel N set (and slice 0) runs exactly N units and
+// traps at the next one. The fast path is a load, a compare and branch, and
+// a decrement; a function that neither loops nor calls ends by itself.
 //
-// The memory.grow(0) every safePointEvery iterations matters: Go cannot
-// preempt a goroutine while it runs native code, so a guest spinning in pure
-// native code would hold off a stop-the-world garbage collection, and with it
-// the timer that is to set the flag: the process would hang (seen in
-// testing). memory.grow is compiled as a call into Go, where the goroutine
-// can be stopped. wazero's own WithCloseOnContextDone makes that call at every
-// iteration (35 ns each here) and starts a goroutine per call; this costs a
-// few loads and stores per iteration and a Go call per safePointEvery.
+// The memory.grow(0) once per slice matters: Go cannot preempt a goroutine
+// while it runs native code, so a guest spinning in pure native code would
+// hold off a stop-the-world garbage collection, and with it the timer that
+// is to set the flag: the process would hang (seen in testing). memory.grow
+// is compiled as a call into Go, where the goroutine can be stopped.
+// wazero's own WithCloseOnContextDone makes that call at every iteration
+// (35 ns each here) and starts a goroutine per call.
 //
 // DWARF sections are dropped: their code offsets would no longer be right.
 //
@@ -58,9 +83,10 @@ const safePointEvery = 1024
 // know or cannot bound: SIMD, exceptions, tail calls (which loop without a
 // loop), a start section (which runs before the host holds the flag),
 // several memories, a module without memory, a module that already exports
-// [FlagExport], or code that names globals it does not define (after the
-// rewrite they would reach the added ones, and a module that clears its own
-// flag cannot be stopped). Malformed input is refused the same way.
+// one of the names above, or code that names globals it does not define
+// (after the rewrite they would reach the added ones, and a module that
+// refills its own fuel cannot be stopped). Malformed input is refused the
+// same way.
 func Instrument(wasm []byte) ([]byte, error) {
 	if len(wasm) < 8 || string(wasm[:4]) != magic || string(wasm[4:8]) != version {
 		return nil, fmt.Errorf("%w: not a WebAssembly 1.0 binary", ErrUninstrumentable)
@@ -122,11 +148,21 @@ func Instrument(wasm []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: no code or no memory", ErrUninstrumentable)
 	}
 	flag := uleb(uint64(globals))
-	fuel := uleb(uint64(globals + 1))
-	check := loopCheck(flag, fuel)
-	newGlobals := append(newGlobal(0), newGlobal(safePointEvery)...) // flag, fuel
-	newExport := append(uleb(uint64(len(FlagExport))), FlagExport...)
-	newExport = append(append(newExport, externGlobal), flag...)
+	slice := uleb(uint64(globals + 1))
+	fuel := uleb(uint64(globals + 2))
+	check := fuelCheck(flag, slice, fuel)
+	var newGlobals []byte
+	newGlobals = append(newGlobals, newGlobal(typeI32, 0)...)             // flag
+	newGlobals = append(newGlobals, newGlobal(typeI32, 0)...)             // slice
+	newGlobals = append(newGlobals, newGlobal(typeI64, math.MaxInt64)...) // fuel
+	var newExports []byte
+	for _, e := range []struct {
+		name  string
+		index []byte
+	}{{FlagExport, flag}, {SliceExport, slice}, {FuelExport, fuel}} {
+		newExports = append(newExports, uleb(uint64(len(e.name)))...)
+		newExports = append(append(append(newExports, e.name...), externGlobal), e.index...)
+	}
 
 	out := append([]byte(nil), wasm[:8]...)
 	emit := func(id byte, body []byte) {
@@ -138,13 +174,13 @@ func Instrument(wasm []byte) ([]byte, error) {
 	// and before start, element, data count, code and data.
 	placeGlobal := func() {
 		if !hasGlobal {
-			emit(sectionGlobal, append(uleb(2), newGlobals...))
+			emit(sectionGlobal, append(uleb(3), newGlobals...))
 			hasGlobal = true
 		}
 	}
 	placeExport := func() {
 		if !hasExport {
-			emit(sectionExport, append(uleb(1), newExport...))
+			emit(sectionExport, append(uleb(3), newExports...))
 			hasExport = true
 		}
 	}
@@ -155,7 +191,7 @@ func Instrument(wasm []byte) ([]byte, error) {
 				continue
 			}
 		case sectionGlobal:
-			body, err := appendEntries(s.body, 2, newGlobals)
+			body, err := appendEntries(s.body, 3, newGlobals)
 			if err != nil {
 				return nil, err
 			}
@@ -163,7 +199,7 @@ func Instrument(wasm []byte) ([]byte, error) {
 			continue
 		case sectionExport:
 			placeGlobal()
-			body, err := appendEntries(s.body, 1, newExport)
+			body, err := appendEntries(s.body, 3, newExports)
 			if err != nil {
 				return nil, err
 			}
@@ -186,43 +222,68 @@ func Instrument(wasm []byte) ([]byte, error) {
 	return out, nil
 }
 
-// loopCheck returns the code inserted at the head of every loop, given the
-// encoded indexes of the flag and fuel globals.
-func loopCheck(flag, fuel []byte) []byte {
+// fuelCheck returns the code inserted at the head of every loop and the
+// entry of every function, given the encoded indexes of the flag, slice
+// and fuel globals.
+func fuelCheck(flag, slice, fuel []byte) []byte {
 	var c []byte
 	op := func(code byte, imm ...byte) { c = append(append(c, code), imm...) }
-	// if fuel == 0 { drop(memory.grow(0)); fuel = safePointEvery }
-	op(opGlobalGet, fuel...)
+	// if slice == 0 {
+	op(opGlobalGet, slice...)
 	op(opI32Eqz)
 	op(opIf, blockEmpty)
-	op(opI32Const, i32(0)...)
+	//   drop(memory.grow(0))
+	op(opI32Const, sleb(0)...)
 	op(opMemoryGrow, 0x00) // memory index 0
 	op(opDrop)
-	op(opI32Const, i32(safePointEvery)...)
-	op(opGlobalSet, fuel...)
-	op(opEnd)
-	// if flag { unreachable }
+	//   if flag { unreachable }
 	op(opGlobalGet, flag...)
 	op(opIf, blockEmpty)
 	op(opUnreachable)
 	op(opEnd)
-	// fuel = fuel - 1
+	//   if fuel == 0 { unreachable }
 	op(opGlobalGet, fuel...)
-	op(opI32Const, i32(1)...)
-	op(opI32Sub)
+	op(opI64Eqz)
+	op(opIf, blockEmpty)
+	op(opUnreachable)
+	op(opEnd)
+	//   slice = i32(fuel <u SliceUnits ? fuel : SliceUnits)
+	op(opGlobalGet, fuel...)
+	op(opI64Const, sleb(SliceUnits)...)
+	op(opGlobalGet, fuel...)
+	op(opI64Const, sleb(SliceUnits)...)
+	op(opI64LtU)
+	op(opSelect)
+	op(opI32WrapI64)
+	op(opGlobalSet, slice...)
+	//   fuel -= slice
+	op(opGlobalGet, fuel...)
+	op(opGlobalGet, slice...)
+	op(opI64ExtendI32U)
+	op(opI64Sub)
 	op(opGlobalSet, fuel...)
+	// }
+	op(opEnd)
+	// slice--
+	op(opGlobalGet, slice...)
+	op(opI32Const, sleb(1)...)
+	op(opI32Sub)
+	op(opGlobalSet, slice...)
 	return c
 }
 
-// newGlobal encodes a global entry: a mutable i32 that starts at v.
-func newGlobal(v int32) []byte {
-	g := []byte{typeI32, globalVar, opI32Const}
-	g = append(g, i32(v)...)
+// newGlobal encodes a global entry: a mutable i32 or i64 that starts at v.
+func newGlobal(typ byte, v int64) []byte {
+	g := []byte{typ, globalVar, opI32Const}
+	if typ == typeI64 {
+		g[2] = opI64Const
+	}
+	g = append(g, sleb(v)...)
 	return append(g, opEnd)
 }
 
-// i32 encodes v as signed LEB128, the immediate of i32.const.
-func i32(v int32) []byte {
+// sleb encodes v as signed LEB128, the immediate of i32.const and i64.const.
+func sleb(v int64) []byte {
 	var b []byte
 	for {
 		c := byte(v & 0x7f)
@@ -279,16 +340,18 @@ func countImports(body []byte) (globals uint32, memory bool, err error) {
 	return globals, memory, r.err
 }
 
-// checkExports refuses a module that already exports FlagExport or exports
-// a global index it does not have (which would be an added one).
+// checkExports refuses a module that already exports one of the added
+// globals' names or exports a global index it does not have (which would be
+// an added one).
 func checkExports(body []byte, globals uint32) error {
 	r := reader{b: body}
 	for n := r.u32(); n > 0 && r.err == nil; n-- {
 		name := r.take(int(r.u32()))
 		kind := r.byte()
 		idx := r.u32()
-		if string(name) == FlagExport {
-			return fmt.Errorf("%w: module already exports %s", ErrUninstrumentable, FlagExport)
+		switch string(name) {
+		case FlagExport, FuelExport, SliceExport:
+			return fmt.Errorf("%w: module already exports %s", ErrUninstrumentable, name)
 		}
 		if kind == externGlobal && idx >= globals {
 			return fmt.Errorf("%w: export of global index out of range", ErrUninstrumentable)
@@ -297,7 +360,8 @@ func checkExports(body []byte, globals uint32) error {
 	return r.err
 }
 
-// instrumentCode inserts check after the block type of every loop. Code
+// instrumentCode inserts check at the entry of every function and after the
+// block type of every loop. Code
 // must only use the module's own globals (fewer than globals): an index that
 // was invalid before the rewrite would reach the added ones, and a module
 // that clears its interrupt flag cannot be stopped.
@@ -323,9 +387,9 @@ func instrumentCode(body, check []byte, globals uint32) ([]byte, error) {
 	return out, r.err
 }
 
-// instrumentFunction copies one function body, inserting check after every
-// loop's block type. It decodes every instruction it passes, so that an
-// immediate byte is never taken for an opcode.
+// instrumentFunction copies one function body, inserting check after its
+// locals and after every loop's block type. It decodes every instruction it
+// passes, so that an immediate byte is never taken for an opcode.
 func instrumentFunction(fn, check []byte, globals uint32) ([]byte, error) {
 	r := reader{b: fn}
 	for n := r.u32(); n > 0 && r.err == nil; n-- { // locals: count and type
@@ -334,6 +398,7 @@ func instrumentFunction(fn, check []byte, globals uint32) ([]byte, error) {
 	}
 	out := make([]byte, 0, len(fn)+64)
 	out = append(out, fn[:len(fn)-len(r.b)]...)
+	out = append(out, check...)
 	for !r.done() && r.err == nil {
 		start := len(fn) - len(r.b)
 		op := r.byte()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"runtime"
 	"strings"
@@ -19,8 +20,8 @@ import (
 func TestMain(m *testing.M) { policytest.Main(m) }
 
 // TestInstrumentOneLoop checks the exact rewrite of the smallest module with
-// a loop: the two globals and the export are added, and the check follows
-// the loop's block type.
+// a loop: the three globals and their exports are added, and the check is
+// at the function's entry and follows the loop's block type.
 func TestInstrumentOneLoop(t *testing.T) {
 	t.Parallel()
 	const (
@@ -32,17 +33,25 @@ func TestInstrumentOneLoop(t *testing.T) {
 	// (func (loop (br 0)))
 	in := header + types + funcs + memory + "\x0a\x09\x01\x07\x00\x03\x40\x0c\x00\x0b\x0b"
 	check := "" +
-		"\x23\x01\x45\x04\x40" + // global.get fuel; i32.eqz; if
+		"\x23\x01\x45\x04\x40" + // global.get slice; i32.eqz; if
 		"\x41\x00\x40\x00\x1a" + //   i32.const 0; memory.grow 0; drop
-		"\x41\x80\x08\x24\x01" + //   i32.const 1024; global.set fuel
+		"\x23\x00\x04\x40\x00\x0b" + //   global.get flag; if; unreachable; end
+		"\x23\x02\x50\x04\x40\x00\x0b" + //   global.get fuel; i64.eqz; if; unreachable; end
+		"\x23\x02\x42\x80\x08" + //   global.get fuel; i64.const 1024
+		"\x23\x02\x42\x80\x08\x54" + //   global.get fuel; i64.const 1024; i64.lt_u
+		"\x1b\xa7\x24\x01" + //   select; i32.wrap_i64; global.set slice
+		"\x23\x02\x23\x01\xad\x7d\x24\x02" + //   global.get fuel; global.get slice; i64.extend_i32_u; i64.sub; global.set fuel
 		"\x0b" + // end
-		"\x23\x00\x04\x40\x00\x0b" + // global.get flag; if; unreachable; end
-		"\x23\x01\x41\x01\x6b\x24\x01" // global.get fuel; i32.const 1; i32.sub; global.set fuel
-	globals := "\x06\x0c\x02" + // global section, 12 bytes: two entries
+		"\x23\x01\x41\x01\x6b\x24\x01" // global.get slice; i32.const 1; i32.sub; global.set slice
+	globals := "\x06\x19\x03" + // global section, 25 bytes: three entries
 		"\x7f\x01\x41\x00\x0b" + // flag: mut i32 = 0
-		"\x7f\x01\x41\x80\x08\x0b" // fuel: mut i32 = 1024
-	exports := "\x07\x16\x01\x12" + FlagExport + "\x03\x00" // export global 0
-	body := "\x00\x03\x40" + check + "\x0c\x00\x0b\x0b"
+		"\x7f\x01\x41\x00\x0b" + // slice: mut i32 = 0
+		"\x7e\x01\x42\xff\xff\xff\xff\xff\xff\xff\xff\xff\x00\x0b" // fuel: mut i64 = MaxInt64
+	exports := "\x07\x3c\x03" + // export section, 60 bytes: three entries
+		"\x12" + FlagExport + "\x03\x00" + // global 0
+		"\x13" + SliceExport + "\x03\x01" + // global 1
+		"\x0d" + FuelExport + "\x03\x02" // global 2
+	body := "\x00" + check + "\x03\x40" + check + "\x0c\x00\x0b\x0b"
 	code := "\x0a" + string([]byte{byte(len(body) + 2), 1, byte(len(body))}) + body // one body
 	want := header + types + funcs + memory + globals + exports + code
 	got, err := Instrument([]byte(in))
@@ -54,10 +63,10 @@ func TestInstrumentOneLoop(t *testing.T) {
 	}
 }
 
-func TestI32(t *testing.T) {
+func TestSLEB(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		v    int32
+		v    int64
 		want []byte
 	}{
 		{0, []byte{0x00}},
@@ -68,9 +77,10 @@ func TestI32(t *testing.T) {
 		{-1, []byte{0x7f}},
 		{-64, []byte{0x40}},
 		{-65, []byte{0xbf, 0x7f}},
+		{math.MaxInt64, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00}},
 	} {
-		if got := i32(tc.v); !bytes.Equal(got, tc.want) {
-			t.Errorf("i32(%d) = %x, want %x", tc.v, got, tc.want)
+		if got := sleb(tc.v); !bytes.Equal(got, tc.want) {
+			t.Errorf("sleb(%d) = %x, want %x", tc.v, got, tc.want)
 		}
 	}
 }
@@ -177,6 +187,87 @@ func TestInterruptStopsLoop(t *testing.T) {
 	t.Logf("interrupted after %v (flag set at 50ms)", time.Since(start))
 }
 
+// instantiate instruments the built test module name and instantiates it.
+func instantiate(t *testing.T, name string) api.Module {
+	t.Helper()
+	ctx := context.Background()
+	code, err := os.ReadFile(policytest.Build(t).Path(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := Instrument(code)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := wazero.NewRuntime(ctx)
+	t.Cleanup(func() { rt.Close(ctx) })
+	wasi_snapshot_preview1.MustInstantiate(ctx, rt)
+	mod, err := rt.Instantiate(ctx, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mod
+}
+
+// TestFuelCountsExactly runs the count module, which does n + 2 units of
+// work, with fuel for exactly that much and for one unit less, around slice
+// boundaries: the first call ends with no fuel left, the second traps.
+func TestFuelCountsExactly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mod := instantiate(t, "count")
+	fuel := mod.ExportedGlobal(FuelExport).(api.MutableGlobal)
+	slice := mod.ExportedGlobal(SliceExport).(api.MutableGlobal)
+	if fuel.Get() != math.MaxInt64 || slice.Get() != 0 {
+		t.Fatalf("fresh instance: fuel %d, slice %d, want no limit and 0", fuel.Get(), slice.Get())
+	}
+	fn := mod.ExportedFunction("codemode_request")
+	run := func(n, budget uint64) (left uint64, err error) {
+		fuel.Set(budget)
+		slice.Set(0)
+		_, err = fn.Call(ctx, n)
+		return fuel.Get() + uint64(uint32(slice.Get())), err
+	}
+	for _, n := range []uint64{0, 1, SliceUnits - 3, SliceUnits - 2, SliceUnits - 1, SliceUnits, 5 * SliceUnits, 100_000} {
+		work := n + 2
+		if left, err := run(n, work); err != nil || left != 0 {
+			t.Errorf("n=%d with fuel %d: left %d, err %v; want 0 left, no error", n, work, left, err)
+		}
+		if left, err := run(n, work+10); err != nil || left != 10 {
+			t.Errorf("n=%d with fuel %d: left %d, err %v; want 10 left, no error", n, work+10, left, err)
+		}
+		if _, err := run(n, work-1); err == nil || !strings.Contains(err.Error(), "unreachable") {
+			t.Errorf("n=%d with fuel %d: err %v, want an unreachable trap", n, work-1, err)
+		}
+	}
+	// A module the host never gives fuel runs unbounded, as before.
+	fuel.Set(math.MaxInt64)
+	slice.Set(0)
+	if _, err := fn.Call(ctx, 1_000_000); err != nil {
+		t.Fatalf("call with no limit: %v", err)
+	}
+}
+
+// TestFuelStopsLoop runs the endless loop with a million units of fuel: it
+// traps having used them all, with no flag set.
+func TestFuelStopsLoop(t *testing.T) {
+	t.Parallel()
+	mod := instantiate(t, "loop")
+	fuel := mod.ExportedGlobal(FuelExport).(api.MutableGlobal)
+	slice := mod.ExportedGlobal(SliceExport).(api.MutableGlobal)
+	fuel.Set(1_000_000)
+	slice.Set(0)
+	start := time.Now()
+	_, err := mod.ExportedFunction("codemode_request").Call(context.Background(), 0)
+	if err == nil || !strings.Contains(err.Error(), "unreachable") {
+		t.Fatalf("call = %v, want an unreachable trap", err)
+	}
+	if fuel.Get() != 0 || slice.Get() != 0 {
+		t.Fatalf("after the trap: fuel %d, slice %d, want both 0", fuel.Get(), slice.Get())
+	}
+	t.Logf("a million units of an empty loop took %v", time.Since(start))
+}
+
 func TestInstrumentRefuses(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -191,6 +282,7 @@ func TestInstrumentRefuses(t *testing.T) {
 		// rewrite it would clear the interrupt flag.
 		{"clears the flag", []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x05\x03\x01\x00\x01\x0a\x08\x01\x06\x00\x41\x00\x24\x00\x0b"), "global index out of range"},
 		{"exports a missing global", []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x05\x03\x01\x00\x01\x07\x05\x01\x01g\x03\x00\x0a\x04\x01\x02\x00\x0b"), "export of global index out of range"},
+		{"exports the fuel name", []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x05\x03\x01\x00\x01\x07\x11\x01\x0dcodemode_fuel\x00\x00\x0a\x04\x01\x02\x00\x0b"), "already exports codemode_fuel"},
 		{"no memory", []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x0a\x04\x01\x02\x00\x0b"), "no memory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -166,9 +166,10 @@ type PolicyStatus struct {
 	// What it did since this module (same name, phase and sha256) was first
 	// loaded: reloads that keep it keep counting; a new module starts at zero.
 	Counters *PolicyCounters `protobuf:"bytes,7,opt,name=counters,proto3" json:"counters,omitempty"`
-	// How calls past their deadline are stopped: "instrumented" (a check the
-	// edge adds to the module's loops) or "context" (wazero's slower
-	// WithCloseOnContextDone, for modules that cannot be instrumented).
+	// How calls are bounded: "instrumented" (fuel counted and a flag checked
+	// by code the edge adds to the module's loops and functions) or "context"
+	// (no fuel; wazero's slower WithCloseOnContextDone stops a call at its
+	// deadline, for modules that cannot be instrumented).
 	Interrupt     string `protobuf:"bytes,8,opt,name=interrupt,proto3" json:"interrupt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -269,7 +270,7 @@ type PolicyCounters struct {
 	Denied uint64 `protobuf:"varint,2,opt,name=denied,proto3" json:"denied,omitempty"`
 	// Calls whose instance trapped (panic, unreachable, out of memory, ...).
 	Traps uint64 `protobuf:"varint,3,opt,name=traps,proto3" json:"traps,omitempty"`
-	// Calls that passed their deadline.
+	// Calls that passed their wall-clock deadline (the backstop).
 	Timeouts uint64 `protobuf:"varint,4,opt,name=timeouts,proto3" json:"timeouts,omitempty"`
 	// Decisions that were malformed or tried what is not allowed.
 	InvalidDecisions uint64 `protobuf:"varint,5,opt,name=invalid_decisions,json=invalidDecisions,proto3" json:"invalid_decisions,omitempty"`
@@ -279,7 +280,10 @@ type PolicyCounters struct {
 	InstancesReplaced uint64 `protobuf:"varint,7,opt,name=instances_replaced,json=instancesReplaced,proto3" json:"instances_replaced,omitempty"`
 	// Calls that found no instance free before their deadline, or whose input
 	// was too large for the policy.
-	Unavailable   uint64 `protobuf:"varint,8,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
+	Unavailable uint64 `protobuf:"varint,8,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
+	// Calls that ran out of fuel: the module did more work than the policy's
+	// fuel allows.
+	FuelExhausted uint64 `protobuf:"varint,9,opt,name=fuel_exhausted,json=fuelExhausted,proto3" json:"fuel_exhausted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -366,6 +370,13 @@ func (x *PolicyCounters) GetInstancesReplaced() uint64 {
 func (x *PolicyCounters) GetUnavailable() uint64 {
 	if x != nil {
 		return x.Unavailable
+	}
+	return 0
+}
+
+func (x *PolicyCounters) GetFuelExhausted() uint64 {
+	if x != nil {
+		return x.FuelExhausted
 	}
 	return 0
 }
@@ -483,7 +494,7 @@ const file_codemode_policy_v1_admin_proto_rawDesc = "" +
 	"\ffailure_mode\x18\x05 \x01(\tR\vfailureMode\x12\x1b\n" +
 	"\tpool_size\x18\x06 \x01(\x05R\bpoolSize\x12>\n" +
 	"\bcounters\x18\a \x01(\v2\".codemode.policy.v1.PolicyCountersR\bcounters\x12\x1c\n" +
-	"\tinterrupt\x18\b \x01(\tR\tinterrupt\"\x93\x02\n" +
+	"\tinterrupt\x18\b \x01(\tR\tinterrupt\"\xba\x02\n" +
 	"\x0ePolicyCounters\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\x04R\aallowed\x12\x16\n" +
 	"\x06denied\x18\x02 \x01(\x04R\x06denied\x12\x14\n" +
@@ -493,7 +504,8 @@ const file_codemode_policy_v1_admin_proto_rawDesc = "" +
 	"\vfailed_open\x18\x06 \x01(\x04R\n" +
 	"failedOpen\x12-\n" +
 	"\x12instances_replaced\x18\a \x01(\x04R\x11instancesReplaced\x12 \n" +
-	"\vunavailable\x18\b \x01(\x04R\vunavailable\"\x0f\n" +
+	"\vunavailable\x18\b \x01(\x04R\vunavailable\x12%\n" +
+	"\x0efuel_exhausted\x18\t \x01(\x04R\rfuelExhausted\"\x0f\n" +
 	"\rReloadRequest\"J\n" +
 	"\x0eReloadResponse\x12\x1e\n" +
 	"\n" +
