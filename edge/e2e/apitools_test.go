@@ -66,7 +66,7 @@ func TestAPITools(t *testing.T) {
 	}
 	block := mods.Path(t, "tenantblock")
 	policies := filepath.Join(dir, "policies.json")
-	writeJSON(t, policies, map[string]any{"deadline": "2s", "policies": []map[string]any{{
+	writeJSON(t, policies, map[string]any{"policies": []map[string]any{{
 		"name": "tenantblock", "path": filepath.Base(block), "sha256": policytest.Digest(t, block), "phase": "request", "config": "mallory",
 	}}})
 	const keyAlice, keyMallory = "k-apis-alice-0123456789", "k-apis-mallory-0123456789"

@@ -169,7 +169,6 @@ func startEgressStack(t testing.TB) *egressStack {
 			"order": order, "config": config, "config_base64": config64}
 	}
 	policies := write("policies.json", map[string]any{
-		"deadline": "2s", // deadlines are not under test here
 		"policies": []any{
 			pol("egress", "egress", 10, "grace: no-wildcards", ""),
 			pol("widen", "fixed", 20, "", base64.StdEncoding.EncodeToString(widen)),

@@ -138,7 +138,6 @@ func metricsPolicies(t *testing.T) string {
 		return pc{Name: name, Path: filepath.Base(path), SHA256: policytest.Digest(t, path), Phase: phase, Order: order, Config: config}
 	}
 	b, _ := json.Marshal(map[string]any{
-		"deadline": "2s", // deadlines are not under test here
 		"policies": []pc{
 			p("languages", "request", 10, "*: python, bash"),
 			p("prelude", "request", 20, "import sys; sys.setrecursionlimit(200)"),

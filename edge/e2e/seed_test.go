@@ -118,7 +118,6 @@ func seedEdge(t *testing.T, s *Stack) *Process {
 	}
 	path := mods.Path(t, "tenantblock")
 	cfg := map[string]any{
-		"deadline": "2s",
 		"policies": []map[string]any{{
 			"name": "tenantblock", "path": filepath.Base(path), "sha256": policytest.Digest(t, path),
 			"phase": "request", "order": 5, "config": "mallory",
