@@ -43,8 +43,8 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	status := func(name string, free int32) *agentv1.AgentStatus {
 		return &agentv1.AgentStatus{Name: name, Ready: true, Free: free, Capacity: 4}
 	}
-	r.Register("127.0.0.11:30031", status("a", 4), interval)
-	r.Register("127.0.0.12:30031", status("b", 2), interval)
+	r.Register(t.Context(), "127.0.0.11:30031", status("a", 4), interval)
+	r.Register(t.Context(), "127.0.0.12:30031", status("b", 2), interval)
 	if a, err := r.Pick(nil); err != nil || a.Address != "127.0.0.11:30031" {
 		t.Fatalf("picked %v, %v; want the agent with more free", a, err)
 	}
@@ -56,7 +56,7 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	// b keeps beating; a stops.
 	for range MissedHeartbeats {
 		c.advance(interval)
-		r.Register("127.0.0.12:30031", status("b", 2), interval)
+		r.Register(t.Context(), "127.0.0.12:30031", status("b", 2), interval)
 	}
 	if a, err := r.Pick(nil); err != nil || a.Address != "127.0.0.12:30031" {
 		t.Fatalf("after a missed %d heartbeats picked %v, %v; want b", MissedHeartbeats, a, err)
@@ -70,20 +70,20 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	// a comes back with the same address: the same agent, so that
 	// sessions bound to it find it again.
 	before := r.All()[0]
-	r.Register("127.0.0.11:30031", status("a", 4), interval)
+	r.Register(t.Context(), "127.0.0.11:30031", status("a", 4), interval)
 	if a, err := r.Pick(nil); err != nil || a != before {
 		t.Fatalf("after rejoining picked %v, %v; want a again", a, err)
 	}
 
 	// A registered agent that reports not ready is not picked.
-	r.Register("127.0.0.11:30031", &agentv1.AgentStatus{Name: "a", Free: 4}, interval)
+	r.Register(t.Context(), "127.0.0.11:30031", &agentv1.AgentStatus{Name: "a", Free: 4}, interval)
 	if a, _ := r.Pick(nil); a.Address != "127.0.0.12:30031" {
 		t.Fatalf("picked %v, want b while a is not ready", a)
 	}
 
 	// Silent long enough, an agent is forgotten.
 	c.advance(ForgetAgentAfter + time.Second)
-	r.Register("127.0.0.12:30031", status("b", 2), interval)
+	r.Register(t.Context(), "127.0.0.12:30031", status("b", 2), interval)
 	r.forgetAgents(c.now().Add(-ForgetAgentAfter))
 	if got := r.All(); len(got) != 1 || got[0].Address != "127.0.0.12:30031" {
 		t.Fatalf("agents %v, want only b", got)
