@@ -26,8 +26,9 @@ EGRESS ?=
 UP_TIMEOUT ?= 120
 
 # Addresses of `make up-cluster`, all on loopback: a Redis, three agents
-# (named codemode-cluster-1..3), two control planes sharing the Redis, and
+# (named $(CLUSTER_NAME)-1..3), two control planes sharing the Redis, and
 # two edges each listing both control planes.
+CLUSTER_NAME          ?= codemode-cluster
 CLUSTER_REDIS         ?= 127.0.0.1:6380
 CLUSTER_AGENTS        ?= 127.0.0.1:30041 127.0.0.1:30042 127.0.0.1:30043
 CLUSTER_CONTROLPLANES ?= 127.0.0.1:8081 127.0.0.1:8082
@@ -145,7 +146,7 @@ up-cluster: setup build cluster-secret
 	cps=; for c in $(CLUSTER_CONTROLPLANES); do cps="$$cps$${cps:+,}http://$$c"; done; \
 	rcps=; for c in $(CLUSTER_CONTROLPLANES); do rcps="http://$$c$${rcps:+,}$$rcps"; done; \
 	i=0; for a in $(CLUSTER_AGENTS); do i=$$((i + 1)); \
-		EGRESS_DENY='$(cluster_deny)' $(BIN)/agent --addr "$$a" --advertise-addr "$$a" --name "codemode-cluster-$$i" --controlplanes "$$cps" & pids+=($$!); names+=(agent-$$i); \
+		EGRESS_DENY='$(cluster_deny)' $(BIN)/agent --addr "$$a" --advertise-addr "$$a" --name "$(CLUSTER_NAME)-$$i" --controlplanes "$$cps" & pids+=($$!); names+=(agent-$$i); \
 	done; \
 	for c in $(CLUSTER_CONTROLPLANES); do \
 		$(BIN)/controlplane --addr "$$c" --agents= --redis-url "redis://$$r/0" & pids+=($$!); names+=(controlplane-$$c); \
