@@ -10,6 +10,10 @@
 // which leave routing when three of their intervals pass without one and
 // come back with the next.
 //
+// Which agent holds each session, and which sessions ended, live in a Store:
+// this process's memory, or one that replicas share (Redis), together with
+// the agents' heartbeats, so that any replica routes any session.
+//
 // A Router polls, resolves and expires in the background between Start and
 // Close. All methods are safe for concurrent use.
 package router
