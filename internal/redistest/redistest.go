@@ -22,8 +22,17 @@ type Server struct {
 	// Addr is 127.0.0.1:port.
 	Addr string
 	// URL is redis://Addr/0.
-	URL string
-	cmd *exec.Cmd
+	URL    string
+	cmd    *exec.Cmd
+	exited chan string
+}
+
+// Kill kills the server at once, as a crash would, and waits for it.
+func (s *Server) Kill() {
+	_ = s.cmd.Process.Kill()
+	if log, ok := <-s.exited; ok {
+		s.exited <- log // for the clean-up
+	}
 }
 
 // startTimeout bounds the wait for the server to accept connections.
@@ -77,7 +86,7 @@ func start(tb testing.TB, path string) (*Server, error) {
 		_ = cmd.Wait()
 		exited <- b.String()
 	}()
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, exited: exited}
 	s.URL = "redis://" + s.Addr + "/0"
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
@@ -94,10 +103,7 @@ func start(tb testing.TB, path string) (*Server, error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	tb.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	tb.Cleanup(s.Kill)
 	return s, nil
 }
 
