@@ -259,3 +259,24 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 		t.Fatalf("Register: %v, want ErrStoreUnavailable", err)
 	}
 }
+
+// BenchmarkSession is the store's part of a run in a known session: one
+// GETEX on a loopback Redis, decoded.
+func BenchmarkSession(b *testing.B) {
+	srv := redistest.Start(b)
+	s, err := New(srv.URL, DefaultPrefix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := b.Context()
+	if _, err := s.BindNew(ctx, "s1", router.Binding{Agent: "127.0.0.1:30031", Tenant: "t1", Confirmed: true}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok, err := s.Session(ctx, "s1"); err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+	}
+}
