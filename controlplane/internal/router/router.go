@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -232,6 +233,8 @@ type Router struct {
 
 	mu    sync.Mutex // guards the agents' credit
 	store Store
+	// syncFailing: the last Sync could not read the store.
+	syncFailing atomic.Bool
 
 	stop chan struct{}
 	done chan struct{}
@@ -642,9 +645,16 @@ func (r *Router) Bind(ctx context.Context, id, tenant string, a *Agent) error {
 // agents keep their own checks.
 func (r *Router) Sync(ctx context.Context) {
 	recs, err := r.store.Agents(ctx)
-	if err != nil {
-		r.logger.Warn("read agents from the store", "error", err)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return // stopping
+	case err != nil:
+		if !r.syncFailing.Swap(true) { // once, not every poll
+			r.logger.Warn("read agents from the store", "error", err)
+		}
 		return
+	case r.syncFailing.Swap(false):
+		r.logger.Info("agents read from the store again")
 	}
 	for _, rec := range recs {
 		r.amu.Lock()
