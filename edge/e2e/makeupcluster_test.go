@@ -111,15 +111,12 @@ func TestMakeUpCluster(t *testing.T) {
 	client := func(i int) edgev1connect.ExecutionServiceClient {
 		return edgev1connect.NewExecutionServiceClient(server.NewClient(), "http://"+edges[i])
 	}
-	if _, err := client(0).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "x = 6 * 7", SessionId: "upcluster"})); err != nil {
-		t.Fatalf("session through edge 1: %v\n%s", err, logs())
-	}
-	res, err := client(1).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(x)", SessionId: "upcluster"}))
-	if err != nil || strings.TrimSpace(res.Msg.GetResult().GetStdout()) != "42" {
-		t.Fatalf("the session through edge 2: %v %v, want 42\n%s", res, err, logs())
-	}
+	// Every agent joins and takes runs, once its sandboxes are up (the
+	// edges answer before that): bounded in runs and in time. Before any
+	// session is open: an agent holding one has less free and, with runs
+	// one at a time, would get none.
 	seen := map[string]bool{}
-	for i := 0; i < 30 && len(seen) < len(agents); i++ {
+	for i, deadline := 0, time.Now().Add(2*time.Minute); i < 300 && len(seen) < len(agents) && time.Now().Before(deadline); i++ {
 		res, err := client(i%2).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}))
 		if err != nil {
 			t.Fatalf("run %d: %v", i, err)
@@ -127,9 +124,16 @@ func TestMakeUpCluster(t *testing.T) {
 		seen[res.Msg.GetResult().GetAgent()] = true
 	}
 	if len(seen) != len(agents) {
-		t.Errorf("30 runs reached agents %v, want all %d", seen, len(agents))
+		t.Errorf("runs reached agents %v, want all %d\n%s", seen, len(agents), logs())
 	}
 
+	if _, err := client(0).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "x = 6 * 7", SessionId: "upcluster"})); err != nil {
+		t.Fatalf("session through edge 1: %v\n%s", err, logs())
+	}
+	res, err := client(1).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(x)", SessionId: "upcluster"}))
+	if err != nil || strings.TrimSpace(res.Msg.GetResult().GetStdout()) != "42" {
+		t.Fatalf("the session through edge 2: %v %v, want 42\n%s", res, err, logs())
+	}
 	if err := syscall.Kill(-pgid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
