@@ -25,6 +25,15 @@ EGRESS ?=
 # Seconds `make up` waits for the edge to answer before it gives up.
 UP_TIMEOUT ?= 120
 
+# Addresses of `make up-cluster`, all on loopback: a Redis, three agents
+# (named $(CLUSTER_NAME)-1..3), two control planes sharing the Redis, and
+# two edges each listing both control planes.
+CLUSTER_NAME          ?= codemode-cluster
+CLUSTER_REDIS         ?= 127.0.0.1:6380
+CLUSTER_AGENTS        ?= 127.0.0.1:30041 127.0.0.1:30042 127.0.0.1:30043
+CLUSTER_CONTROLPLANES ?= 127.0.0.1:8081 127.0.0.1:8082
+CLUSTER_EDGES         ?= 127.0.0.1:8001 127.0.0.1:8002
+
 # $(call listen_addr,ADDR): PORT and :PORT become 127.0.0.1:PORT.
 listen_addr = $(if $(findstring :,$(patsubst :%,%,$(1))),$(1),127.0.0.1:$(patsubst :%,%,$(1)))
 # $(call dial_addr,ADDR): where to reach a listener on ADDR from this host.
@@ -32,8 +41,13 @@ dial_addr = $(if $(filter 0.0.0.0:% [::]:%,$(1)),127.0.0.1:$(lastword $(subst :,
 up_agent        := $(call listen_addr,$(WORKER_PORT))
 up_controlplane := $(call listen_addr,$(CONTROLPLANE_ADDR))
 up_edge         := $(call listen_addr,$(EDGE_ADDR))
+comma := ,
+space := $(subst ,, )
+# Ports no egress rule of the cluster's sandboxes opens: the control planes',
+# the edges' and Redis's.
+cluster_deny := $(subst $(space),$(comma),$(strip $(foreach a,$(CLUSTER_CONTROLPLANES) $(CLUSTER_EDGES) $(CLUSTER_REDIS),:$(lastword $(subst :, ,$(a))))))
 
-.PHONY: all setup build generate web checkgenerate lint breaking test up clean policies bench-agent bench-policy
+.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret clean policies bench-agent bench-policy
 
 all: build
 
@@ -75,14 +89,17 @@ breaking:
 test: setup lint breaking checkgenerate
 	$(GO) test -race -count=1 -timeout 25m ./...
 
-## up: set up, build, and run agent, control plane and edge on this host; Ctrl-C stops all three
-up: setup build
+# cluster-secret: create the cluster secret file once (32 random bytes, base64, mode 0600)
+cluster-secret:
 	@f='$(CODEMODE_CLUSTER_SECRET_FILE)'; mkdir -p "$$(dirname "$$f")"; \
 	if [ ! -s "$$f" ]; then \
 		tmp=$$(mktemp "$$f.XXXXXX") && head -c 32 /dev/urandom | base64 >"$$tmp" && \
 		{ ln "$$tmp" "$$f" 2>/dev/null || [ -s "$$f" ] || mv -f "$$tmp" "$$f"; }; rm -f "$$tmp"; \
 	fi; \
 	chmod 600 "$$f"
+
+## up: set up, build, and run agent, control plane and edge on this host; Ctrl-C stops all three
+up: setup build cluster-secret
 	@for a in $(call dial_addr,$(up_agent)) $(call dial_addr,$(up_controlplane)) $(call dial_addr,$(up_edge)); do \
 		h=$${a%:*}; h=$${h#[}; h=$${h%]}; \
 		if (exec 3<>"/dev/tcp/$$h/$${a##*:}") 2>/dev/null; then \
@@ -110,6 +127,47 @@ up: setup build
 	echo "  seed POST /run, GET /status http://$$e  (internal copies, with the cluster secret: http://$(call dial_addr,$(up_controlplane)))"; \
 	echo "  agent              $(call dial_addr,$(up_agent))"; \
 	echo "Ctrl-C stops all three."; \
+	wait -n "$${pids[@]}"; \
+	for k in "$${!pids[@]}"; do kill -0 "$${pids[$$k]}" 2>/dev/null || echo "$${names[$$k]} exited"; done; \
+	stop 1
+
+## up-cluster: set up, build, and run on loopback a Redis, three agents, two control planes sharing it and two edges; Ctrl-C stops all
+up-cluster: setup build cluster-secret
+	@for a in $(CLUSTER_REDIS) $(CLUSTER_AGENTS) $(CLUSTER_CONTROLPLANES) $(CLUSTER_EDGES); do \
+		if (exec 3<>"/dev/tcp/$${a%:*}/$${a##*:}") 2>/dev/null; then \
+			echo "$$a is already in use: is codemode (or something else) running there? Stop it first."; exit 1; fi; \
+	done
+	@set -m; pids=(); names=(); \
+	stop() { trap - INT TERM; echo; echo "stopping..."; kill -TERM "$${pids[@]}" 2>/dev/null; wait "$${pids[@]}" 2>/dev/null; echo "stopped"; exit $${1:-0}; }; \
+	trap stop INT TERM; \
+	export CODEMODE_CLUSTER_SECRET_FILE='$(CODEMODE_CLUSTER_SECRET_FILE)'; \
+	r='$(CLUSTER_REDIS)'; rdir='$(CODEMODE_STATE_DIR)/cluster-redis'; mkdir -p "$$rdir"; \
+	redis-server --port "$${r##*:}" --bind "$${r%:*}" --save '' --appendonly no --dir "$$rdir" --loglevel warning & pids+=($$!); names+=(redis); \
+	cps=; for c in $(CLUSTER_CONTROLPLANES); do cps="$$cps$${cps:+,}http://$$c"; done; \
+	rcps=; for c in $(CLUSTER_CONTROLPLANES); do rcps="http://$$c$${rcps:+,}$$rcps"; done; \
+	i=0; for a in $(CLUSTER_AGENTS); do i=$$((i + 1)); \
+		EGRESS_DENY='$(cluster_deny)' $(BIN)/agent --addr "$$a" --advertise-addr "$$a" --name "$(CLUSTER_NAME)-$$i" --controlplanes "$$cps" & pids+=($$!); names+=(agent-$$i); \
+	done; \
+	for c in $(CLUSTER_CONTROLPLANES); do \
+		$(BIN)/controlplane --addr "$$c" --agents= --redis-url "redis://$$r/0" & pids+=($$!); names+=(controlplane-$$c); \
+	done; \
+	i=0; for e in $(CLUSTER_EDGES); do i=$$((i + 1)); order=$$cps; [ $$((i % 2)) = 0 ] && order=$$rcps; \
+		CODEMODE_EGRESS='$(EGRESS)' $(BIN)/edge --addr "$$e" --controlplane "$$order" & pids+=($$!); names+=(edge-$$e); \
+	done; \
+	running() { for p in "$${pids[@]}"; do kill -0 "$$p" 2>/dev/null || return 1; done; }; \
+	deadline=$$((SECONDS + $(UP_TIMEOUT))); \
+	for e in $(CLUSTER_EDGES); do up=; \
+		while running && [ $$SECONDS -lt $$deadline ]; do \
+			curl -fsS -m 5 -o /dev/null -X POST -H 'Content-Type: application/json' -d '{}' \
+				http://$$e/codemode.edge.v1.ExecutionService/ListLanguages 2>/dev/null && { up=1; break; }; sleep 0.1; done; \
+		if [ -z "$$up" ]; then echo "the cluster did not come up within $(UP_TIMEOUT)s (see the logs above)"; stop 1; fi; \
+	done; \
+	echo; \
+	echo "the codemode cluster is up:"; \
+	for e in $(CLUSTER_EDGES); do echo "  edge               http://$$e/  (MCP: /mcp; Connect: codemode.edge.v1.ExecutionService)"; done; \
+	echo "  control planes     $(CLUSTER_CONTROLPLANES)  (sharing redis://$$r/0)"; \
+	echo "  agents             $(CLUSTER_AGENTS)  (joined by heartbeat)"; \
+	echo "Ctrl-C stops all."; \
 	wait -n "$${pids[@]}"; \
 	for k in "$${!pids[@]}"; do kill -0 "$${pids[$$k]}" 2>/dev/null || echo "$${names[$$k]} exited"; done; \
 	stop 1

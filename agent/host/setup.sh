@@ -3,6 +3,7 @@
 #   1. Docker Engine from the distribution, started without systemd in a
 #      session of its own (signals meant for the caller never reach it),
 #      runsc registered;
+#      redis-server for the tests (not started: they start their own);
 #   2. gVisor's runsc, built static from source through the Go module proxy;
 #   3. the sandbox image (agent/host/sandbox-packages: python with numpy,
 #      pandas, matplotlib, requests; node; curl, git, jq, ...), built locally
@@ -40,6 +41,18 @@ apt_install() {
 
 # --- 1. packages -----------------------------------------------------------
 apt_install docker.io debootstrap ca-certificates iproute2 wabt
+# redis-server: the tests and make up-cluster start their own on a loopback
+# port; the package must not start the system's. Where no policy-rc.d says so
+# already, one answering 101 ("not allowed") keeps invoke-rc.d from starting it.
+if ! dpkg-query -W -f='${Status}' redis-server 2>/dev/null | grep -q 'install ok installed'; then
+  policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d
+    policy=1
+  fi
+  apt_install redis-server
+  [ -z "$policy" ] || rm -f /usr/sbin/policy-rc.d
+fi
 
 # --- 2. runsc ----------------------------------------------------------------
 runsc_ok() {

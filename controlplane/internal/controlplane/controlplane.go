@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/codemode-go/codemode/controlplane/internal/redisstore"
 	"github.com/codemode-go/codemode/controlplane/internal/router"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/internal/cli"
@@ -44,6 +45,13 @@ type Config struct {
 	// Tracing exports the control plane's spans (see
 	// telemetry.NewTracing); nil: none.
 	Tracing *telemetry.Tracing
+	// RedisURL, when set, is the Redis that keeps session bindings,
+	// tombstones and agents' heartbeats for every control plane sharing
+	// it (see controlplane/internal/redisstore); empty: this control
+	// plane's memory, for one replica.
+	RedisURL string
+	// RedisPrefix starts every key in Redis.
+	RedisPrefix string
 }
 
 // Defaults.
@@ -100,6 +108,10 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	loadSecret := cluster.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
 	metricsAddr := telemetry.MetricsFlags(fs)
+	redisURL := fs.String("redis-url", "", "Redis keeping session bindings and agents' heartbeats for every control plane given the same URL, redis://[user:password@]host:port[/db] (rediss:// for TLS); empty: this control plane's memory, for one replica")
+	fs.Env("redis-url", "REDIS_URL")
+	redisPrefix := fs.String("redis-prefix", redisstore.DefaultPrefix, "prefix of every key this control plane keeps in Redis")
+	fs.Env("redis-prefix", "REDIS_PREFIX")
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
@@ -111,7 +123,8 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll, ResolveInterval: *resolve, Secret: secret, MetricsAddr: *metricsAddr}
+	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll, ResolveInterval: *resolve, Secret: secret, MetricsAddr: *metricsAddr,
+		RedisURL: *redisURL, RedisPrefix: *redisPrefix}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -135,6 +148,21 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 
 // Serve serves the control plane on ln until ctx is done.
 func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
+	var store router.Store // nil: memory
+	if cfg.RedisURL != "" {
+		rs, err := redisstore.New(cfg.RedisURL, cfg.RedisPrefix)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer rs.Close()
+		// Not fatal: the control plane serves, and says unavailable for
+		// what needs the store, until Redis answers.
+		if err := rs.Ping(ctx); err != nil {
+			logger.Warn("redis does not answer yet", "error", err)
+		}
+		store = rs
+	}
 	r, err := router.New(router.Config{
 		Addresses:       cfg.Agents,
 		PollInterval:    cfg.PollInterval,
@@ -142,6 +170,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		HTTPClient:      cfg.Secret.Client(server.NewClient()),
 		ClientOptions:   cfg.Tracing.ClientOptions(),
 		Logger:          logger,
+		Store:           store,
 	})
 	if err != nil {
 		ln.Close()

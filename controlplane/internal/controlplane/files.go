@@ -24,9 +24,11 @@ func (s *Service) onSession(ctx context.Context, id, tenant string, fn func(*rou
 		return goneError(executionv1.SessionNotFound_REASON_UNKNOWN, time.Time{})
 	}
 	if err := fn(a); err != nil {
-		return s.agentError(a, "", s.sessionError(id, confirmed, err))
+		return s.agentError(a, "", s.sessionError(ctx, id, confirmed, err))
 	}
-	s.router.Bind(id, a)
+	if !confirmed {
+		s.bind(ctx, id, tenant, a)
+	}
 	return nil
 }
 

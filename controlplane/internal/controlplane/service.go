@@ -75,12 +75,14 @@ func (s *Service) choose(ctx context.Context, tenant, sessionID string, labels m
 		return nil, false, err
 	}
 	if a == nil {
-		if a, err = s.router.PickSession(sessionID, labels); err != nil {
-			if reason, ended, ok := s.router.Gone(sessionID); ok {
-				return nil, false, goneError(reason, ended)
+		var b router.Binding
+		if a, b, err = s.router.PickSession(ctx, sessionID, tenant, labels); err != nil {
+			if errors.Is(err, router.ErrSessionGone) {
+				return nil, false, goneError(b.Gone, b.Ended)
 			}
-			return nil, false, connect.NewError(connect.CodeUnavailable, err)
+			return nil, false, s.unavailable(ctx, sessionID, err)
 		}
+		confirmed = b.Confirmed // bound already, through another replica
 	}
 	if !a.Matches(labels) {
 		return nil, false, connect.NewError(connect.CodeFailedPrecondition,
@@ -95,18 +97,51 @@ func (s *Service) choose(ctx context.Context, tenant, sessionID string, labels m
 // restarted, say) every agent at once (findSession). A session known to
 // have ended is not_found with the reason.
 func (s *Service) locate(ctx context.Context, tenant, id string) (a *router.Agent, confirmed bool, err error) {
-	if reason, ended, ok := s.router.Gone(id); ok {
-		return nil, false, goneError(reason, ended)
-	}
-	if a, confirmed, ok := s.router.Session(id); ok {
-		return a, confirmed, nil
+	b, a, ok, err := s.router.Session(ctx, id)
+	switch {
+	case err != nil:
+		return nil, false, s.unavailable(ctx, id, err)
+	case ok && a == nil:
+		return nil, false, goneError(b.Gone, b.Ended)
+	case ok:
+		return a, b.Confirmed, nil
 	}
 	found, err := s.findSession(ctx, tenant, id)
 	if err != nil || found == nil {
 		return nil, false, err
 	}
-	s.router.Bind(id, found)
+	if err := s.router.Bind(ctx, id, tenant, found); err != nil {
+		return nil, false, s.unavailable(ctx, id, err)
+	}
 	return found, true, nil
+}
+
+// unavailable returns err, a failure to choose an agent, for the caller, as
+// unavailable. A failure of the session store is logged here and named
+// without its detail.
+func (s *Service) unavailable(ctx context.Context, sessionID string, err error) error {
+	if errors.Is(err, router.ErrStoreUnavailable) {
+		s.logger.WarnContext(ctx, "session store failed", "session_id", sessionID, "error", err)
+		return connect.NewError(connect.CodeUnavailable, errors.New("the session store is unavailable; try again"))
+	}
+	return connect.NewError(connect.CodeUnavailable, err)
+}
+
+// markGone records that session id ended. The call that learnt it has its
+// answer whether or not the store takes it, so a failure is only logged.
+func (s *Service) markGone(ctx context.Context, id string, reason executionv1.SessionNotFound_Reason, ended time.Time) {
+	if err := s.router.MarkGone(ctx, id, reason, ended); err != nil {
+		s.logger.WarnContext(ctx, "record the end of a session", "session_id", id, "reason", reason, "error", err)
+	}
+}
+
+// bind records that agent a holds tenant's session id. The call that showed
+// it has succeeded and must not be made again, so a failure is only logged:
+// the session stays bound to a, unconfirmed.
+func (s *Service) bind(ctx context.Context, id, tenant string, a *router.Agent) {
+	if err := s.router.Bind(ctx, id, tenant, a); err != nil {
+		s.logger.WarnContext(ctx, "record a session's agent", "session_id", id, "agent", a.Address, "error", err)
+	}
 }
 
 // findSessionTimeout bounds the search for a session on every agent.
@@ -154,7 +189,7 @@ func (s *Service) findSession(ctx context.Context, tenant, id string) (*router.A
 		}
 	}
 	if gone != nil {
-		return nil, s.sessionError(id, false, gone)
+		return nil, s.sessionError(ctx, id, false, gone)
 	}
 	return nil, nil
 }
@@ -162,19 +197,19 @@ func (s *Service) findSession(ctx context.Context, tenant, id string) (*router.A
 // sessionError records what err, an agent's answer to a call on session
 // id, says of the session, and returns the error for the caller. A session
 // the agent had confirmed (confirmed) and no longer knows was lost with it.
-func (s *Service) sessionError(id string, confirmed bool, err error) error {
+func (s *Service) sessionError(ctx context.Context, id string, confirmed bool, err error) error {
 	gone, ok := sessionNotFound(err)
 	if connect.CodeOf(err) != connect.CodeNotFound || !ok {
 		return err // not about the session: a file that is not there, say
 	}
 	switch gone.GetReason() {
 	case executionv1.SessionNotFound_REASON_CLOSED, executionv1.SessionNotFound_REASON_EXPIRED, executionv1.SessionNotFound_REASON_LOST:
-		s.router.MarkGone(id, gone.GetReason(), gone.GetEndTime().AsTime())
+		s.markGone(ctx, id, gone.GetReason(), gone.GetEndTime().AsTime())
 		return err
 	}
 	if confirmed {
 		now := time.Now()
-		s.router.MarkGone(id, executionv1.SessionNotFound_REASON_LOST, now)
+		s.markGone(ctx, id, executionv1.SessionNotFound_REASON_LOST, now)
 		return goneError(executionv1.SessionNotFound_REASON_LOST, now)
 	}
 	return err
@@ -312,13 +347,13 @@ func (s *Service) offer(ctx context.Context, c call, try func(a *router.Agent, a
 		}
 		sent, err := try(a, allowNew)
 		if err == nil {
-			if c.sessionID != "" {
-				s.router.Bind(c.sessionID, a)
+			if c.sessionID != "" && allowNew {
+				s.bind(ctx, c.sessionID, c.tenant, a) // confirmed now
 			}
 			return nil
 		}
 		if c.sessionID != "" && !sent {
-			err = s.sessionError(c.sessionID, !allowNew, err)
+			err = s.sessionError(ctx, c.sessionID, !allowNew, err)
 		}
 		err = s.agentError(a, c.requestID, err)
 		s.logger.Log(ctx, failureLevel(err), "agent "+c.what+" failed", "agent", a.Address, "request_id", c.requestID, "session_id", c.sessionID, "attempt", attempt, "error", err)
@@ -433,7 +468,7 @@ func (s *Service) CreateSession(ctx context.Context, req *connect.Request[cpv1.C
 				return false, err
 			}
 			out = res.Msg.GetSession()
-			s.router.Bind(out.GetId(), a) // the agent names a session created without an id
+			s.bind(ctx, out.GetId(), m.GetTenant(), a) // the agent names a session created without an id
 			return false, nil
 		})
 	if err != nil {
@@ -453,7 +488,7 @@ func (s *Service) CloseSession(ctx context.Context, req *connect.Request[cpv1.Cl
 	if err != nil {
 		return nil, err
 	}
-	s.router.MarkGone(id, executionv1.SessionNotFound_REASON_CLOSED, time.Now())
+	s.markGone(ctx, id, executionv1.SessionNotFound_REASON_CLOSED, time.Now())
 	return connect.NewResponse(&cpv1.CloseSessionResponse{}), nil
 }
 
@@ -488,7 +523,11 @@ func (s *Service) Heartbeat(ctx context.Context, req *connect.Request[cpv1.Heart
 	if interval <= 0 {
 		interval = DefaultHeartbeatInterval
 	}
-	s.router.Register(addr, req.Msg.GetStatus(), interval)
+	if err := s.router.Register(ctx, addr, req.Msg.GetStatus(), interval); err != nil {
+		// This replica routes to the agent; the others may not know it.
+		s.logger.WarnContext(ctx, "share a heartbeat", "agent", addr, "error", err)
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the heartbeat was not shared with the other control planes: the session store is unavailable"))
+	}
 	return connect.NewResponse(&cpv1.HeartbeatResponse{}), nil
 }
 

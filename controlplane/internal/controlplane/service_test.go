@@ -20,6 +20,7 @@ import (
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/redistest"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -385,5 +386,76 @@ func TestParseAgents(t *testing.T) {
 	got := ParseAgents(" a:1;b:2;; c:3 ,d:4")
 	if strings.Join(got, " ") != "a:1 b:2 c:3 d:4" {
 		t.Fatalf("got %q", got)
+	}
+}
+
+// startControlPlaneWith serves a control plane with cfg (its Addr set here)
+// and returns its client.
+func startControlPlaneWith(t *testing.T, cfg Config) controlplanev1connect.ControlPlaneServiceClient {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Addr = ln.Addr().String()
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 20 * time.Millisecond
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, cfg, ln, slog.New(slog.DiscardHandler)) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), "http://"+ln.Addr().String())
+}
+
+// TestControlPlanesShareSessionsThroughRedis: two control planes on one
+// real Redis route a session to the agent the first bound it to, and a
+// session closed through one is closed through the other. When Redis dies,
+// session runs are unavailable (never placed afresh) and stateless runs go on.
+func TestControlPlanesShareSessionsThroughRedis(t *testing.T) {
+	t.Parallel()
+	rds := redistest.Start(t)
+	var addrs []string
+	for _, name := range []string{"a1", "a2"} {
+		a := &stubAgent{name: name}
+		a.free.Store(4)
+		addr, _ := serveAgent(t, a)
+		addrs = append(addrs, addr)
+	}
+	cpA := startControlPlaneWith(t, Config{Agents: addrs, RedisURL: rds.URL, RedisPrefix: "test:"})
+	cpB := startControlPlaneWith(t, Config{Agents: addrs, RedisURL: rds.URL, RedisPrefix: "test:"})
+	for i := range 6 {
+		id := fmt.Sprintf("s%d", i)
+		first, err := execute(t, []controlplanev1connect.ControlPlaneServiceClient{cpA, cpB}[i%2], id, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			for _, cp := range []controlplanev1connect.ControlPlaneServiceClient{cpA, cpB} {
+				if got, err := execute(t, cp, id, nil); err != nil || got != first {
+					t.Fatalf("session %s ran on %s (%v), bound to %s", id, got, err, first)
+				}
+			}
+		}
+	}
+	if _, err := cpA.CloseSession(t.Context(), connect.NewRequest(&cpv1.CloseSessionRequest{SessionId: "s0"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := execute(t, cpB, "s0", nil); connect.CodeOf(err) != connect.CodeNotFound || notFoundReason(err) != executionv1.SessionNotFound_REASON_CLOSED {
+		t.Fatalf("a session closed through A, run through B: %v, want not_found, closed", err)
+	}
+
+	rds.Kill()
+	_, err := execute(t, cpB, "s1", nil)
+	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "session store is unavailable") {
+		t.Fatalf("a session run without Redis: %v, want unavailable naming the session store", err)
+	}
+	if _, err := execute(t, cpA, "", nil); err != nil {
+		t.Fatalf("a stateless run without Redis: %v", err)
 	}
 }

@@ -49,8 +49,8 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 			t.Fatalf("membership %+v, want %+v", got, want)
 		}
 	}
-	r.Register("127.0.0.11:30031", status("a", 4), interval)
-	r.Register("127.0.0.12:30031", status("b", 2), interval)
+	r.Register(t.Context(), "127.0.0.11:30031", status("a", 4), interval)
+	r.Register(t.Context(), "127.0.0.12:30031", status("b", 2), interval)
 	if a, err := r.Pick(nil); err != nil || a.Address != "127.0.0.11:30031" {
 		t.Fatalf("picked %v, %v; want the agent with more free", a, err)
 	}
@@ -63,7 +63,7 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	// b keeps beating; a stops.
 	for range MissedHeartbeats {
 		c.advance(interval)
-		r.Register("127.0.0.12:30031", status("b", 2), interval)
+		r.Register(t.Context(), "127.0.0.12:30031", status("b", 2), interval)
 	}
 	if a, err := r.Pick(nil); err != nil || a.Address != "127.0.0.12:30031" {
 		t.Fatalf("after a missed %d heartbeats picked %v, %v; want b", MissedHeartbeats, a, err)
@@ -78,14 +78,14 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 	// a comes back with the same address: the same agent, so that
 	// sessions bound to it find it again.
 	before := r.All()[0]
-	r.Register("127.0.0.11:30031", status("a", 4), interval)
+	r.Register(t.Context(), "127.0.0.11:30031", status("a", 4), interval)
 	if a, err := r.Pick(nil); err != nil || a != before {
 		t.Fatalf("after rejoining picked %v, %v; want a again", a, err)
 	}
 	membership(Membership{Registered: 2, Joined: 3, Left: 1})
 
 	// A registered agent that reports not ready is not picked.
-	r.Register("127.0.0.11:30031", &agentv1.AgentStatus{Name: "a", Free: 4}, interval)
+	r.Register(t.Context(), "127.0.0.11:30031", &agentv1.AgentStatus{Name: "a", Free: 4}, interval)
 	if a, _ := r.Pick(nil); a.Address != "127.0.0.12:30031" {
 		t.Fatalf("picked %v, want b while a is not ready", a)
 	}
@@ -93,13 +93,13 @@ func TestRegisteredAgentsJoinLeaveAndRejoin(t *testing.T) {
 
 	// Silent long enough, an agent is forgotten.
 	c.advance(ForgetAgentAfter + time.Second)
-	r.Register("127.0.0.12:30031", status("b", 2), interval)
+	r.Register(t.Context(), "127.0.0.12:30031", status("b", 2), interval)
 	r.forgetAgents(c.now().Add(-ForgetAgentAfter))
 	if got := r.All(); len(got) != 1 || got[0].Address != "127.0.0.12:30031" {
 		t.Fatalf("agents %v, want only b", got)
 	}
 	membership(Membership{Registered: 2, Joined: 3, Left: 2})
-	r.Register("127.0.0.11:30031", status("a", 4), interval)
+	r.Register(t.Context(), "127.0.0.11:30031", status("a", 4), interval)
 	membership(Membership{Registered: 3, Joined: 4, Left: 2})
 }
 

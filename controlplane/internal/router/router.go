@@ -10,6 +10,10 @@
 // which leave routing when three of their intervals pass without one and
 // come back with the next.
 //
+// Which agent holds each session, and which sessions ended, live in a Store:
+// this process's memory, or one that replicas share (Redis), together with
+// the agents' heartbeats, so that any replica routes any session.
+//
 // A Router polls, resolves and expires in the background between Start and
 // Close. All methods are safe for concurrent use.
 package router
@@ -191,20 +195,6 @@ func (a *Agent) MarkDown(err error) {
 	a.mu.Unlock()
 }
 
-// binding is a session's agent and when the router last routed to it.
-type binding struct {
-	agent *Agent
-	used  time.Time
-	// confirmed: the agent has said it holds the session (a run, a file
-	// call or the creation succeeded). A confirmed session that the agent
-	// no longer knows was lost with it.
-	confirmed bool
-	// gone, when set, says why the session ended; the binding is then a
-	// tombstone, kept for SessionTTL so that the id is never reborn.
-	gone  executionv1.SessionNotFound_Reason
-	ended time.Time
-}
-
 // SessionTTL is how long the router remembers a session no run has used.
 // It is longer than any session's idle timeout, after which the agent has
 // closed the session anyway.
@@ -230,6 +220,9 @@ type Config struct {
 	Logger        *slog.Logger
 	// Now is the clock of heartbeats' expiry; nil: time.Now.
 	Now func() time.Time
+	// Store keeps session bindings and shares heartbeats with other
+	// replicas; nil: a new Memory.
+	Store Store
 }
 
 // Resolver resolves a host name to addresses. *net.Resolver is one.
@@ -267,8 +260,10 @@ type Router struct {
 	byAddr   map[string]*Agent   // address -> agent
 	resolved map[string][]string // name -> addresses it last gave
 
-	mu       sync.Mutex
-	sessions map[string]binding // session id -> agent holding it
+	mu    sync.Mutex // guards the agents' credit
+	store Store
+	// syncFailing: the last Sync could not read the store.
+	syncFailing atomic.Bool
 
 	membership membership
 
@@ -295,6 +290,9 @@ func New(cfg Config) (*Router, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Store == nil {
+		cfg.Store = NewMemory()
+	}
 	r := &Router{
 		cfg:      cfg,
 		poll:     cfg.PollInterval,
@@ -303,7 +301,7 @@ func New(cfg Config) (*Router, error) {
 		now:      cfg.Now,
 		byAddr:   map[string]*Agent{},
 		resolved: map[string][]string{},
-		sessions: map[string]binding{},
+		store:    cfg.Store,
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -367,11 +365,13 @@ func (r *Router) removeLocked(addr string) {
 	r.agents = slices.DeleteFunc(r.agents, func(b *Agent) bool { return b == a })
 }
 
-// Start resolves and polls the agents until Close: once now,
-// synchronously, then in the background.
+// Start resolves and polls the agents, and reads those registered with
+// other replicas, until Close: once now, synchronously, then in the
+// background.
 func (r *Router) Start(ctx context.Context) {
 	r.Resolve(ctx)
 	r.Refresh(ctx)
+	r.Sync(ctx)
 	go func() {
 		defer close(r.done)
 		poll := time.NewTicker(r.poll)
@@ -390,7 +390,10 @@ func (r *Router) Start(ctx context.Context) {
 				r.Resolve(ctx)
 			case now := <-poll.C:
 				r.Refresh(ctx)
-				r.forget(now.Add(-SessionTTL))
+				r.Sync(ctx)
+				if err := r.store.Sweep(ctx, now.Add(-SessionTTL)); err != nil {
+					r.logger.Warn("sweep sessions", "error", err)
+				}
 				r.forgetAgents(r.now().Add(-ForgetAgentAfter))
 			}
 		}
@@ -461,7 +464,9 @@ func (r *Router) Resolve(ctx context.Context) {
 // Register records a heartbeat of the agent at addr: its status now, and
 // that it leaves routing unless another heartbeat comes within
 // MissedHeartbeats intervals. An agent new to the router joins routing.
-func (r *Router) Register(addr string, status *agentv1.AgentStatus, interval time.Duration) {
+// The heartbeat is shared through the store with other replicas; the error
+// is the store's.
+func (r *Router) Register(ctx context.Context, addr string, status *agentv1.AgentStatus, interval time.Duration) error {
 	r.amu.Lock()
 	a, known := r.byAddr[addr]
 	if !known {
@@ -470,7 +475,6 @@ func (r *Router) Register(addr string, status *agentv1.AgentStatus, interval tim
 	r.amu.Unlock()
 	now := r.now()
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	was := a.healthy && !a.expiredLocked()
 	if !a.polled {
 		// A polled agent's health is its status checks'; its heartbeats
@@ -485,12 +489,15 @@ func (r *Router) Register(addr string, status *agentv1.AgentStatus, interval tim
 	a.status, a.reported = status, a.inFlight
 	a.lastSeen = now
 	a.settleLocked()
+	is, lastErr := a.healthy && !a.expiredLocked(), a.lastErr
+	a.mu.Unlock()
 	if !known {
 		r.membership.registered.Add(1)
-		r.logger.Info("agent registered", "agent", addr, "name", status.GetName(), "healthy", a.healthy)
-	} else if is := a.healthy && !a.expiredLocked(); is != was {
-		r.logger.Info("agent health changed", "agent", addr, "name", status.GetName(), "healthy", is, "error", a.lastErr)
+		r.logger.Info("agent registered", "agent", addr, "name", status.GetName(), "healthy", is)
+	} else if is != was {
+		r.logger.Info("agent health changed", "agent", addr, "name", status.GetName(), "healthy", is, "error", lastErr)
 	}
+	return r.store.Heartbeat(ctx, AgentRecord{Address: addr, Status: status, Interval: interval, Seen: now})
 }
 
 // forgetAgents drops registered agents last heard from before cutoff.
@@ -646,96 +653,116 @@ type candidate struct {
 	score score
 }
 
-// Session returns the agent that holds session id, if the router knows it
-// and the session has not ended, and whether the agent has confirmed it.
-func (r *Router) Session(id string) (a *Agent, confirmed, ok bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b, ok := r.sessions[id]
-	if !ok || b.gone != executionv1.SessionNotFound_REASON_UNSPECIFIED {
-		return nil, false, false
+// Session returns session id's binding and the agent holding it (nil for a
+// tombstone), and false when the router knows nothing of it. It reads the
+// store once. An agent the binding names that this router has not met (it
+// joined through another replica) is added.
+func (r *Router) Session(ctx context.Context, id string) (b Binding, a *Agent, ok bool, err error) {
+	b, ok, err = r.store.Session(ctx, id)
+	if err != nil || !ok {
+		return Binding{}, nil, false, err
 	}
-	return b.agent, b.confirmed, true
+	if b.ended() {
+		return b, nil, true, nil
+	}
+	return b, r.agentAt(b.Agent), true, nil
 }
 
-// Gone reports whether session id is known to have ended, why and when.
-func (r *Router) Gone(id string) (reason executionv1.SessionNotFound_Reason, ended time.Time, ok bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b, found := r.sessions[id]
-	if !found || b.gone == executionv1.SessionNotFound_REASON_UNSPECIFIED {
-		return 0, time.Time{}, false
+// agentAt returns the agent at addr, adding it when it is new: a session's
+// agent is reached whether or not this router has heard from it.
+func (r *Router) agentAt(addr string) *Agent {
+	r.amu.Lock()
+	defer r.amu.Unlock()
+	a, known := r.byAddr[addr]
+	if !known {
+		a = r.addLocked(addr)
+		a.mu.Lock()
+		a.lastSeen = r.now() // not forgotten at once
+		a.mu.Unlock()
+		r.logger.Info("agent of a session added", "agent", addr)
 	}
-	return b.gone, b.ended, true
+	return a
 }
 
 // MarkGone records that session id ended for reason at ended, so that a
 // later call for it is not_found with that reason rather than a new session.
-func (r *Router) MarkGone(id string, reason executionv1.SessionNotFound_Reason, ended time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b := r.sessions[id]
-	if b.gone != executionv1.SessionNotFound_REASON_UNSPECIFIED {
-		return
-	}
-	b.gone, b.ended, b.used = reason, ended, time.Now()
-	r.sessions[id] = b
-}
-
-// forget drops sessions last used before cutoff.
-func (r *Router) forget(cutoff time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for id, b := range r.sessions {
-		if b.used.Before(cutoff) {
-			delete(r.sessions, id)
-		}
-	}
+func (r *Router) MarkGone(ctx context.Context, id string, reason executionv1.SessionNotFound_Reason, ended time.Time) error {
+	return r.store.End(ctx, id, reason, ended)
 }
 
 // PickSession returns the agent holding session id, or picks one for the
-// route and binds the session to it, atomically, so that concurrent first
-// runs of a new session land on the same agent.
-func (r *Router) PickSession(id string, labels map[string]string) (*Agent, error) {
-	now := time.Now()
-	r.mu.Lock()
-	b, ok := r.sessions[id]
-	if ok && b.gone == executionv1.SessionNotFound_REASON_UNSPECIFIED {
-		b.used = now
-		r.sessions[id] = b
-	}
-	r.mu.Unlock()
-	if ok {
-		if b.gone != executionv1.SessionNotFound_REASON_UNSPECIFIED {
-			return nil, ErrSessionGone
-		}
-		return b.agent, nil
-	}
+// route and binds the session to it, atomically (across replicas sharing a
+// store), so that concurrent first runs of a new session land on the same
+// agent. A session that ended is ErrSessionGone, with its tombstone.
+func (r *Router) PickSession(ctx context.Context, id, tenant string, labels map[string]string) (*Agent, Binding, error) {
 	picked, err := r.Pick(labels)
 	if err != nil {
-		return nil, err
+		return nil, Binding{}, err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if b, ok := r.sessions[id]; ok {
-		if b.gone != executionv1.SessionNotFound_REASON_UNSPECIFIED {
-			return nil, ErrSessionGone
-		}
-		return b.agent, nil
+	b, err := r.store.BindNew(ctx, id, Binding{Agent: picked.Address, Tenant: tenant})
+	if err != nil {
+		return nil, Binding{}, err
 	}
-	r.sessions[id] = binding{agent: picked, used: now}
-	return picked, nil
+	if b.ended() {
+		return nil, b, ErrSessionGone
+	}
+	if b.Agent == picked.Address {
+		return picked, b, nil
+	}
+	return r.agentAt(b.Agent), b, nil
 }
 
-// Bind records that agent a has confirmed it holds session id. A session
-// known to have ended stays ended.
-func (r *Router) Bind(id string, a *Agent) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if b, ok := r.sessions[id]; ok && b.gone != executionv1.SessionNotFound_REASON_UNSPECIFIED {
+// Bind records that agent a has confirmed it holds tenant's session id. A
+// session known to have ended stays ended.
+func (r *Router) Bind(ctx context.Context, id, tenant string, a *Agent) error {
+	return r.store.Confirm(ctx, id, Binding{Agent: a.Address, Tenant: tenant, Confirmed: true})
+}
+
+// Sync reads the agents registered with other replicas from the store: an
+// agent new to this router joins routing, and one whose heartbeat there is
+// newer than any here takes that heartbeat's status and expiry. Polled
+// agents keep their own checks.
+func (r *Router) Sync(ctx context.Context) {
+	recs, err := r.store.Agents(ctx)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return // stopping
+	case err != nil:
+		if !r.syncFailing.Swap(true) { // once, not every poll
+			r.logger.Warn("read agents from the store", "error", err)
+		}
 		return
+	case r.syncFailing.Swap(false):
+		r.logger.Info("agents read from the store again")
 	}
-	r.sessions[id] = binding{agent: a, used: time.Now(), confirmed: true}
+	for _, rec := range recs {
+		r.amu.Lock()
+		a, known := r.byAddr[rec.Address]
+		if !known {
+			a = r.addLocked(rec.Address)
+		}
+		r.amu.Unlock()
+		a.mu.Lock()
+		if a.polled || (known && !rec.Seen.After(a.lastSeen)) {
+			a.mu.Unlock()
+			continue
+		}
+		was := known && a.healthy && !a.expiredLocked()
+		a.expires = rec.Seen.Add(MissedHeartbeats * rec.Interval)
+		a.healthy, a.lastErr = rec.Status.GetReady(), ""
+		if !a.healthy {
+			a.lastErr = "agent reports not ready"
+		}
+		a.status, a.reported = rec.Status, a.inFlight
+		a.lastSeen = rec.Seen
+		is := a.healthy && !a.expiredLocked()
+		a.mu.Unlock()
+		if !known {
+			r.logger.Info("agent registered with another control plane", "agent", rec.Address, "name", rec.Status.GetName(), "healthy", is)
+		} else if is != was {
+			r.logger.Info("agent health changed", "agent", rec.Address, "name", rec.Status.GetName(), "healthy", is)
+		}
+	}
 }
 
 // All returns every agent, healthy or not.

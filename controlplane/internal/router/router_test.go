@@ -47,7 +47,7 @@ func TestPickCountsInFlight(t *testing.T) {
 	// A status read while a run is in flight counts it busy: the run is
 	// not counted twice, and its end frees its place.
 	release := first.Acquire()
-	r.Register(first.Address, &agentv1.AgentStatus{Free: 2, Ready: true}, time.Second)
+	r.Register(t.Context(), first.Address, &agentv1.AgentStatus{Free: 2, Ready: true}, time.Second)
 	if s, _ := first.score(); s.free != 2 {
 		t.Fatalf("free %d with the run in the status, want 2", s.free)
 	}
@@ -72,15 +72,20 @@ func TestPickSkipsUnhealthyAndExcluded(t *testing.T) {
 func TestSessionsAreForgottenAfterTTL(t *testing.T) {
 	t.Parallel()
 	r := newTestRouter(t, 1)
-	if _, err := r.PickSession("s1", nil); err != nil {
+	ctx := t.Context()
+	if _, _, err := r.PickSession(ctx, "s1", "t1", nil); err != nil {
 		t.Fatal(err)
 	}
-	r.forget(time.Now().Add(-time.Hour))
-	if _, _, ok := r.Session("s1"); !ok {
+	if err := r.store.Sweep(ctx, time.Now().Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok, _ := r.Session(ctx, "s1"); !ok {
 		t.Fatal("a session used just now was forgotten")
 	}
-	r.forget(time.Now().Add(time.Second))
-	if _, _, ok := r.Session("s1"); ok {
+	if err := r.store.Sweep(ctx, time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok, _ := r.Session(ctx, "s1"); ok {
 		t.Fatal("a session unused past the cutoff is still remembered")
 	}
 }
@@ -88,27 +93,34 @@ func TestSessionsAreForgottenAfterTTL(t *testing.T) {
 func TestEndedSessionsStayEnded(t *testing.T) {
 	t.Parallel()
 	r := newTestRouter(t, 1)
-	a, err := r.PickSession("s1", nil)
+	ctx := t.Context()
+	a, _, err := r.PickSession(ctx, "s1", "t1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, confirmed, _ := r.Session("s1"); confirmed {
-		t.Error("a session no agent has confirmed is confirmed")
+	if b, _, _, _ := r.Session(ctx, "s1"); b.Confirmed || b.Tenant != "t1" {
+		t.Errorf("binding %+v, want unconfirmed, of t1", b)
 	}
-	r.Bind("s1", a)
-	if _, confirmed, _ := r.Session("s1"); !confirmed {
-		t.Error("a bound session is not confirmed")
+	if err := r.Bind(ctx, "s1", "t1", a); err != nil {
+		t.Fatal(err)
 	}
-	r.MarkGone("s1", executionv1.SessionNotFound_REASON_CLOSED, time.Now())
-	if _, _, ok := r.Session("s1"); ok {
+	if b, got, _, _ := r.Session(ctx, "s1"); !b.Confirmed || got != a {
+		t.Errorf("a bound session: %+v on %v, want confirmed on %v", b, got, a)
+	}
+	if err := r.MarkGone(ctx, "s1", executionv1.SessionNotFound_REASON_CLOSED, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, ok, _ := r.Session(ctx, "s1"); !ok || got != nil {
 		t.Error("an ended session is still routed to")
 	}
-	if _, err := r.PickSession("s1", nil); err != ErrSessionGone {
-		t.Errorf("PickSession of an ended session: %v, want ErrSessionGone", err)
+	if _, b, err := r.PickSession(ctx, "s1", "t1", nil); err != ErrSessionGone || b.Gone != executionv1.SessionNotFound_REASON_CLOSED {
+		t.Errorf("PickSession of an ended session: %v %v, want ErrSessionGone, closed", err, b.Gone)
 	}
-	r.Bind("s1", a)
-	if reason, _, ok := r.Gone("s1"); !ok || reason != executionv1.SessionNotFound_REASON_CLOSED {
-		t.Errorf("Gone after Bind: %v %v, want closed", reason, ok)
+	if err := r.Bind(ctx, "s1", "t1", a); err != nil {
+		t.Fatal(err)
+	}
+	if b, _, _, _ := r.Session(ctx, "s1"); b.Gone != executionv1.SessionNotFound_REASON_CLOSED {
+		t.Errorf("after Bind: %v, want closed", b.Gone)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/apicall"
 	"github.com/codemode-go/codemode/edge/internal/connectapi"
 	"github.com/codemode-go/codemode/edge/internal/execution"
+	"github.com/codemode-go/codemode/edge/internal/failover"
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
 	"github.com/codemode-go/codemode/edge/internal/policy"
 	"github.com/codemode-go/codemode/edge/internal/seed"
@@ -42,8 +43,11 @@ const Version = "0.1.0"
 type Config struct {
 	// Addr to listen on.
 	Addr string
-	// ControlPlane is the control plane's base URL, e.g. http://127.0.0.1:8080.
-	ControlPlane string
+	// ControlPlanes are the control planes' base URLs, e.g.
+	// http://127.0.0.1:8080. With several, calls go to the first that
+	// accepts a connection, and move to the next only when one refuses
+	// (see internal/failover).
+	ControlPlanes []string
 	// APIKeys is a JSON file mapping API keys to tenant names; empty: no
 	// authentication, every caller is the tenant "anonymous".
 	APIKeys string
@@ -111,12 +115,19 @@ func (c Config) Validate() error {
 	if c.Addr == "" {
 		errs = append(errs, errors.New("addr is empty"))
 	}
-	u, err := url.Parse(c.ControlPlane)
-	switch {
-	case err != nil:
-		errs = append(errs, fmt.Errorf("control plane URL: %w", err))
-	case u.Scheme != "http" || u.Host == "":
-		errs = append(errs, fmt.Errorf("control plane URL %q: want http://host:port", c.ControlPlane))
+	if len(c.ControlPlanes) == 0 {
+		errs = append(errs, errors.New("no control plane"))
+	}
+	for _, cp := range c.ControlPlanes {
+		u, err := url.Parse(cp)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("control plane URL: %w", err))
+		case u.Scheme != "http" || u.Host == "":
+			errs = append(errs, fmt.Errorf("control plane URL %q: want http://host:port", cp))
+		case u.Path != "" && u.Path != "/" && len(c.ControlPlanes) > 1:
+			errs = append(errs, fmt.Errorf("control plane URL %q: several control planes take no path", cp))
+		}
 	}
 	if err := c.Limits.Validate(); err != nil {
 		errs = append(errs, err)
@@ -133,6 +144,44 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// ParseControlPlanes splits a comma-separated list of control planes,
+// taking host:port as http://host:port.
+func ParseControlPlanes(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		if !strings.Contains(f, "://") {
+			f = "http://" + f
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// controlPlaneClient is the client of the control planes at urls: with
+// several, it dials the first that accepts (see internal/failover), and
+// every URL reaches it.
+func controlPlaneClient(urls []string, logger *slog.Logger) *http.Client {
+	c := server.NewClient()
+	if len(urls) < 2 {
+		return c
+	}
+	t := c.Transport.(*http.Transport)
+	var addrs []string
+	for _, u := range urls {
+		p, _ := url.Parse(u) // validated
+		host := p.Host
+		if p.Port() == "" {
+			host = net.JoinHostPort(p.Hostname(), "80")
+		}
+		addrs = append(addrs, host)
+	}
+	t.DialContext = failover.New(addrs, t.DialContext, logger.With("component", "failover")).DialContext
+	return c
+}
+
 // Run is the edge program. With the first argument mcp-stdio it serves
 // MCP over stdio instead (see RunStdio).
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -142,7 +191,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs := cli.NewFlags("edge", stderr)
 	addr := fs.String("addr", DefaultAddr, "address to serve the API, MCP and the web page on")
 	fs.Env("addr", "EDGE_ADDR")
-	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port)")
+	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port); several, comma-separated: calls go to the first that accepts a connection and move to the next only when one refuses it (a run is never sent twice)")
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
 	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names; empty for no authentication")
 	fs.Env("api-keys", "CODEMODE_API_KEYS")
@@ -197,16 +246,13 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
-	cfg := Config{Addr: *addr, ControlPlane: *cp, APIKeys: *keys, Egress: *egressConfig,
+	cfg := Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, Egress: *egressConfig,
 		PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 		ClusterSecret: secret, PublicWithoutKeys: *public,
 		Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
 		Admission: admission.Config{Concurrency: *tenantConcurrency, Rate: *tenantRate, Burst: *tenantBurst},
 		APIs:      *apisFile, APITimeout: *apiTimeout, APIMaxResponseBytes: *apiMaxBytes,
 		MetricsAddr: *metricsAddr}
-	if !strings.Contains(cfg.ControlPlane, "://") {
-		cfg.ControlPlane = "http://" + cfg.ControlPlane
-	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -280,7 +326,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		ln.Close()
 		return err
 	}
-	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(server.NewClient()), strings.TrimRight(cfg.ControlPlane, "/"),
+	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(controlPlaneClient(cfg.ControlPlanes, logger)), strings.TrimRight(cfg.ControlPlanes[0], "/"),
 		cfg.Tracing.ClientOptions()...)
 	var svc *execution.Service // set before anything is served
 	knownLanguage := func(name string) bool { return svc.KnownLanguage(name) }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -54,8 +55,12 @@ func (s *Service) public(c Caller, session string, err error) error {
 	if !connect.IsWireError(err) {
 		// Made here: by validation, a policy, the limits; or by the client
 		// when the control plane could not be reached.
-		switch code {
-		case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeInternal, connect.CodeDataLoss, connect.CodeUnimplemented:
+		switch {
+		case code == connect.CodeUnavailable, code == connect.CodeUnknown, code == connect.CodeInternal, code == connect.CodeDataLoss, code == connect.CodeUnimplemented,
+			// The client calls a connection reset canceled (taking it
+			// for the caller going away); here it is the control plane
+			// that went away, mid-call.
+			code == connect.CodeCanceled && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)):
 			return withMeta(connect.NewError(connect.CodeUnavailable, fmt.Errorf("codemode is unavailable; try again (request id %s)", c.RequestID)), ce)
 		}
 		return err

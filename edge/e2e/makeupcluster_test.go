@@ -1,0 +1,150 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// TestMakeUpCluster runs the real `make up-cluster` on loopback ports the
+// test picks, and checks what it promises: both edges answer, a session
+// opened through one edge keeps its state through the other (each edge
+// lists the control planes in its own order, and they share Redis), runs
+// spread over the three agents, and Ctrl-C stops everything.
+func TestMakeUpCluster(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("make up-cluster prepares the host and needs root")
+	}
+	if binDir == "" {
+		t.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	for _, tool := range []string{"make", "bash", "curl", "redis-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("make up-cluster needs %s (make setup installs it): %v", tool, err)
+		}
+	}
+	root := moduleRoot()
+	port := func() string { return fmt.Sprintf("127.0.0.1:%d", freeLoopbackPort(t)) }
+	edges := []string{port(), port()}
+	agents := []string{port(), port(), port()}
+	name := fmt.Sprintf("e2e-upcluster-%d", os.Getpid())
+	logPath := filepath.Join(t.TempDir(), "make-up-cluster.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	logs := func() string {
+		b, _ := os.ReadFile(logPath)
+		if len(b) > 16<<10 {
+			b = b[len(b)-16<<10:]
+		}
+		return "--- make up-cluster output (tail) ---\n" + string(b)
+	}
+	cmd := exec.Command("make", "--no-print-directory", "up-cluster",
+		"CLUSTER_NAME="+name,
+		"CLUSTER_REDIS="+port(),
+		"CLUSTER_AGENTS="+strings.Join(agents, " "),
+		"CLUSTER_CONTROLPLANES="+port()+" "+port(),
+		"CLUSTER_EDGES="+strings.Join(edges, " "))
+	cmd.Dir = root
+	cmd.Env = append(makeFreeEnv(), "MIN_ACTIVE=1")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pgid := cmd.Process.Pid
+	done := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		default:
+			_ = syscall.Kill(-pgid, syscall.SIGINT)
+			select {
+			case <-done:
+			case <-time.After(60 * time.Second):
+				_ = syscall.Kill(-pgid, syscall.SIGKILL)
+				<-done
+			}
+		}
+		for i := range agents {
+			removeSandboxes(fmt.Sprintf("%s-%d", name, i+1))
+			_ = os.RemoveAll(filepath.Join("/var/lib/codemode/agents", fmt.Sprintf("%s-%d", name, i+1)))
+		}
+	})
+	upBy := time.Now().Add(10 * time.Minute)
+	if d, ok := t.Deadline(); ok && d.Add(-2*time.Minute).Before(upBy) {
+		upBy = d.Add(-2 * time.Minute)
+	}
+	for !bytes.Contains(must(os.ReadFile(logPath)), []byte("the codemode cluster is up")) {
+		select {
+		case <-done:
+			t.Fatalf("make up-cluster exited before it was up: %v\n%s", waitErr, logs())
+		default:
+		}
+		if time.Now().After(upBy) {
+			t.Fatalf("make up-cluster not up in time\n%s", logs())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	ctx := t.Context()
+	client := func(i int) edgev1connect.ExecutionServiceClient {
+		return edgev1connect.NewExecutionServiceClient(server.NewClient(), "http://"+edges[i])
+	}
+	// Every agent joins and takes runs, once its sandboxes are up (the
+	// edges answer before that): bounded in runs and in time. Before any
+	// session is open: an agent holding one has less free and, with runs
+	// one at a time, would get none.
+	seen := map[string]bool{}
+	for i, deadline := 0, time.Now().Add(2*time.Minute); i < 300 && len(seen) < len(agents) && time.Now().Before(deadline); i++ {
+		res, err := client(i%2).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}))
+		if err != nil {
+			t.Fatalf("run %d: %v", i, err)
+		}
+		seen[res.Msg.GetResult().GetAgent()] = true
+	}
+	if len(seen) != len(agents) {
+		t.Errorf("runs reached agents %v, want all %d\n%s", seen, len(agents), logs())
+	}
+
+	if _, err := client(0).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "x = 6 * 7", SessionId: "upcluster"})); err != nil {
+		t.Fatalf("session through edge 1: %v\n%s", err, logs())
+	}
+	res, err := client(1).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(x)", SessionId: "upcluster"}))
+	if err != nil || strings.TrimSpace(res.Msg.GetResult().GetStdout()) != "42" {
+		t.Fatalf("the session through edge 2: %v %v, want 42\n%s", res, err, logs())
+	}
+	if err := syscall.Kill(-pgid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("make up-cluster still runs 90s after Ctrl-C\n%s", logs())
+	}
+	if !endedByCtrlC(waitErr) || !bytes.Contains(must(os.ReadFile(logPath)), []byte("stopped")) {
+		t.Errorf("make up-cluster ended with %v, want stopped by Ctrl-C\n%s", waitErr, logs())
+	}
+}
+
+func must(b []byte, _ error) []byte { return b }

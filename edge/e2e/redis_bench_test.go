@@ -1,0 +1,89 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
+	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/redistest"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// BenchmarkExecuteRedis measures what keeping sessions in Redis costs a
+// run: Execute of print(1) through a control plane with --redis-url and
+// through one without, both in front of the same agent, in turns in the
+// same run (pairedLatency), stateless and in a session. A stateless run
+// does not touch Redis; a session run reads its binding once.
+//
+//	go test -run '^$' -bench ExecuteRedis -benchtime 100x -count 3 ./edge/e2e/
+func BenchmarkExecuteRedis(b *testing.B) {
+	if binDir == "" {
+		b.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	rds := redistest.Start(b)
+	secret := newSecret()
+	env := []string{"CODEMODE_CLUSTER_SECRET=" + secret}
+	state, err := os.MkdirTemp(binDir, "agent-state-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	agent, err := start("agent", env, "--addr", "127.0.0.1:0", "--name", fmt.Sprintf("e2e-bench-redis-%d", os.Getpid()),
+		"--runner", filepath.Join(binDir, "runner"), "--state-dir", state, "--min-active", "2")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = agent.Stop(30 * time.Second) })
+	clients := map[string]controlplanev1connect.ControlPlaneServiceClient{}
+	for _, name := range []string{"redis", "memory"} {
+		args := []string{"--addr", "127.0.0.1:0", "--poll-interval", "200ms"}
+		if name == "redis" {
+			args = append(args, "--redis-url", rds.URL)
+		}
+		cp, err := start("controlplane", append(env, "REMOTE_HOSTS="+agent.Addr), args...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = cp.Stop(10 * time.Second) })
+		c := server.NewClient()
+		c.Transport = bearerTransport{secret: secret, base: c.Transport}
+		clients[name] = controlplanev1connect.NewControlPlaneServiceClient(c, cp.URL())
+	}
+	ctx := context.Background()
+	run := func(name, session string) pair {
+		return pair{name: name, run: func() {
+			res, err := clients[name].Execute(ctx, connect.NewRequest(&cpv1.ExecuteRequest{Tenant: "bench",
+				Execution: &executionv1.Execution{Language: "python", Code: "print(1)", SessionId: session}}))
+			if err != nil || res.Msg.GetResult().GetStdout() != "1\n" {
+				b.Fatalf("%s: %v %v", name, res, err)
+			}
+		}}
+	}
+	// Wait until both route to the agent.
+	deadline := time.Now().Add(2 * time.Minute)
+	for _, name := range []string{"redis", "memory"} {
+		for {
+			res, err := clients[name].ListAgents(ctx, connect.NewRequest(&cpv1.ListAgentsRequest{}))
+			if err == nil && len(res.Msg.GetAgents()) == 1 && res.Msg.GetAgents()[0].GetHealthy() {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("%s: agent not healthy: %v %v", name, res, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	b.Run("stateless", func(b *testing.B) {
+		pairedLatency(b, run("redis", ""), run("memory", ""))
+	})
+	b.Run("session", func(b *testing.B) {
+		pairedLatency(b, run("redis", "bench-redis"), run("memory", "bench-memory"))
+	})
+}

@@ -1,0 +1,139 @@
+// Package redistest starts a real redis-server for tests: on a free loopback
+// port, in a temporary directory, with no persistence, stopped when the
+// test ends. The host set-up (agent/host/setup.sh) installs Debian's
+// redis-server; a test fails, saying so, where it is missing.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Server is a running redis-server.
+type Server struct {
+	// Addr is 127.0.0.1:port.
+	Addr string
+	// URL is redis://Addr/0.
+	URL    string
+	cmd    *exec.Cmd
+	exited chan string
+}
+
+// Kill kills the server at once, as a crash would, and waits for it.
+func (s *Server) Kill() {
+	_ = s.cmd.Process.Kill()
+	if log, ok := <-s.exited; ok {
+		s.exited <- log // for the clean-up
+	}
+}
+
+// startTimeout bounds the wait for the server to accept connections.
+const startTimeout = 10 * time.Second
+
+// Start starts a redis-server and stops it when tb ends.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatalf("redis-server is not installed: run agent/host/setup.sh (make setup), which installs Debian's redis-server: %v", err)
+	}
+	var last error
+	for range 3 { // a free port can be taken between choosing and binding it
+		s, err := start(tb, path)
+		if err == nil {
+			return s
+		}
+		last = err
+	}
+	tb.Fatalf("start redis-server: %v", last)
+	return nil
+}
+
+func start(tb testing.TB, path string) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir := tb.TempDir()
+	cmd := exec.Command(path, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--daemonize", "no", "--loglevel", "warning")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if b.Len() < 4096 {
+				b.WriteString(sc.Text() + "\n")
+			}
+		}
+		_ = cmd.Wait()
+		exited <- b.String()
+	}()
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, exited: exited}
+	s.URL = "redis://" + s.Addr + "/0"
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	for {
+		if err := ping(ctx, s.Addr); err == nil {
+			break
+		}
+		select {
+		case log := <-exited:
+			return nil, fmt.Errorf("redis-server exited: %s", strings.TrimSpace(log))
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			return nil, fmt.Errorf("redis-server on %s did not answer within %s", s.Addr, startTimeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	tb.Cleanup(s.Kill)
+	return s, nil
+}
+
+// ping sends PING and expects +PONG.
+func ping(ctx context.Context, addr string) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(line, "+PONG") {
+		return fmt.Errorf("answered %q", line)
+	}
+	return nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
