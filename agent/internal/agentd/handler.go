@@ -16,6 +16,7 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
@@ -154,6 +155,9 @@ func (h *handler) toConnect(err error, requestID string) error {
 		h.log.Debug("request refused", "request_id", requestID, "code", code.String(), "error", err)
 	}
 	out := connect.NewError(code, errors.New(msg))
+	if isNotStarted(err) {
+		cluster.MarkNotStarted(out)
+	}
 	if errors.Is(err, pool.ErrSessionNotFound) {
 		if d, derr := connect.NewErrorDetail(sessionNotFound(err)); derr == nil {
 			out.AddDetail(d)

@@ -31,6 +31,20 @@ var (
 	errSandboxDied = errors.New("sandbox died during the run")
 )
 
+// notStarted wraps the failure of a call that took no effect: a stateless
+// run that got no sandbox, a session that was not created. The control
+// plane may offer such a call to another agent (cluster.MarkNotStarted).
+// Its message is the error's own.
+type notStarted struct{ error }
+
+func (e notStarted) Unwrap() error { return e.error }
+
+// isNotStarted reports whether err is, or wraps, a notStarted.
+func isNotStarted(err error) bool {
+	var ns notStarted
+	return errors.As(err, &ns)
+}
+
 // runGrace is how long after a run's timeout the agent waits for the
 // runner's own report before it cancels the run itself.
 const runGrace = 2 * time.Second
@@ -158,7 +172,7 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 	s.metrics.ObserveQueueWait(time.Since(queued))
 	telemetry.EndSpan(span, err)
 	if err != nil {
-		return nil, err
+		return nil, notStarted{err}
 	}
 	res, broken, err := s.run(ctx, sb, run, timeout, out, eg)
 	s.pool.Release(ctx, sb, !broken)
@@ -273,7 +287,7 @@ func (s *Service) CreateSession(ctx context.Context, req *agentv1.CreateSessionR
 	defer cancel()
 	info, err := s.sessions.Create(qctx, req.GetSessionId(), req.GetTenant(), lang, idle)
 	if err != nil {
-		return nil, err
+		return nil, notStarted{err}
 	}
 	return s.session(info), nil
 }

@@ -23,6 +23,7 @@ import (
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
@@ -314,7 +315,7 @@ func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Ex
 			defer release()
 			res, err := a.Client.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: ex, Egress: eg, RequestId: reqID, Tenant: tenant, AllowNewSession: allowNew}))
 			if err != nil {
-				return false, err
+				return !cluster.NotStarted(err), err
 			}
 			out = res.Msg.GetResult()
 			return false, nil
@@ -332,35 +333,37 @@ type call struct {
 }
 
 // offer makes a call on the agent that choose gives, and, when that agent
-// turns it away before starting it (retryable), on another, up to
-// maxAttempts agents in all. A call on a session is made once, on the
-// session's agent, as is a call that has sent the caller part of its
-// answer (try reports sent). An agent that cannot be reached leaves routing
-// until it answers again. Whatever the agents say of the session is
+// certainly did not start it (no connection reached it, or it turned the
+// call away: cluster.NotStarted) and the failure is retryable, on another,
+// up to maxAttempts agents in all. A call that may have started there (try
+// reports started: a connection broke mid-call, or part of the answer went
+// to the caller) is never made again, so no run runs twice. A call on a
+// session is made once, on the session's agent. An agent whose connection
+// fails leaves routing until it answers again. Whatever the agents say of the session is
 // recorded (sessionError), and the error returned is the caller's.
-func (s *Service) offer(ctx context.Context, c call, try func(a *router.Agent, allowNew bool) (sent bool, err error)) error {
+func (s *Service) offer(ctx context.Context, c call, try func(a *router.Agent, allowNew bool) (started bool, err error)) error {
 	var tried []*router.Agent
 	for attempt := 1; ; attempt++ {
 		a, allowNew, err := s.route(ctx, c, tried, attempt)
 		if err != nil {
 			return err
 		}
-		sent, err := try(a, allowNew)
+		started, err := try(a, allowNew)
 		if err == nil {
 			if c.sessionID != "" && allowNew {
 				s.bind(ctx, c.sessionID, c.tenant, a) // confirmed now
 			}
 			return nil
 		}
-		if c.sessionID != "" && !sent {
+		if c.sessionID != "" && connect.IsWireError(err) {
 			err = s.sessionError(ctx, c.sessionID, !allowNew, err)
 		}
 		err = s.agentError(a, c.requestID, err)
 		s.logger.Log(ctx, failureLevel(err), "agent "+c.what+" failed", "agent", a.Address, "request_id", c.requestID, "session_id", c.sessionID, "attempt", attempt, "error", err)
-		if connect.CodeOf(err) == connect.CodeUnavailable && ctx.Err() == nil && !sent {
+		if connect.CodeOf(err) == connect.CodeUnavailable && ctx.Err() == nil && !connect.IsWireError(err) {
 			a.MarkDown(err)
 		}
-		if sent || c.sessionID != "" || !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
+		if started || c.sessionID != "" || !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
 			return err
 		}
 		tried = append(tried, a)
@@ -426,25 +429,27 @@ func (s *Service) executeStream(ctx context.Context, tenant string, ex *executio
 		})
 }
 
-// streamFrom relays one agent's stream; sent reports whether any event went
-// on to the caller (after which the run cannot be offered elsewhere).
-func (s *Service) streamFrom(ctx context.Context, a *router.Agent, req *agentv1.ExecuteStreamRequest, send func(*executionv1.Event) error) (sent bool, err error) {
+// streamFrom relays one agent's stream; started reports whether the run may
+// have started there: an event went on to the caller, or the stream failed
+// otherwise than cluster.NotStarted.
+func (s *Service) streamFrom(ctx context.Context, a *router.Agent, req *agentv1.ExecuteStreamRequest, send func(*executionv1.Event) error) (started bool, err error) {
 	release := a.Acquire()
 	defer release()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := a.Client.ExecuteStream(ctx, connect.NewRequest(req))
 	if err != nil {
-		return false, err
+		return !cluster.NotStarted(err), err
 	}
 	defer st.Close()
 	for st.Receive() {
 		if err := send(st.Msg().GetEvent()); err != nil {
 			return true, err
 		}
-		sent = true
+		started = true
 	}
-	return sent, st.Err()
+	err = st.Err()
+	return started || (err != nil && !cluster.NotStarted(err)), err
 }
 
 // CreateSession implements ControlPlaneService.
@@ -465,7 +470,7 @@ func (s *Service) CreateSession(ctx context.Context, req *connect.Request[cpv1.C
 				Tenant:      m.GetTenant(),
 			}))
 			if err != nil {
-				return false, err
+				return !cluster.NotStarted(err), err
 			}
 			out = res.Msg.GetSession()
 			s.bind(ctx, out.GetId(), m.GetTenant(), a) // the agent names a session created without an id

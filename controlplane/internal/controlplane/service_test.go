@@ -21,6 +21,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/redistest"
+	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -33,7 +34,8 @@ type stubAgent struct {
 	free   atomic.Int32
 	labels map[string]string
 	ran    atomic.Int32
-	refuse atomic.Bool // answer Execute with unavailable
+	refuse atomic.Bool // turn Execute away (unavailable) before it starts
+	dies   atomic.Bool // start Execute, then fail (unavailable) as a dying sandbox does
 
 	mu       sync.Mutex
 	sessions map[string]bool
@@ -48,9 +50,12 @@ func (a *stubAgent) Status(context.Context, *connect.Request[agentv1.StatusReque
 
 func (a *stubAgent) Execute(_ context.Context, req *connect.Request[agentv1.ExecuteRequest]) (*connect.Response[agentv1.ExecuteResponse], error) {
 	if a.refuse.Load() {
-		return nil, connect.NewError(connect.CodeUnavailable, errors.New("engine away"))
+		return nil, cluster.MarkNotStarted(connect.NewError(connect.CodeUnavailable, errors.New("engine away")))
 	}
 	a.ran.Add(1)
+	if a.dies.Load() {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the sandbox died during the run"))
+	}
 	if sid := req.Msg.GetExecution().GetSessionId(); sid != "" {
 		a.mu.Lock()
 		a.sessions[sid] = true
@@ -60,7 +65,13 @@ func (a *stubAgent) Execute(_ context.Context, req *connect.Request[agentv1.Exec
 }
 
 func (a *stubAgent) ExecuteStream(_ context.Context, req *connect.Request[agentv1.ExecuteStreamRequest], st *connect.ServerStream[agentv1.ExecuteStreamResponse]) error {
+	if a.refuse.Load() {
+		return cluster.MarkNotStarted(connect.NewError(connect.CodeUnavailable, errors.New("engine away")))
+	}
 	a.ran.Add(1)
+	if a.dies.Load() {
+		return connect.NewError(connect.CodeUnavailable, errors.New("the sandbox died during the run"))
+	}
 	for _, ev := range []*executionv1.Event{
 		{Event: &executionv1.Event_Stdout{Stdout: a.name}},
 		{Event: &executionv1.Event_Result{Result: &executionv1.Result{Agent: a.name}}},
@@ -307,6 +318,41 @@ func TestFailover(t *testing.T) {
 	}
 	if st.Err() != nil || out == "" {
 		t.Fatalf("stream: %q %v", out, st.Err())
+	}
+}
+
+// TestNoRunTwice: a run that failed after its agent started it is not made
+// again on another agent, though the failure is unavailable, whether the
+// agent answers so or the connection to it breaks mid-call.
+func TestNoRunTwice(t *testing.T) {
+	t.Parallel()
+	dying := &stubAgent{name: "dying"}
+	dying.free.Store(8)
+	dying.dies.Store(true)
+	good := &stubAgent{name: "good"}
+	good.free.Store(1)
+	addrD, _ := serveAgent(t, dying)
+	addrG, _ := serveAgent(t, good)
+	c := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), startControlPlane(t, addrD, addrG))
+	waitHealthy(t, c, 2)
+	_, err := execute(t, c, "", nil)
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("run on a dying agent: %v, want unavailable", err)
+	}
+	st, err := c.ExecuteStream(t.Context(), connect.NewRequest(&cpv1.ExecuteStreamRequest{
+		Execution: &executionv1.Execution{Language: "python", Code: "print(1)"},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st.Receive() {
+		t.Errorf("stream event from a dying agent: %v", st.Msg())
+	}
+	if connect.CodeOf(st.Err()) != connect.CodeUnavailable {
+		t.Fatalf("stream on a dying agent: %v, want unavailable", st.Err())
+	}
+	if d, g := dying.ran.Load(), good.ran.Load(); d != 2 || g != 0 {
+		t.Fatalf("runs: dying %d, good %d; want 2 and 0 (each run started once)", d, g)
 	}
 }
 
