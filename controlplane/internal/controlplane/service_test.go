@@ -20,8 +20,8 @@ import (
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
-	"github.com/codemode-go/codemode/internal/redistest"
 	"github.com/codemode-go/codemode/internal/cluster"
+	"github.com/codemode-go/codemode/internal/redistest"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
