@@ -3,6 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sync"
@@ -21,6 +24,42 @@ type cluster struct {
 	*Stack
 	agents map[string]*Process // by name
 	args   map[string][]string // each agent's flags, to restart it
+	// witness counts the runs that reached it, by run: runs of load
+	// with witnessed set call it through egress before they end.
+	witness *witness
+}
+
+// witness is an HTTP server on loopback that counts requests by path. A run
+// that calls it has started; a path counted twice is a run made twice.
+type witness struct {
+	port int
+	mu   sync.Mutex
+	hits map[string]int
+}
+
+// witnessHost is the name agents of a cluster resolve to the witness's
+// loopback address (--egress-hosts).
+const witnessHost = "witness.test"
+
+func startWitness(t *testing.T) *witness {
+	t.Helper()
+	w := &witness{hits: map[string]int{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w.mu.Lock()
+		w.hits[r.URL.Path]++
+		w.mu.Unlock()
+		fmt.Fprintln(rw, "seen")
+	}))
+	t.Cleanup(srv.Close)
+	w.port = srv.Listener.Addr().(*net.TCPAddr).Port
+	return w
+}
+
+// count returns how many times the run of path reached the witness.
+func (w *witness) count(path string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.hits[path]
 }
 
 // startCluster starts a control plane and one agent per entry of
@@ -33,7 +72,7 @@ func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 	if binDir == "" {
 		t.Skip("no Docker daemon reachable; run 'make setup'")
 	}
-	c := &cluster{Stack: &Stack{Secret: newSecret()}, agents: map[string]*Process{}, args: map[string][]string{}}
+	c := &cluster{Stack: &Stack{Secret: newSecret()}, agents: map[string]*Process{}, args: map[string][]string{}, witness: startWitness(t)}
 	var err error
 	c.ControlPlane, err = start("controlplane", c.ClusterEnv(), "--addr", "127.0.0.1:0", "--agents=")
 	if err != nil {
@@ -56,7 +95,8 @@ func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 		}
 		c.args[name] = []string{"--name", name, "--runner", filepath.Join(binDir, "runner"), "--state-dir", state,
 			"--controlplanes", c.ControlPlane.URL(), "--heartbeat-interval", "500ms",
-			"--max-sandboxes", fmt.Sprint(n), "--min-active", fmt.Sprint(n), "--max-sessions", "1"}
+			"--max-sandboxes", fmt.Sprint(n), "--min-active", fmt.Sprint(n), "--max-sessions", "1",
+			"--egress-hosts", witnessHost + "=127.0.0.1"}
 		if err := c.startAgent(name, "127.0.0.1:0"); err != nil {
 			t.Fatal(err)
 		}
@@ -105,24 +145,49 @@ func (c *cluster) waitHealthy(t *testing.T, d time.Duration, n int) {
 // loops, runs times in all, and counts the runs by agent. Every run must
 // end in time with a result or an error.
 func (c *cluster) load(t *testing.T, workers, runs int) (byAgent map[string]int, failed []error) {
+	return c.loadRuns(t, workers, runs, false)
+}
+
+// loadRuns is load; with witnessed, each run first tells the witness that
+// it started (through egress, under a path of its own), then takes a
+// moment, so that an agent killed under load is killed mid-run, and a run
+// that succeeded must have reached the witness exactly once.
+func (c *cluster) loadRuns(t *testing.T, workers, runs int, witnessed bool) (byAgent map[string]int, failed []error) {
 	t.Helper()
 	cp := c.ControlPlaneClient()
 	var mu sync.Mutex
 	byAgent = map[string]int{}
-	next := make(chan struct{}, runs)
-	for range runs {
-		next <- struct{}{}
+	next := make(chan int, runs)
+	for i := range runs {
+		next <- i
 	}
 	close(next)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
-			for range next {
+			for i := range next {
+				req := &cpv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "print(1)"}}
+				path := fmt.Sprintf("/%s/%d", t.Name(), i)
+				if witnessed {
+					req.Execution.Code = fmt.Sprintf("import time, urllib.request\n"+
+						"urllib.request.urlopen('http://%s:%d%s', timeout=10).read()\n"+
+						"time.sleep(0.3)\nprint(1)\n", witnessHost, c.witness.port, path)
+					ports := []uint32{uint32(c.witness.port)}
+					req.Egress = &executionv1.Egress{Allow: []*executionv1.EgressRule{
+						{Host: witnessHost, Ports: ports}, {Host: "127.0.0.1", Ports: ports},
+					}}
+				}
 				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-				res, err := cp.Execute(ctx, connect.NewRequest(&cpv1.ExecuteRequest{
-					Execution: &executionv1.Execution{Language: "python", Code: "print(1)"},
-				}))
+				res, err := cp.Execute(ctx, connect.NewRequest(req))
 				cancel()
+				if witnessed {
+					switch n := c.witness.count(path); {
+					case n > 1:
+						t.Errorf("run %d started %d times (%v)", i, n, err)
+					case err == nil && n != 1:
+						t.Errorf("run %d succeeded without reaching the witness: %+v", i, res.Msg.GetResult())
+					}
+				}
 				mu.Lock()
 				if err != nil {
 					failed = append(failed, err)
@@ -166,14 +231,14 @@ func TestClusterAgentKilledLeavesRoutingAndRejoins(t *testing.T) {
 	addr := c.agents[victim].Addr
 
 	// Runs go on while the agent is killed: each ends with a result or an
-	// error, in time.
+	// error, in time, and none runs twice (the witness counts them).
 	type outcome struct {
 		byAgent map[string]int
 		failed  []error
 	}
 	during := make(chan outcome, 1)
 	go func() {
-		by, failed := c.load(t, 3, 30)
+		by, failed := c.loadRuns(t, 3, 30, true)
 		during <- outcome{by, failed}
 	}()
 	time.Sleep(300 * time.Millisecond) // let some runs start first
