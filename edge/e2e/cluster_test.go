@@ -31,10 +31,38 @@ type cluster struct {
 
 // witness is an HTTP server on loopback that counts requests by path. A run
 // that calls it has started; a path counted twice is a run made twice.
+// While held, it answers nobody, so that the runs that reach it are in
+// flight on their agents until release.
 type witness struct {
-	port int
-	mu   sync.Mutex
-	hits map[string]int
+	port    int
+	mu      sync.Mutex
+	hits    map[string]int
+	waiting int
+	gate    chan struct{} // nil: not held; closed on release
+}
+
+// hold makes the witness keep every caller waiting until release.
+func (w *witness) hold() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gate = make(chan struct{})
+}
+
+// release answers the callers held and stops holding.
+func (w *witness) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.gate != nil {
+		close(w.gate)
+		w.gate = nil
+	}
+}
+
+// held returns how many callers are waiting.
+func (w *witness) held() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.waiting
 }
 
 // witnessHost is the name agents of a cluster resolve to the witness's
@@ -47,7 +75,21 @@ func startWitness(t *testing.T) *witness {
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		w.mu.Lock()
 		w.hits[r.URL.Path]++
+		gate := w.gate
+		if gate != nil {
+			w.waiting++
+		}
 		w.mu.Unlock()
+		if gate != nil {
+			select {
+			case <-gate:
+			case <-r.Context().Done():
+			case <-time.After(30 * time.Second):
+			}
+			w.mu.Lock()
+			w.waiting--
+			w.mu.Unlock()
+		}
 		fmt.Fprintln(rw, "seen")
 	}))
 	t.Cleanup(srv.Close)
@@ -223,33 +265,52 @@ func TestClusterSpreadsRunsOverSelfRegisteredAgents(t *testing.T) {
 
 func TestClusterAgentKilledLeavesRoutingAndRejoins(t *testing.T) {
 	c := startCluster(t, 4, 4, 4)
-	var victim string
-	for name := range c.agents {
-		victim = name
-		break
-	}
-	addr := c.agents[victim].Addr
 
 	// Runs go on while the agent is killed: each ends with a result or an
-	// error, in time, and none runs twice (the witness counts them).
+	// error, in time, and none runs twice (the witness counts them). The
+	// witness holds the first runs, so that the agent is killed with a
+	// run in flight that has started.
 	type outcome struct {
 		byAgent map[string]int
 		failed  []error
 	}
+	c.witness.hold()
 	during := make(chan outcome, 1)
 	go func() {
 		by, failed := c.loadRuns(t, 3, 30, true)
 		during <- outcome{by, failed}
 	}()
-	time.Sleep(300 * time.Millisecond) // let some runs start first
+	var victim string
+	for deadline := time.Now().Add(time.Minute); victim == ""; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.witness.release()
+			t.Fatalf("no agent has a run held at the witness after a minute (%d held)", c.witness.held())
+		}
+		if c.witness.held() < 3 {
+			continue
+		}
+		res, err := c.ControlPlaneClient().ListAgents(t.Context(), connect.NewRequest(&cpv1.ListAgentsRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range res.Msg.GetAgents() {
+			if a.GetInFlight() > 0 {
+				victim = a.GetStatus().GetName()
+				break
+			}
+		}
+	}
+	addr := c.agents[victim].Addr
 	c.agents[victim].Kill()
 	killed := time.Now()
 	for c.healthy(t)[victim] {
 		if time.Since(killed) > 2*time.Second {
+			c.witness.release()
 			t.Fatalf("the killed agent %s is still routed to %v after it died", victim, time.Since(killed))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	c.witness.release()
 	t.Logf("the killed agent left routing %v after kill -9", time.Since(killed).Round(time.Millisecond))
 	o := <-during
 	for _, err := range o.failed {
