@@ -3,6 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sync"
@@ -21,6 +24,84 @@ type cluster struct {
 	*Stack
 	agents map[string]*Process // by name
 	args   map[string][]string // each agent's flags, to restart it
+	// witness counts the runs that reached it, by run: runs of load
+	// with witnessed set call it through egress before they end.
+	witness *witness
+}
+
+// witness is an HTTP server on loopback that counts requests by path. A run
+// that calls it has started; a path counted twice is a run made twice.
+// While held, it answers nobody, so that the runs that reach it are in
+// flight on their agents until release.
+type witness struct {
+	port    int
+	mu      sync.Mutex
+	hits    map[string]int
+	waiting int
+	gate    chan struct{} // nil: not held; closed on release
+}
+
+// hold makes the witness keep every caller waiting until release.
+func (w *witness) hold() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gate = make(chan struct{})
+}
+
+// release answers the callers held and stops holding.
+func (w *witness) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.gate != nil {
+		close(w.gate)
+		w.gate = nil
+	}
+}
+
+// held returns how many callers are waiting.
+func (w *witness) held() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.waiting
+}
+
+// witnessHost is the name agents of a cluster resolve to the witness's
+// loopback address (--egress-hosts).
+const witnessHost = "witness.test"
+
+func startWitness(t *testing.T) *witness {
+	t.Helper()
+	w := &witness{hits: map[string]int{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w.mu.Lock()
+		w.hits[r.URL.Path]++
+		gate := w.gate
+		if gate != nil {
+			w.waiting++
+		}
+		w.mu.Unlock()
+		if gate != nil {
+			select {
+			case <-gate:
+			case <-r.Context().Done():
+			case <-time.After(30 * time.Second):
+			}
+			w.mu.Lock()
+			w.waiting--
+			w.mu.Unlock()
+		}
+		fmt.Fprintln(rw, "seen")
+	}))
+	t.Cleanup(srv.Close)
+	w.port = srv.Listener.Addr().(*net.TCPAddr).Port
+	return w
+}
+
+// count returns how many times the run of path reached the witness.
+func (w *witness) count(path string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.hits[path]
 }
 
 // startCluster starts a control plane and one agent per entry of
@@ -33,7 +114,7 @@ func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 	if binDir == "" {
 		t.Skip("no Docker daemon reachable; run 'make setup'")
 	}
-	c := &cluster{Stack: &Stack{Secret: newSecret()}, agents: map[string]*Process{}, args: map[string][]string{}}
+	c := &cluster{Stack: &Stack{Secret: newSecret()}, agents: map[string]*Process{}, args: map[string][]string{}, witness: startWitness(t)}
 	var err error
 	c.ControlPlane, err = start("controlplane", c.ClusterEnv(), "--addr", "127.0.0.1:0", "--agents=")
 	if err != nil {
@@ -56,7 +137,8 @@ func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 		}
 		c.args[name] = []string{"--name", name, "--runner", filepath.Join(binDir, "runner"), "--state-dir", state,
 			"--controlplanes", c.ControlPlane.URL(), "--heartbeat-interval", "500ms",
-			"--max-sandboxes", fmt.Sprint(n), "--min-active", fmt.Sprint(n), "--max-sessions", "1"}
+			"--max-sandboxes", fmt.Sprint(n), "--min-active", fmt.Sprint(n), "--max-sessions", "1",
+			"--egress-hosts", witnessHost + "=127.0.0.1"}
 		if err := c.startAgent(name, "127.0.0.1:0"); err != nil {
 			t.Fatal(err)
 		}
@@ -105,24 +187,49 @@ func (c *cluster) waitHealthy(t *testing.T, d time.Duration, n int) {
 // loops, runs times in all, and counts the runs by agent. Every run must
 // end in time with a result or an error.
 func (c *cluster) load(t *testing.T, workers, runs int) (byAgent map[string]int, failed []error) {
+	return c.loadRuns(t, workers, runs, false)
+}
+
+// loadRuns is load; with witnessed, each run first tells the witness that
+// it started (through egress, under a path of its own), then takes a
+// moment, so that an agent killed under load is killed mid-run, and a run
+// that succeeded must have reached the witness exactly once.
+func (c *cluster) loadRuns(t *testing.T, workers, runs int, witnessed bool) (byAgent map[string]int, failed []error) {
 	t.Helper()
 	cp := c.ControlPlaneClient()
 	var mu sync.Mutex
 	byAgent = map[string]int{}
-	next := make(chan struct{}, runs)
-	for range runs {
-		next <- struct{}{}
+	next := make(chan int, runs)
+	for i := range runs {
+		next <- i
 	}
 	close(next)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
-			for range next {
+			for i := range next {
+				req := &cpv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "print(1)"}}
+				path := fmt.Sprintf("/%s/%d", t.Name(), i)
+				if witnessed {
+					req.Execution.Code = fmt.Sprintf("import time, urllib.request\n"+
+						"urllib.request.urlopen('http://%s:%d%s', timeout=10).read()\n"+
+						"time.sleep(0.3)\nprint(1)\n", witnessHost, c.witness.port, path)
+					ports := []uint32{uint32(c.witness.port)}
+					req.Egress = &executionv1.Egress{Allow: []*executionv1.EgressRule{
+						{Host: witnessHost, Ports: ports}, {Host: "127.0.0.1", Ports: ports},
+					}}
+				}
 				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-				res, err := cp.Execute(ctx, connect.NewRequest(&cpv1.ExecuteRequest{
-					Execution: &executionv1.Execution{Language: "python", Code: "print(1)"},
-				}))
+				res, err := cp.Execute(ctx, connect.NewRequest(req))
 				cancel()
+				if witnessed {
+					switch n := c.witness.count(path); {
+					case n > 1:
+						t.Errorf("run %d started %d times (%v)", i, n, err)
+					case err == nil && n != 1:
+						t.Errorf("run %d succeeded without reaching the witness: %+v", i, res.Msg.GetResult())
+					}
+				}
 				mu.Lock()
 				if err != nil {
 					failed = append(failed, err)
@@ -158,33 +265,52 @@ func TestClusterSpreadsRunsOverSelfRegisteredAgents(t *testing.T) {
 
 func TestClusterAgentKilledLeavesRoutingAndRejoins(t *testing.T) {
 	c := startCluster(t, 4, 4, 4)
-	var victim string
-	for name := range c.agents {
-		victim = name
-		break
-	}
-	addr := c.agents[victim].Addr
 
 	// Runs go on while the agent is killed: each ends with a result or an
-	// error, in time.
+	// error, in time, and none runs twice (the witness counts them). The
+	// witness holds the first runs, so that the agent is killed with a
+	// run in flight that has started.
 	type outcome struct {
 		byAgent map[string]int
 		failed  []error
 	}
+	c.witness.hold()
 	during := make(chan outcome, 1)
 	go func() {
-		by, failed := c.load(t, 3, 30)
+		by, failed := c.loadRuns(t, 3, 30, true)
 		during <- outcome{by, failed}
 	}()
-	time.Sleep(300 * time.Millisecond) // let some runs start first
+	var victim string
+	for deadline := time.Now().Add(time.Minute); victim == ""; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.witness.release()
+			t.Fatalf("no agent has a run held at the witness after a minute (%d held)", c.witness.held())
+		}
+		if c.witness.held() < 3 {
+			continue
+		}
+		res, err := c.ControlPlaneClient().ListAgents(t.Context(), connect.NewRequest(&cpv1.ListAgentsRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range res.Msg.GetAgents() {
+			if a.GetInFlight() > 0 {
+				victim = a.GetStatus().GetName()
+				break
+			}
+		}
+	}
+	addr := c.agents[victim].Addr
 	c.agents[victim].Kill()
 	killed := time.Now()
 	for c.healthy(t)[victim] {
 		if time.Since(killed) > 2*time.Second {
+			c.witness.release()
 			t.Fatalf("the killed agent %s is still routed to %v after it died", victim, time.Since(killed))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	c.witness.release()
 	t.Logf("the killed agent left routing %v after kill -9", time.Since(killed).Round(time.Millisecond))
 	o := <-during
 	for _, err := range o.failed {
