@@ -107,6 +107,10 @@ type limits struct {
 	timeout time.Duration
 	output  uint64
 	memory  uint64 // 0: the sandbox's limit only
+	// interrupt, when set, is tried before a run that timed out or was
+	// cancelled is killed: it reports whether the run ended by itself
+	// once asked to (done closed), so that nothing need be killed.
+	interrupt func(done <-chan struct{}) bool
 }
 
 // runOnce runs code in a fresh interpreter process: pre if not nil, else
@@ -244,7 +248,10 @@ func closeAll(fs ...*os.File) {
 // stopped says why supervise stopped a run, if it did.
 type stopped struct {
 	timedOut, cancelled, oom bool
-	err                      error // the run's processes could not be killed
+	// interrupted: the run timed out or was cancelled, and ended when
+	// interrupted, so nothing was killed.
+	interrupted bool
+	err         error // the run's processes could not be killed
 	// The most memory the sandbox used during the run as the watchdog saw
 	// it, and the sandbox's limit (0: unknown); see diedOfMemory.
 	memPeak, memLimit uint64
@@ -277,6 +284,10 @@ func (s *server) supervise(ctx context.Context, done <-chan struct{}, pgid int, 
 		st.cancelled = true
 	case <-watch.fired:
 		st.oom = true
+	}
+	if !st.oom && lim.interrupt != nil && lim.interrupt(done) {
+		st.interrupted = true
+		return st
 	}
 	killGroup(pgid)
 	var keep []int

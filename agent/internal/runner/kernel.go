@@ -60,6 +60,14 @@ func (s *server) killKernel() {
 
 const stateLostNote = "\n[codemode] the Python session's state (variables, imports, functions) was lost: %s; the next run starts a fresh interpreter\n"
 
+// interruptedNote ends the output of a cell that was interrupted.
+const interruptedNote = "\n[codemode] the run %s and was interrupted (KeyboardInterrupt); the Python session's state is kept\n"
+
+// interruptGrace is how long a cell that timed out or was cancelled has to
+// end once interrupted before the interpreter is killed: well within the
+// agent's wait for the runner's report after a timeout (2 s).
+const interruptGrace = 500 * time.Millisecond
+
 // runKernel runs one cell in the Python kernel, starting one if needed.
 func (s *server) runKernel(ctx context.Context, o *output, lang language, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
 	start := time.Now()
@@ -115,10 +123,31 @@ func (s *server) runKernel(ctx context.Context, o *output, lang language, r *run
 			result = b
 		}
 	}()
+	// A cell that times out or is cancelled is interrupted first, as in a
+	// notebook, so that the session keeps its state; one that does not
+	// end when interrupted is killed with the interpreter.
+	lim.interrupt = func(done <-chan struct{}) bool {
+		if err := syscall.Kill(k.proc.pid, syscall.SIGINT); err != nil {
+			return false
+		}
+		select {
+		case <-done:
+			return result != nil
+		case <-time.After(interruptGrace):
+			return false
+		}
+	}
 	st := s.supervise(ctx, cellDone, k.proc.pid, k.proc.done, lim, 0)
 	exit := &runnerv1.Exit{TimedOut: st.timedOut, OomKilled: st.oom}
-	if result != nil && !st.timedOut && !st.cancelled && !st.oom {
+	if result != nil && (st.interrupted || !st.timedOut && !st.cancelled && !st.oom) {
 		exit.Code = int32(binary.BigEndian.Uint32(result))
+		if st.interrupted {
+			why := "was cancelled"
+			if st.timedOut {
+				why = "reached its timeout"
+			}
+			o.note(fmt.Sprintf(interruptedNote, why))
+		}
 	} else {
 		// The kernel is dead or being killed: wait for it to report how it
 		// ended.

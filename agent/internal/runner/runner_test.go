@@ -636,7 +636,13 @@ func TestStatefulPython(t *testing.T) {
 		{code: "import sys; print('to err', file=sys.stderr); sys.exit(7)", stderr: "to err", code32: 7},
 		{code: "import sys; print(sys.stdin.read())", stdout: "\n"},
 		{code: "import os; print(os.getpid() == os.getpgrp(), __name__)", stdout: "True __main__\n"},
-		{code: "while True: pass", timeout: 300 * time.Millisecond, stderr: "state (variables, imports, functions) was lost", code32: 137, stateLost: true},
+		// A cell that times out is interrupted, and the session keeps its
+		// state; one that ignores the interrupt is killed with it.
+		{code: "x += 1\nwhile True: pass", timeout: 300 * time.Millisecond, stderr: "KeyboardInterrupt", code32: 1},
+		{code: "x", stdout: "43\n"},
+		{code: "import time\ntime.sleep(30)", timeout: 300 * time.Millisecond, stderr: "the Python session's state is kept", code32: 1},
+		{code: "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass", timeout: 300 * time.Millisecond,
+			stderr: "state (variables, imports, functions) was lost", code32: 137, stateLost: true},
 		{code: "print('x' in dir())", stdout: "False\n"}, // a fresh interpreter
 		{code: "y = 5\nimport os; os._exit(9)", code32: 9, stateLost: true, stderr: "the interpreter exited"},
 		{code: "print('y' in dir())", stdout: "False\n"},

@@ -8,12 +8,17 @@
 #                     stdin, stdout and stderr.
 #   kernel -> runner: a 4-byte big-endian signed exit code when the cell ends.
 #
+# SIGINT interrupts a running cell (KeyboardInterrupt, as in a notebook):
+# the runner sends it when a run times out or is cancelled, so that the
+# session keeps its state. Between cells SIGINT is ignored.
+#
 # Between cells fds 0, 1 and 2 are /dev/null, so the runner sees the end of
 # a cell's output when the cell's pipes close.
 import ast
 import io
 import linecache
 import os
+import signal
 import socket
 import struct
 import sys
@@ -53,19 +58,32 @@ def _print_exception(e):
     traceback.print_exception(type(e), e, tb)
 
 
+_in_cell = False
+
+
+def _on_sigint(signum, frame):
+    if _in_cell:
+        raise KeyboardInterrupt
+
+
 def _run_cell(ns, src, filename):
+    global _in_cell
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     try:
-        tree = ast.parse(src, filename, "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            # Like a notebook, show the value of a final expression.
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, filename, "exec", dont_inherit=True), ns)
-        if last is not None:
-            value = eval(compile(last, filename, "eval", dont_inherit=True), ns)
-            if value is not None:
-                print(repr(value))
+        _in_cell = True
+        try:
+            tree = ast.parse(src, filename, "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                # Like a notebook, show the value of a final expression.
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, filename, "exec", dont_inherit=True), ns)
+            if last is not None:
+                value = eval(compile(last, filename, "eval", dont_inherit=True), ns)
+                if value is not None:
+                    print(repr(value))
+        finally:
+            _in_cell = False
         return 0
     except SystemExit as e:
         return _exit_code(e)
@@ -91,6 +109,7 @@ def _set_stdio():
 
 
 def _main():
+    signal.signal(signal.SIGINT, _on_sigint)
     sock = socket.socket(fileno=3)
     devnull = os.open(os.devnull, os.O_RDWR)
     main = types.ModuleType("__main__")
@@ -115,6 +134,9 @@ def _main():
         for fd in fds:
             os.close(fd)
         _set_stdio()
+        # A cell may have replaced the handler; each cell starts with the
+        # kernel's.
+        signal.signal(signal.SIGINT, _on_sigint)
         code = _run_cell(ns, src, "<cell %d>" % cell)
         for f in (sys.stdout, sys.stderr):
             try:
