@@ -124,18 +124,27 @@ func (s *server) runKernel(ctx context.Context, o *output, lang language, r *run
 		}
 	}()
 	// A cell that times out or is cancelled is interrupted first, as in a
-	// notebook, so that the session keeps its state; one that does not
-	// end when interrupted is killed with the interpreter.
+	// notebook, so that the session keeps its state; the processes it
+	// leaves are killed. One that does not end when interrupted is killed
+	// with the interpreter.
 	lim.interrupt = func(done <-chan struct{}) bool {
 		if err := syscall.Kill(k.proc.pid, syscall.SIGINT); err != nil {
 			return false
 		}
 		select {
 		case <-done:
-			return result != nil
 		case <-time.After(interruptGrace):
 			return false
 		}
+		if result == nil {
+			return false
+		}
+		// The cell ended; the processes it left go, as when a run is
+		// killed, and only the kernel stays.
+		if err := s.procs.killUser([]int{k.proc.pid}); err != nil {
+			return false
+		}
+		return s.procs.killGroupBut(k.proc.pid, k.proc.pid) == nil
 	}
 	st := s.supervise(ctx, cellDone, k.proc.pid, k.proc.done, lim, 0)
 	exit := &runnerv1.Exit{TimedOut: st.timedOut, OomKilled: st.oom}

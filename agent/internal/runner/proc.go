@@ -383,6 +383,35 @@ func (p *procs) killUser(keep []int) error {
 	}
 }
 
+// killGroupBut kills every process of the user in process group pgid but
+// process keep, and waits until they are gone.
+func (p *procs) killGroupBut(pgid, keep int) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for round := 0; ; round++ {
+		ps, err := p.userProcs(0)
+		if err != nil {
+			return err
+		}
+		left := 0
+		for _, up := range ps {
+			if up.pgid != pgid || up.pid == keep {
+				continue
+			}
+			left++
+			if err := syscall.Kill(up.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("kill process %d: %w", up.pid, err)
+			}
+		}
+		if left == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kill processes of group %d: %d still alive after %d rounds", pgid, left, round)
+		}
+		time.Sleep(time.Duration(min(round+1, 20)) * time.Millisecond)
+	}
+}
+
 // killGroup kills process group pgid.
 func killGroup(pgid int) {
 	if pgid > 1 {

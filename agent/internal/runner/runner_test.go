@@ -607,6 +607,16 @@ func TestRunSweep(t *testing.T) {
 	}
 }
 
+// leftover is Python that prints whether a process with arg in its command
+// line is alive, and x.
+func leftover(arg string) string {
+	return "import os\nalive = False\nfor p in os.listdir('/proc'):\n" +
+		"    if p.isdigit() and int(p) != os.getpid():\n" +
+		"        try: alive = alive or b'" + arg + "' in open('/proc/%s/cmdline' % p, 'rb').read()\n" +
+		"        except OSError: pass\n" +
+		"print(alive, x)"
+}
+
 func TestStatefulPython(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -640,6 +650,9 @@ func TestStatefulPython(t *testing.T) {
 		// state; one that ignores the interrupt is killed with it.
 		{code: "x += 1\nwhile True: pass", timeout: 300 * time.Millisecond, stderr: "KeyboardInterrupt", code32: 1},
 		{code: "x", stdout: "43\n"},
+		// What the interrupted cell started is killed; the kernel stays.
+		{code: "import subprocess\nsubprocess.Popen(['sleep', '27182818'])\nwhile True: pass", timeout: 300 * time.Millisecond, stderr: "state is kept", code32: 1},
+		{code: leftover("27182818"), stdout: "False 43\n"},
 		{code: "import time\ntime.sleep(30)", timeout: 300 * time.Millisecond, stderr: "the Python session's state is kept", code32: 1},
 		{code: "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass", timeout: 300 * time.Millisecond,
 			stderr: "state (variables, imports, functions) was lost", code32: 137, stateLost: true},
