@@ -119,6 +119,9 @@ up: setup build cluster-secret
 		curl -fsS -m 5 -o /dev/null -X POST -H 'Content-Type: application/json' -d '{}' \
 			http://$$e/codemode.edge.v1.ExecutionService/ListLanguages 2>/dev/null && { up=1; break; }; sleep 0.1; done; \
 	if [ -z "$$up" ]; then echo "codemode did not come up within $(UP_TIMEOUT)s (see the logs above)"; stop 1; fi; \
+	while running && [ $$SECONDS -lt $$deadline ]; do \
+		c=$$(curl -s -m 5 -o /dev/null -w '%{http_code}' http://$$e/status); \
+		[ "$$c" != 503 ] && [ "$$c" != 000 ] && break; sleep 0.2; done; \
 	echo; \
 	echo "codemode is up:"; \
 	echo "  web playground     http://$$e/"; \
@@ -161,6 +164,9 @@ up-cluster: setup build cluster-secret
 			curl -fsS -m 5 -o /dev/null -X POST -H 'Content-Type: application/json' -d '{}' \
 				http://$$e/codemode.edge.v1.ExecutionService/ListLanguages 2>/dev/null && { up=1; break; }; sleep 0.1; done; \
 		if [ -z "$$up" ]; then echo "the cluster did not come up within $(UP_TIMEOUT)s (see the logs above)"; stop 1; fi; \
+		while running && [ $$SECONDS -lt $$deadline ]; do \
+			c=$$(curl -s -m 5 -o /dev/null -w '%{http_code}' http://$$e/status); \
+			[ "$$c" != 503 ] && [ "$$c" != 000 ] && break; sleep 0.2; done; \
 	done; \
 	echo; \
 	echo "the codemode cluster is up:"; \
