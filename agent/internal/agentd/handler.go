@@ -224,7 +224,7 @@ func classify(err error) (connect.Code, string) {
 		return connect.CodeUnavailable, "the agent's container engine is unavailable; try again later"
 	case errors.Is(err, pool.ErrClosed):
 		return connect.CodeUnavailable, "the agent is shutting down"
-	case errors.Is(err, errSandboxDied), errors.Is(err, wire.ErrRunnerGone):
+	case errors.Is(err, pool.ErrDied), errors.Is(err, wire.ErrRunnerGone):
 		return connect.CodeUnavailable, "the sandbox died during the run and has been replaced; try again"
 	case errors.Is(err, context.Canceled):
 		return connect.CodeCanceled, "the request was cancelled"

@@ -14,7 +14,6 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/egress"
 	"github.com/codemode-go/codemode/agent/internal/pool"
-	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
@@ -26,9 +25,6 @@ import (
 var (
 	// errInvalid marks a request the service refuses as malformed.
 	errInvalid = errors.New("invalid request")
-	// errSandboxDied means the sandbox or its runner died during the run
-	// for a reason other than its memory limit; it has been replaced.
-	errSandboxDied = errors.New("sandbox died during the run")
 )
 
 // notStarted wraps the failure of a call that took no effect: a stateless
@@ -189,6 +185,7 @@ func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, 
 	rctx, span := telemetry.StartSpan(rctx, "runner",
 		telemetry.AttrLanguage.String(run.GetLanguage()), telemetry.AttrSession.Bool(run.GetStateful()))
 	exit, err := sb.Run(rctx, run, out.write, eg)
+	var died *pool.DiedError
 	if exit != nil && span.IsRecording() {
 		span.SetAttributes(telemetry.AttrExitCode.Int(int(exit.GetCode())),
 			telemetry.AttrOutcome.String(telemetry.Outcome(&executionv1.Result{ExitCode: exit.GetCode(), TimedOut: exit.GetTimedOut(), OomKilled: exit.GetOomKilled()}, nil)))
@@ -204,13 +201,11 @@ func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, 
 		// interpreter.
 		return out.finish(res), exit.GetOomKilled() && !run.GetStateful(), nil
 
-	case errors.Is(err, wire.ErrRunnerGone):
-		// The runner or the whole sandbox died. Ask the engine why.
-		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		st, serr := sb.State(sctx)
-		scancel()
+	case errors.As(err, &died):
+		// The runner or the whole sandbox died; the pool asked the
+		// engine why and destroys the sandbox.
 		switch {
-		case serr == nil && st.OOMKilled:
+		case died.OOMKilled:
 			res.ExitCode = 137
 			res.OomKilled = true
 			res.Duration = durationpb.New(time.Since(out.start))
@@ -225,13 +220,8 @@ func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, 
 			res.TimedOut = true
 			res.Duration = durationpb.New(time.Since(out.start))
 			return out.finish(res), true, nil
-		case serr != nil && errors.Is(serr, sandbox.ErrUnavailable):
-			s.pool.NoteError(serr)
-			return nil, true, fmt.Errorf("sandbox %s lost: %w", shortID(sb.ID()), serr)
 		}
-		s.log.Warn("sandbox died during a run", "sandbox_id", shortID(sb.ID()), "error", err, "exit_code", st.ExitCode)
-		s.pool.NoteError(serr)
-		return nil, true, fmt.Errorf("%w: %w", errSandboxDied, err)
+		return nil, true, err
 
 	case exit != nil && ctx.Err() == nil && rctx.Err() != nil:
 		// The runner ended the run only when the agent cancelled it.

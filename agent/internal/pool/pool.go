@@ -103,22 +103,18 @@ type Pool struct {
 	cfg Config
 	log *slog.Logger
 
-	mu        sync.Mutex
-	warm      []*Sandbox
-	live      map[string]*Sandbox // every sandbox the pool made and not yet destroyed
-	starting  int                 // warm sandboxes being started
-	direct    int                 // sandboxes being started for a waiting caller
-	busy      int                 // taken for stateless runs
-	held      int                 // taken by sessions
-	recycling int                 // being scrubbed
-	waiting   int                 // callers waiting for a default sandbox
-	ready     bool                // the engine answers
-	warmed    bool                // see Stats.Warmed
-	closed    bool
-	versions  map[string]string
-	changed   chan struct{} // closed and replaced on every change
-	nextFill  time.Time     // no warm start before this (back-off after failures)
-	failures  int
+	mu       sync.Mutex
+	warm     []*Sandbox          // idle and ready; taken from the end
+	n        [numStates]int      // sandboxes per state, warm ones excepted (see state)
+	live     map[string]*Sandbox // every sandbox the pool made and not yet destroyed
+	waiting  int                 // callers waiting for a default sandbox
+	ready    bool                // the engine answers
+	warmed   bool                // see Stats.Warmed
+	closed   bool
+	versions map[string]string
+	changed  chan struct{} // closed and replaced on every change
+	nextFill time.Time     // no warm start before this (back-off after failures)
+	failures int
 
 	kick  chan struct{}
 	check chan struct{}
@@ -242,8 +238,8 @@ func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return Stats{
-		Warm: len(p.warm), Busy: p.busy, Held: p.held,
-		Starting: p.starting + p.direct, Recycling: p.recycling, Max: p.cfg.Max,
+		Warm: len(p.warm), Busy: p.n[busy], Held: p.n[held],
+		Starting: p.n[starting] + p.n[direct], Recycling: p.n[recycling], Max: p.cfg.Max,
 		Ready: p.ready && !p.closed, Warmed: p.warmed, Versions: p.versions,
 	}
 }
@@ -277,13 +273,13 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 		memory = p.cfg.Spec.MemoryBytes
 	}
 	dflt := memory == p.cfg.Spec.MemoryBytes
-	counted := false // whether this caller is in p.waiting
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	inLine := false // whether this caller is counted in p.waiting
 	defer func() {
-		if counted {
+		if inLine {
 			p.waiting--
 		}
-		p.mu.Unlock()
 	}()
 	for {
 		switch {
@@ -292,79 +288,24 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 		case !p.ready:
 			return nil, fmt.Errorf("take a sandbox: %w", sandbox.ErrUnavailable)
 		}
-		if dflt && len(p.warm) > 0 {
-			i := len(p.warm) - 1
-			if language != "" {
-				for j := i; j >= 0; j-- {
-					if p.warm[j].Prestarted() == language {
-						i = j
-						break
-					}
-				}
-			}
-			sb := p.warm[i]
-			p.warm = slices.Delete(p.warm, i, i+1)
-			if sb.dead() {
-				// It died while it waited (killed from outside, or the
-				// engine went away): replace it.
-				p.log.Warn("warm sandbox died", "sandbox_id", shortID(sb.ID()))
-				p.destroyLocked(sb, destroyDied)
-				p.noteErrSoon()
-				continue
-			}
-			p.busy++
-			p.kickFill()
-			if sb.uses > 0 {
-				p.cfg.Metrics.took(takeReused)
-			} else {
-				p.cfg.Metrics.took(takeWarm)
-			}
-			return sb, nil
-		}
-		// Sandboxes on their way to the warm list that no earlier caller
-		// waits for: wait for one rather than start another.
-		incoming := p.starting + p.recycling
-		line := p.waiting // callers waiting, this one included
-		if !counted {
-			line++
-		}
-		if !dflt || line > incoming {
-			if p.totalLocked() < p.cfg.Max {
-				if counted {
-					// No longer in line: this caller brings its own.
-					p.waiting--
-					counted = false
-				}
-				p.direct++
-				p.mu.Unlock()
-				t0 := time.Now()
-				sb, err := p.open(ctx, memory)
-				p.cfg.Metrics.started(false, time.Since(t0), err)
-				p.mu.Lock()
-				p.direct--
-				if err != nil {
-					p.broadcastLocked()
-					p.noteErr(err)
-					return nil, err
-				}
-				if p.closed {
-					p.cfg.Metrics.destroy(destroyPoolClosed)
-					p.mu.Unlock()
-					p.destroyNow(sb)
-					p.mu.Lock()
-					return nil, ErrClosed
-				}
-				sb.dedicated = !dflt
-				p.live[sb.ID()] = sb
-				p.setVersions(sb.Versions())
-				p.busy++
-				p.cfg.Metrics.took(takeCold)
+		if dflt {
+			if sb := p.takeWarmLocked(language); sb != nil {
 				return sb, nil
 			}
+			if !inLine {
+				inLine = true
+				p.waiting++
+			}
 		}
-		if dflt && !counted {
-			counted = true
-			p.waiting++
+		// Start one for this caller if it is past the sandboxes on their
+		// way to the warm list (each promised to an earlier caller), or
+		// needs a memory limit of its own, and the pool has room.
+		if (!dflt || p.waiting > p.incomingLocked()) && p.totalLocked() < p.cfg.Max {
+			if inLine {
+				inLine = false
+				p.waiting--
+			}
+			return p.startDirectLocked(ctx, memory, !dflt)
 		}
 		ch := p.changed
 		p.mu.Unlock()
@@ -378,25 +319,89 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 	}
 }
 
+// takeWarmLocked takes a warm sandbox for a run in language (see
+// AcquireFor), replacing any it finds dead; nil if there is none. p.mu is
+// held.
+func (p *Pool) takeWarmLocked(language string) *Sandbox {
+	for len(p.warm) > 0 {
+		i := len(p.warm) - 1
+		if language != "" {
+			for j := i; j >= 0; j-- {
+				if p.warm[j].Prestarted() == language {
+					i = j
+					break
+				}
+			}
+		}
+		sb := p.warm[i]
+		p.warm = slices.Delete(p.warm, i, i+1)
+		if sb.dead() {
+			// It died while it waited (killed from outside, or the
+			// engine went away): replace it.
+			p.log.Warn("warm sandbox died", "sandbox_id", shortID(sb.ID()))
+			p.endLocked(warm)
+			p.destroyLocked(sb, destroyDied)
+			p.checkEngine()
+			continue
+		}
+		p.moveLocked(warm, busy)
+		p.kickFill()
+		if sb.uses > 0 {
+			p.cfg.Metrics.took(takeReused)
+		} else {
+			p.cfg.Metrics.took(takeWarm)
+		}
+		return sb
+	}
+	return nil
+}
+
+// startDirectLocked starts a sandbox for the caller, who waits for it, and
+// returns it busy; dedicated ones (a memory limit of their own) are
+// destroyed after their run. p.mu is held, and released during the start.
+func (p *Pool) startDirectLocked(ctx context.Context, memory int64, dedicated bool) (*Sandbox, error) {
+	p.enterLocked(direct)
+	p.mu.Unlock()
+	t0 := time.Now()
+	sb, err := p.open(ctx, memory)
+	p.cfg.Metrics.started(false, time.Since(t0), err)
+	p.mu.Lock()
+	if err != nil {
+		p.endLocked(direct)
+		p.NoteError(err)
+		return nil, err
+	}
+	if p.closed {
+		p.endLocked(direct)
+		p.cfg.Metrics.destroy(destroyPoolClosed)
+		p.mu.Unlock()
+		p.destroyNow(sb)
+		p.mu.Lock()
+		return nil, ErrClosed
+	}
+	sb.dedicated = dedicated
+	p.live[sb.ID()] = sb
+	p.setVersions(sb.Versions())
+	p.moveLocked(direct, busy)
+	p.cfg.Metrics.took(takeCold)
+	return sb, nil
+}
+
 // Release gives back a sandbox taken with Acquire. If reusable (the run
-// ended normally) and the sandbox has served fewer than MaxReuse runs, it is
-// scrubbed in the background and returned to the warm list; otherwise it is
-// destroyed. ctx is the run's: the scrub's span (see telemetry.StartSpan)
-// is a child of the span it carries; its cancellation is not the scrub's.
+// ended normally), it did not die, and it has served fewer than MaxReuse
+// runs, it is scrubbed in the background and returned to the warm list;
+// otherwise it is destroyed. ctx is the run's: the scrub's span (see
+// telemetry.StartSpan) is a child of the span it carries; its cancellation
+// is not the scrub's.
 func (p *Pool) Release(ctx context.Context, sb *Sandbox, reusable bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.busy--
-	p.recycleLocked(ctx, sb, reusable)
-}
-
-func (p *Pool) recycleLocked(ctx context.Context, sb *Sandbox, reusable bool) {
-	defer p.broadcastLocked()
 	if reason := p.unfitLocked(sb, reusable); reason != "" {
+		p.endLocked(busy)
 		p.destroyLocked(sb, reason)
 		return
 	}
-	p.recycling++
+	p.moveLocked(busy, recycling)
 	_, span := telemetry.StartSpan(ctx, "scrub")
 	p.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ResetTimeout)
@@ -407,19 +412,20 @@ func (p *Pool) recycleLocked(ctx context.Context, sb *Sandbox, reusable bool) {
 		telemetry.EndSpan(span, err)
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		p.recycling--
 		switch {
 		case err != nil:
 			p.log.Warn("scrub sandbox; destroying it", "sandbox_id", shortID(sb.ID()), "error", err)
+			p.endLocked(recycling)
 			p.destroyLocked(sb, destroyScrubFailed)
 		case p.closed || !p.ready:
+			p.endLocked(recycling)
 			p.destroyLocked(sb, destroyEngineAway)
 		default:
 			sb.idleSince = time.Now()
 			p.warm = append(p.warm, sb)
+			p.moveLocked(recycling, warm)
 			p.noteWarmLocked()
 		}
-		p.broadcastLocked()
 	})
 }
 
@@ -431,6 +437,8 @@ func (p *Pool) unfitLocked(sb *Sandbox, reusable bool) string {
 		return destroyPoolClosed
 	case !p.ready:
 		return destroyEngineAway
+	case sb.died:
+		return destroyDied
 	case sb.dedicated:
 		return destroyDedicated
 	case !reusable:
@@ -449,8 +457,7 @@ func (p *Pool) Hold(ctx context.Context, memory int64) (*Sandbox, error) {
 		return nil, err
 	}
 	p.mu.Lock()
-	p.busy--
-	p.held++
+	p.moveLocked(busy, held)
 	p.mu.Unlock()
 	return sb, nil
 }
@@ -459,13 +466,12 @@ func (p *Pool) Hold(ctx context.Context, memory int64) (*Sandbox, error) {
 func (p *Pool) Drop(sb *Sandbox) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.held--
+	p.endLocked(held)
 	p.destroyLocked(sb, destroySessionEnded)
-	p.broadcastLocked()
 }
 
-// destroyLocked forgets sb and removes its container in the background;
-// reason is why, for Metrics.
+// destroyLocked forgets sb, which has left its state (endLocked), and
+// removes its container in the background; reason is why, for Metrics.
 func (p *Pool) destroyLocked(sb *Sandbox, reason string) {
 	if p.closed {
 		// Close removed (and counted) every container already.
@@ -486,10 +492,6 @@ func (p *Pool) noteWarmLocked() {
 	}
 }
 
-func (p *Pool) totalLocked() int {
-	return len(p.warm) + p.starting + p.direct + p.busy + p.held + p.recycling
-}
-
 func (p *Pool) broadcastLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
@@ -502,29 +504,22 @@ func (p *Pool) kickFill() {
 	}
 }
 
-// noteErr makes the watcher check the engine at once if err says it may be
-// away.
-func (p *Pool) noteErr(err error) {
+// NoteError tells the pool about an error met while using one of its
+// sandboxes: if it says the engine may be away, the pool checks the engine
+// at once.
+func (p *Pool) NoteError(err error) {
 	if errors.Is(err, sandbox.ErrUnavailable) {
-		select {
-		case p.check <- struct{}{}:
-		default:
-		}
+		p.checkEngine()
 	}
 }
 
-// noteErrSoon makes the watcher check the engine at once.
-func (p *Pool) noteErrSoon() {
+// checkEngine makes the watcher check the engine at once.
+func (p *Pool) checkEngine() {
 	select {
 	case p.check <- struct{}{}:
 	default:
 	}
 }
-
-// NoteError tells the pool about an error met while using one of its
-// sandboxes, so that it checks the engine at once if the error says it
-// may be away.
-func (p *Pool) NoteError(err error) { p.noteErr(err) }
 
 // fillLoop keeps MinWarm sandboxes warm.
 func (p *Pool) fillLoop(ctx context.Context) {
@@ -550,23 +545,23 @@ func (p *Pool) fill(ctx context.Context) {
 	for len(p.warm) > p.cfg.MinWarm && time.Since(p.warm[0].idleSince) > p.cfg.WarmIdle {
 		sb := p.warm[0]
 		p.warm = p.warm[1:]
+		p.endLocked(warm)
 		p.destroyLocked(sb, destroyIdle)
 	}
 	for p.ready && !p.closed &&
-		len(p.warm)+p.starting+p.recycling < p.cfg.MinWarm &&
+		len(p.warm)+p.incomingLocked() < p.cfg.MinWarm &&
 		p.totalLocked() < p.cfg.Max &&
-		p.starting < maxStarting &&
+		p.n[starting] < maxStarting &&
 		!time.Now().Before(p.nextFill) {
-		p.starting++
+		p.enterLocked(starting)
 		p.wg.Go(func() {
 			t0 := time.Now()
 			sb, err := p.open(ctx, p.cfg.Spec.MemoryBytes)
 			p.cfg.Metrics.started(true, time.Since(t0), err)
 			p.mu.Lock()
 			defer p.mu.Unlock()
-			p.starting--
-			defer p.broadcastLocked()
 			if err != nil {
+				p.endLocked(starting)
 				p.failures++
 				if p.failures >= startFailuresWarmed {
 					// Runs will meet the same error: waiting for
@@ -578,7 +573,7 @@ func (p *Pool) fill(ctx context.Context) {
 				if ctx.Err() == nil {
 					p.log.Warn("start warm sandbox", "error", err, "retry_in", backoff)
 				}
-				p.noteErr(err)
+				p.NoteError(err)
 				return
 			}
 			p.failures = 0
@@ -588,6 +583,7 @@ func (p *Pool) fill(ctx context.Context) {
 				if p.closed {
 					reason = destroyPoolClosed
 				}
+				p.endLocked(starting)
 				p.cfg.Metrics.destroy(reason)
 				p.wg.Go(func() { p.destroyNow(sb) })
 				return
@@ -595,6 +591,7 @@ func (p *Pool) fill(ctx context.Context) {
 			p.live[sb.ID()] = sb
 			sb.idleSince = time.Now()
 			p.warm = append(p.warm, sb)
+			p.moveLocked(starting, warm)
 			p.noteWarmLocked()
 			p.kickFill()
 		})

@@ -697,3 +697,54 @@ func TestJournal(t *testing.T) {
 		t.Errorf("an id only a torn line names: %v, want a new session", err)
 	}
 }
+
+// TestTransitions pins the pool's state machine: each state's exits, and
+// that the counts come back to zero after every path a sandbox can take.
+func TestTransitions(t *testing.T) {
+	want := map[[2]state]bool{
+		{starting, warm}: true, {direct, busy}: true, {warm, busy}: true,
+		{busy, recycling}: true, {busy, held}: true, {recycling, warm}: true,
+	}
+	for from := state(0); from < numStates; from++ {
+		for to := state(0); to < numStates; to++ {
+			if got := canMove(from, to); got != want[[2]state{from, to}] {
+				t.Errorf("canMove(%v, %v) = %v", from, to, got)
+			}
+		}
+	}
+	p := &Pool{changed: make(chan struct{})}
+	sb := &Sandbox{}
+	// A stateless run's sandbox: started warm, taken, scrubbed, taken by a
+	// session, ended.
+	p.enterLocked(starting)
+	p.warm = append(p.warm, sb)
+	p.moveLocked(starting, warm)
+	if p.totalLocked() != 1 || p.incomingLocked() != 0 {
+		t.Fatalf("warm: total %d, incoming %d", p.totalLocked(), p.incomingLocked())
+	}
+	p.warm = p.warm[:0]
+	p.moveLocked(warm, busy)
+	p.moveLocked(busy, recycling)
+	if p.incomingLocked() != 1 {
+		t.Fatalf("recycling: incoming %d, want 1", p.incomingLocked())
+	}
+	p.warm = append(p.warm, sb)
+	p.moveLocked(recycling, warm)
+	p.warm = p.warm[:0]
+	p.moveLocked(warm, busy)
+	p.moveLocked(busy, held)
+	p.endLocked(held)
+	// One started for a caller, destroyed after its run.
+	p.enterLocked(direct)
+	p.moveLocked(direct, busy)
+	p.endLocked(busy)
+	if p.totalLocked() != 0 || p.n != [numStates]int{} {
+		t.Fatalf("after every path: total %d, counts %v", p.totalLocked(), p.n)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("moving from held back to warm did not panic")
+		}
+	}()
+	p.moveLocked(held, warm)
+}

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -29,6 +30,11 @@ type Sandbox struct {
 	// dedicated sandboxes (made for a non-default memory limit) are never
 	// recycled.
 	dedicated bool
+	// died: its runner went away during a request (see DiedError); only
+	// the holder touches it.
+	died bool
+
+	p *Pool
 }
 
 // ID is the container's id.
@@ -54,9 +60,64 @@ func (s *Sandbox) Versions() map[string]string { return s.ready.GetVersions() }
 
 // Run runs one program in the sandbox, its egress decided by egress (nil:
 // none); see [wire.Client.RunEgress].
+//
+// If the runner goes away during the run, the error is a [*DiedError],
+// which says why, and the pool destroys the sandbox when it is given back.
 func (s *Sandbox) Run(ctx context.Context, run *runnerv1.Run, out func(wire.Stream, []byte), egress wire.Egress) (*runnerv1.Exit, error) {
 	s.uses++
-	return s.rc.RunEgress(ctx, run, out, egress)
+	exit, err := s.rc.RunEgress(ctx, run, out, egress)
+	if errors.Is(err, wire.ErrRunnerGone) {
+		return exit, s.p.died(ctx, s, err)
+	}
+	return exit, err
+}
+
+// ErrDied means a sandbox's runner went away during a request: the sandbox
+// died or was killed. See [DiedError].
+var ErrDied = errors.New("sandbox died during the run")
+
+// DiedError is what a request gets when its sandbox died under it. It
+// matches [ErrDied], and [sandbox.ErrUnavailable] when the engine could
+// not be asked why.
+type DiedError struct {
+	// OOMKilled: the engine killed the sandbox for passing its memory
+	// limit.
+	OOMKilled bool
+	// ExitCode is the container's, if the engine said.
+	ExitCode int
+	// Err is [wire.ErrRunnerGone], or the engine's error.
+	Err error
+}
+
+func (e *DiedError) Error() string {
+	if e.OOMKilled {
+		return "sandbox died during the run: killed for passing its memory limit"
+	}
+	return fmt.Sprintf("sandbox died during the run: %v", e.Err)
+}
+
+func (e *DiedError) Unwrap() []error { return []error{ErrDied, e.Err} }
+
+// died asks the engine why sb's runner went away during a request (err,
+// wrapping wire.ErrRunnerGone), marks sb to be destroyed when it is given
+// back, and returns a *DiedError.
+func (p *Pool) died(ctx context.Context, sb *Sandbox, err error) error {
+	sb.died = true
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	st, serr := sb.c.Wait(sctx)
+	cancel()
+	switch {
+	case serr != nil:
+		p.NoteError(serr)
+		return &DiedError{Err: fmt.Errorf("sandbox %s lost: %w", shortID(sb.ID()), serr)}
+	case st.OOMKilled:
+		return &DiedError{OOMKilled: true, ExitCode: st.ExitCode, Err: err}
+	}
+	if ctx.Err() == nil {
+		p.log.Warn("sandbox died during a run", "sandbox_id", shortID(sb.ID()), "error", err, "exit_code", st.ExitCode)
+	}
+	p.checkEngine()
+	return &DiedError{ExitCode: st.ExitCode, Err: err}
 }
 
 // WriteFile writes a file into the sandbox's workspace.
@@ -76,13 +137,6 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string, max uint64) (*runne
 // List lists a directory of the sandbox's workspace.
 func (s *Sandbox) List(ctx context.Context, path string) (*runnerv1.FileList, error) {
 	return s.rc.List(ctx, path)
-}
-
-// State waits (bounded by ctx) for the container to stop and returns its
-// state, to learn why a runner went away (for example, the sandbox passed
-// its memory limit).
-func (s *Sandbox) State(ctx context.Context) (sandbox.State, error) {
-	return s.c.Wait(ctx)
 }
 
 // open starts a sandbox with the given memory limit and waits for its
@@ -113,7 +167,7 @@ func (p *Pool) open(ctx context.Context, memory int64) (*Sandbox, error) {
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
 	id.Store(shortID(c.ID()))
-	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now()}
+	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now(), p: p}
 	sb.ready, err = sb.rc.Ready(ctx)
 	if err != nil {
 		p.destroyNow(sb)
@@ -131,7 +185,7 @@ func (p *Pool) destroyNow(sb *Sandbox) {
 	defer cancel()
 	if err := sb.c.Remove(ctx); err != nil {
 		p.log.Warn("remove sandbox", "sandbox_id", shortID(sb.ID()), "error", err)
-		p.noteErr(err)
+		p.NoteError(err)
 	}
 }
 
