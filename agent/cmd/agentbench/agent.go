@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/codemode-go/codemode/agent/internal/agentd"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
@@ -110,9 +111,13 @@ func (b *bench) measureColdAgent(ctx context.Context, r *report) error {
 // startAgent starts the agent binary on a loopback port. The agent's
 // warnings and errors are copied to the log as they come.
 func (b *bench) startAgent(ctx context.Context, name string, extra ...string) (*launch.Process, error) {
+	maxSandboxes := b.o.warm + 4
+	// The agent wants no more sessions than sandboxes; the bench opens one.
+	maxSessions := min(agentd.DefaultConfig().MaxSessions, maxSandboxes)
 	args := []string{
 		"--addr", "127.0.0.1:0", "--name", name, "--min-active", strconv.Itoa(b.o.warm),
-		"--max-sandboxes", strconv.Itoa(b.o.warm + 4), "--image", b.o.image, "--runtime", b.o.runtime, "--cpus", strconv.FormatFloat(b.o.cpus, 'f', -1, 64),
+		"--max-sandboxes", strconv.Itoa(maxSandboxes), "--max-sessions", strconv.Itoa(maxSessions),
+		"--image", b.o.image, "--runtime", b.o.runtime, "--cpus", strconv.FormatFloat(b.o.cpus, 'f', -1, 64),
 		"--log-format", "json", "--log-level", "info",
 	}
 	cmd := exec.CommandContext(ctx, filepath.Join(b.dir, "agent"), append(args, extra...)...)
