@@ -178,7 +178,7 @@ func TestAPITools(t *testing.T) {
 			}
 		}
 	})
-	if logs := edge.logs.String(); strings.Contains(logs, token) {
+	if logs := edge.Logs(); strings.Contains(logs, token) {
 		t.Error("the edge logged the token")
 	} else if !strings.Contains(logs, `"msg":"api call"`) {
 		t.Errorf("the edge logged no API call:\n%s", logs)

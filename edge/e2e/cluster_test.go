@@ -126,7 +126,7 @@ func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 		}
 		_ = c.ControlPlane.Stop(10 * time.Second)
 		if t.Failed() {
-			t.Logf("control plane logs:\n%s", c.ControlPlane.logs)
+			t.Logf("control plane logs:\n%s", c.ControlPlane.Logs())
 		}
 	})
 	for i, n := range maxSandboxes {

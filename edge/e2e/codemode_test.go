@@ -57,7 +57,7 @@ func TestCodeModeAPIs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
-	logs := func() string { return s.Logs() + "\n" + edge.logs.String() }
+	logs := func() string { return s.Logs() + "\n" + edge.Logs() }
 
 	// The direct way.
 	direct := call(t, keySession(t, edge.URL()+"/mcp-no-code-execute", key), "github_list_user_repos", map[string]any{"username": "octocat"})

@@ -71,7 +71,7 @@ func http1Client() *http.Client {
 // /proc/PID/status, in KiB.
 func procStatusKiB(t testing.TB, p *Process, field string) int {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func procStatusKiB(t testing.TB, p *Process, field string) int {
 			return n
 		}
 	}
-	t.Fatalf("no %s in /proc/%d/status", field, p.cmd.Process.Pid)
+	t.Fatalf("no %s in /proc/%d/status", field, p.Pid())
 	return 0
 }
 
@@ -176,7 +176,7 @@ func TestHostileLargeBodies(t *testing.T) {
 	edge := hostileEdge(t, s) // the default limits: --max-request-bytes 8 MiB, --large-bodies 1
 	c := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyAlpha), edge.URL())
 	if _, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
-		t.Fatalf("warm-up run: %v\n%s", err, edge.logs)
+		t.Fatalf("warm-up run: %v\n%s", err, edge.Logs())
 	}
 	const size = 100 << 20
 	const maxHWM = 150 << 10 // KiB

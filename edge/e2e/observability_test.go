@@ -20,12 +20,9 @@ import (
 type logRecord map[string]any
 
 // records returns p's JSON log lines so far.
-func (p *Process) records() []logRecord {
-	p.logs.mu.Lock()
-	lines := append([]string(nil), p.logs.lines...)
-	p.logs.mu.Unlock()
+func records(p *Process) []logRecord {
 	var out []logRecord
-	for _, l := range lines {
+	for _, l := range p.LogLines() {
 		var r logRecord
 		if json.Unmarshal([]byte(l), &r) == nil {
 			out = append(out, r)
@@ -41,7 +38,7 @@ func waitLog(t *testing.T, p *Process, msg string, want map[string]any) logRecor
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 	next:
-		for _, r := range p.records() {
+		for _, r := range records(p) {
 			if r["msg"] != msg {
 				continue
 			}
@@ -53,7 +50,7 @@ func waitLog(t *testing.T, p *Process, msg string, want map[string]any) logRecor
 			return r
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s logged no %q line with %v\n%s", p.Name, msg, want, p.logs)
+			t.Fatalf("%s logged no %q line with %v\n%s", p.Name, msg, want, p.Logs())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

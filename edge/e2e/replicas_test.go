@@ -124,7 +124,7 @@ func (r *replicas) logs() string {
 	var b strings.Builder
 	for _, p := range append(r.edges[:], append(r.cps[:], r.agent)...) {
 		if p != nil {
-			fmt.Fprintf(&b, "--- %s %s ---\n%s\n", p.Name, p.Addr, p.logs)
+			fmt.Fprintf(&b, "--- %s %s ---\n%s\n", p.Name, p.Addr, p.Logs())
 		}
 	}
 	return b.String()

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,7 +14,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +21,7 @@ import (
 
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
+	"github.com/codemode-go/codemode/internal/launch"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -96,99 +95,14 @@ func build(dir string, flags ...string) error {
 }
 
 // Process is one running binary.
-type Process struct {
-	Name string
-	Addr string // where it listens, host:port
-	cmd  *exec.Cmd
-	logs *logBuffer
-	done chan struct{}
-	err  error
-}
-
-type logBuffer struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (b *logBuffer) add(s string) {
-	b.mu.Lock()
-	b.lines = append(b.lines, s)
-	b.mu.Unlock()
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Join(b.lines, "\n")
-}
+type Process = launch.Process
 
 // start runs binary name with args, JSON logs, and waits until it logs the
 // address it listens on.
 func start(name string, env []string, args ...string) (*Process, error) {
 	cmd := exec.Command(filepath.Join(binDir, name), append(args, "--log-format=json", "--log-level=debug")...)
 	cmd.Env = append(os.Environ(), env...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	p := &Process{Name: name, cmd: cmd, logs: &logBuffer{}, done: make(chan struct{})}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			p.logs.add(line)
-			var rec struct {
-				Msg  string `json:"msg"`
-				Addr string `json:"addr"`
-			}
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
-				select {
-				case addrc <- rec.Addr:
-				default:
-				}
-			}
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-	}()
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	select {
-	case p.Addr = <-addrc:
-		return p, nil
-	case <-p.done:
-		return nil, fmt.Errorf("%s exited before listening: %v\n%s", name, p.err, p.logs)
-	case <-time.After(2 * time.Minute):
-		p.Kill()
-		return nil, fmt.Errorf("%s did not listen within 2m\n%s", name, p.logs)
-	}
-}
-
-// URL is the process's base URL.
-func (p *Process) URL() string { return "http://" + p.Addr }
-
-// Stop sends SIGTERM and waits for the process to exit, killing it after timeout.
-func (p *Process) Stop(timeout time.Duration) error {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return p.err
-	case <-time.After(timeout):
-		p.Kill()
-		return fmt.Errorf("%s did not exit within %s of SIGTERM", p.Name, timeout)
-	}
-}
-
-// Kill kills the process and waits for it.
-func (p *Process) Kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
+	return launch.Start(context.Background(), cmd, launch.Options{Name: name, ListenTimeout: 2 * time.Minute})
 }
 
 // Stack is an agent, a control plane and an edge wired together, sharing a
@@ -275,7 +189,7 @@ func (s *Stack) waitAgentHealthy(timeout time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("agent not healthy after %s (last: %v %v)\nagent logs:\n%s", timeout, res, err, s.Agent.logs)
+			return fmt.Errorf("agent not healthy after %s (last: %v %v)\nagent logs:\n%s", timeout, res, err, s.Agent.Logs())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -315,7 +229,7 @@ func (s *Stack) Logs() string {
 	var b strings.Builder
 	for _, p := range []*Process{s.Agent, s.ControlPlane, s.Edge} {
 		if p != nil {
-			fmt.Fprintf(&b, "--- %s ---\n%s\n", p.Name, p.logs)
+			fmt.Fprintf(&b, "--- %s ---\n%s\n", p.Name, p.Logs())
 		}
 	}
 	return b.String()

@@ -186,7 +186,7 @@ func (zeros) Read(b []byte) (int, error) {
 // rssKiB is the resident memory of p, in KiB.
 func rssKiB(t *testing.T, p *Process) int {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func rssKiB(t *testing.T, p *Process) int {
 			return n
 		}
 	}
-	t.Fatalf("no VmRSS in /proc/%d/status", p.cmd.Process.Pid)
+	t.Fatalf("no VmRSS in /proc/%d/status", p.Pid())
 	return 0
 }
 
@@ -518,7 +518,7 @@ func TestErrorsHideInternals(t *testing.T) {
 	}
 	// The log has the detail, under the request id.
 	waitFor(t, "the log to name the request id and the cause", func() bool {
-		logs := edge.logs.String()
+		logs := edge.Logs()
 		return strings.Contains(logs, rid) && strings.Contains(logs, port)
 	})
 }

@@ -130,6 +130,6 @@ func TestWebWithAPIKeys(t *testing.T) {
 		t.Fatalf("start edge with API keys: %v", err)
 	}
 	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
-	logs := func() string { return s.Logs() + "--- edge with API keys ---\n" + edge.logs.String() }
+	logs := func() string { return s.Logs() + "--- edge with API keys ---\n" + edge.Logs() }
 	nodeTest(t, dir, "auth.test.mjs", edge.URL(), logs, "CHROMIUM="+chromiumPath, "CODEMODE_API_KEY="+key)
 }
