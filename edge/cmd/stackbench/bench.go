@@ -87,19 +87,21 @@ func (b *bench) run(ctx context.Context) error {
 	// The baseline container is idle from here on, but it holds memory.
 	b.removeBaseline()
 
+	// Step by step, every target in turn, so that a drift of the
+	// machine's load over the run falls on all of them alike.
 	targets := append([]target{b.agentTarget()}, b.edgeTargets(b.edge.url())...)
 	n := b.o.n
-	for _, t := range targets {
-		for _, step := range []struct {
-			mode string
-			conc int
-		}{{"closed", 1}, {"paced", 1}, {"closed", 4}, {"closed", 16}} {
+	for _, step := range []struct {
+		mode string
+		conc int
+	}{{"closed", 1}, {"paced", 1}, {"closed", 4}, {"closed", 16}} {
+		for _, t := range targets {
 			b.logf("%s, %s, concurrency %d", t.name, step.mode, step.conc)
 			var m *measurement
 			if step.mode == "paced" {
 				m, err = paced(ctx, t, repeat(jobPrint, max(n/4, 4)))
 			} else {
-				m, err = closed(ctx, t, step.conc, repeat(jobPrint, n))
+				m, err = closed(ctx, t, step.conc, repeat(jobPrint, max(n, 2*step.conc)))
 			}
 			if err != nil {
 				return err
@@ -110,7 +112,7 @@ func (b *bench) run(ctx context.Context) error {
 	for _, t := range b.edgeTargets(b.policyEdge.url()) {
 		t.name += "+policies"
 		b.logf("%s, closed, concurrency 16", t.name)
-		m, err := closed(ctx, t, 16, repeat(jobPrint, n))
+		m, err := closed(ctx, t, 16, repeat(jobPrint, max(n, 32)))
 		if err != nil {
 			return err
 		}

@@ -33,10 +33,14 @@ var (
 )
 
 // mixedJobs is the original's mixed workload, n runs: 70% jobEcho, 20%
-// jobCPU and 10% jobBusy, in an order shuffled with seed.
+// jobCPU and 10% jobBusy (at least one of each from n = 3), in an order
+// shuffled with seed.
 func mixedJobs(n int, seed int64) []job {
 	jobs := make([]job, 0, n)
 	busy, cpu := n/10, n/5
+	if n >= 3 {
+		busy, cpu = max(busy, 1), max(cpu, 1)
+	}
 	for range busy {
 		jobs = append(jobs, jobBusy)
 	}

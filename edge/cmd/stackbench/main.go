@@ -3,7 +3,8 @@
 // bounded workload through every door of the edge: Connect JSON, gRPC,
 // gRPC-Web, MCP (streamable HTTP) and the original's POST /run, and through
 // the agent's API directly. Each target is measured at concurrency 1 (a
-// closed loop, and paced: one run every 500 ms), 4 and 16; the concurrency 16
+// closed loop, and paced: one run every 500 ms), 4 and 16, step by step with
+// every target in turn within a step; the concurrency 16
 // phase runs once more on an edge with the example policy chain
 // (policies/build.sh). A mixed workload (70% `echo 1` in bash, 20% a
 // CPU-bound Python loop, 10% a long busy loop, in a seeded order) runs
@@ -55,7 +56,7 @@ type options struct {
 func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	var o options
 	f := cli.NewFlags("stackbench", stderr)
-	f.IntVar(&o.n, "n", 100, "runs per measurement (paced rows: n/4)")
+	f.IntVar(&o.n, "n", 100, "runs per measurement (at least twice the concurrency; paced rows: n/4, at least 4)")
 	f.IntVar(&o.execN, "exec-n", 30, "docker exec runs for the baseline")
 	f.IntVar(&o.loopN, "loop-n", 20, "interpreter starts per loop inside the sandbox")
 	f.IntVar(&o.warm, "warm", 4, "warm sandboxes of the agent (its --min-active)")

@@ -124,6 +124,13 @@ func TestMixedJobs(t *testing.T) {
 	if count[jobEcho.kind] != 70 || count[jobCPU.kind] != 20 || count[jobBusy.kind] != 10 {
 		t.Fatalf("mix %v, want 70/20/10", count)
 	}
+	small := map[string]int{}
+	for _, j := range mixedJobs(8, 1) {
+		small[j.kind]++
+	}
+	if small[jobEcho.kind] != 6 || small[jobCPU.kind] != 1 || small[jobBusy.kind] != 1 {
+		t.Fatalf("mix of 8 %v, want 6/1/1", small)
+	}
 	if c := mixedJobs(100, 2); fmt.Sprint(c) == fmt.Sprint(a) {
 		t.Fatal("seeds 1 and 2 give the same order")
 	}
