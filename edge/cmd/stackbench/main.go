@@ -66,6 +66,9 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 	f.StringVar(&o.markdown, "markdown", "", "write the report to this Markdown file (BENCHMARKS.md)")
 	f.StringVar(&o.png, "png", "", "draw latency against concurrency into this PNG file")
 	f.Int64Var(&o.seed, "seed", 1, "seed of the mixed workload's order")
+	for _, name := range []string{"n", "exec-n", "loop-n", "warm", "image", "runtime", "queue-timeout", "markdown", "png", "seed"} {
+		f.Env(name, "STACKBENCH_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_")))
+	}
 	if err := f.Parse(args, os.Getenv); err != nil {
 		return err
 	}

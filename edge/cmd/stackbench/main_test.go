@@ -278,3 +278,16 @@ func TestPlot(t *testing.T) {
 		t.Fatalf("%d coloured pixels in the plot area: no lines drawn", coloured)
 	}
 }
+
+func TestFlagBounds(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"-n", "2"}, {"-warm", "0"}, {"-exec-n", "100000"}, {"-no-such-flag"}} {
+		var out, errs strings.Builder
+		if err := run(t.Context(), args, nil, &out, &errs); err == nil {
+			t.Errorf("run %q: no error", args)
+		}
+		if out.Len() > 0 {
+			t.Errorf("run %q printed %q", args, out.String())
+		}
+	}
+}
