@@ -47,7 +47,7 @@ space := $(subst ,, )
 # the edges' and Redis's.
 cluster_deny := $(subst $(space),$(comma),$(strip $(foreach a,$(CLUSTER_CONTROLPLANES) $(CLUSTER_EDGES) $(CLUSTER_REDIS),:$(lastword $(subst :, ,$(a))))))
 
-.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret clean policies bench-agent bench-policy
+.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret clean policies bench bench-agent bench-policy
 
 all: build
 
@@ -181,6 +181,10 @@ up-cluster: setup build cluster-secret
 ## policies: build the example Wasm policies and a config loading them into bin/policies
 policies:
 	bash policies/build.sh $(BIN)/policies
+
+## bench: the whole stack, every door at concurrency 1, 4 and 16 against the agent and its baselines; writes BENCHMARKS.md and BENCHMARKS.png
+bench: setup
+	$(GO) run ./edge/cmd/stackbench -markdown BENCHMARKS.md -png BENCHMARKS.png
 
 ## bench-agent: the agent against docker exec and in-sandbox interpreter starts, one table
 bench-agent: setup

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+)
+
+type bench struct {
+	o        options
+	out, log io.Writer
+	cmdline  string
+
+	dir              string
+	secret, key      string // the cluster secret; the edges' API key
+	name             string // of the agent; labels its sandboxes
+	procs            []*proc
+	agent, cp        *proc
+	edge, policyEdge *proc
+	docker           *client.Client
+	baseline         string // id of the baseline container
+}
+
+// results is everything one run measured.
+type results struct {
+	machine   machine
+	rows      []row
+	execP50   time.Duration // docker exec python3 -c 'print(1)'
+	start1    time.Duration // one python3 start inside the sandbox, one loop
+	start4    float64       // python3 starts per second inside the sandbox, four loops
+	stackUp   bool          // every service still running after concurrency 16
+	queueWait time.Duration // the agent's queue timeout
+}
+
+// row is one line of the table.
+type row struct {
+	target, workload, mode string
+	conc                   int
+	stats
+	noPercentiles bool // a baseline that reports one figure
+}
+
+func (b *bench) run(ctx context.Context) error {
+	var err error
+	b.docker, err = client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return err
+	}
+	if _, err := b.docker.Ping(ctx); err != nil {
+		return fmt.Errorf("docker: %w (run make setup first)", err)
+	}
+	res := &results{queueWait: b.o.queue}
+	res.machine = describe(ctx, b.docker)
+	if err := b.up(ctx); err != nil {
+		return err
+	}
+
+	b.logf("baselines: docker exec and python starts inside a runsc sandbox")
+	if err := b.startBaseline(ctx); err != nil {
+		return err
+	}
+	execSamples, execElapsed, err := b.dockerExec(ctx, b.o.execN)
+	if err != nil {
+		return err
+	}
+	res.add(&measurement{target: "docker exec (warm runsc)", conc: 1, mode: "closed", samples: execSamples, elapsed: execElapsed}, "python3 -c print(1)")
+	res.execP50 = res.rows[len(res.rows)-1].p50
+	if res.start1, err = b.inSandboxLoop(ctx, 1); err != nil {
+		return err
+	}
+	par, err := b.inSandboxLoop(ctx, 4)
+	if err != nil {
+		return err
+	}
+	res.start4 = 4 * float64(time.Second) / float64(par)
+	res.rows = append(res.rows,
+		row{target: "in-sandbox python3 start", workload: "1 loop", mode: "closed", conc: 1, noPercentiles: true,
+			stats: stats{n: b.o.loopN, p50: res.start1, rate: float64(time.Second) / float64(res.start1)}},
+		row{target: "in-sandbox python3 start", workload: "4 loops", mode: "closed", conc: 4, noPercentiles: true,
+			stats: stats{n: 4 * b.o.loopN, rate: res.start4}})
+	// The baseline container is idle from here on, but it holds memory.
+	b.removeBaseline()
+
+	// Step by step, every target in turn, so that a drift of the
+	// machine's load over the run falls on all of them alike.
+	targets := append([]target{b.agentTarget()}, b.edgeTargets(b.edge.url())...)
+	n := b.o.n
+	for _, step := range []struct {
+		mode string
+		conc int
+	}{{"closed", 1}, {"paced", 1}, {"closed", 4}, {"closed", 16}} {
+		for _, t := range targets {
+			b.logf("%s, %s, concurrency %d", t.name, step.mode, step.conc)
+			var m *measurement
+			if step.mode == "paced" {
+				m, err = paced(ctx, t, repeat(jobPrint, max(n/4, 4)))
+			} else {
+				m, err = closed(ctx, t, step.conc, repeat(jobPrint, max(n, 2*step.conc)))
+			}
+			if err != nil {
+				return err
+			}
+			res.add(m, jobPrint.kind)
+		}
+	}
+	for _, t := range b.edgeTargets(b.policyEdge.url()) {
+		t.name += "+policies"
+		b.logf("%s, closed, concurrency 16", t.name)
+		m, err := closed(ctx, t, 16, repeat(jobPrint, max(n, 32)))
+		if err != nil {
+			return err
+		}
+		res.add(m, jobPrint.kind)
+	}
+	res.stackUp = b.running()
+
+	b.logf("mixed workload through connect-json, concurrency 4")
+	connectJSON := b.edgeTargets(b.edge.url())[0]
+	m, err := closed(ctx, connectJSON, 4, mixedJobs(n, b.o.seed))
+	if err != nil {
+		return err
+	}
+	res.add(m, "mixed")
+	for _, j := range []job{jobEcho, jobCPU, jobBusy} {
+		var sub []sample
+		for _, s := range m.samples {
+			if s.kind == j.kind {
+				sub = append(sub, s)
+			}
+		}
+		res.add(&measurement{target: m.target, conc: m.conc, mode: m.mode, samples: sub}, "mixed: "+j.kind)
+	}
+	res.stackUp = res.stackUp && b.running()
+	res.machine.loadEnd = loadAvg()
+
+	report := renderText(res)
+	fmt.Fprint(b.out, report)
+	if b.o.markdown != "" {
+		plot := ""
+		if b.o.png != "" {
+			if rel, err := filepath.Rel(filepath.Dir(b.o.markdown), b.o.png); err == nil {
+				plot = filepath.ToSlash(rel)
+			}
+		}
+		if err := os.WriteFile(b.o.markdown, []byte(renderMarkdown(res, b.cmdline, plot)), 0o644); err != nil {
+			return err
+		}
+		b.logf("wrote %s", b.o.markdown)
+	}
+	if b.o.png != "" {
+		if err := writePlot(b.o.png, plotSeries(res.rows)); err != nil {
+			return err
+		}
+		b.logf("wrote %s", b.o.png)
+	}
+	return nil
+}
+
+// add summarises m as a row of workload.
+func (r *results) add(m *measurement, workload string) {
+	r.rows = append(r.rows, row{target: m.target, workload: workload, mode: m.mode, conc: m.conc, stats: summarize(m.samples, m.elapsed)})
+}
+
+// running reports whether every service is still running.
+func (b *bench) running() bool {
+	for _, p := range b.procs {
+		select {
+		case <-p.done:
+			return false
+		default:
+		}
+	}
+	return true
+}
+
+func (b *bench) removeBaseline() {
+	if b.baseline == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.docker.ContainerRemove(ctx, b.baseline, container.RemoveOptions{Force: true}); err != nil {
+		b.logf("remove the baseline container: %v", err)
+	}
+	b.baseline = ""
+}
+
+// cleanup stops the services (edges first, the agent last, which removes
+// its sandboxes), removes what containers are left, and the build
+// directory.
+func (b *bench) cleanup() {
+	for i := len(b.procs) - 1; i >= 0; i-- {
+		b.procs[i].stop()
+	}
+	b.removeContainers()
+	if b.docker != nil {
+		b.docker.Close()
+	}
+	if b.dir != "" {
+		os.RemoveAll(b.dir)
+	}
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+)
+
+// pace is the gap before each run of a paced measurement: a caller that
+// thinks between runs, as an agent does, rather than a closed loop.
+const pace = 500 * time.Millisecond
+
+// callTimeout bounds one call of a measurement.
+const callTimeout = 2 * time.Minute
+
+// job is one run of a workload.
+type job struct {
+	kind           string // what the run is, for per-kind rows
+	language, code string
+}
+
+// The programs of the workloads.
+var (
+	jobPrint = job{"python print(1)", "python", "print(1)"}
+	jobEcho  = job{"bash echo 1", "bash", "echo 1"}
+	// jobCPU is a CPU-bound Python loop of about 100-200 ms.
+	jobCPU = job{"python cpu loop", "python", "s = 0\nfor i in range(1500000):\n    s += i\nprint(s)"}
+	// jobBusy spins for 2 s of wall time.
+	jobBusy = job{"python 2 s busy loop", "python", "import time\nt = time.monotonic() + 2\nwhile time.monotonic() < t:\n    pass\nprint(1)"}
+)
+
+// mixedJobs is the original's mixed workload, n runs: 70% jobEcho, 20%
+// jobCPU and 10% jobBusy (at least one of each from n = 3), in an order
+// shuffled with seed.
+func mixedJobs(n int, seed int64) []job {
+	jobs := make([]job, 0, n)
+	busy, cpu := n/10, n/5
+	if n >= 3 {
+		busy, cpu = max(busy, 1), max(cpu, 1)
+	}
+	for range busy {
+		jobs = append(jobs, jobBusy)
+	}
+	for range cpu {
+		jobs = append(jobs, jobCPU)
+	}
+	for len(jobs) < n {
+		jobs = append(jobs, jobEcho)
+	}
+	r := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
+	r.Shuffle(len(jobs), func(i, j int) { jobs[i], jobs[j] = jobs[j], jobs[i] })
+	return jobs
+}
+
+// sample is one measured call.
+type sample struct {
+	kind string // of the job
+	d    time.Duration
+	fail string // kind of failure; "" for success
+}
+
+// measurement is the outcome of one workload through one target.
+type measurement struct {
+	target, workload, mode string
+	conc                   int
+	samples                []sample
+	elapsed                time.Duration
+}
+
+// closed runs jobs through t with conc workers, each taking the next job
+// as soon as its last one ended. Each worker first makes one warm-up call
+// of the first job, not measured. A worker that cannot dial counts its
+// share of the jobs as failures of kind transport.
+func closed(ctx context.Context, t target, conc int, jobs []job) (*measurement, error) {
+	next := make(chan job, len(jobs))
+	for _, j := range jobs {
+		next <- j
+	}
+	close(next)
+	callers := make([]caller, conc)
+	defer func() {
+		for _, c := range callers {
+			if c != nil {
+				c.close()
+			}
+		}
+	}()
+	for i := range callers {
+		c, err := t.dial(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", t.name, err)
+		}
+		callers[i] = c
+	}
+	var wg sync.WaitGroup
+	for _, c := range callers { // warm-up, in parallel
+		wg.Go(func() { timed(ctx, c, jobs[0]) })
+	}
+	wg.Wait()
+	var (
+		mu      sync.Mutex
+		samples []sample
+	)
+	t0 := time.Now()
+	for _, c := range callers {
+		wg.Go(func() {
+			for j := range next {
+				if ctx.Err() != nil {
+					return
+				}
+				s := timed(ctx, c, j)
+				mu.Lock()
+				samples = append(samples, s)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return &measurement{target: t.name, conc: conc, mode: "closed", samples: samples, elapsed: time.Since(t0)}, nil
+}
+
+// paced runs jobs through t one at a time, each pace after the end of the
+// one before, after two warm-up runs.
+func paced(ctx context.Context, t target, jobs []job) (*measurement, error) {
+	c, err := t.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", t.name, err)
+	}
+	defer c.close()
+	var samples []sample
+	t0 := time.Now()
+	for i := range len(jobs) + 2 {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(pace):
+		}
+		s := timed(ctx, c, jobs[max(i-2, 0)])
+		if i >= 2 {
+			samples = append(samples, s)
+		}
+	}
+	return &measurement{target: t.name, conc: 1, mode: "paced", samples: samples, elapsed: time.Since(t0)}, nil
+}
+
+func timed(ctx context.Context, c caller, j job) sample {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	t0 := time.Now()
+	err := c.call(ctx, j.language, j.code)
+	return sample{kind: j.kind, d: time.Since(t0), fail: classify(err)}
+}
+
+func repeat(j job, n int) []job {
+	jobs := make([]job, n)
+	for i := range jobs {
+		jobs[i] = j
+	}
+	return jobs
+}
+
+// stats summarises samples: percentiles over every call (failed or not:
+// the latency a caller sees), and failures by kind.
+type stats struct {
+	n             int
+	p50, p95, p99 time.Duration
+	rate          float64 // calls per second of elapsed time
+	errs          map[string]int
+}
+
+func summarize(samples []sample, elapsed time.Duration) stats {
+	s := stats{n: len(samples), errs: map[string]int{}}
+	lat := make([]time.Duration, 0, len(samples))
+	for _, x := range samples {
+		lat = append(lat, x.d)
+		if x.fail != "" {
+			s.errs[x.fail]++
+		}
+	}
+	s.p50, s.p95, s.p99 = percentile(lat, 50), percentile(lat, 95), percentile(lat, 99)
+	if elapsed > 0 {
+		s.rate = float64(len(samples)) / elapsed.Seconds()
+	}
+	return s
+}
+
+// percentile is the nearest-rank p-th percentile of lat; 0 for none.
+func percentile(lat []time.Duration, p int) time.Duration {
+	if len(lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	return s[min(max(i-1, 0), len(s)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"image/png"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+func TestPercentile(t *testing.T) {
+	t.Parallel()
+	ms := func(v ...int) []time.Duration {
+		var d []time.Duration
+		for _, x := range v {
+			d = append(d, time.Duration(x)*time.Millisecond)
+		}
+		return d
+	}
+	hundred := make([]int, 100)
+	for i := range hundred {
+		hundred[i] = 100 - i // 100..1, unsorted
+	}
+	for _, tc := range []struct {
+		name string
+		lat  []time.Duration
+		p    int
+		want time.Duration
+	}{
+		{"none", nil, 50, 0},
+		{"one", ms(7), 99, 7 * time.Millisecond},
+		{"median of odd", ms(3, 1, 2), 50, 2 * time.Millisecond},
+		{"median of even is the lower", ms(4, 1, 3, 2), 50, 2 * time.Millisecond},
+		{"p95 of 100", ms(hundred...), 95, 95 * time.Millisecond},
+		{"p99 of 100", ms(hundred...), 99, 99 * time.Millisecond},
+		{"p99 of 10 is the largest", ms(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 99, 10 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := percentile(tc.lat, tc.p); got != tc.want {
+				t.Fatalf("percentile(%v, %d) = %v, want %v", tc.lat, tc.p, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"success", nil, ""},
+		{"connect code", connect.NewError(connect.CodeResourceExhausted, errors.New("agent busy")), "resource_exhausted"},
+		{"wrapped connect code", fmt.Errorf("call: %w", connect.NewError(connect.CodeUnavailable, errors.New("no agent"))), "unavailable"},
+		{"policy unavailable", connect.NewError(connect.CodePermissionDenied, errors.New("denied by policy limits: policy_unavailable")), kindPolicyUnavailable},
+		{"failure keeps its kind", &failure{kind: kindExit, msg: "exit 1"}, kindExit},
+		{"deadline", context.DeadlineExceeded, "deadline_exceeded"},
+		{"no answer", errors.New("connection refused"), kindTransport},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := classify(tc.err); got != tc.want {
+				t.Fatalf("classify(%v) = %q, want %q", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestKindOfText(t *testing.T) {
+	t.Parallel()
+	for text, want := range map[string]string{
+		"resource_exhausted: tenant bench has 16 calls in flight": "resource_exhausted",
+		"denied: policy_unavailable (patterns)":                   kindPolicyUnavailable,
+		"something odd":                                           kindMCPTool,
+	} {
+		if got := kindOfText(text, kindMCPTool); got != want {
+			t.Errorf("kindOfText(%q) = %q, want %q", text, got, want)
+		}
+	}
+}
+
+func TestRunAnswer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+		want   string
+	}{
+		{"ok", http.StatusOK, `{"output":"1\n","exitCode":0}`, ""},
+		{"program failed", http.StatusOK, `{"output":"","error":"boom","exitCode":1}`, kindExit},
+		{"busy", http.StatusServiceUnavailable, `{"error":"no free sandbox"}`, "http_503"},
+		{"policy", http.StatusForbidden, `{"error":"policy_unavailable"}`, kindPolicyUnavailable},
+		{"not JSON", http.StatusOK, `<html>`, kindTransport},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := classify(runAnswer(tc.status, []byte(tc.body))); got != tc.want {
+				t.Fatalf("kind %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestMixedJobs(t *testing.T) {
+	t.Parallel()
+	a, b := mixedJobs(100, 1), mixedJobs(100, 1)
+	count := map[string]int{}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("job %d differs between two orders of the same seed", i)
+		}
+		count[a[i].kind]++
+	}
+	if count[jobEcho.kind] != 70 || count[jobCPU.kind] != 20 || count[jobBusy.kind] != 10 {
+		t.Fatalf("mix %v, want 70/20/10", count)
+	}
+	small := map[string]int{}
+	for _, j := range mixedJobs(8, 1) {
+		small[j.kind]++
+	}
+	if small[jobEcho.kind] != 6 || small[jobCPU.kind] != 1 || small[jobBusy.kind] != 1 {
+		t.Fatalf("mix of 8 %v, want 6/1/1", small)
+	}
+	if c := mixedJobs(100, 2); fmt.Sprint(c) == fmt.Sprint(a) {
+		t.Fatal("seeds 1 and 2 give the same order")
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	t.Parallel()
+	s := summarize([]sample{
+		{d: 10 * time.Millisecond}, {d: 20 * time.Millisecond, fail: "resource_exhausted"},
+		{d: 30 * time.Millisecond, fail: "resource_exhausted"}, {d: 40 * time.Millisecond, fail: kindExit},
+	}, 2*time.Second)
+	if s.n != 4 || s.rate != 2 || s.p50 != 20*time.Millisecond || s.p99 != 40*time.Millisecond {
+		t.Fatalf("stats %+v", s)
+	}
+	if got := errText(s.errs); got != "exit_nonzero=1 resource_exhausted=2" {
+		t.Fatalf("errors %q", got)
+	}
+}
+
+// testResults is a run in which the edge's doors are 5% slower than the
+// agent, and grpc 50% slower at concurrency 4.
+func testResults() *results {
+	res := &results{stackUp: true, queueWait: 30 * time.Second, start1: 50 * time.Millisecond, start4: 40,
+		machine: machine{cpu: "Test CPU", cpus: 2, date: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}
+	for _, conc := range []int{1, 4, 16} {
+		base := time.Duration(conc) * 60 * time.Millisecond
+		res.rows = append(res.rows, row{target: "agent", workload: jobPrint.kind, mode: "closed", conc: conc,
+			stats: stats{n: 10, p50: base, p95: base * 2, p99: base * 2, rate: 30, errs: map[string]int{}}})
+		for _, d := range doors {
+			p50 := base * 105 / 100
+			if d == "grpc" && conc == 4 {
+				p50 = base * 3 / 2
+			}
+			errs := map[string]int{}
+			if conc == 16 && d == "run" {
+				errs["http_503"] = 1
+			}
+			res.rows = append(res.rows, row{target: d, workload: jobPrint.kind, mode: "closed", conc: conc,
+				stats: stats{n: 10, p50: p50, p95: p50 * 2, p99: p50 * 2, rate: 20, errs: errs}})
+		}
+	}
+	res.rows = append(res.rows, row{target: "mcp+policies", workload: jobPrint.kind, mode: "closed", conc: 16,
+		stats: stats{n: 10, p50: time.Second, p95: time.Second, p99: time.Second, errs: map[string]int{kindPolicyUnavailable: 2}}})
+	return res
+}
+
+func TestChecks(t *testing.T) {
+	t.Parallel()
+	got := map[string]bool{}
+	for _, c := range checks(testResults()) {
+		got[c.name] = c.passed
+	}
+	for name, want := range map[string]bool{
+		"connect-json p50 / agent p50, concurrency 1":              true,
+		"grpc p50 / agent p50, concurrency 4":                      false,
+		"run c16: failures other than resource_exhausted":          false,
+		"grpc c16: failures other than resource_exhausted":         true,
+		"mcp+policies c16: policy_unavailable failures":            false,
+		"agent c4 runs/s / in-sandbox 4-loop python starts/s":      true, // 30 / 40
+		"agent c1 closed p50 / in-sandbox python start":            true, // 60 / 50
+		"services still running after concurrency 16 (1 = all)":    true,
+		"agent c16: p99 (ms) against the agent's queue timeout":    true,
+		"mcp+policies c16: failures other than resource_exhausted": false,
+	} {
+		passed, ok := got[name]
+		if !ok {
+			t.Errorf("no check %q; have %v", name, got)
+			continue
+		}
+		if passed != want {
+			t.Errorf("check %q passed=%v, want %v", name, passed, want)
+		}
+	}
+}
+
+func TestReports(t *testing.T) {
+	t.Parallel()
+	res := testResults()
+	text := renderText(res)
+	md := renderMarkdown(res, "go run ./edge/cmd/stackbench -n 10", "BENCHMARKS.png")
+	for _, want := range []string{"CPU: Test CPU", "p50 ms", "http_503=1", "Targets", "MISSED", "met"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text report lacks %q:\n%s", want, text)
+		}
+		if !strings.Contains(md, want) {
+			t.Errorf("Markdown report lacks %q:\n%s", want, md)
+		}
+	}
+	for _, want := range []string{"written by `make bench`", "`go run ./edge/cmd/stackbench -n 10`", "](BENCHMARKS.png)", "| --- |", "2026-01-02T03:04:05Z"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("Markdown report lacks %q:\n%s", want, md)
+		}
+	}
+	// Every table line has as many cells as the header.
+	rows := 0
+	for _, line := range strings.Split(md, "\n") {
+		if strings.HasPrefix(line, "| agent | ") || strings.HasPrefix(line, "| grpc | ") {
+			if n := strings.Count(line, "|"); n != len(header)+1 {
+				t.Errorf("line %q has %d separators, want %d", line, n, len(header)+1)
+			}
+			rows++
+		}
+	}
+	if rows != 6 {
+		t.Errorf("%d agent and grpc rows in the Markdown table, want 6:\n%s", rows, md)
+	}
+}
+
+func TestPlot(t *testing.T) {
+	t.Parallel()
+	ss := plotSeries(testResults().rows)
+	if len(ss) != 1+len(doors) {
+		t.Fatalf("%d series, want agent and %d doors", len(ss), len(doors))
+	}
+	if s := ss[0]; s.name != "agent" || len(s.conc) != 3 || s.p50[2] != 960 {
+		t.Fatalf("agent series %+v", s)
+	}
+	path := filepath.Join(t.TempDir(), "plot.png")
+	if err := writePlot(path, ss); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() != plotW || b.Dy() != plotH {
+		t.Fatalf("image %v, want %dx%d", b, plotW, plotH)
+	}
+	// Something other than the background was drawn in the plot area.
+	coloured := 0
+	for y := marginT; y < plotH-marginB; y++ {
+		for x := marginL + 1; x < plotW-marginR; x++ {
+			r, g, b, _ := img.At(x, y).RGBA()
+			if r != g || g != b {
+				coloured++
+			}
+		}
+	}
+	if coloured < 100 {
+		t.Fatalf("%d coloured pixels in the plot area: no lines drawn", coloured)
+	}
+}
+
+func TestFlagBounds(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"-n", "2"}, {"-warm", "0"}, {"-exec-n", "100000"}, {"-no-such-flag"}} {
+		var out, errs strings.Builder
+		if err := run(t.Context(), args, nil, &out, &errs); err == nil {
+			t.Errorf("run %q: no error", args)
+		}
+		if out.Len() > 0 {
+			t.Errorf("run %q printed %q", args, out.String())
+		}
+	}
+}

@@ -1,0 +1,309 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/client"
+)
+
+// machine describes where the bench ran.
+type machine struct {
+	cpu, kernel, docker, runsc, goVersion, commit string
+	cpus                                          int
+	memTotal                                      string
+	loadStart, loadEnd                            string
+	date                                          time.Time
+}
+
+// describe reads the machine's description; what cannot be read is "?".
+func describe(ctx context.Context, dc *client.Client) machine {
+	m := machine{cpu: "?", kernel: "?", docker: "?", runsc: "?", commit: "?", memTotal: "?",
+		cpus: runtime.NumCPU(), goVersion: runtime.Version(), loadStart: loadAvg(), date: time.Now().UTC()}
+	m.cpu = procField("/proc/cpuinfo", "model name", m.cpu)
+	m.memTotal = procField("/proc/meminfo", "MemTotal", m.memTotal)
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.kernel = strings.TrimSpace(string(b))
+	}
+	if v, err := dc.ServerVersion(ctx); err == nil {
+		m.docker = v.Version
+	}
+	if out, err := exec.CommandContext(ctx, "runsc", "--version").Output(); err == nil {
+		m.runsc, _, _ = strings.Cut(strings.TrimSpace(string(out)), "\n")
+	}
+	if out, err := exec.CommandContext(ctx, "git", "rev-parse", "--short=12", "HEAD").Output(); err == nil {
+		m.commit = strings.TrimSpace(string(out))
+		if st, err := exec.CommandContext(ctx, "git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+			m.commit += " (with uncommitted changes)"
+		}
+	}
+	return m
+}
+
+// procField returns the value of the first "key: value" line of file.
+func procField(file, key, fallback string) string {
+	f, err := os.Open(file)
+	if err != nil {
+		return fallback
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return fallback
+}
+
+// loadAvg is the 1, 5 and 15 minute load average.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func (m machine) lines() []string {
+	return []string{
+		"CPU: " + m.cpu,
+		fmt.Sprintf("CPUs: %d, memory: %s", m.cpus, m.memTotal),
+		"kernel: " + m.kernel,
+		"Docker Engine: " + m.docker,
+		"runsc: " + m.runsc,
+		"Go: " + m.goVersion,
+		"load average (1 5 15 min) at start: " + m.loadStart + ", at end: " + m.loadEnd,
+		"date: " + m.date.Format(time.RFC3339),
+		"commit: " + m.commit,
+	}
+}
+
+var header = []string{"target", "workload", "mode", "conc", "n", "p50 ms", "p95 ms", "p99 ms", "runs/s", "errors"}
+
+// cells is the table's rows as text.
+func cells(rows []row) [][]string {
+	out := [][]string{header}
+	f := func(d time.Duration) string {
+		if d == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", ms(d))
+	}
+	for _, r := range rows {
+		p50, p95, p99 := f(r.p50), f(r.p95), f(r.p99)
+		if r.noPercentiles {
+			p95, p99 = "-", "-"
+		}
+		rate := "-"
+		if r.rate > 0 {
+			rate = fmt.Sprintf("%.1f", r.rate)
+		}
+		out = append(out, []string{r.target, r.workload, r.mode, fmt.Sprint(r.conc), fmt.Sprint(r.n), p50, p95, p99, rate, errText(r.errs)})
+	}
+	return out
+}
+
+// errText is errs as "kind=count ..." in order of kind; "0" for none.
+func errText(errs map[string]int) string {
+	if len(errs) == 0 {
+		return "0"
+	}
+	var s []string
+	for _, k := range slices.Sorted(maps.Keys(errs)) {
+		s = append(s, fmt.Sprintf("%s=%d", k, errs[k]))
+	}
+	return strings.Join(s, " ")
+}
+
+// check is one line of the Targets section.
+type check struct {
+	name   string
+	value  float64
+	op     string // "<=" or ">="
+	bound  float64
+	unit   string
+	passed bool
+}
+
+func newCheck(name string, value float64, op string, bound float64, unit string) check {
+	ok := value <= bound
+	if op == ">=" {
+		ok = value >= bound
+	}
+	return check{name: name, value: value, op: op, bound: bound, unit: unit, passed: ok}
+}
+
+func (c check) String() string {
+	verdict := "met"
+	if !c.passed {
+		verdict = "MISSED"
+	}
+	return fmt.Sprintf("%-66s %9.2f%-2s bound %s %.2f%s  %s", c.name, c.value, c.unit, c.op, c.bound, c.unit, verdict)
+}
+
+// Bounds of the Targets section.
+const (
+	edgeOverAgent      = 1.1 // edge p50 / agent p50 at concurrency 1 and 4
+	agentOverStart     = 1.5 // agent p50 / one in-sandbox interpreter start
+	agentRateOverLoops = 0.6 // agent runs/s at 4 / in-sandbox 4-loop starts/s
+	tailOverMedian     = 3.0 // p99 / p50 at concurrency 4
+)
+
+var doors = []string{"connect-json", "grpc", "grpc-web", "mcp", "run"}
+
+// checks computes the Targets of res; a check whose rows are missing is
+// left out.
+func checks(res *results) []check {
+	find := func(target, mode string, conc int) (row, bool) {
+		for _, r := range res.rows {
+			if r.target == target && r.mode == mode && r.conc == conc && r.workload == jobPrint.kind {
+				return r, true
+			}
+		}
+		return row{}, false
+	}
+	var cs []check
+	for _, conc := range []int{1, 4} {
+		a, ok := find("agent", "closed", conc)
+		if !ok || a.p50 == 0 {
+			continue
+		}
+		for _, d := range doors {
+			if e, ok := find(d, "closed", conc); ok {
+				cs = append(cs, newCheck(fmt.Sprintf("%s p50 / agent p50, concurrency %d", d, conc), float64(e.p50)/float64(a.p50), "<=", edgeOverAgent, "x"))
+			}
+		}
+	}
+	up := 0.0
+	if res.stackUp {
+		up = 1
+	}
+	cs = append(cs, newCheck("services still running after concurrency 16 (1 = all)", up, ">=", 1, ""))
+	for _, t := range append(append([]string{"agent"}, doors...), suffixed(doors, "+policies")...) {
+		r, ok := find(t, "closed", 16)
+		if !ok {
+			continue
+		}
+		other := 0
+		for k, v := range r.errs {
+			if k != "resource_exhausted" {
+				other += v
+			}
+		}
+		cs = append(cs,
+			newCheck(t+" c16: failures other than resource_exhausted", float64(other), "<=", 0, ""),
+			newCheck(t+" c16: p99 (ms) against the agent's queue timeout", ms(r.p99), "<=", ms(res.queueWait), ""))
+		if strings.HasSuffix(t, "+policies") {
+			cs = append(cs, newCheck(t+" c16: policy_unavailable failures", float64(r.errs[kindPolicyUnavailable]), "<=", 0, ""))
+		}
+	}
+	if a, ok := find("agent", "closed", 4); ok && res.start4 > 0 && a.p50 > 0 {
+		cs = append(cs,
+			newCheck("agent c4 runs/s / in-sandbox 4-loop python starts/s", a.rate/res.start4, ">=", agentRateOverLoops, "x"),
+			newCheck("agent c4 p99 / p50", float64(a.p99)/float64(a.p50), "<=", tailOverMedian, "x"))
+	}
+	if res.start1 > 0 {
+		if a, ok := find("agent", "closed", 1); ok {
+			cs = append(cs, newCheck("agent c1 closed p50 / in-sandbox python start", float64(a.p50)/float64(res.start1), "<=", agentOverStart, "x"))
+		}
+		if a, ok := find("agent", "paced", 1); ok {
+			cs = append(cs, newCheck("agent paced p50 / in-sandbox python start", float64(a.p50)/float64(res.start1), "<=", agentOverStart, "x"))
+		}
+	}
+	return cs
+}
+
+func suffixed(s []string, suffix string) []string {
+	out := make([]string, len(s))
+	for i, x := range s {
+		out[i] = x + suffix
+	}
+	return out
+}
+
+// renderText is the report as printed: the machine, the table, the
+// baseline ratios and the Targets.
+func renderText(res *results) string {
+	var b strings.Builder
+	b.WriteString("\n")
+	for _, l := range res.machine.lines() {
+		b.WriteString(l + "\n")
+	}
+	b.WriteString("\n")
+	t := cells(res.rows)
+	widths := make([]int, len(header))
+	for _, r := range t {
+		for i, c := range r {
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	for _, r := range t {
+		var line strings.Builder
+		for i, c := range r {
+			if i < 3 || i == len(r)-1 {
+				fmt.Fprintf(&line, "%-*s  ", widths[i], c)
+			} else {
+				fmt.Fprintf(&line, "%*s  ", widths[i], c)
+			}
+		}
+		b.WriteString(strings.TrimRight(line.String(), " ") + "\n")
+	}
+	b.WriteString(legend)
+	b.WriteString("\nTargets (ratios of this run):\n")
+	for _, c := range checks(res) {
+		b.WriteString("  " + c.String() + "\n")
+	}
+	return b.String()
+}
+
+const legend = `
+closed: each worker starts its next run when its last one ends; paced: one run every 500 ms.
+Percentiles are over every call, failed or not. errors: failures by kind (a Connect code;
+policy_unavailable; mcp_tool_error, mcp_jsonrpc; http_STATUS of POST /run; exit_nonzero).
+`
+
+// renderMarkdown is the report as BENCHMARKS.md.
+// plot is the plot's path relative to the file; "": none.
+func renderMarkdown(res *results, cmdline, plot string) string {
+	var b strings.Builder
+	b.WriteString("# Benchmarks\n\nThis file is written by `make bench` (edge/cmd/stackbench); do not edit it by hand.\n")
+	if plot != "" {
+		fmt.Fprintf(&b, "\n![p50 and p99 latency against concurrency](%s)\n", plot)
+	}
+	b.WriteString("\n")
+	fmt.Fprintf(&b, "Command: `%s`\n\n## Machine\n\n", cmdline)
+	for _, l := range res.machine.lines() {
+		b.WriteString("- " + l + "\n")
+	}
+	b.WriteString("\n## Results\n\n")
+	for i, r := range cells(res.rows) {
+		b.WriteString("| " + strings.Join(r, " | ") + " |\n")
+		if i == 0 {
+			b.WriteString("|" + strings.Repeat(" --- |", len(r)) + "\n")
+		}
+	}
+	b.WriteString(legend)
+	b.WriteString("\n## Targets\n\nRatios of this run.\n\n| measure | value | bound | verdict |\n| --- | --- | --- | --- |\n")
+	for _, c := range checks(res) {
+		verdict := "met"
+		if !c.passed {
+			verdict = "MISSED"
+		}
+		fmt.Fprintf(&b, "| %s | %.2f%s | %s %.2f%s | %s |\n", c.name, c.value, c.unit, c.op, c.bound, c.unit, verdict)
+	}
+	return b.String()
+}

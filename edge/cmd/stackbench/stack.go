@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// proc is one service running as a process of its own.
+type proc struct {
+	name string
+	addr string // where it listens, host:port
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	once sync.Once
+}
+
+func (p *proc) url() string { return "http://" + p.addr }
+
+// stop sends SIGTERM (the agent then removes its sandboxes) and waits,
+// killing the process after a minute.
+func (p *proc) stop() {
+	if p == nil {
+		return
+	}
+	p.once.Do(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(time.Minute):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+}
+
+// start runs the binary name from b.dir with env and args and JSON logs,
+// and waits until it logs the address it listens on. Warnings and errors
+// of its log go to b.log.
+func (b *bench) start(name string, env []string, args ...string) (*proc, error) {
+	cmd := exec.Command(filepath.Join(b.dir, name), append(args, "--log-format=json", "--log-level=info")...)
+	cmd.Env = append(os.Environ(), env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	b.procs = append(b.procs, p)
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			var rec struct {
+				Msg   string `json:"msg"`
+				Addr  string `json:"addr"`
+				Level string `json:"level"`
+			}
+			if json.Unmarshal(sc.Bytes(), &rec) != nil {
+				continue
+			}
+			switch {
+			case rec.Msg == "listening" && rec.Addr != "":
+				select {
+				case addrc <- rec.Addr:
+				default:
+				}
+			case rec.Level == "WARN" || rec.Level == "ERROR":
+				fmt.Fprintf(b.log, "%s: %s\n", name, sc.Text())
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+	}()
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	select {
+	case p.addr = <-addrc:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("%s exited before listening: %v", name, p.err)
+	case <-time.After(2 * time.Minute):
+		p.stop()
+		return nil, fmt.Errorf("%s did not listen within 2 minutes", name)
+	}
+}
+
+// up builds the binaries and the example policies, and starts an agent,
+// a control plane in front of it, and two edges in front of that: one
+// plain, one with the example policy chain. Both edges have one API key.
+func (b *bench) up(ctx context.Context) error {
+	var err error
+	if b.dir, err = os.MkdirTemp("", "stackbench-"); err != nil {
+		return err
+	}
+	b.logf("building the services and the runner")
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", b.dir+"/",
+		"./edge/cmd/edge", "./controlplane/cmd/controlplane", "./agent/cmd/agent", "./agent/cmd/runner")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stderr = b.log
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("build (run from the repository root): %w", err)
+	}
+	b.logf("building the example policies")
+	policies := filepath.Join(b.dir, "policies")
+	pb := exec.CommandContext(ctx, "bash", "policies/build.sh", policies)
+	pb.Stdout, pb.Stderr = b.log, b.log
+	if err := pb.Run(); err != nil {
+		return fmt.Errorf("build policies: %w", err)
+	}
+
+	var secret [32]byte
+	_, _ = rand.Read(secret[:])
+	b.secret = hex.EncodeToString(secret[:])
+	_, _ = rand.Read(secret[:12])
+	b.key = "k-bench-" + hex.EncodeToString(secret[:12])
+	keys := filepath.Join(b.dir, "keys.json")
+	kb, _ := json.Marshal(map[string]string{b.key: "bench"})
+	if err := os.WriteFile(keys, kb, 0o600); err != nil {
+		return err
+	}
+	env := []string{"CODEMODE_CLUSTER_SECRET=" + b.secret}
+
+	b.name = fmt.Sprintf("stackbench-%d", os.Getpid())
+	state := filepath.Join(b.dir, "agent-state")
+	if b.agent, err = b.start("agent", env, "--addr", "127.0.0.1:0", "--name", b.name,
+		"--runner", filepath.Join(b.dir, "runner"), "--state-dir", state,
+		"--min-active", strconv.Itoa(b.o.warm), "--queue-timeout", b.o.queue.String(),
+		"--image", b.o.image, "--runtime", b.o.runtime); err != nil {
+		return err
+	}
+	if b.cp, err = b.start("controlplane", append(env, "REMOTE_HOSTS="+b.agent.addr), "--addr", "127.0.0.1:0", "--poll-interval", "200ms"); err != nil {
+		return err
+	}
+	edgeEnv := append(env, "CODE_EXECUTION_HOST="+b.cp.url())
+	if b.edge, err = b.start("edge", edgeEnv, "--addr", "127.0.0.1:0", "--api-keys", keys); err != nil {
+		return err
+	}
+	if b.policyEdge, err = b.start("edge", edgeEnv, "--addr", "127.0.0.1:0", "--api-keys", keys,
+		"--policy-config", filepath.Join(policies, "policies.json")); err != nil {
+		return err
+	}
+	b.logf("waiting for the agent's %d warm sandboxes", b.o.warm)
+	return b.waitReady(ctx)
+}
+
+// waitReady waits, at most five minutes, until the edge's GET /status
+// says an agent is ready to run (as `make up` does) and the agent has its
+// warm sandboxes.
+func (b *bench) waitReady(ctx context.Context) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	hc := b.client()
+	for time.Now().Before(deadline) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ok := func() bool {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.edge.url()+"/status", nil)
+			req.Header.Set("Authorization", "Bearer "+b.key)
+			res, err := hc.Do(req)
+			if err != nil {
+				return false
+			}
+			res.Body.Close()
+			return res.StatusCode == http.StatusOK
+		}()
+		if ok && b.agentWarm(ctx) >= b.o.warm {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return errors.New("the stack was not ready within 5 minutes")
+}
