@@ -310,8 +310,11 @@ func (p *Pool) acquire(ctx context.Context, memory int64, language string) (*San
 		}
 		// Start one for this caller if it is past the sandboxes on their
 		// way to the warm list (each promised to an earlier caller), or
-		// needs a memory limit of its own, and the pool has room.
-		if (!dflt || p.waiting > p.incomingLocked()) && p.totalLocked() < p.cfg.Max {
+		// needs a memory limit of its own, and the pool has room. Starts
+		// are CPU-heavy: under a burst at most maxStarting go at once,
+		// and the sandboxes scrubbed meanwhile serve the line, so that
+		// the pool grows with the load rather than thrashing.
+		if (!dflt || p.waiting > p.incomingLocked()) && p.totalLocked() < p.cfg.Max && p.n[direct] < maxStarting {
 			if inLine {
 				inLine = false
 				p.waiting--
