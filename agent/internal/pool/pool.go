@@ -269,17 +269,6 @@ func (p *Pool) Acquire(ctx context.Context, memory int64) (*Sandbox, error) {
 // language prestarted, if any (see [Sandbox.Prestarted]), so that the run
 // does not wait for one to start.
 func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*Sandbox, error) {
-	sb, err := p.acquire(ctx, memory, language)
-	if err != nil {
-		return nil, err
-	}
-	// Scrubbed or started in the background at low priority: from now on
-	// a caller waits on it.
-	sb.setPriority(sandbox.PriorityNormal)
-	return sb, nil
-}
-
-func (p *Pool) acquire(ctx context.Context, memory int64, language string) (*Sandbox, error) {
 	if memory == 0 {
 		memory = p.cfg.Spec.MemoryBytes
 	}
@@ -377,7 +366,7 @@ func (p *Pool) startDirectLocked(ctx context.Context, memory int64, dedicated bo
 	p.enterLocked(direct)
 	p.mu.Unlock()
 	t0 := time.Now()
-	sb, err := p.open(ctx, memory, false)
+	sb, err := p.open(ctx, memory)
 	p.cfg.Metrics.started(false, time.Since(t0), err)
 	p.mu.Lock()
 	if err != nil {
@@ -418,9 +407,6 @@ func (p *Pool) Release(ctx context.Context, sb *Sandbox, reusable bool) {
 	p.moveLocked(busy, recycling)
 	_, span := telemetry.StartSpan(ctx, "scrub")
 	p.wg.Go(func() {
-		// No caller waits on the scrub, nor on the interpreter the
-		// runner prestarts at its end: let runs have the CPUs first.
-		sb.setPriority(sandbox.PriorityLow)
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ResetTimeout)
 		t0 := time.Now()
 		err := sb.Reset(ctx)
@@ -573,7 +559,7 @@ func (p *Pool) fill(ctx context.Context) {
 		p.enterLocked(starting)
 		p.wg.Go(func() {
 			t0 := time.Now()
-			sb, err := p.open(ctx, p.cfg.Spec.MemoryBytes, true)
+			sb, err := p.open(ctx, p.cfg.Spec.MemoryBytes)
 			p.cfg.Metrics.started(true, time.Since(t0), err)
 			p.mu.Lock()
 			defer p.mu.Unlock()

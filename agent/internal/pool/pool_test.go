@@ -184,8 +184,6 @@ func (c *fakeContainer) ID() string            { return c.id }
 func (c *fakeContainer) Stdin() io.Writer      { return c.inW }
 func (c *fakeContainer) Stdout() io.Reader     { return c.outR }
 func (c *fakeContainer) Done() <-chan struct{} { return c.done }
-
-func (c *fakeContainer) SetPriority(sandbox.Priority) error { return nil }
 func (c *fakeContainer) Inspect(context.Context) (sandbox.State, error) {
 	select {
 	case <-c.done:

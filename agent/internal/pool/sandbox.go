@@ -139,19 +139,9 @@ func (s *Sandbox) List(ctx context.Context, path string) (*runnerv1.FileList, er
 	return s.rc.List(ctx, path)
 }
 
-// setPriority sets how the sandbox shares the CPUs (see
-// [sandbox.Priority]); where that cannot be done it keeps the engine's
-// weight, which costs speed under load, not correctness.
-func (s *Sandbox) setPriority(pr sandbox.Priority) {
-	if err := s.c.SetPriority(pr); err != nil {
-		s.p.log.Debug("set sandbox CPU priority", "sandbox_id", shortID(s.ID()), "error", err)
-	}
-}
-
 // open starts a sandbox with the given memory limit and waits for its
-// runner; a background one (a warm start no caller waits on) gets a low
-// CPU priority while its runner starts.
-func (p *Pool) open(ctx context.Context, memory int64, background bool) (*Sandbox, error) {
+// runner.
+func (p *Pool) open(ctx context.Context, memory int64) (*Sandbox, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
 	defer cancel()
 	spec := p.cfg.Spec
@@ -178,9 +168,6 @@ func (p *Pool) open(ctx context.Context, memory int64, background bool) (*Sandbo
 	}
 	id.Store(shortID(c.ID()))
 	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now(), p: p}
-	if background {
-		sb.setPriority(sandbox.PriorityLow)
-	}
 	sb.ready, err = sb.rc.Ready(ctx)
 	if err != nil {
 		p.destroyNow(sb)

@@ -119,10 +119,6 @@ func (d *Docker) Start(ctx context.Context, spec Spec) (Container, error) {
 		err = fmt.Errorf("start container %s: %w", shortID(c.id), classify(err))
 		return nil, errors.Join(err, c.remove())
 	}
-	if info, err := d.cli.ContainerInspect(ctx, c.id); err == nil && info.State != nil {
-		// Without its cgroup the sandbox keeps the engine's weight.
-		c.prio, _ = newPriorities(info.State.Pid)
-	}
 	return c, nil
 }
 
@@ -230,15 +226,6 @@ type dockerContainer struct {
 
 	removeOnce sync.Once
 	removeErr  error
-
-	prioMu sync.Mutex
-	prio   *priorities // nil: its cgroup is out of reach
-}
-
-func (c *dockerContainer) SetPriority(p Priority) error {
-	c.prioMu.Lock()
-	defer c.prioMu.Unlock()
-	return c.prio.set(p)
 }
 
 func (c *dockerContainer) ID() string            { return c.id }

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -244,56 +243,5 @@ func TestDockerUnavailable(t *testing.T) {
 	_, err = d.Start(t.Context(), testSpec(t, "/bin/true"))
 	if !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Start = %v, want ErrUnavailable", err)
-	}
-}
-
-// TestDockerPriority sets a runsc container's CPU priority and reads the
-// weight back from the cgroup that holds the sandbox, as the host mounts
-// it.
-func TestDockerPriority(t *testing.T) {
-	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("cgroups are writable by root only")
-	}
-	d := testDocker(t)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	c, err := d.Start(ctx, testSpec(t, "/bin/sh", "-c", "read -r line"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Remove(context.Background()) })
-	dc := c.(*dockerContainer)
-	if dc.prio == nil {
-		t.Fatal("no cgroup found for a container of the local engine")
-	}
-	if !strings.Contains(dc.prio.file, c.ID()) {
-		t.Errorf("weight file %s is not the container's", dc.prio.file)
-	}
-	normal, err := dc.prio.weight()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		p    Priority
-		want int
-	}{{PriorityLow, 0}, {PriorityNormal, normal}, {PriorityLow, 0}} {
-		if err := c.SetPriority(tc.p); err != nil {
-			t.Fatal(err)
-		}
-		got, err := dc.prio.weight()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, _ := strconv.Atoi(dc.prio.values[tc.p])
-		if tc.want != 0 && want != tc.want {
-			t.Errorf("normal weight %d, want the engine's %d", want, tc.want)
-		}
-		if got != want {
-			t.Errorf("priority %d: weight %d, want %d", tc.p, got, want)
-		}
-	}
-	if low, _ := strconv.Atoi(dc.prio.values[PriorityLow]); low*50 > normal {
-		t.Errorf("low weight %d is not far below normal %d", low, normal)
 	}
 }

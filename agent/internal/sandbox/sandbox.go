@@ -148,10 +148,6 @@ type Container interface {
 	// Remove kills and removes the container and closes its streams. It may be
 	// called more than once.
 	Remove(ctx context.Context) error
-	// SetPriority sets how the container shares the host's CPUs with the
-	// others. It does nothing where the engine's cgroups cannot be
-	// reached (an engine on another host, or an agent without root).
-	SetPriority(Priority) error
 }
 
 // State is what the engine knows of a container.
