@@ -18,7 +18,7 @@ import (
 
 // agentWarm returns the agent's warm sandboxes; 0 when it does not answer.
 func (b *bench) agentWarm(ctx context.Context) int {
-	c := agentv1connect.NewAgentServiceClient(b.authClient(b.secret), b.agent.url())
+	c := agentv1connect.NewAgentServiceClient(b.authClient(b.secret), b.agent.URL())
 	st, err := c.Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
 	if err != nil {
 		return 0

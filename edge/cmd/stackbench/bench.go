@@ -10,6 +10,8 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
+
+	"github.com/codemode-go/codemode/internal/launch"
 )
 
 type bench struct {
@@ -20,9 +22,9 @@ type bench struct {
 	dir              string
 	secret, key      string // the cluster secret; the edges' API key
 	name             string // of the agent; labels its sandboxes
-	procs            []*proc
-	agent, cp        *proc
-	edge, policyEdge *proc
+	procs            []*launch.Process
+	agent, cp        *launch.Process
+	edge, policyEdge *launch.Process
 	docker           *client.Client
 	baseline         string // id of the baseline container
 }
@@ -89,7 +91,7 @@ func (b *bench) run(ctx context.Context) error {
 
 	// Step by step, every target in turn, so that a drift of the
 	// machine's load over the run falls on all of them alike.
-	targets := append([]target{b.agentTarget()}, b.edgeTargets(b.edge.url())...)
+	targets := append([]target{b.agentTarget()}, b.edgeTargets(b.edge.URL())...)
 	n := b.o.n
 	for _, step := range []struct {
 		mode string
@@ -109,7 +111,7 @@ func (b *bench) run(ctx context.Context) error {
 			res.add(m, jobPrint.kind)
 		}
 	}
-	for _, t := range b.edgeTargets(b.policyEdge.url()) {
+	for _, t := range b.edgeTargets(b.policyEdge.URL()) {
 		t.name += "+policies"
 		b.logf("%s, closed, concurrency 16", t.name)
 		m, err := closed(ctx, t, 16, repeat(jobPrint, max(n, 32)))
@@ -121,7 +123,7 @@ func (b *bench) run(ctx context.Context) error {
 	res.stackUp = b.running()
 
 	b.logf("mixed workload through connect-json, concurrency 4")
-	connectJSON := b.edgeTargets(b.edge.url())[0]
+	connectJSON := b.edgeTargets(b.edge.URL())[0]
 	m, err := closed(ctx, connectJSON, 4, mixedJobs(n, b.o.seed))
 	if err != nil {
 		return err
@@ -171,7 +173,7 @@ func (r *results) add(m *measurement, workload string) {
 func (b *bench) running() bool {
 	for _, p := range b.procs {
 		select {
-		case <-p.done:
+		case <-p.Exited():
 			return false
 		default:
 		}
@@ -196,7 +198,9 @@ func (b *bench) removeBaseline() {
 // directory.
 func (b *bench) cleanup() {
 	for i := len(b.procs) - 1; i >= 0; i-- {
-		b.procs[i].stop()
+		if err := b.procs[i].Stop(stopTimeout); err != nil {
+			b.logf("stop %s: %v", b.procs[i].Name, err)
+		}
 	}
 	b.removeContainers()
 	if b.docker != nil {

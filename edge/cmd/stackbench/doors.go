@@ -132,7 +132,7 @@ func exitFailure(code int32, stderr string) error {
 
 // agentTarget is the agent's own API, with the cluster secret.
 func (b *bench) agentTarget() target {
-	c := agentv1connect.NewAgentServiceClient(b.authClient(b.secret), b.agent.url())
+	c := agentv1connect.NewAgentServiceClient(b.authClient(b.secret), b.agent.URL())
 	return target{name: "agent", dial: func(context.Context) (caller, error) { return agentCaller{c}, nil }}
 }
 

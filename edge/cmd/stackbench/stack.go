@@ -1,106 +1,46 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"syscall"
 	"time"
+
+	"github.com/codemode-go/codemode/internal/launch"
 )
 
-// proc is one service running as a process of its own.
-type proc struct {
-	name string
-	addr string // where it listens, host:port
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-	once sync.Once
-}
-
-func (p *proc) url() string { return "http://" + p.addr }
-
-// stop sends SIGTERM (the agent then removes its sandboxes) and waits,
-// killing the process after a minute.
-func (p *proc) stop() {
-	if p == nil {
-		return
-	}
-	p.once.Do(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(time.Minute):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	})
-}
+// Bounds of a service's life: how long it may take to listen, and to exit
+// after SIGTERM (the agent then removes its sandboxes) before it is killed.
+const (
+	listenTimeout = 2 * time.Minute
+	stopTimeout   = time.Minute
+)
 
 // start runs the binary name from b.dir with env and args and JSON logs,
 // and waits until it logs the address it listens on. Warnings and errors
 // of its log go to b.log.
-func (b *bench) start(name string, env []string, args ...string) (*proc, error) {
+func (b *bench) start(ctx context.Context, name string, env []string, args ...string) (*launch.Process, error) {
 	cmd := exec.Command(filepath.Join(b.dir, name), append(args, "--log-format=json", "--log-level=info")...)
 	cmd.Env = append(os.Environ(), env...)
-	stderr, err := cmd.StderrPipe()
+	p, err := launch.Start(ctx, cmd, launch.Options{Name: name, ListenTimeout: listenTimeout, Watch: func(line string) {
+		var rec struct{ Level string }
+		if json.Unmarshal([]byte(line), &rec) == nil && (rec.Level == "WARN" || rec.Level == "ERROR") {
+			fmt.Fprintf(b.log, "%s: %s\n", name, line)
+		}
+	}})
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
 	b.procs = append(b.procs, p)
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			var rec struct {
-				Msg   string `json:"msg"`
-				Addr  string `json:"addr"`
-				Level string `json:"level"`
-			}
-			if json.Unmarshal(sc.Bytes(), &rec) != nil {
-				continue
-			}
-			switch {
-			case rec.Msg == "listening" && rec.Addr != "":
-				select {
-				case addrc <- rec.Addr:
-				default:
-				}
-			case rec.Level == "WARN" || rec.Level == "ERROR":
-				fmt.Fprintf(b.log, "%s: %s\n", name, sc.Text())
-			}
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-	}()
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	select {
-	case p.addr = <-addrc:
-		return p, nil
-	case <-p.done:
-		return nil, fmt.Errorf("%s exited before listening: %v", name, p.err)
-	case <-time.After(2 * time.Minute):
-		p.stop()
-		return nil, fmt.Errorf("%s did not listen within 2 minutes", name)
-	}
+	return p, nil
 }
 
 // up builds the binaries and the example policies, and starts an agent,
@@ -141,20 +81,20 @@ func (b *bench) up(ctx context.Context) error {
 
 	b.name = fmt.Sprintf("stackbench-%d", os.Getpid())
 	state := filepath.Join(b.dir, "agent-state")
-	if b.agent, err = b.start("agent", env, "--addr", "127.0.0.1:0", "--name", b.name,
+	if b.agent, err = b.start(ctx, "agent", env, "--addr", "127.0.0.1:0", "--name", b.name,
 		"--runner", filepath.Join(b.dir, "runner"), "--state-dir", state,
 		"--min-active", strconv.Itoa(b.o.warm), "--queue-timeout", b.o.queue.String(),
 		"--image", b.o.image, "--runtime", b.o.runtime); err != nil {
 		return err
 	}
-	if b.cp, err = b.start("controlplane", append(env, "REMOTE_HOSTS="+b.agent.addr), "--addr", "127.0.0.1:0", "--poll-interval", "200ms"); err != nil {
+	if b.cp, err = b.start(ctx, "controlplane", append(env, "REMOTE_HOSTS="+b.agent.Addr), "--addr", "127.0.0.1:0", "--poll-interval", "200ms"); err != nil {
 		return err
 	}
-	edgeEnv := append(env, "CODE_EXECUTION_HOST="+b.cp.url())
-	if b.edge, err = b.start("edge", edgeEnv, "--addr", "127.0.0.1:0", "--api-keys", keys); err != nil {
+	edgeEnv := append(env, "CODE_EXECUTION_HOST="+b.cp.URL())
+	if b.edge, err = b.start(ctx, "edge", edgeEnv, "--addr", "127.0.0.1:0", "--api-keys", keys); err != nil {
 		return err
 	}
-	if b.policyEdge, err = b.start("edge", edgeEnv, "--addr", "127.0.0.1:0", "--api-keys", keys,
+	if b.policyEdge, err = b.start(ctx, "edge", edgeEnv, "--addr", "127.0.0.1:0", "--api-keys", keys,
 		"--policy-config", filepath.Join(policies, "policies.json")); err != nil {
 		return err
 	}
@@ -173,7 +113,7 @@ func (b *bench) waitReady(ctx context.Context) error {
 			return err
 		}
 		ok := func() bool {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.edge.url()+"/status", nil)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.edge.URL()+"/status", nil)
 			req.Header.Set("Authorization", "Bearer "+b.key)
 			res, err := hc.Do(req)
 			if err != nil {
