@@ -27,10 +27,10 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
 
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
+	"github.com/codemode-go/codemode/internal/benchbase"
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/launch"
 )
@@ -76,7 +76,7 @@ type bench struct {
 	out, log io.Writer
 	dir      string // the binaries built
 	docker   *client.Client
-	baseline string                            // id of the baseline container
+	baseline *benchbase.Baseline               // the baseline container, once started
 	name     string                            // of the agent
 	agent    *launch.Process                   // the agent measured
 	client   agentv1connect.AgentServiceClient // of agent
@@ -139,9 +139,9 @@ func (b *bench) cleanup() {
 			_ = p.Stop(time.Minute) // it removes its sandboxes
 		}
 	}
-	if b.docker != nil && b.baseline != "" {
+	if b.baseline != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		b.docker.ContainerRemove(ctx, b.baseline, container.RemoveOptions{Force: true})
+		_ = b.baseline.Remove(ctx)
 		cancel()
 	}
 	if b.docker != nil {

@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"slices"
 	"time"
+
+	"github.com/codemode-go/codemode/internal/benchbase"
 )
 
 // runs is what a series of runs measured: the latency of each, and the wall
@@ -17,7 +18,7 @@ type runs struct {
 }
 
 // p returns the latency at percentile pct.
-func (r runs) p(pct int) time.Duration { return percentile(r.lat, pct) }
+func (r runs) p(pct int) time.Duration { return benchbase.Percentile(r.lat, pct) }
 
 func (r runs) p50() time.Duration { return r.p(50) }
 
@@ -204,13 +205,3 @@ func (r *report) printTable(w io.Writer) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func percentile(lat []time.Duration, p int) time.Duration {
-	if len(lat) == 0 {
-		return 0
-	}
-	s := slices.Clone(lat)
-	slices.Sort(s)
-	i := (len(s)*p + 99) / 100
-	return s[min(max(i-1, 0), len(s)-1)]
-}
