@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
 
+	"github.com/codemode-go/codemode/internal/benchbase"
 	"github.com/codemode-go/codemode/internal/launch"
 )
 
@@ -26,7 +26,7 @@ type bench struct {
 	agent, cp        *launch.Process
 	edge, policyEdge *launch.Process
 	docker           *client.Client
-	baseline         string // id of the baseline container
+	baseline         *benchbase.Baseline // once started
 }
 
 // results is everything one run measured.
@@ -64,19 +64,26 @@ func (b *bench) run(ctx context.Context) error {
 	}
 
 	b.logf("baselines: docker exec and python starts inside a runsc sandbox")
-	if err := b.startBaseline(ctx); err != nil {
+	// With the agent's default CPU limit, one CPU.
+	b.baseline = &benchbase.Baseline{Docker: b.docker, Image: b.o.image, Runtime: b.o.runtime, CPUs: 1,
+		Labels: map[string]string{baselineLabel: b.name}}
+	if err := b.baseline.Start(ctx); err != nil {
 		return err
 	}
-	execSamples, execElapsed, err := b.dockerExec(ctx, b.o.execN)
+	execLat, execElapsed, err := b.baseline.ExecLatency(ctx, b.o.execN)
 	if err != nil {
 		return err
 	}
+	execSamples := make([]sample, len(execLat))
+	for i, d := range execLat {
+		execSamples[i] = sample{kind: jobPrint.kind, d: d}
+	}
 	res.add(&measurement{target: "docker exec (warm runsc)", conc: 1, mode: "closed", samples: execSamples, elapsed: execElapsed}, "python3 -c print(1)")
 	res.execP50 = res.rows[len(res.rows)-1].p50
-	if res.start1, err = b.inSandboxLoop(ctx, 1); err != nil {
+	if res.start1, err = b.baseline.StartLoop(ctx, 1, b.o.loopN); err != nil {
 		return err
 	}
-	par, err := b.inSandboxLoop(ctx, 4)
+	par, err := b.baseline.StartLoop(ctx, 4, b.o.loopN)
 	if err != nil {
 		return err
 	}
@@ -182,15 +189,15 @@ func (b *bench) running() bool {
 }
 
 func (b *bench) removeBaseline() {
-	if b.baseline == "" {
+	if b.baseline == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := b.docker.ContainerRemove(ctx, b.baseline, container.RemoveOptions{Force: true}); err != nil {
-		b.logf("remove the baseline container: %v", err)
+	if err := b.baseline.Remove(ctx); err != nil {
+		b.logf("%v", err)
 	}
-	b.baseline = ""
+	b.baseline = nil
 }
 
 // cleanup stops the services (edges first, the agent last, which removes

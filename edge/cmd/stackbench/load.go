@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
+
+	"github.com/codemode-go/codemode/internal/benchbase"
 )
 
 // pace is the gap before each run of a paced measurement: a caller that
@@ -183,22 +184,11 @@ func summarize(samples []sample, elapsed time.Duration) stats {
 			s.errs[x.fail]++
 		}
 	}
-	s.p50, s.p95, s.p99 = percentile(lat, 50), percentile(lat, 95), percentile(lat, 99)
+	s.p50, s.p95, s.p99 = benchbase.Percentile(lat, 50), benchbase.Percentile(lat, 95), benchbase.Percentile(lat, 99)
 	if elapsed > 0 {
 		s.rate = float64(len(samples)) / elapsed.Seconds()
 	}
 	return s
-}
-
-// percentile is the nearest-rank p-th percentile of lat; 0 for none.
-func percentile(lat []time.Duration, p int) time.Duration {
-	if len(lat) == 0 {
-		return 0
-	}
-	s := slices.Clone(lat)
-	slices.Sort(s)
-	i := (len(s)*p + 99) / 100
-	return s[min(max(i-1, 0), len(s)-1)]
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

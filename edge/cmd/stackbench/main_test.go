@@ -15,42 +15,6 @@ import (
 	"connectrpc.com/connect"
 )
 
-func TestPercentile(t *testing.T) {
-	t.Parallel()
-	ms := func(v ...int) []time.Duration {
-		var d []time.Duration
-		for _, x := range v {
-			d = append(d, time.Duration(x)*time.Millisecond)
-		}
-		return d
-	}
-	hundred := make([]int, 100)
-	for i := range hundred {
-		hundred[i] = 100 - i // 100..1, unsorted
-	}
-	for _, tc := range []struct {
-		name string
-		lat  []time.Duration
-		p    int
-		want time.Duration
-	}{
-		{"none", nil, 50, 0},
-		{"one", ms(7), 99, 7 * time.Millisecond},
-		{"median of odd", ms(3, 1, 2), 50, 2 * time.Millisecond},
-		{"median of even is the lower", ms(4, 1, 3, 2), 50, 2 * time.Millisecond},
-		{"p95 of 100", ms(hundred...), 95, 95 * time.Millisecond},
-		{"p99 of 100", ms(hundred...), 99, 99 * time.Millisecond},
-		{"p99 of 10 is the largest", ms(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 99, 10 * time.Millisecond},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			if got := percentile(tc.lat, tc.p); got != tc.want {
-				t.Fatalf("percentile(%v, %d) = %v, want %v", tc.lat, tc.p, got, tc.want)
-			}
-		})
-	}
-}
-
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
