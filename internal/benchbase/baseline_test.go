@@ -2,49 +2,20 @@ package benchbase
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
-	"github.com/docker/docker/client"
+
+	"github.com/codemode-go/codemode/internal/dockertest"
 )
-
-// testImage is the sandbox image the test runs; CI builds it with
-// agent/host/setup.sh.
-func testImage() string {
-	if img := os.Getenv("DOCKER_IMAGE_NAME"); img != "" {
-		return img
-	}
-	return "codemode-sandbox:bookworm"
-}
-
-// testDocker returns a client of the local engine, or skips the test when
-// no engine is reachable or it lacks the sandbox image.
-func testDocker(t *testing.T) *client.Client {
-	t.Helper()
-	dc, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dc.Close() })
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	if _, err := dc.Ping(ctx); err != nil {
-		t.Skipf("no Docker Engine reachable (run agent/host/setup.sh as root first): %v", err)
-	}
-	if _, err := dc.ImageInspect(ctx, testImage()); err != nil {
-		t.Skipf("sandbox image %s missing (run agent/host/setup.sh as root first): %v", testImage(), err)
-	}
-	return dc
-}
 
 func TestBaseline(t *testing.T) {
 	t.Parallel()
-	dc := testDocker(t)
+	dc := dockertest.Client(t)
 	label := "codemode.benchbase.test"
-	b := &Baseline{Docker: dc, Image: testImage(), Runtime: "runsc", CPUs: 1, Labels: map[string]string{label: t.Name()}}
+	b := &Baseline{Docker: dc, Image: dockertest.Image(), Runtime: "runsc", CPUs: 1, Labels: map[string]string{label: t.Name()}}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
