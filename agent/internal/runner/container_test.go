@@ -20,6 +20,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/dockertest"
 )
 
 // The tests in this file start the real runner binary (static, as the agent
@@ -35,13 +36,6 @@ var (
 	dockerErr  error
 	sandboxSeq atomic.Int32
 )
-
-func sandboxImage() string {
-	if img := os.Getenv("DOCKER_IMAGE_NAME"); img != "" {
-		return img
-	}
-	return "codemode-sandbox:bookworm"
-}
 
 // needDocker skips t when no Docker daemon answers, and fails it when the
 // daemon lacks what the sandboxes need.
@@ -130,7 +124,7 @@ func startSandbox(t testing.TB) *sandbox {
 	for _, c := range wire.RunnerCapabilities {
 		args = append(args, "--cap-add="+c)
 	}
-	args = append(args, sandboxImage())
+	args = append(args, dockertest.Image())
 	// RUNNER_TEST_DEBUG=1 logs the runner's debug log (with the timings of
 	// its steps) at the end of every test or benchmark.
 	debug := os.Getenv("RUNNER_TEST_DEBUG") != ""

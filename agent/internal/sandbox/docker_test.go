@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -14,19 +13,12 @@ import (
 	"time"
 
 	"github.com/docker/docker/client"
+
+	"github.com/codemode-go/codemode/internal/dockertest"
 )
 
-// testImage is the sandbox image the tests run; CI builds it with
-// agent/host/setup.sh.
-func testImage() string {
-	if img := os.Getenv("DOCKER_IMAGE_NAME"); img != "" {
-		return img
-	}
-	return "codemode-sandbox:bookworm"
-}
-
 // testDocker returns a driver for the local engine, or skips the test when no
-// engine is reachable.
+// engine is reachable or it lacks the sandbox image.
 func testDocker(t *testing.T) *Docker {
 	t.Helper()
 	d, err := NewDocker("", slog.New(slog.DiscardHandler))
@@ -34,20 +26,13 @@ func testDocker(t *testing.T) *Docker {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	if err := d.Ping(ctx); err != nil {
-		t.Skipf("no Docker Engine reachable (run agent/host/setup.sh as root first): %v", err)
-	}
-	if _, err := d.Client().ImageInspect(ctx, testImage()); err != nil {
-		t.Skipf("sandbox image %s missing (run agent/host/setup.sh as root first): %v", testImage(), err)
-	}
+	dockertest.Require(t, d.Client())
 	return d
 }
 
 func testSpec(t *testing.T, command ...string) Spec {
 	return Spec{
-		Image:       testImage(),
+		Image:       dockertest.Image(),
 		Runtime:     "runsc",
 		Command:     command,
 		User:        "65534:65534",
