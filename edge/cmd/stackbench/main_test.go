@@ -153,8 +153,8 @@ func TestChecks(t *testing.T) {
 		"run c16: failures other than resource_exhausted":          false,
 		"grpc c16: failures other than resource_exhausted":         true,
 		"mcp+policies c16: policy_unavailable failures":            false,
-		"agent c4 runs/s / in-sandbox 4-loop python starts/s":      true, // 30 / 40
-		"agent c1 closed p50 / in-sandbox python start":            true, // 60 / 50
+		"agent c4 runs/s / in-sandbox 4-loop python starts/s":      false, // 30 / 40 < 1.5
+		"agent c1 closed p50 / in-sandbox python start":            false, // 60 / 50 > 0.5
 		"services still running after concurrency 16 (1 = all)":    true,
 		"agent c16: p99 (ms) against the agent's queue timeout":    true,
 		"mcp+policies c16: failures other than resource_exhausted": false,
@@ -166,6 +166,22 @@ func TestChecks(t *testing.T) {
 		}
 		if passed != want {
 			t.Errorf("check %q passed=%v, want %v", name, passed, want)
+		}
+	}
+}
+
+// TestChecksAgainstStarts checks the agent's bounds against interpreter
+// starts from both sides.
+func TestChecksAgainstStarts(t *testing.T) {
+	t.Parallel()
+	res := testResults()
+	res.start1, res.start4 = 150*time.Millisecond, 15 // 60 ms / 150 ms = 0.4; 30/s / 15/s = 2
+	for _, c := range checks(res) {
+		switch c.name {
+		case "agent c4 runs/s / in-sandbox 4-loop python starts/s", "agent c1 closed p50 / in-sandbox python start":
+			if !c.passed {
+				t.Errorf("check %q (%.2f) failed", c.name, c.value)
+			}
 		}
 	}
 }
