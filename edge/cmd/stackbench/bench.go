@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/docker/docker/client"
@@ -96,7 +97,8 @@ func (b *bench) run(ctx context.Context) error {
 	// The baseline container is idle from here on, but it holds memory.
 	b.removeBaseline()
 
-	// Step by step, every target in turn, so that a drift of the
+	// Step by step, every target in turn, and within a step in rounds
+	// (each target a share of its runs per round), so that a drift of the
 	// machine's load over the run falls on all of them alike.
 	targets := append([]target{b.agentTarget()}, b.edgeTargets(b.edge.URL())...)
 	n := b.o.n
@@ -104,17 +106,28 @@ func (b *bench) run(ctx context.Context) error {
 		mode string
 		conc int
 	}{{"closed", 1}, {"paced", 1}, {"closed", 4}, {"closed", 16}} {
-		for _, t := range targets {
-			b.logf("%s, %s, concurrency %d", t.name, step.mode, step.conc)
-			var m *measurement
-			if step.mode == "paced" {
-				m, err = paced(ctx, t, repeat(jobPrint, max(n/4, 4)))
-			} else {
-				m, err = closed(ctx, t, step.conc, repeat(jobPrint, max(n, 2*step.conc)))
+		b.logf("%s, concurrency %d: %d targets in %d rounds", step.mode, step.conc, len(targets), rounds)
+		total := max(n, 2*step.conc)
+		if step.mode == "paced" {
+			total = max(n/4, 4)
+		}
+		ms := make([]*measurement, len(targets))
+		for r := range rounds {
+			share := total/rounds + boolInt(r < total%rounds)
+			for i, t := range targets {
+				var m *measurement
+				if step.mode == "paced" {
+					m, err = paced(ctx, t, repeat(jobPrint, share))
+				} else {
+					m, err = closed(ctx, t, step.conc, repeat(jobPrint, share))
+				}
+				if err != nil {
+					return err
+				}
+				ms[i] = ms[i].merge(m)
 			}
-			if err != nil {
-				return err
-			}
+		}
+		for _, m := range ms {
 			res.add(m, jobPrint.kind)
 		}
 	}
@@ -169,6 +182,26 @@ func (b *bench) run(ctx context.Context) error {
 		b.logf("wrote %s", b.o.png)
 	}
 	return nil
+}
+
+// rounds is how many shares of its runs each target gets within a step.
+const rounds = 4
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// merge returns the measurement of m's runs and then o's, one after the
+// other; m may be nil.
+func (m *measurement) merge(o *measurement) *measurement {
+	if m == nil {
+		return o
+	}
+	return &measurement{target: m.target, conc: m.conc, mode: m.mode,
+		samples: append(slices.Clip(m.samples), o.samples...), elapsed: m.elapsed + o.elapsed}
 }
 
 // add summarises m as a row of workload.

@@ -271,3 +271,17 @@ func TestFlagBounds(t *testing.T) {
 		}
 	}
 }
+
+func TestMerge(t *testing.T) {
+	t.Parallel()
+	a := &measurement{target: "agent", conc: 4, mode: "closed", samples: []sample{{d: time.Millisecond}}, elapsed: time.Second}
+	b := &measurement{target: "agent", conc: 4, mode: "closed", samples: []sample{{d: 2 * time.Millisecond}, {d: 3 * time.Millisecond}}, elapsed: 2 * time.Second}
+	var m *measurement
+	m = m.merge(a).merge(b)
+	if len(m.samples) != 3 || m.elapsed != 3*time.Second || m.target != "agent" || m.conc != 4 {
+		t.Fatalf("merged %+v", m)
+	}
+	if len(a.samples) != 1 {
+		t.Fatalf("merge changed its receiver: %d samples", len(a.samples))
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"debug/buildinfo"
 	"fmt"
 	"maps"
 	"os"
@@ -38,6 +39,13 @@ func describe(ctx context.Context, dc *client.Client) machine {
 	}
 	if out, err := exec.CommandContext(ctx, "runsc", "--version").Output(); err == nil {
 		m.runsc, _, _ = strings.Cut(strings.TrimSpace(string(out)), "\n")
+	}
+	if path, err := exec.LookPath("runsc"); err == nil {
+		// A runsc built with go install says VERSION_MISSING; its
+		// module version says which one it is.
+		if bi, err := buildinfo.ReadFile(path); err == nil && bi.Main.Version != "" {
+			m.runsc += " (module " + bi.Main.Path + "@" + bi.Main.Version + ")"
+		}
 	}
 	if out, err := exec.CommandContext(ctx, "git", "rev-parse", "--short=12", "HEAD").Output(); err == nil {
 		m.commit = strings.TrimSpace(string(out))
