@@ -19,6 +19,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/internal/launch"
@@ -75,11 +76,11 @@ func dockerReachable() error {
 }
 
 func moduleRoot() string {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	dir, err := policytest.ModuleRoot()
 	if err != nil {
 		panic(err)
 	}
-	return strings.TrimSpace(string(out))
+	return dir
 }
 
 // build compiles the three services and the in-sandbox runner into dir.

@@ -354,9 +354,9 @@ func TestPoolDestroysOnAbnormal(t *testing.T) {
 	if got := counted(t, m.scrubs, "error"); got != 1 {
 		t.Errorf("failed scrubs: %v, want 1", got)
 	}
-	// Closing destroys what is left, and every sandbox started is counted
-	// destroyed once.
-	waitUntil(t, "no start under way", func() bool { return p.Stats().Starting == 0 })
+	// Closing destroys what is left (the warm sandbox that replaced the
+	// destroyed ones), and every sandbox started is counted destroyed once.
+	waitUntil(t, "the pool refilled", func() bool { st := p.Stats(); return st.Warm == 1 && st.Starting == 0 })
 	if err := p.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -426,9 +426,9 @@ func TestBuildScript(t *testing.T) {
 }
 
 func moduleRoot(t *testing.T) string {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	dir, err := policytest.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return filepath.Dir(strings.TrimSpace(string(out)))
+	return dir
 }
