@@ -18,6 +18,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -101,26 +102,10 @@ func classify(err error) string {
 	return kindTransport
 }
 
-// bearer sends a bearer token with every request.
-type bearer struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.next.RoundTrip(r)
-}
-
-// client speaks HTTP/1.1 and h2c (gRPC needs HTTP/2, over cleartext here).
-func (b *bench) client() *http.Client { return server.NewClient() }
-
-// authClient is client with token as a bearer token.
+// authClient speaks HTTP/1.1 and h2c (gRPC needs HTTP/2, over cleartext
+// here) and sends token as a bearer token.
 func (b *bench) authClient(token string) *http.Client {
-	c := server.NewClient()
-	c.Transport = bearer{token: token, next: c.Transport}
-	return c
+	return cluster.WithBearer(server.NewClient(), token)
 }
 
 func exitFailure(code int32, stderr string) error {

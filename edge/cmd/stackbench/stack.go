@@ -107,14 +107,13 @@ func (b *bench) up(ctx context.Context) error {
 // warm sandboxes.
 func (b *bench) waitReady(ctx context.Context) error {
 	deadline := time.Now().Add(5 * time.Minute)
-	hc := b.client()
+	hc := b.authClient(b.key)
 	for time.Now().Before(deadline) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		ok := func() bool {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.edge.URL()+"/status", nil)
-			req.Header.Set("Authorization", "Bearer "+b.key)
 			res, err := hc.Do(req)
 			if err != nil {
 				return false
