@@ -299,6 +299,16 @@ func TestMetrics(t *testing.T) {
 	if agent["codemode_agent_sandboxes"] == nil || agent["codemode_agent_sessions"] == nil {
 		t.Errorf("agent /metrics lacks pool gauges")
 	}
+	// Every run gave its slot to its sandbox's scrub, and every scrub has
+	// ended: no slot is left taken.
+	if got := sample(agent, "codemode_agent_run_slots_max", nil); got < 1 {
+		t.Errorf("agent codemode_agent_run_slots_max = %v, want at least 1 (one per CPU by default)", got)
+	}
+	for _, state := range []string{"admitted", "waiting"} {
+		if got := sample(agent, "codemode_agent_run_slots", map[string]string{"state": state}); got != 0 {
+			t.Errorf("agent codemode_agent_run_slots{state=%q} = %v once settled, want 0", state, got)
+		}
+	}
 	// Sandboxes: each of the four runs and the session took one, each run's
 	// was scrubbed after it, the session's was destroyed when it closed;
 	// every sandbox started is either still there or destroyed.

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/codemode-go/codemode/agent/internal/admit"
 	"github.com/codemode-go/codemode/agent/internal/egress"
 	"github.com/codemode-go/codemode/agent/internal/pool"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
@@ -153,6 +154,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, log: logger, driver: driver}
 	poolMetrics := pool.NewMetrics()
+	hold := cfg.RunSlotHold
+	if hold <= 0 {
+		hold = admit.DefaultHold
+	}
+	gate := admit.New(cfg.RunSlots, hold)
 	p, err := pool.New(pool.Config{
 		OnReady:  a.setHealth,
 		Driver:   driver,
@@ -164,6 +170,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		Labels:   labels,
 		Logger:   logger.With("component", "pool"),
 		Metrics:  poolMetrics,
+		Gate:     gate,
 	})
 	if err != nil {
 		driver.Close()
@@ -197,10 +204,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		Hosts:    cfg.EgressHosts,
 		Log:      logger.With("component", "egress"),
 	})
-	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, sessions: sessions, egress: a.egress, metrics: telemetry.NewMetrics()}
+	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, gate: gate, sessions: sessions, egress: a.egress, metrics: telemetry.NewMetrics()}
 	a.svc.metrics.MustRegister(newPoolCollector(a.svc), poolMetrics)
 	logger.Info("agent started", "name", cfg.Name, "labels", labelString(cfg.Labels), "image", cfg.Image,
-		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes)
+		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes, "run_slots", cfg.RunSlots)
 	return a, nil
 }
 

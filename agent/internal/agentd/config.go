@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,7 +55,15 @@ type Config struct {
 	// Prestart has each sandbox's runner start the interpreter of the next
 	// stateless run ahead of it, when the sandbox is scrubbed.
 	Prestart bool
-	// QueueTimeout bounds how long a request waits for a free sandbox.
+	// RunSlots bounds the sandboxes that work at once, running (for up to
+	// admit.DefaultHold of each run) or being scrubbed; runs beyond it wait
+	// in arrival order (see package admit). 0: no bound.
+	RunSlots int
+	// RunSlotHold is how long a run keeps its slot at most; 0:
+	// admit.DefaultHold. It has no flag.
+	RunSlotHold time.Duration
+	// QueueTimeout bounds how long a request waits for a free sandbox
+	// (and for a run slot).
 	QueueTimeout time.Duration
 	// WarmIdle is how long a warm sandbox beyond MinActive may stay unused
 	// before it is destroyed.
@@ -161,6 +170,7 @@ func DefaultConfig() Config {
 		MaxSandboxes:      16,
 		MaxReuse:          100,
 		Prestart:          true,
+		RunSlots:          runtime.NumCPU(),
 		QueueTimeout:      30 * time.Second,
 		WarmIdle:          5 * time.Minute,
 		DefaultTimeout:    30 * time.Second,
@@ -220,7 +230,9 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	f.Env("max-reuse", "MAX_REUSE")
 	f.BoolVar(&cfg.Prestart, "prestart", cfg.Prestart, "start the interpreter of a sandbox's next stateless run when it is scrubbed, so that the run does not wait for it")
 	f.Env("prestart", "PRESTART")
-	f.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "how long a request waits for a free sandbox")
+	f.IntVar(&cfg.RunSlots, "run-slots", cfg.RunSlots, "sandboxes working at once (running the start of a program, or being scrubbed); further runs wait their turn; 0: no bound (default: the host's CPUs)")
+	f.Env("run-slots", "RUN_SLOTS")
+	f.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "how long a request waits for a free sandbox and a run slot")
 	f.Env("queue-timeout", "QUEUE_TIMEOUT")
 	f.DurationVar(&cfg.WarmIdle, "warm-idle", cfg.WarmIdle, "warm sandboxes beyond --min-active unused this long are destroyed")
 	f.Env("warm-idle", "WARM_IDLE")
@@ -350,6 +362,7 @@ func (c *Config) Validate() error {
 	check(c.MaxSandboxes >= 1, "max-sandboxes %d: want at least 1", c.MaxSandboxes)
 	check(c.MinActive >= 0 && c.MinActive <= c.MaxSandboxes, "min-active %d: want 0 to max-sandboxes (%d)", c.MinActive, c.MaxSandboxes)
 	check(c.MaxReuse >= 1, "max-reuse %d: want at least 1", c.MaxReuse)
+	check(c.RunSlots >= 0, "run-slots %d: want 0 (no bound) or more", c.RunSlots)
 	check(c.QueueTimeout > 0, "queue-timeout must be positive")
 	check(c.WarmIdle > 0, "warm-idle must be positive")
 	check(c.DefaultTimeout > 0 && c.DefaultTimeout <= c.MaxTimeout, "default-timeout %v: want positive and at most max-timeout (%v)", c.DefaultTimeout, c.MaxTimeout)

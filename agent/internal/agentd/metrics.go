@@ -12,13 +12,18 @@ import (
 //     and recycling (being scrubbed or replaced);
 //   - codemode_agent_sandboxes_max: the most the pool keeps;
 //   - codemode_agent_sessions: open sessions;
-//   - codemode_agent_ready: 1 once the pool has its warm sandboxes.
+//   - codemode_agent_ready: 1 once the pool has its warm sandboxes;
+//   - codemode_agent_run_slots{state}: slots of the CPUs admitted (runs and
+//     scrubs holding one) and runs waiting for one;
+//   - codemode_agent_run_slots_max: the slots, 0 for no bound.
 type poolCollector struct {
 	svc      *Service
 	sandbox  *prometheus.Desc
 	max      *prometheus.Desc
 	sessions *prometheus.Desc
 	ready    *prometheus.Desc
+	slots    *prometheus.Desc
+	slotsMax *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*poolCollector)(nil)
@@ -30,6 +35,8 @@ func newPoolCollector(svc *Service) *poolCollector {
 		max:      prometheus.NewDesc("codemode_agent_sandboxes_max", "The most sandboxes the pool keeps.", nil, nil),
 		sessions: prometheus.NewDesc("codemode_agent_sessions", "Open sessions.", nil, nil),
 		ready:    prometheus.NewDesc("codemode_agent_ready", "1 when the engine answers and the pool has warmed.", nil, nil),
+		slots:    prometheus.NewDesc("codemode_agent_run_slots", "Run slots admitted (runs and scrubs holding one) and runs waiting for one.", []string{"state"}, nil),
+		slotsMax: prometheus.NewDesc("codemode_agent_run_slots_max", "Run slots: sandboxes working at once; 0 for no bound.", nil, nil),
 	}
 }
 
@@ -38,6 +45,8 @@ func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.max
 	ch <- c.sessions
 	ch <- c.ready
+	ch <- c.slots
+	ch <- c.slotsMax
 }
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -52,4 +61,8 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ready = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, ready)
+	gs := c.svc.gate.Stats()
+	ch <- prometheus.MustNewConstMetric(c.slots, prometheus.GaugeValue, float64(gs.Admitted), "admitted")
+	ch <- prometheus.MustNewConstMetric(c.slots, prometheus.GaugeValue, float64(gs.Waiting), "waiting")
+	ch <- prometheus.MustNewConstMetric(c.slotsMax, prometheus.GaugeValue, float64(c.svc.gate.Slots()))
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/codemode-go/codemode/agent/internal/admit"
 	"github.com/codemode-go/codemode/agent/internal/egress"
 	"github.com/codemode-go/codemode/agent/internal/pool"
 	"github.com/codemode-go/codemode/agent/internal/wire"
@@ -65,6 +66,7 @@ type Service struct {
 	cfg      *Config
 	log      *slog.Logger
 	pool     *pool.Pool
+	gate     *admit.Gate // admission of runs to the CPUs
 	sessions *pool.Sessions
 	egress   *egress.Gate
 	metrics  *telemetry.Metrics
@@ -148,8 +150,14 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 	if id := exec.GetSessionId(); id != "" {
 		var res *executionv1.Result
 		_, err := s.sessions.Use(ctx, id, c.Tenant, exec.GetLanguage(), memory, c.AllowNewSession, func(sb *pool.Sandbox) (bool, error) {
+			// The session's sandbox is the caller's alone; its turn for
+			// the CPUs is waited for like any other run's.
+			slot, err := s.admit(ctx)
+			if err != nil {
+				return false, err
+			}
+			defer slot.Leave()
 			var broken bool
-			var err error
 			res, broken, err = s.run(ctx, sb, run, timeout, out, eg)
 			return broken, err
 		})
@@ -160,22 +168,45 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 		return res, out.wait()
 	}
 
+	// A run waits for its turn at the CPUs before it takes a sandbox, so
+	// that runs waiting for it hold no sandbox, and the pool starts none
+	// for them.
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
 	qctx, span := telemetry.StartSpan(qctx, "sandbox.acquire", telemetry.AttrLanguage.String(exec.GetLanguage()))
 	queued := time.Now()
-	sb, err := s.pool.AcquireFor(qctx, memory, exec.GetLanguage())
+	slot, err := s.gate.Enter(qctx)
+	var sb *pool.Sandbox
+	if err == nil {
+		sb, err = s.pool.AcquireFor(qctx, memory, exec.GetLanguage())
+	}
 	cancel()
 	s.metrics.ObserveQueueWait(time.Since(queued))
 	telemetry.EndSpan(span, err)
 	if err != nil {
+		slot.Leave()
 		return nil, notStarted{err}
 	}
 	res, broken, err := s.run(ctx, sb, run, timeout, out, eg)
+	// The scrub that Release starts takes a slot before this run's is
+	// given back.
 	s.pool.Release(ctx, sb, !broken)
+	slot.Leave()
 	if err != nil {
 		return nil, err
 	}
 	return res, out.wait()
+}
+
+// admit waits, up to the queue timeout, for the turn at the CPUs of a run
+// in a session (whose sandbox it already has).
+func (s *Service) admit(ctx context.Context) (*admit.Ticket, error) {
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
+	defer cancel()
+	slot, err := s.gate.Enter(qctx)
+	if err != nil {
+		return nil, notStarted{err}
+	}
+	return slot, nil
 }
 
 // run runs one program in sb and says whether sb must be destroyed.

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/codemode-go/codemode/agent/internal/admit"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	"github.com/codemode-go/codemode/internal/telemetry"
@@ -65,6 +66,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, if set, count sandboxes' and sessions' lifecycles.
 	Metrics *Metrics
+	// Gate, if set, is the agent's admission to the CPUs: a scrub takes a
+	// slot of it (without waiting) for as long as it works, so that runs
+	// are admitted beside scrubs only while CPUs are free.
+	Gate *admit.Gate
 }
 
 // Defaults.
@@ -406,10 +411,14 @@ func (p *Pool) Release(ctx context.Context, sb *Sandbox, reusable bool) {
 	}
 	p.moveLocked(busy, recycling)
 	_, span := telemetry.StartSpan(ctx, "scrub")
+	// Taken before the run's own slot is given back, so that no run is
+	// admitted in between.
+	slot := p.cfg.Gate.Take()
 	p.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ResetTimeout)
 		t0 := time.Now()
 		err := sb.Reset(ctx)
+		slot.Leave()
 		p.cfg.Metrics.scrubbed(time.Since(t0), err)
 		cancel()
 		telemetry.EndSpan(span, err)
