@@ -78,7 +78,43 @@ func (b *bench) measureAgent(ctx context.Context, r *report) error {
 	if r.paced, err = b.pacedBoth(ctx, b.client); err != nil {
 		return err
 	}
+	if err := b.measureUnbounded(ctx, r); err != nil {
+		return err
+	}
 	if err := b.agent.Stop(time.Minute); err != nil {
+		b.logf("stop agent: %v", err)
+	}
+	return nil
+}
+
+// measureUnbounded measures stateless python at concurrency 4 on the agent
+// and on a second one started with --run-slots 0, which admits every run
+// at once: two rounds each, in turn, so that both see the same host.
+func (b *bench) measureUnbounded(ctx context.Context, r *report) error {
+	b.logf("agent stateless python print(1), concurrency 4, against --run-slots 0, in turns")
+	var err error
+	if b.unbounded, err = b.startAgent(ctx, b.name+"-unbounded", "--run-slots", "0"); err != nil {
+		return err
+	}
+	c := agentv1connect.NewAgentServiceClient(server.NewClient(), b.unbounded.URL())
+	if err := waitWarm(ctx, c, b.o.warm); err != nil {
+		return err
+	}
+	e := &executionv1.Execution{Language: "python", Code: "print(1)"}
+	for range 2 {
+		for _, t := range []struct {
+			c    agentv1connect.AgentServiceClient
+			into *runs
+		}{{b.client, &r.slotted4}, {c, &r.unbounded4}} {
+			res, err := b.closedLoop(ctx, t.c, e, 4, b.o.n/2)
+			if err != nil {
+				return err
+			}
+			t.into.lat = append(t.into.lat, res.lat...)
+			t.into.elapsed += res.elapsed
+		}
+	}
+	if err := b.unbounded.Stop(time.Minute); err != nil {
 		b.logf("stop agent: %v", err)
 	}
 	return nil

@@ -72,15 +72,16 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 }
 
 type bench struct {
-	o        options
-	out, log io.Writer
-	dir      string // the binaries built
-	docker   *client.Client
-	baseline *benchbase.Baseline               // the baseline container, once started
-	name     string                            // of the agent
-	agent    *launch.Process                   // the agent measured
-	client   agentv1connect.AgentServiceClient // of agent
-	cold     *launch.Process                   // one whose runners prestart no interpreter
+	o         options
+	out, log  io.Writer
+	dir       string // the binaries built
+	docker    *client.Client
+	baseline  *benchbase.Baseline               // the baseline container, once started
+	name      string                            // of the agent
+	agent     *launch.Process                   // the agent measured
+	client    agentv1connect.AgentServiceClient // of agent
+	cold      *launch.Process                   // one whose runners prestart no interpreter
+	unbounded *launch.Process                   // one without run slots (--run-slots 0)
 }
 
 func (b *bench) logf(format string, args ...any) {
@@ -134,7 +135,7 @@ func (b *bench) setup(ctx context.Context) error {
 }
 
 func (b *bench) cleanup() {
-	for _, p := range []*launch.Process{b.agent, b.cold} {
+	for _, p := range []*launch.Process{b.agent, b.cold, b.unbounded} {
 		if p != nil {
 			_ = p.Stop(time.Minute) // it removes its sandboxes
 		}

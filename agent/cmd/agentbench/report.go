@@ -57,6 +57,10 @@ type report struct {
 	stateful         runs   // x = 1 in one session
 	paced            paced
 
+	// Stateless print(1) at concurrency 4, in turns: the agent, and a
+	// second one started with --run-slots 0.
+	slotted4, unbounded4 runs
+
 	// A second agent, started with --prestart=false.
 	coldPython1 runs // stateless print(1), concurrency 1
 	coldPaced   paced
@@ -134,6 +138,8 @@ func (r *report) rows() []row {
 		rowOf("agent stateful session: x = 1", 1, r.stateful),
 	}
 	rows = append(rows, pacedRows(r.paced, "")...)
+	rows = append(rows, rowOf("agent stateless python print(1), run slots, in turns", 4, r.slotted4),
+		rowOf("agent stateless python print(1), --run-slots 0, in turns", 4, r.unbounded4))
 	rows = append(rows, rowOf("agent stateless python print(1), --prestart=false", 1, r.coldPython1))
 	return append(rows, pacedRows(r.coldPaced, ", --prestart=false")...)
 }
@@ -163,6 +169,11 @@ func (r *report) print(w io.Writer) {
 			l.lang, pace, ms(l.warm.p50()), ms(l.cold.p50()), float64(l.warm.p50())/float64(l.cold.p50()))
 	}
 
+	if len(r.unbounded4.lat) > 0 {
+		fmt.Fprintf(w, "\nRun slots (%d, the host's CPUs), stateless python at concurrency 4, in turns: %.1f runs/s against %.1f without (%.2fx), p99 %.0f ms against %.0f ms (%.2fx)\n",
+			runtime.NumCPU(), r.slotted4.rate(), r.unbounded4.rate(), r.slotted4.rate()/r.unbounded4.rate(),
+			ms(r.slotted4.p(99)), ms(r.unbounded4.p(99)), float64(r.slotted4.p(99))/float64(r.unbounded4.p(99)))
+	}
 	fmt.Fprintf(w, "\nTargets (ratios of this run):\n")
 	ts := targets(r.o)
 	width := 0
