@@ -21,16 +21,18 @@ func TestRunSlots(t *testing.T) {
 	a := startAgent(t, func(c *Config) {
 		c.MinActive = 2
 		c.RunSlots = 1
-		c.RunSlotHold = 3 * time.Second
-		c.QueueTimeout = time.Second
+		// Long enough for the scrub between two runs on a loaded host;
+		// the first run below outlasts it.
+		c.QueueTimeout = 5 * time.Second
+		c.RunSlotHold = 30 * time.Second
 	})
 	a.waitWarm(t, 2)
 	c := a.client("connect")
 
 	// The first run holds the only slot: it prints, then sleeps past the
-	// second's queue timeout, but within the slot's hold time.
+	// second's queue timeout (5 s), but within the slot's hold time.
 	stream, err := c.ExecuteStream(t.Context(), connect.NewRequest(&agentv1.ExecuteStreamRequest{Execution: &executionv1.Execution{
-		Language: "python", Code: "import time\nprint('go', flush=True)\ntime.sleep(2)",
+		Language: "python", Code: "import time\nprint('go', flush=True)\ntime.sleep(10)",
 	}}))
 	if err != nil {
 		t.Fatal(err)
