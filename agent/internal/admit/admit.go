@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -59,11 +60,13 @@ func New(slots int, hold time.Duration) *Gate {
 
 // Slots is the gate's number of slots, 0 for no limit.
 func (g *Gate) Slots() int {
-	if g == nil || g.slots < 1 {
+	if g.unbounded() {
 		return 0
 	}
 	return g.slots
 }
+
+func (g *Gate) unbounded() bool { return g == nil || g.slots < 1 }
 
 // Stats are how many tickets hold a slot and how many callers wait.
 type Stats struct {
@@ -84,12 +87,12 @@ func (g *Gate) Stats() Stats {
 // and takes it. If ctx ends first it returns ErrSaturated, wrapped with the
 // context's error.
 func (g *Gate) Enter(ctx context.Context) (*Ticket, error) {
-	if g == nil || g.slots < 1 {
+	if g.unbounded() {
 		return nil, nil
 	}
 	g.mu.Lock()
 	if g.used < g.slots && len(g.waiting) == 0 {
-		t := g.admitLocked()
+		t := g.admitLocked(g.hold)
 		g.mu.Unlock()
 		return t, nil
 	}
@@ -108,11 +111,8 @@ func (g *Gate) Enter(ctx context.Context) (*Ticket, error) {
 		g.mu.Unlock()
 		w.t.Leave()
 	default:
-		for i, x := range g.waiting {
-			if x == w {
-				g.waiting = append(g.waiting[:i], g.waiting[i+1:]...)
-				break
-			}
+		if i := slices.Index(g.waiting, w); i >= 0 {
+			g.waiting = slices.Delete(g.waiting, i, i+1)
 		}
 		g.mu.Unlock()
 	}
@@ -125,21 +125,22 @@ func (g *Gate) Enter(ctx context.Context) (*Ticket, error) {
 // the next run: it counts against the runs admitted after it, but is never
 // queued behind them.
 func (g *Gate) Take() *Ticket {
-	if g == nil || g.slots < 1 {
+	if g.unbounded() {
 		return nil
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.used++
-	return &Ticket{g: g}
+	return g.admitLocked(0)
 }
 
 // admitLocked counts a slot taken and returns its ticket, which frees it
-// after the gate's hold time at the latest. g.mu is held.
-func (g *Gate) admitLocked() *Ticket {
+// after hold at the latest (0: only on Leave). g.mu is held.
+func (g *Gate) admitLocked(hold time.Duration) *Ticket {
 	g.used++
 	t := &Ticket{g: g}
-	t.timer = time.AfterFunc(g.hold, t.Leave)
+	if hold > 0 {
+		t.timer = time.AfterFunc(hold, t.Leave)
+	}
 	return t
 }
 
@@ -169,7 +170,7 @@ func (t *Ticket) Leave() {
 			w := g.waiting[0]
 			g.waiting[0] = nil
 			g.waiting = g.waiting[1:]
-			w.t = g.admitLocked()
+			w.t = g.admitLocked(g.hold)
 			close(w.ready)
 		}
 	})
