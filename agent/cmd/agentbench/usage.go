@@ -17,6 +17,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/agentd"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/benchbase"
 )
 
 // measureSplit measures the runner's split (see runnerSplit).
@@ -116,13 +117,14 @@ func (b *bench) splitOne(ctx context.Context, lang, code string, prestart bool) 
 }
 
 // cpuUse is CPU time used by the agent's sandboxes, the agent process and
-// the container engine.
-type cpuUse struct{ sandboxes, agent, engine time.Duration }
+// the container engine, and the whole host's busy time (which also counts
+// gVisor's work outside the sandboxes' cgroups, and anything else running).
+type cpuUse struct{ sandboxes, agent, engine, host time.Duration }
 
 // sub returns the use since before, per run of n.
 func (u cpuUse) sub(before cpuUse, n int) cpuUse {
 	d := time.Duration(max(n, 1))
-	return cpuUse{(u.sandboxes - before.sandboxes) / d, (u.agent - before.agent) / d, (u.engine - before.engine) / d}
+	return cpuUse{(u.sandboxes - before.sandboxes) / d, (u.agent - before.agent) / d, (u.engine - before.engine) / d, (u.host - before.host) / d}
 }
 
 // cpu reads CPU time so far: the cgroup (v1) accounting of the agent's
@@ -130,6 +132,7 @@ func (u cpuUse) sub(before cpuUse, n int) cpuUse {
 // best effort: what cannot be read counts as zero.
 func (b *bench) cpu(ctx context.Context) cpuUse {
 	var u cpuUse
+	u.host, _ = benchbase.HostCPU()
 	list, err := b.docker.ContainerList(ctx, container.ListOptions{Filters: filters.NewArgs(filters.Arg("label", "codemode.agent="+b.name))})
 	if err == nil {
 		for _, c := range list {
@@ -146,25 +149,16 @@ func (b *bench) cpu(ctx context.Context) cpuUse {
 		if err != nil {
 			continue
 		}
-		st := string(data)
-		open, closing := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
-		if open < 0 || closing < open {
+		st, err := benchbase.ParseProcStat(data)
+		if err != nil {
 			continue
 		}
-		comm := st[open+1 : closing]
-		fields := strings.Fields(st[closing+1:])
-		if len(fields) < 13 {
-			continue
-		}
-		ut, _ := strconv.ParseInt(fields[11], 10, 64)
-		stt, _ := strconv.ParseInt(fields[12], 10, 64)
-		t := time.Duration(ut+stt) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 		pid, _ := strconv.Atoi(filepath.Base(d))
 		switch {
 		case pid == b.agent.Pid():
-			u.agent += t
-		case comm == "dockerd" || comm == "containerd" || strings.HasPrefix(comm, "containerd-shim"):
-			u.engine += t
+			u.agent += st.CPU
+		case st.Comm == "dockerd" || st.Comm == "containerd" || strings.HasPrefix(st.Comm, "containerd-shim"):
+			u.engine += st.CPU
 		}
 	}
 	return u

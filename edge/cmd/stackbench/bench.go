@@ -46,7 +46,8 @@ type row struct {
 	target, workload, mode string
 	conc                   int
 	stats
-	noPercentiles bool // a baseline that reports one figure
+	noPercentiles bool   // a baseline that reports one figure
+	cpu           cpuUse // per run; zero: not measured
 }
 
 func (b *bench) run(ctx context.Context) error {
@@ -98,9 +99,11 @@ func (b *bench) run(ctx context.Context) error {
 	b.removeBaseline()
 
 	// Step by step, every target in turn, and within a step in rounds
-	// (each target a share of its runs per round), so that a drift of the
-	// machine's load over the run falls on all of them alike.
-	targets := append([]target{b.agentTarget()}, b.edgeTargets(b.edge.URL())...)
+	// (each target a share of its runs per round, the rounds starting at
+	// targets spread over the list), so that a drift of the machine's load over
+	// the run, and whatever the target before leaves behind (sandboxes
+	// still scrubbing), falls on all of them alike.
+	targets := append([]target{b.agentTarget()}, b.edgeTargets(b.edge)...)
 	n := b.o.n
 	for _, step := range []struct {
 		mode string
@@ -114,7 +117,8 @@ func (b *bench) run(ctx context.Context) error {
 		ms := make([]*measurement, len(targets))
 		for r := range rounds {
 			share := total/rounds + boolInt(r < total%rounds)
-			for i, t := range targets {
+			for _, i := range rotation(len(targets), r*len(targets)/rounds) {
+				t := targets[i]
 				var m *measurement
 				if step.mode == "paced" {
 					m, err = paced(ctx, t, repeat(jobPrint, share))
@@ -131,7 +135,7 @@ func (b *bench) run(ctx context.Context) error {
 			res.add(m, jobPrint.kind)
 		}
 	}
-	for _, t := range b.edgeTargets(b.policyEdge.URL()) {
+	for _, t := range b.edgeTargets(b.policyEdge) {
 		t.name += "+policies"
 		b.logf("%s, closed, concurrency 16", t.name)
 		m, err := closed(ctx, t, 16, repeat(jobPrint, max(n, 32)))
@@ -143,7 +147,7 @@ func (b *bench) run(ctx context.Context) error {
 	res.stackUp = b.running()
 
 	b.logf("mixed workload through connect-json, concurrency 4")
-	connectJSON := b.edgeTargets(b.edge.URL())[0]
+	connectJSON := b.edgeTargets(b.edge)[0]
 	m, err := closed(ctx, connectJSON, 4, mixedJobs(n, b.o.seed))
 	if err != nil {
 		return err
@@ -187,6 +191,15 @@ func (b *bench) run(ctx context.Context) error {
 // rounds is how many shares of its runs each target gets within a step.
 const rounds = 4
 
+// rotation is the order of n targets starting at first: 0..n-1 rotated.
+func rotation(n, first int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = (i + first) % n
+	}
+	return order
+}
+
 func boolInt(b bool) int {
 	if b {
 		return 1
@@ -201,12 +214,12 @@ func (m *measurement) merge(o *measurement) *measurement {
 		return o
 	}
 	return &measurement{target: m.target, conc: m.conc, mode: m.mode,
-		samples: append(slices.Clip(m.samples), o.samples...), elapsed: m.elapsed + o.elapsed}
+		samples: append(slices.Clip(m.samples), o.samples...), elapsed: m.elapsed + o.elapsed, cpu: m.cpu.add(o.cpu)}
 }
 
 // add summarises m as a row of workload.
 func (r *results) add(m *measurement, workload string) {
-	r.rows = append(r.rows, row{target: m.target, workload: workload, mode: m.mode, conc: m.conc, stats: summarize(m.samples, m.elapsed)})
+	r.rows = append(r.rows, row{target: m.target, workload: workload, mode: m.mode, conc: m.conc, stats: summarize(m.samples, m.elapsed), cpu: m.cpu.per(len(m.samples))})
 }
 
 // running reports whether every service is still running.

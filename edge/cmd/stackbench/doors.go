@@ -19,6 +19,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/cluster"
+	"github.com/codemode-go/codemode/internal/launch"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -36,6 +37,9 @@ type caller interface {
 type target struct {
 	name string
 	dial func(ctx context.Context) (caller, error)
+	// cpu reads the CPU time used so far by the host and by the services
+	// on the target's path; nil: not measured.
+	cpu func() cpuUse
 }
 
 // failure is a run that did not succeed, with the kind it is counted as.
@@ -118,7 +122,7 @@ func exitFailure(code int32, stderr string) error {
 // agentTarget is the agent's own API, with the cluster secret.
 func (b *bench) agentTarget() target {
 	c := agentv1connect.NewAgentServiceClient(b.authClient(b.secret), b.agent.URL())
-	return target{name: "agent", dial: func(context.Context) (caller, error) { return agentCaller{c}, nil }}
+	return target{name: "agent", dial: func(context.Context) (caller, error) { return agentCaller{c}, nil }, cpu: b.cpuMeter(nil)}
 }
 
 type agentCaller struct {
@@ -135,14 +139,15 @@ func (a agentCaller) call(ctx context.Context, language, code string) error {
 
 func (agentCaller) close() {}
 
-// edgeTargets are the five doors of the edge at base.
-func (b *bench) edgeTargets(base string) []target {
+// edgeTargets are the five doors of edge.
+func (b *bench) edgeTargets(edge *launch.Process) []target {
+	base := edge.URL()
 	hc := b.authClient(b.key)
 	rpc := func(name string, opts ...connect.ClientOption) target {
 		c := edgev1connect.NewExecutionServiceClient(hc, base, opts...)
 		return target{name: name, dial: func(context.Context) (caller, error) { return edgeCaller{c}, nil }}
 	}
-	return []target{
+	ts := []target{
 		rpc("connect-json", connect.WithProtoJSON()),
 		rpc("grpc", connect.WithGRPC()),
 		rpc("grpc-web", connect.WithGRPCWeb()),
@@ -156,6 +161,10 @@ func (b *bench) edgeTargets(base string) []target {
 		}},
 		{name: "run", dial: func(context.Context) (caller, error) { return runCaller{hc, base + "/run"}, nil }},
 	}
+	for i := range ts {
+		ts[i].cpu = b.cpuMeter(edge)
+	}
+	return ts
 }
 
 type edgeCaller struct {

@@ -69,6 +69,7 @@ type measurement struct {
 	conc                   int
 	samples                []sample
 	elapsed                time.Duration
+	cpu                    cpuUse // used over elapsed
 }
 
 // closed runs jobs through t with conc workers, each taking the next job
@@ -105,7 +106,7 @@ func closed(ctx context.Context, t target, conc int, jobs []job) (*measurement, 
 		mu      sync.Mutex
 		samples []sample
 	)
-	t0 := time.Now()
+	c0, t0 := t.meter(), time.Now()
 	for _, c := range callers {
 		wg.Go(func() {
 			for j := range next {
@@ -123,20 +124,28 @@ func closed(ctx context.Context, t target, conc int, jobs []job) (*measurement, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return &measurement{target: t.name, conc: conc, mode: "closed", samples: samples, elapsed: time.Since(t0)}, nil
+	return &measurement{target: t.name, conc: conc, mode: "closed", samples: samples, elapsed: time.Since(t0), cpu: t.meter().sub(c0)}, nil
 }
 
 // paced runs jobs through t one at a time, each pace after the end of the
-// one before, after two warm-up runs.
+// one before, after two warm-up runs. Its time and CPU count from the end
+// of the warm-up, pauses included: the CPU a paced run costs is also what
+// its sandbox's scrub and the idle host use until the next.
 func paced(ctx context.Context, t target, jobs []job) (*measurement, error) {
 	c, err := t.dial(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", t.name, err)
 	}
 	defer c.close()
-	var samples []sample
-	t0 := time.Now()
+	var (
+		samples []sample
+		c0      cpuUse
+		t0      time.Time
+	)
 	for i := range len(jobs) + 2 {
+		if i == 2 {
+			c0, t0 = t.meter(), time.Now()
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -147,7 +156,7 @@ func paced(ctx context.Context, t target, jobs []job) (*measurement, error) {
 			samples = append(samples, s)
 		}
 	}
-	return &measurement{target: t.name, conc: 1, mode: "paced", samples: samples, elapsed: time.Since(t0)}, nil
+	return &measurement{target: t.name, conc: 1, mode: "paced", samples: samples, elapsed: time.Since(t0), cpu: t.meter().sub(c0)}, nil
 }
 
 func timed(ctx context.Context, c caller, j job) sample {

@@ -12,8 +12,9 @@
 // `docker exec` into a warm runsc container and interpreter starts inside
 // that sandbox (one loop and four parallel loops).
 //
-// It prints one table (p50, p95, p99, runs/s, errors by kind), the
-// machine's description and a Targets section of ratios from the same run;
+// It prints one table (p50, p95, p99, runs/s, errors by kind), the CPU
+// each run cost the host and each service (from /proc), the machine's
+// description and a Targets section of ratios from the same run;
 // with -markdown it writes all of that to a file (BENCHMARKS.md), and with
 // -png it draws p50 and p99 latency against concurrency, one line per door
 // plus the agent directly.

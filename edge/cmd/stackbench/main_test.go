@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,14 +116,19 @@ func TestSummarize(t *testing.T) {
 }
 
 // testResults is a run in which the edge's doors are 5% slower than the
-// agent, and grpc 50% slower at concurrency 4.
+// agent, and grpc 50% slower at concurrency 4; CPU is measured at
+// concurrency 4 only, 160 ms of the host's per agent run.
 func testResults() *results {
 	res := &results{stackUp: true, queueWait: 30 * time.Second, start1: 50 * time.Millisecond, start4: 40,
 		machine: machine{cpu: "Test CPU", cpus: 2, date: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}
 	for _, conc := range []int{1, 4, 16} {
 		base := time.Duration(conc) * 60 * time.Millisecond
+		var cpu cpuUse
+		if conc == 4 {
+			cpu = cpuUse{host: 160 * time.Millisecond, agent: 4 * time.Millisecond, cp: time.Millisecond}
+		}
 		res.rows = append(res.rows, row{target: "agent", workload: jobPrint.kind, mode: "closed", conc: conc,
-			stats: stats{n: 10, p50: base, p95: base * 2, p99: base * 2, rate: 30, errs: map[string]int{}}})
+			stats: stats{n: 10, p50: base, p95: base * 2, p99: base * 2, rate: 30, errs: map[string]int{}}, cpu: cpu})
 		for _, d := range doors {
 			p50 := base * 105 / 100
 			if d == "grpc" && conc == 4 {
@@ -132,8 +138,11 @@ func testResults() *results {
 			if conc == 16 && d == "run" {
 				errs["http_503"] = 1
 			}
+			if conc == 4 {
+				cpu.edge = 2500 * time.Microsecond
+			}
 			res.rows = append(res.rows, row{target: d, workload: jobPrint.kind, mode: "closed", conc: conc,
-				stats: stats{n: 10, p50: p50, p95: p50 * 2, p99: p50 * 2, rate: 20, errs: errs}})
+				stats: stats{n: 10, p50: p50, p95: p50 * 2, p99: p50 * 2, rate: 20, errs: errs}, cpu: cpu})
 		}
 	}
 	res.rows = append(res.rows, row{target: "mcp+policies", workload: jobPrint.kind, mode: "closed", conc: 16,
@@ -199,14 +208,26 @@ func TestReports(t *testing.T) {
 			t.Errorf("Markdown report lacks %q:\n%s", want, md)
 		}
 	}
-	for _, want := range []string{"written by `make bench`", "`go run ./edge/cmd/stackbench -n 10`", "](BENCHMARKS.png)", "| --- |", "2026-01-02T03:04:05Z"} {
+	for _, want := range []string{"written by `make bench`", "`go run ./edge/cmd/stackbench -n 10`", "](BENCHMARKS.png)", "| --- |", "2026-01-02T03:04:05Z",
+		"## CPU per run", "| agent | python print(1) | closed | 4 | 160.0 | 4.0 | 1.0 | - |", "| grpc | python print(1) | closed | 4 | 160.0 | 4.0 | 1.0 | 2.5 |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("Markdown report lacks %q:\n%s", want, md)
 		}
 	}
-	// Every table line has as many cells as the header.
+	// Every line of the results table has as many cells as the header,
+	// and only the rows with CPU measured are in the CPU table.
+	results, cpu, _ := strings.Cut(md, "## CPU per run")
+	if n := strings.Count(cpu, "| closed | 4 |"); n != 1+len(doors) {
+		t.Errorf("%d rows in the CPU table, want %d:\n%s", n, 1+len(doors), cpu)
+	}
+	if strings.Contains(cpu, "| closed | 1 |") {
+		t.Errorf("the CPU table has a row that was not measured:\n%s", cpu)
+	}
+	if !strings.Contains(text, "CPU per run, ms:") {
+		t.Errorf("text report lacks the CPU table:\n%s", text)
+	}
 	rows := 0
-	for _, line := range strings.Split(md, "\n") {
+	for _, line := range strings.Split(results, "\n") {
 		if strings.HasPrefix(line, "| agent | ") || strings.HasPrefix(line, "| grpc | ") {
 			if n := strings.Count(line, "|"); n != len(header)+1 {
 				t.Errorf("line %q has %d separators, want %d", line, n, len(header)+1)
@@ -274,14 +295,30 @@ func TestFlagBounds(t *testing.T) {
 
 func TestMerge(t *testing.T) {
 	t.Parallel()
-	a := &measurement{target: "agent", conc: 4, mode: "closed", samples: []sample{{d: time.Millisecond}}, elapsed: time.Second}
-	b := &measurement{target: "agent", conc: 4, mode: "closed", samples: []sample{{d: 2 * time.Millisecond}, {d: 3 * time.Millisecond}}, elapsed: 2 * time.Second}
+	a := &measurement{target: "agent", conc: 4, mode: "closed", samples: []sample{{d: time.Millisecond}}, elapsed: time.Second, cpu: cpuUse{host: time.Second}}
+	b := &measurement{target: "agent", conc: 4, mode: "closed", samples: []sample{{d: 2 * time.Millisecond}, {d: 3 * time.Millisecond}}, elapsed: 2 * time.Second, cpu: cpuUse{host: 2 * time.Second}}
 	var m *measurement
 	m = m.merge(a).merge(b)
-	if len(m.samples) != 3 || m.elapsed != 3*time.Second || m.target != "agent" || m.conc != 4 {
+	if len(m.samples) != 3 || m.elapsed != 3*time.Second || m.target != "agent" || m.conc != 4 || m.cpu.host != 3*time.Second {
 		t.Fatalf("merged %+v", m)
 	}
 	if len(a.samples) != 1 {
 		t.Fatalf("merge changed its receiver: %d samples", len(a.samples))
+	}
+}
+
+func TestRotation(t *testing.T) {
+	t.Parallel()
+	const n = 6
+	first := map[int]bool{}
+	for r := range n {
+		order := rotation(n, r)
+		if !slices.Equal(slices.Sorted(slices.Values(order)), []int{0, 1, 2, 3, 4, 5}) {
+			t.Fatalf("round %d: order %v is not every target once", r, order)
+		}
+		first[order[0]] = true
+	}
+	if len(first) != n {
+		t.Errorf("over %d rounds, only %v went first", n, first)
 	}
 }

@@ -253,17 +253,36 @@ func renderText(res *results) string {
 		b.WriteString(l + "\n")
 	}
 	b.WriteString("\n")
-	t := cells(res.rows)
-	widths := make([]int, len(header))
+	writeText(&b, cells(res.rows), func(i int) bool { return i < 3 || i == len(header)-1 })
+	b.WriteString(legend)
+	if t := cpuCells(res.rows); len(t) > 1 {
+		b.WriteString("\nCPU per run, ms:\n")
+		writeText(&b, t, func(i int) bool { return i < 3 })
+		b.WriteString(cpuLegend)
+	}
+	b.WriteString("\nTargets (ratios of this run):\n")
+	for _, c := range checks(res) {
+		b.WriteString("  " + c.String() + "\n")
+	}
+	return b.String()
+}
+
+// writeText writes table t as aligned columns, left-aligned where left
+// says so and right-aligned elsewhere.
+func writeText(b *strings.Builder, t [][]string, left func(i int) bool) {
+	var widths []int
 	for _, r := range t {
 		for i, c := range r {
+			if i == len(widths) {
+				widths = append(widths, 0)
+			}
 			widths[i] = max(widths[i], len(c))
 		}
 	}
 	for _, r := range t {
 		var line strings.Builder
 		for i, c := range r {
-			if i < 3 || i == len(r)-1 {
+			if left(i) {
 				fmt.Fprintf(&line, "%-*s  ", widths[i], c)
 			} else {
 				fmt.Fprintf(&line, "%*s  ", widths[i], c)
@@ -271,13 +290,43 @@ func renderText(res *results) string {
 		}
 		b.WriteString(strings.TrimRight(line.String(), " ") + "\n")
 	}
-	b.WriteString(legend)
-	b.WriteString("\nTargets (ratios of this run):\n")
-	for _, c := range checks(res) {
-		b.WriteString("  " + c.String() + "\n")
-	}
-	return b.String()
 }
+
+// writeMarkdown writes table t, whose first row is its header.
+func writeMarkdown(b *strings.Builder, t [][]string) {
+	for i, r := range t {
+		b.WriteString("| " + strings.Join(r, " | ") + " |\n")
+		if i == 0 {
+			b.WriteString("|" + strings.Repeat(" --- |", len(r)) + "\n")
+		}
+	}
+}
+
+var cpuHeader = []string{"target", "workload", "mode", "conc", "host", "agent", "control plane", "edge"}
+
+// cpuCells is the CPU table as text: the rows whose CPU was measured.
+func cpuCells(rows []row) [][]string {
+	out := [][]string{cpuHeader}
+	f := func(d time.Duration) string { return fmt.Sprintf("%.1f", ms(d)) }
+	for _, r := range rows {
+		if r.cpu.host == 0 {
+			continue
+		}
+		edge := f(r.cpu.edge)
+		if r.target == "agent" {
+			edge = "-"
+		}
+		out = append(out, []string{r.target, r.workload, r.mode, fmt.Sprint(r.conc), f(r.cpu.host), f(r.cpu.agent), f(r.cpu.cp), edge})
+	}
+	return out
+}
+
+const cpuLegend = `
+host: the busy time of all the host's CPUs over the measurement (/proc/stat), divided by its
+runs: the sandboxes' gVisor kernels, the container engine, the services, this bench and
+anything else running on the machine; paced rows include the pauses between runs. agent,
+control plane, edge: each process's own (/proc/PID/stat), in 10 ms ticks.
+`
 
 const legend = `
 closed: each worker starts its next run when its last one ends; paced: one run every 500 ms.
@@ -299,13 +348,13 @@ func renderMarkdown(res *results, cmdline, plot string) string {
 		b.WriteString("- " + l + "\n")
 	}
 	b.WriteString("\n## Results\n\n")
-	for i, r := range cells(res.rows) {
-		b.WriteString("| " + strings.Join(r, " | ") + " |\n")
-		if i == 0 {
-			b.WriteString("|" + strings.Repeat(" --- |", len(r)) + "\n")
-		}
-	}
+	writeMarkdown(&b, cells(res.rows))
 	b.WriteString(legend)
+	if t := cpuCells(res.rows); len(t) > 1 {
+		b.WriteString("\n## CPU per run\n\nMilliseconds of CPU per run.\n\n")
+		writeMarkdown(&b, t)
+		b.WriteString(cpuLegend)
+	}
 	b.WriteString("\n## Targets\n\nRatios of this run.\n\n| measure | value | bound | verdict |\n| --- | --- | --- | --- |\n")
 	for _, c := range checks(res) {
 		verdict := "met"
