@@ -18,7 +18,9 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -27,6 +29,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
@@ -160,6 +163,15 @@ const (
 type Servers struct {
 	cfg   Config
 	langs languageCache
+
+	mu    sync.Mutex
+	built [2]builtServer // by tool set: [0] without execute_code, [1] with it
+}
+
+// builtServer is a server and the languages it was built with.
+type builtServer struct {
+	langs *edgev1.ListLanguagesResponse
+	srv   *mcp.Server
 }
 
 // New returns Servers for cfg.
@@ -179,13 +191,23 @@ func New(cfg Config) *Servers {
 // Server returns an MCP server for one client whose requests carry header
 // h (nil on stdio). withCode selects the tool set with execute_code.
 func (s *Servers) Server(ctx context.Context, h http.Header, withCode bool) *mcp.Server {
-	langs := s.langs.get(ctx, func(ctx context.Context) (*edgev1.ListLanguagesResponse, error) {
+	return s.build(s.languages(ctx, h), withCode)
+}
+
+// languages returns what the agents run, asking with the credentials of
+// header h when the cache has no fresh answer.
+func (s *Servers) languages(ctx context.Context, h http.Header) *edgev1.ListLanguagesResponse {
+	return s.langs.get(ctx, func(ctx context.Context) (*edgev1.ListLanguagesResponse, error) {
 		b, _, err := s.cfg.Open(ctx, h)
 		if err != nil {
 			return nil, err
 		}
 		return b.Languages(ctx)
 	})
+}
+
+// build makes a server of one tool set whose descriptions say langs.
+func (s *Servers) build(langs *edgev1.ListLanguagesResponse, withCode bool) *mcp.Server {
 	impl := &mcp.Implementation{Name: "codemode", Title: "codemode", Version: s.cfg.Version}
 	opts := &mcp.ServerOptions{Logger: s.cfg.Logger}
 	if withCode {
@@ -207,13 +229,45 @@ func (s *Servers) Server(ctx context.Context, h http.Header, withCode bool) *mcp
 	return srv
 }
 
+// forRequest is the server for HTTP request r. The streamable HTTP handler
+// asks for one on every request, not only for a new session (it reads the
+// protocol versions the server speaks), and building one resolves the
+// schemas of every tool: a millisecond of CPU and a megabyte of garbage.
+// So one server of each tool set serves every session, and a new one is
+// built only when a new session comes and the agents' languages have
+// changed since; sessions keep the server they began with. A request of an
+// existing session does not ask for the languages at all.
+func (s *Servers) forRequest(r *http.Request, withCode bool) *mcp.Server {
+	i := 0
+	if withCode {
+		i = 1
+	}
+	if r.Header.Get("Mcp-Session-Id") != "" {
+		s.mu.Lock()
+		srv := s.built[i].srv
+		s.mu.Unlock()
+		if srv != nil {
+			return srv
+		}
+	}
+	langs := s.languages(r.Context(), r.Header)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b := s.built[i]; b.srv != nil && proto.Equal(b.langs, langs) {
+		return b.srv
+	}
+	srv := s.build(langs, withCode)
+	s.built[i] = builtServer{langs: langs, srv: srv}
+	return srv
+}
+
 // Handlers returns the streamable HTTP handlers of the endpoint with
 // execute_code and of the one without it, wrapped so that protocol errors
 // are answered as JSON-RPC errors (see protocol).
 func (s *Servers) Handlers() (withCode, withoutCode http.Handler) {
 	opts := &mcp.StreamableHTTPOptions{Logger: s.cfg.Logger, SessionTimeout: 30 * time.Minute}
-	withCode = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server { return s.Server(r.Context(), r.Header, true) }, opts)
-	withoutCode = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server { return s.Server(r.Context(), r.Header, false) }, opts)
+	withCode = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server { return s.forRequest(r, true) }, opts)
+	withoutCode = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server { return s.forRequest(r, false) }, opts)
 	return protocol(withCode), protocol(withoutCode)
 }
 
@@ -304,7 +358,11 @@ func inputSchema[In any](info *edgev1.ListLanguagesResponse) *jsonschema.Schema 
 			names = append(names, l.GetName())
 		}
 		p.Enum = names
-		if d := info.GetDefaults().GetLanguage(); d != "" {
+		// A default that is not among the languages (agents that disagree,
+		// or one whose default language's interpreter is missing) would
+		// make the schema invalid, and the SDK refuse the tool: then the
+		// schema says none, and the agents' default still applies.
+		if d := info.GetDefaults().GetLanguage(); d != "" && slices.Contains(names, any(d)) {
 			p.Default, _ = json.Marshal(d)
 		}
 	}
