@@ -161,6 +161,12 @@ codemode-sandbox:*)
     # shim for mpl_toolkits (Python 3 finds namespace packages itself).
     # Together they cost ~25 ms per start under gVisor.
     rm -f "$root"/usr/lib/python3/dist-packages/distutils-precedence.pth "$root"/usr/lib/python3/dist-packages/matplotlib-*-nspkg.pth
+    # Debian's mpl_toolkits/__init__.py declares the namespace through
+    # pkg_resources, whose import scans every installed distribution, and
+    # matplotlib.pyplot imports mpl_toolkits.mplot3d: ~300 ms of each
+    # plotting run under gVisor (2.0 s against 1.7 s). Without it
+    # mpl_toolkits is a namespace package Python finds itself.
+    rm -f "$root"/usr/lib/python3/dist-packages/mpl_toolkits/__init__.py "$root"/usr/lib/python3/dist-packages/mpl_toolkits/__pycache__/__init__.*
     # The image must keep the README's contract: check the modules import.
     chroot "$root" env MPLBACKEND=Agg MPLCONFIGDIR=/tmp/mpl python3 -c 'import requests, numpy, pandas, scipy, matplotlib.pyplot, mpl_toolkits.mplot3d' >>"$STATE_DIR/debootstrap.log" 2>&1 ||
       { log "the new image fails its contract (python modules); see $STATE_DIR/debootstrap.log"; rm -rf "$root"; exit 1; }

@@ -29,6 +29,9 @@ func TestImageContract(t *testing.T) {
 		{"python is python3", "bash", "python --version; python3 --version", "Python 3.11"},
 		{"data libraries", "python", "import requests, numpy, pandas, scipy, matplotlib\nprint(numpy.array([1, 2]).sum() + len(pandas.DataFrame({'a': [1]})))", "4\n"},
 		{"matplotlib draws a PNG", "python", "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.savefig('/workspace/chart.png')\nprint(open('/workspace/chart.png', 'rb').read(8) == b'\\x89PNG\\r\\n\\x1a\\n')", "True\n"},
+		// mpl_toolkits is a namespace package without Debian's pkg_resources
+		// shim, whose import cost each plotting run ~300 ms (agent/host/setup.sh).
+		{"3D axes, without pkg_resources", "python", "import sys\nimport matplotlib.pyplot as plt\nfrom mpl_toolkits.mplot3d import Axes3D\nax = plt.figure().add_subplot(projection='3d')\nprint(isinstance(ax, Axes3D), 'pkg_resources' in sys.modules)", "True False\n"},
 		{"command-line tools", "bash", "curl --version | head -1 | cut -d' ' -f1; git --version | cut -d' ' -f1; echo '{\"a\": 2}' | jq .a; pip --version | cut -d' ' -f1", "curl\ngit\n2\npip\n"},
 		{"a C compiler", "bash", "printf 'int main(){return 42;}' > m.c && gcc m.c -o m && ./m; echo $?", "42\n"},
 	}
