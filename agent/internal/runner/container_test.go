@@ -371,6 +371,14 @@ func TestSandbox(t *testing.T) {
 				}
 			}
 		}
+		// matplotlib reads the image's font list from its directory, which
+		// is not the workspace, and searches no fonts (it would fail to
+		// write the list there, and say so on stderr).
+		r0 := sb.mustRun(t, "python", "import os, matplotlib.pyplot as plt, matplotlib\n"+
+			"d = os.environ['MPLCONFIGDIR']\nprint(matplotlib.get_cachedir() == d, [n.split('-v')[0] for n in os.listdir(d)], [n for n in os.listdir('/workspace') if n.startswith('.')])")
+		if want := "True ['fontlist'] []\n"; r0.stdout != want || r0.stderr != "" {
+			t.Errorf("matplotlib's directory: %q %q, want %q", r0.stdout, r0.stderr, want)
+		}
 		// The modules are root's: user code cannot change what the next
 		// run's plt.show() does.
 		r := sb.mustRun(t, "bash", "stat -c '%U %a' "+wire.UserLib+" "+wire.UserLib+"/*; echo x > "+wire.UserLib+"/codemode_mpl.py || echo refused")
@@ -399,7 +407,8 @@ func TestSandbox(t *testing.T) {
 
 // TestSandboxReset checks that a scrubbed sandbox shows nothing of the
 // runs before: processes that left the run's process group and session,
-// files in every writable place, System V shared memory, session state.
+// files in every writable place (matplotlib's directory holds the image's
+// font list again), System V shared memory, session state.
 func TestSandboxReset(t *testing.T) {
 	t.Parallel()
 	sb := startSandbox(t)
@@ -407,6 +416,7 @@ func TestSandboxReset(t *testing.T) {
 	a := `
 cd /workspace && echo a > a.txt && echo a > outputs/a.txt && mkdir -p d/e && echo x > d/e/f && chmod 000 d
 echo t > /tmp/t; mkdir /tmp/dir; echo s > /dev/shm/s
+echo 'font.size: 99' > "$MPLCONFIGDIR/matplotlibrc"; f=$(ls "$MPLCONFIGDIR"/fontlist-*); mv "$f" "$MPLCONFIGDIR/old"; echo '{}' > "$f"
 setsid sleep 3600 &
 nohup sleep 3600 >/dev/null 2>&1 &
 (sleep 3600 &) &
@@ -448,6 +458,7 @@ ls /proc | grep -c '^[0-9]'
 	t.Logf("Reset took %v", time.Since(start))
 	b := `
 ls -A /workspace /workspace/outputs /tmp /dev/shm
+ls -A "$MPLCONFIGDIR" | sed 's/-v[0-9]*//'; cmp "$MPLCONFIGDIR"/fontlist-* /usr/share/codemode/matplotlib/fontlist-* && echo same font list
 for p in /proc/[0-9]*; do [ "$(stat -c %U $p)" = nobody ] && [ "${p#/proc/}" != "$$" ] && [ "${p#/proc/}" != "$BASHPID" ] && echo "proc $(cat $p/cmdline | tr '\0' ' ')"; done
 pwd
 python3 -c '
@@ -459,7 +470,8 @@ print("mq", sum(libc.mq_open(b"/codemode-reset-%d" % i, os.O_RDONLY) >= 0 for i 
 `
 	r = sb.mustRun(t, "bash", b)
 	// outputs is made (empty) before every run.
-	want := "/dev/shm:\n\n/tmp:\n\n/workspace:\noutputs\n\n/workspace/outputs:\n/workspace\nshm False False False\nmq 0\n"
+	// matplotlib's directory holds the image's font list again, and only it.
+	want := "/dev/shm:\n\n/tmp:\n\n/workspace:\noutputs\n\n/workspace/outputs:\nfontlist.json\nsame font list\n/workspace\nshm False False False\nmq 0\n"
 	// The loop's own subshells may show up as "proc bash ..."; nothing else may.
 	var lines []string
 	for _, l := range strings.Split(r.stdout, "\n") {

@@ -29,9 +29,9 @@ const nodeEgressModule = "codemode_egress.js"
 
 // prepareLib makes cfg.lib root's and not writable by the user, and writes
 // the modules the runner lends user code into it. It returns the
-// environment that puts the Python ones to use and the directory, or nil
-// and "" when the directory is not there (a sandbox without it runs user
-// code without them).
+// environment that puts the Python ones to use, and matplotlib's directory
+// (see mplConfig), and the directory, or nil and "" when the directory is
+// not there (a sandbox without it runs user code without them).
 func prepareLib(cfg config) (env []string, dir string, err error) {
 	dir = cfg.lib
 	if dir == "" {
@@ -63,5 +63,8 @@ func prepareLib(cfg config) (env []string, dir string, err error) {
 	if err := os.WriteFile(filepath.Join(dir, nodeEgressModule), nodeEgressSource, 0o644); err != nil {
 		return nil, "", fmt.Errorf("lib: %w", err)
 	}
-	return []string{"PYTHONPATH=" + dir, "MPLBACKEND=module://" + mplBackendModule}, dir, nil
+	return []string{"PYTHONPATH=" + dir, "MPLBACKEND=module://" + mplBackendModule, "MPLCONFIGDIR=" + mplConfigDir(dir)}, dir, nil
 }
+
+// mplConfigDir is matplotlib's directory in lib (see mplConfig).
+func mplConfigDir(lib string) string { return filepath.Join(lib, "matplotlib") }

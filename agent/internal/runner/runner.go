@@ -82,6 +82,9 @@ type config struct {
 	// lib is the directory for the modules the runner lends user code
 	// (see prepareLib); "" or missing: none.
 	lib string
+	// mplSeed is where the image keeps matplotlib's font list (see
+	// mplConfig); missing: none.
+	mplSeed string
 	// proxyAddrs are where the egress proxy listens (see proxy); none: no
 	// proxy, and user code has no way out at all.
 	proxyAddrs []string
@@ -101,6 +104,7 @@ func defaultConfig(log *slog.Logger) config {
 		prestart:     true,
 		versions:     true,
 		lib:          wire.UserLib,
+		mplSeed:      MPLSeed,
 		proxyAddrs:   []string{fmt.Sprintf("127.0.0.1:%d", wire.ProxyPort), fmt.Sprintf("[::1]:%d", wire.ProxyPort)},
 	}
 }
@@ -212,6 +216,7 @@ type server struct {
 	// proxy serves the runs' egress; nil if there is none.
 	proxy *proxy
 
+	mpl      *mplConfig  // nil without a lib directory; touched only by Reset
 	ipcFloor ipcFloor    // touched only by Reset
 	mqueues  *os.File    // see openMqueues; nil if it failed, and then Reset fails
 	mqErr    error       // why mqueues is nil
@@ -266,6 +271,13 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	}
 	if cfg.prestart {
 		s.prestartLang = wire.DefaultLanguage
+	}
+	if lib != "" {
+		s.mpl = &mplConfig{dir: mplConfigDir(lib), seed: cfg.mplSeed, uid: cfg.uid, gid: cfg.gid}
+		if err := s.mpl.reset(); err != nil {
+			s.shutdown()
+			return nil, err
+		}
 	}
 	if len(cfg.proxyAddrs) > 0 {
 		p, err := newProxy(cfg.log, cfg.proxyAddrs, s.out.send, s.egressRefused)

@@ -41,7 +41,8 @@ func prepareDirs(cfg config) error {
 // included, since they all keep the user's uid), the user's System V IPC
 // objects and POSIX message queues removed, the workspace and scratch
 // directories emptied (POSIX shared memory and named semaphores are files
-// in /dev/shm), and the interpreter state of sessions dropped; then it
+// in /dev/shm), matplotlib's directory made again from the image (see
+// mplConfig), and the interpreter state of sessions dropped; then it
 // prestarts the interpreter of the next run (see prestarted). It fails if
 // any of that cannot be verified; the agent then destroys the sandbox.
 func (s *server) reset(ctx context.Context) error {
@@ -95,6 +96,11 @@ func (s *server) reset(ctx context.Context) error {
 	}
 	if err := prepareDirs(s.cfg); err != nil {
 		return fmt.Errorf("reset: %w", err)
+	}
+	if s.mpl != nil {
+		if err := s.mpl.reset(); err != nil {
+			return fmt.Errorf("reset: %w", err)
+		}
 	}
 	t4 := time.Now()
 	// Verify.

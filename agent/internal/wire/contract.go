@@ -112,5 +112,6 @@ const (
 // directory is on PYTHONPATH), and a Node.js preload that sends fetch()
 // through the egress proxy (in NODE_OPTIONS). The runner makes it root's,
 // mode 0755, before any user code runs; without it, user code runs without
-// them.
+// them. Its subdirectory matplotlib is the user's: MPLCONFIGDIR, made again
+// from the image's font list at every reset.
 const UserLib = "/opt/codemode/lib"
