@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"syscall"
 )
 
@@ -119,11 +118,4 @@ func (c *mplConfig) intact() bool {
 		}
 	}
 	return true
-}
-
-// names are the files in dir, sorted; for tests.
-func (c *mplConfig) names() []string {
-	n, _ := readNames(c.dir)
-	slices.Sort(n)
-	return n
 }

@@ -101,3 +101,10 @@ func TestMPLConfigReset(t *testing.T) {
 		t.Errorf("without a seed: %v %v, files %v", fi, err, bare.names())
 	}
 }
+
+// names are the files in c's directory, sorted.
+func (c *mplConfig) names() []string {
+	n, _ := readNames(c.dir)
+	slices.Sort(n)
+	return n
+}

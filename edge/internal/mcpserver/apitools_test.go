@@ -42,13 +42,7 @@ func apiServers(t *testing.T, opts ...apicall.Option) (fake *apistest.GitHub, wi
 	connect := func(h http.Handler) *mcp.ClientSession {
 		srv := httptest.NewServer(h)
 		t.Cleanup(srv.Close)
-		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).
-			Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: srv.URL}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cs.Close() })
-		return cs
+		return connectHTTP(t, srv.URL)
 	}
 	return fake, connect(code), connect(noCode)
 }

@@ -149,6 +149,19 @@ func (n *notes) get() []string {
 	return append([]string(nil), n.list...)
 }
 
+// connectHTTP opens an MCP client session, with the SDK's client, to the
+// streamable HTTP endpoint at url; the test's cleanup closes it.
+func connectHTTP(t testing.TB, url string) *mcp.ClientSession {
+	t.Helper()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).
+		Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: url}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
 // connectScripted serves the tools over b in memory and returns a client
 // session that records progress messages.
 func connectScripted(t *testing.T, b Backend, cfg Config) (*mcp.ClientSession, *notes) {

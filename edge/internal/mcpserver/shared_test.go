@@ -24,13 +24,8 @@ func BenchmarkExecuteCode(b *testing.B) {
 	}}
 	withCode, _ := New(cfg).Handlers()
 	srv := httptest.NewServer(withCode)
-	defer srv.Close()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil).
-		Connect(b.Context(), &mcp.StreamableClientTransport{Endpoint: srv.URL}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cs.Close()
+	b.Cleanup(srv.Close)
+	cs := connectHTTP(b, srv.URL)
 	p := &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": "print(1)"}}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -81,16 +76,7 @@ func TestServersShared(t *testing.T) {
 	withCode, _ := s.Handlers()
 	srv := httptest.NewServer(withCode)
 	t.Cleanup(srv.Close)
-	connect := func() *mcp.ClientSession {
-		t.Helper()
-		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).
-			Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: srv.URL}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cs.Close() })
-		return cs
-	}
+	connect := func() *mcp.ClientSession { return connectHTTP(t, srv.URL) }
 	schemaOf := func(cs *mcp.ClientSession) string {
 		t.Helper()
 		tools, err := cs.ListTools(t.Context(), nil)
