@@ -29,6 +29,7 @@ import (
 	"github.com/codemode-go/codemode/internal/apis"
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
+	"github.com/codemode-go/codemode/internal/cpuset"
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
@@ -159,6 +160,15 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		hold = admit.DefaultHold
 	}
 	gate := admit.New(cfg.RunSlots, hold)
+	var sets []string
+	if cfg.PinCPUs {
+		cpus, err := cpuset.Host()
+		if err != nil {
+			driver.Close()
+			return nil, err
+		}
+		sets = cpuset.Split(cpus, cfg.CPUs)
+	}
 	p, err := pool.New(pool.Config{
 		OnReady:  a.setHealth,
 		Driver:   driver,
@@ -171,6 +181,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		Logger:   logger.With("component", "pool"),
 		Metrics:  poolMetrics,
 		Gate:     gate,
+		CPUSets:  sets,
 	})
 	if err != nil {
 		driver.Close()
@@ -207,7 +218,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	a.svc = &Service{cfg: &a.cfg, log: logger.With("component", "service"), pool: p, gate: gate, sessions: sessions, egress: a.egress, metrics: telemetry.NewMetrics()}
 	a.svc.metrics.MustRegister(newPoolCollector(a.svc), poolMetrics)
 	logger.Info("agent started", "name", cfg.Name, "labels", labelString(cfg.Labels), "image", cfg.Image,
-		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes, "run_slots", cfg.RunSlots)
+		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes, "run_slots", cfg.RunSlots, "cpu_sets", len(sets))
 	return a, nil
 }
 

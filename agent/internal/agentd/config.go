@@ -76,6 +76,9 @@ type Config struct {
 	Memory, MaxMemory int64
 	// CPUs is the CPU limit of a sandbox.
 	CPUs float64
+	// PinCPUs pins each sandbox to as many of the host's CPUs as CPUs
+	// rounds up to, spreading the sandboxes over them (see CPUSets).
+	PinCPUs bool
 	// PidsLimit bounds the host threads of a sandbox (under runsc they
 	// include the sandbox kernel's own).
 	PidsLimit int64
@@ -178,6 +181,7 @@ func DefaultConfig() Config {
 		Memory:            512 << 20,
 		MaxMemory:         2 << 30,
 		CPUs:              1,
+		PinCPUs:           true,
 		PidsLimit:         256,
 		WorkspaceSize:     64 << 20,
 		TmpSize:           16 << 20,
@@ -244,6 +248,8 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	bytesFlag(f, &cfg.MaxMemory, "max-memory", "MAX_MEMORY", "largest memory limit a request may ask for")
 	f.Float64Var(&cfg.CPUs, "cpus", cfg.CPUs, "CPU limit of a sandbox")
 	f.Env("cpus", "SANDBOX_CPUS")
+	f.BoolVar(&cfg.PinCPUs, "pin-cpus", cfg.PinCPUs, "pin each sandbox to as many of the host's CPUs as --cpus rounds up to, spreading sandboxes over them (nothing is pinned when the host has fewer than twice that many)")
+	f.Env("pin-cpus", "SANDBOX_PIN_CPUS")
 	f.Int64Var(&cfg.PidsLimit, "pids-limit", cfg.PidsLimit, "pids limit of a sandbox (under runsc it counts the sandbox kernel's threads too)")
 	f.Env("pids-limit", "SANDBOX_PIDS_LIMIT")
 	bytesFlag(f, &cfg.WorkspaceSize, "workspace-size", "WORKSPACE_SIZE", "size of the /workspace tmpfs")

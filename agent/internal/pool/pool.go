@@ -70,6 +70,11 @@ type Config struct {
 	// slot of it (without waiting) for as long as it works, so that runs
 	// are admitted beside scrubs only while CPUs are free.
 	Gate *admit.Gate
+	// CPUSets, if set, are the host CPUs sandboxes are pinned to (see
+	// sandbox.Spec.CPUSet), each sandbox to one set: the pool spreads them
+	// evenly, and a run takes a warm sandbox on the set with the least
+	// work under way. Empty: none is pinned.
+	CPUSets []string
 }
 
 // Defaults.
@@ -99,6 +104,8 @@ func (c *Config) Validate() error {
 		return errors.New("pool: max reuse must be at least 1")
 	case len(c.Labels) == 0:
 		return errors.New("pool: no labels to recognize its containers by")
+	case slices.Contains(c.CPUSets, ""):
+		return errors.New("pool: an empty CPU set")
 	}
 	return c.Spec.Validate()
 }
@@ -117,6 +124,7 @@ type Pool struct {
 	warmed   bool                // see Stats.Warmed
 	closed   bool
 	versions map[string]string
+	opening  []int         // sandboxes being started, per CPU set
 	changed  chan struct{} // closed and replaced on every change
 	nextFill time.Time     // no warm start before this (back-off after failures)
 	failures int
@@ -173,6 +181,7 @@ func New(cfg Config) (*Pool, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		live:    map[string]*Sandbox{},
+		opening: make([]int, len(cfg.CPUSets)),
 		changed: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 		check:   make(chan struct{}, 1),
@@ -332,15 +341,7 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 // held.
 func (p *Pool) takeWarmLocked(language string) *Sandbox {
 	for len(p.warm) > 0 {
-		i := len(p.warm) - 1
-		if language != "" {
-			for j := i; j >= 0; j-- {
-				if p.warm[j].Prestarted() == language {
-					i = j
-					break
-				}
-			}
-		}
+		i := p.pickWarmLocked(language)
 		sb := p.warm[i]
 		p.warm = slices.Delete(p.warm, i, i+1)
 		if sb.dead() {
@@ -470,6 +471,7 @@ func (p *Pool) Hold(ctx context.Context, memory int64) (*Sandbox, error) {
 	}
 	p.mu.Lock()
 	p.moveLocked(busy, held)
+	sb.held = true
 	p.mu.Unlock()
 	return sb, nil
 }

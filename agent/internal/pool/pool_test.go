@@ -73,6 +73,7 @@ func (d *fakeDriver) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Cont
 	}
 	time.Sleep(d.startDur)
 	c := newFakeContainer(id)
+	c.cpuSet = spec.CPUSet
 	d.mu.Lock()
 	d.live[id] = c
 	d.mu.Unlock()
@@ -125,6 +126,7 @@ type fakeContainer struct {
 	once     sync.Once
 	resets   atomic.Int32
 	failNext atomic.Bool // the next Reset fails
+	cpuSet   string      // of its spec
 }
 
 func newFakeContainer(id string) *fakeContainer {
@@ -320,6 +322,83 @@ func TestPoolPrefersPrestartedLanguage(t *testing.T) {
 		p.Release(t.Context(), sb, true) // scrubbed without a run: still prestarted
 		waitUntil(t, "it back", func() bool { return p.Stats().Warm == 2 })
 	}
+}
+
+// Sandboxes are spread evenly over the CPU sets, also as they are replaced,
+// and a run takes a warm sandbox on the set with the least work under way
+// before the most recently used one.
+func TestPoolSpreadsOverCPUSets(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, func(c *Config) { c.MinWarm, c.Max, c.CPUSets = 4, 4, []string{"0", "1"} })
+	waitUntil(t, "four warm sandboxes", func() bool { return p.Stats().Warm == 4 })
+	set := func(sb *Sandbox) string { return d.get(sb.ID()).cpuSet }
+	even := func(when string) {
+		t.Helper()
+		per := map[string]int{}
+		d.mu.Lock()
+		for _, c := range d.live {
+			if !isDone(c) {
+				per[c.cpuSet]++
+			}
+		}
+		d.mu.Unlock()
+		if per["0"] != 2 || per["1"] != 2 {
+			t.Fatalf("%s: sandboxes per CPU set: %v, want 2 on each", when, per)
+		}
+	}
+	even("warm")
+
+	// Take all four, and give them back so that the two most recently
+	// used are on one set.
+	bySet := map[string][]*Sandbox{}
+	for range 4 {
+		sb, err := p.Acquire(t.Context(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bySet[set(sb)] = append(bySet[set(sb)], sb)
+	}
+	if len(bySet["0"]) != 2 || len(bySet["1"]) != 2 {
+		t.Fatalf("four runs at once took sandboxes on CPU sets %v", bySet)
+	}
+	for i, sb := range []*Sandbox{bySet["1"][0], bySet["1"][1], bySet["0"][0], bySet["0"][1]} {
+		p.Release(t.Context(), sb, true)
+		waitUntil(t, "it back", func() bool { return p.Stats().Warm == i+1 })
+	}
+	first, err := p.Acquire(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := p.Acquire(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.ID() != bySet["0"][1].ID() || set(second) != "1" {
+		t.Errorf("two runs took sandboxes on CPU sets %s and %s, want the most recently used (on 0), then one on 1", set(first), set(second))
+	}
+	p.Release(t.Context(), first, true)
+	p.Release(t.Context(), second, true)
+
+	// A session's sandbox is destroyed when it ends; its replacement goes
+	// to the set that lost it.
+	session, err := p.Hold(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Drop(session)
+	waitUntil(t, "four warm sandboxes", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		n := 0
+		for _, c := range d.live {
+			if !isDone(c) {
+				n++
+			}
+		}
+		return p.Stats().Warm == 4 && n == 4
+	})
+	even("after a session ended")
 }
 
 func TestPoolDestroysOnAbnormal(t *testing.T) {

@@ -33,6 +33,10 @@ type Sandbox struct {
 	// died: its runner went away during a request (see DiedError); only
 	// the holder touches it.
 	died bool
+	// lane is the index of its CPU set in Config.CPUSets, -1 if none.
+	lane int
+	// held: taken by a session; guarded by the pool.
+	held bool
 
 	p *Pool
 }
@@ -148,7 +152,16 @@ func (p *Pool) open(ctx context.Context, memory int64) (*Sandbox, error) {
 	spec.MemoryBytes = memory
 	p.mu.Lock()
 	probed := p.versions != nil
+	lane := p.laneLocked()
 	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.doneOpeningLocked(lane)
+		p.mu.Unlock()
+	}()
+	if lane >= 0 {
+		spec.CPUSet = p.cfg.CPUSets[lane]
+	}
 	if probed {
 		// Every sandbox has the same image: one runner's answer serves
 		// them all, and the others start without the probes (a process
@@ -167,7 +180,7 @@ func (p *Pool) open(ctx context.Context, memory int64) (*Sandbox, error) {
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
 	id.Store(shortID(c.ID()))
-	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now(), p: p}
+	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now(), lane: lane, p: p}
 	sb.ready, err = sb.rc.Ready(ctx)
 	if err != nil {
 		p.destroyNow(sb)

@@ -175,6 +175,7 @@ func (d *Docker) config(spec *Spec) (*container.Config, *container.HostConfig) {
 			Memory:         spec.MemoryBytes,
 			MemorySwap:     spec.MemoryBytes, // no swap
 			NanoCPUs:       spec.NanoCPUs,
+			CpusetCpus:     spec.CPUSet,
 			PidsLimit:      &pids,
 			OomKillDisable: &noOOMDisable,
 		},

@@ -58,6 +58,10 @@ type Spec struct {
 	MemoryBytes int64
 	// NanoCPUs is the CPU limit in units of 1e-9 CPUs.
 	NanoCPUs int64
+	// CPUSet, if set, pins the sandbox to these host CPUs, in Docker's
+	// --cpuset-cpus syntax ("1", "2-3"); NanoCPUs still bounds it. Empty:
+	// any CPU.
+	CPUSet string
 	// PidsLimit bounds the processes and threads in the sandbox.
 	PidsLimit int64
 	// Tmpfs maps writable paths to their tmpfs mount options, e.g.
