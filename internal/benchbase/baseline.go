@@ -26,6 +26,8 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/codemode-go/codemode/internal/cpuset"
 )
 
 // Baseline is one container from the sandbox image, with a long sleep as
@@ -39,6 +41,10 @@ type Baseline struct {
 	Image, Runtime string
 	// CPUs limits the container's CPU; 0 means no limit.
 	CPUs float64
+	// Pin pins the container to CPUs as the agent pins a sandbox of the
+	// same limit (see package cpuset): to the first set, if the host has
+	// more than one.
+	Pin bool
 	// Labels label the container, so that what a crashed run left behind
 	// can be found.
 	Labels map[string]string
@@ -53,10 +59,20 @@ func (b *Baseline) Start(ctx context.Context) error {
 	if b.ID != "" {
 		return errors.New("start baseline: already started")
 	}
+	res := container.Resources{Memory: 512 << 20, NanoCPUs: int64(b.CPUs * 1e9)}
+	if b.Pin {
+		cpus, err := cpuset.Host()
+		if err != nil {
+			return err
+		}
+		if sets := cpuset.Split(cpus, b.CPUs); sets != nil {
+			res.CpusetCpus = sets[0]
+		}
+	}
 	created, err := b.Docker.ContainerCreate(ctx,
 		&container.Config{Image: b.Image, Entrypoint: []string{"sleep", "3600"}, Labels: b.Labels},
 		&container.HostConfig{Runtime: b.Runtime, NetworkMode: "none", ReadonlyRootfs: true,
-			Tmpfs: map[string]string{"/tmp": "size=16m"}, Resources: container.Resources{Memory: 512 << 20, NanoCPUs: int64(b.CPUs * 1e9)}},
+			Tmpfs: map[string]string{"/tmp": "size=16m"}, Resources: res},
 		nil, nil, "")
 	if err != nil {
 		return fmt.Errorf("create baseline container: %w", err)

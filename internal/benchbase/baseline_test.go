@@ -2,12 +2,14 @@ package benchbase
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 
+	"github.com/codemode-go/codemode/internal/cpuset"
 	"github.com/codemode-go/codemode/internal/dockertest"
 )
 
@@ -15,7 +17,7 @@ func TestBaseline(t *testing.T) {
 	t.Parallel()
 	dc := dockertest.Client(t)
 	label := "codemode.benchbase.test"
-	b := &Baseline{Docker: dc, Image: dockertest.Image(), Runtime: "runsc", CPUs: 1, Labels: map[string]string{label: t.Name()}}
+	b := &Baseline{Docker: dc, Image: dockertest.Image(), Runtime: "runsc", CPUs: 1, Pin: true, Labels: map[string]string{label: t.Name()}}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -39,6 +41,18 @@ func TestBaseline(t *testing.T) {
 	out, err := b.Exec(ctx, "echo", "hi")
 	if err != nil || out != "hi\n" {
 		t.Fatalf("Exec(echo hi) = %q, %v; want \"hi\\n\"", out, err)
+	}
+	// Pinned as the agent pins a sandbox of one CPU: it sees one CPU.
+	cpus, err := cpuset.Host()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%d\n", len(cpus))
+	if cpuset.Split(cpus, 1) != nil {
+		want = "1\n"
+	}
+	if out, err := b.Exec(ctx, "nproc"); err != nil || out != want {
+		t.Errorf("nproc in the baseline = %q, %v; want %q", out, err, want)
 	}
 	if _, err := b.Exec(ctx, "sh", "-c", "echo oops >&2; exit 3"); err == nil {
 		t.Fatal("Exec of a failing command returned no error")

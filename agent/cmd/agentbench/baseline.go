@@ -12,7 +12,7 @@ import (
 // and in four.
 func (b *bench) baselines(ctx context.Context, r *report) error {
 	b.logf("starting the baseline container")
-	b.baseline = &benchbase.Baseline{Docker: b.docker, Image: b.o.image, Runtime: b.o.runtime, CPUs: b.o.cpus,
+	b.baseline = &benchbase.Baseline{Docker: b.docker, Image: b.o.image, Runtime: b.o.runtime, CPUs: b.o.cpus, Pin: true,
 		Labels: map[string]string{"codemode.bench": "1"}}
 	if err := b.baseline.Start(ctx); err != nil {
 		return err

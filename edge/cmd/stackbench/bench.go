@@ -67,7 +67,7 @@ func (b *bench) run(ctx context.Context) error {
 
 	b.logf("baselines: docker exec and python starts inside a runsc sandbox")
 	// With the agent's default CPU limit, one CPU.
-	b.baseline = &benchbase.Baseline{Docker: b.docker, Image: b.o.image, Runtime: b.o.runtime, CPUs: 1,
+	b.baseline = &benchbase.Baseline{Docker: b.docker, Image: b.o.image, Runtime: b.o.runtime, CPUs: 1, Pin: true,
 		Labels: map[string]string{baselineLabel: b.name}}
 	if err := b.baseline.Start(ctx); err != nil {
 		return err
