@@ -332,6 +332,9 @@ func dockerdPID() (int, error) {
 // executable named name.
 func procRunning(pid int, name string) bool {
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	// TestMakeUpCluster's make, running beside, may rebuild bin/ after this
+	// make started a service: the link then names the replaced file.
+	exe = strings.TrimSuffix(exe, " (deleted)")
 	if err != nil || filepath.Base(exe) != name {
 		return false
 	}
