@@ -1,5 +1,7 @@
 package pool
 
+import "slices"
+
 // Sandboxes pinned to CPU sets (Config.CPUSets; package internal/cpuset
 // says why). The pool spreads sandboxes evenly over the sets, and a run takes
 // a warm sandbox on the set with the least work under way.
@@ -11,7 +13,7 @@ func (p *Pool) laneLocked() int {
 	if len(p.cfg.CPUSets) == 0 {
 		return -1
 	}
-	n := p.laneCountsLocked(false)
+	n, _ := p.laneLoadLocked()
 	best := 0
 	for i := range n {
 		if n[i] < n[best] {
@@ -29,26 +31,27 @@ func (p *Pool) doneOpeningLocked(lane int) {
 	}
 }
 
-// laneCountsLocked returns, per CPU set, the sandboxes starting plus either
-// every live one (working false) or those at work: running, being scrubbed
-// (working true); sessions' sandboxes, mostly idle, do not count as work.
-// p.mu is held.
-func (p *Pool) laneCountsLocked(working bool) []int {
-	n := make([]int, len(p.cfg.CPUSets))
-	copy(n, p.opening)
+// laneLoadLocked returns, per CPU set, the sandboxes live or starting, and
+// those of them at work: starting, running or being scrubbed (neither warm
+// nor held by a session, whose sandbox is mostly idle). p.mu is held.
+func (p *Pool) laneLoadLocked() (sandboxes, working []int) {
+	sandboxes = slices.Clone(p.opening)
+	working = slices.Clone(p.opening)
 	for _, sb := range p.live {
-		if sb.lane >= 0 && !(working && sb.held) {
-			n[sb.lane]++
+		if sb.lane < 0 {
+			continue
+		}
+		sandboxes[sb.lane]++
+		if !sb.held {
+			working[sb.lane]++
 		}
 	}
-	if working {
-		for _, sb := range p.warm {
-			if sb.lane >= 0 {
-				n[sb.lane]--
-			}
+	for _, sb := range p.warm {
+		if sb.lane >= 0 {
+			working[sb.lane]--
 		}
 	}
-	return n
+	return sandboxes, working
 }
 
 // pickWarmLocked returns the index in p.warm of the sandbox a run in
@@ -58,7 +61,7 @@ func (p *Pool) laneCountsLocked(working bool) []int {
 func (p *Pool) pickWarmLocked(language string) int {
 	var work []int
 	if len(p.cfg.CPUSets) > 0 {
-		work = p.laneCountsLocked(true)
+		_, work = p.laneLoadLocked()
 	}
 	best := -1
 	var bestMiss bool
