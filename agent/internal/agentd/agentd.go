@@ -168,6 +168,14 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 			return nil, err
 		}
 		sets = cpuset.Split(cpus, cfg.CPUs)
+		if sets != nil {
+			// Pinning is worth having, not worth failing every sandbox
+			// start for.
+			if err := driver.PrepareCPUSets(ctx); err != nil {
+				logger.Warn("sandboxes not pinned to CPUs: cannot prepare the engine's cgroups", "error", err)
+				sets = nil
+			}
+		}
 	}
 	p, err := pool.New(pool.Config{
 		OnReady:  a.setHealth,
