@@ -66,6 +66,13 @@ func (b *Baseline) Start(ctx context.Context) error {
 			return err
 		}
 		if sets := cpuset.Split(cpus, b.CPUs); sets != nil {
+			info, err := b.Docker.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("read the Docker Engine's cgroup set-up: %w", err)
+			}
+			if err := cpuset.PrepareEngine(info.CgroupVersion, info.CgroupDriver); err != nil {
+				return err
+			}
 			res.CpusetCpus = sets[0]
 		}
 	}

@@ -44,6 +44,32 @@ func V1Root() (string, error) {
 	return "", errNoCpusetV1
 }
 
+// PrepareEngine readies the cgroups of a Docker Engine on this host, which
+// reports cgroup version and driver (its Info's CgroupVersion and
+// CgroupDriver), for containers pinned to CPUs. Under cgroup v1 the cpuset
+// cgroup the engine puts containers in starts with no CPUs, and runsc cannot
+// pin a container under it until something fills it: PrepareEngine fills
+// it (see FillV1).
+func PrepareEngine(version, driver string) error {
+	if version != "1" {
+		return nil // under v2 an empty cpuset is its parent's
+	}
+	var parent string
+	switch driver {
+	case "cgroupfs":
+		parent = "docker"
+	case "systemd":
+		parent = "system.slice"
+	default:
+		return fmt.Errorf("cgroup driver %q: its containers' parent cgroup is unknown", driver)
+	}
+	root, err := V1Root()
+	if err != nil {
+		return err
+	}
+	return FillV1(filepath.Join(root, parent))
+}
+
 // FillV1 makes the cgroup v1 cpuset directory dir, which it creates if need
 // be, and each of its ancestors hold CPUs and memory nodes, copied from the
 // nearest ancestor that has them, as runc does for a container's parents.

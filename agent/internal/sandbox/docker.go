@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -65,33 +64,15 @@ func (d *Docker) Ping(ctx context.Context) error {
 	return nil
 }
 
-// PrepareCPUSets readies the engine's cgroups for sandboxes pinned to CPUs.
-// Under cgroup v1 the cpuset cgroup the engine puts containers in starts
-// with no CPUs, and runsc cannot pin a container under it until something
-// fills it: PrepareCPUSets fills it from its ancestors. It works on this
-// host's cgroups, so the engine must run on this host.
+// PrepareCPUSets readies the engine's cgroups for sandboxes pinned to CPUs
+// (see cpuset.PrepareEngine). It works on this host's cgroups, so the
+// engine must run on this host.
 func (d *Docker) PrepareCPUSets(ctx context.Context) error {
 	info, err := d.cli.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("read the Docker Engine's cgroup set-up: %w", classify(err))
 	}
-	if info.CgroupVersion != "1" {
-		return nil // under v2 an empty cpuset is its parent's
-	}
-	var parent string
-	switch info.CgroupDriver {
-	case "cgroupfs":
-		parent = "docker"
-	case "systemd":
-		parent = "system.slice"
-	default:
-		return fmt.Errorf("cgroup driver %q: its containers' parent cgroup is unknown", info.CgroupDriver)
-	}
-	root, err := cpuset.V1Root()
-	if err != nil {
-		return err
-	}
-	return cpuset.FillV1(filepath.Join(root, parent))
+	return cpuset.PrepareEngine(info.CgroupVersion, info.CgroupDriver)
 }
 
 // HasImage reports whether image is present locally. Drivers never pull.
