@@ -8,7 +8,8 @@ import "slices"
 
 // laneLocked picks the CPU set for a sandbox about to be started: the one
 // with the fewest sandboxes, live or starting, and counts the start in it
-// (see doneOpeningLocked). -1 if the pool pins nothing. p.mu is held.
+// until the sandbox is live or destroyed (see open). -1 if the pool pins
+// nothing. p.mu is held.
 func (p *Pool) laneLocked() int {
 	if len(p.cfg.CPUSets) == 0 {
 		return -1

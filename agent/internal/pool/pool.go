@@ -380,6 +380,7 @@ func (p *Pool) startDirectLocked(ctx context.Context, memory int64, dedicated bo
 		p.NoteError(err)
 		return nil, err
 	}
+	p.doneOpeningLocked(sb.lane)
 	if p.closed {
 		p.endLocked(direct)
 		p.cfg.Metrics.destroy(destroyPoolClosed)
@@ -590,6 +591,7 @@ func (p *Pool) fill(ctx context.Context) {
 				p.NoteError(err)
 				return
 			}
+			p.doneOpeningLocked(sb.lane)
 			p.failures = 0
 			p.setVersions(sb.Versions())
 			if p.closed || !p.ready {

@@ -144,8 +144,10 @@ func (s *Sandbox) List(ctx context.Context, path string) (*runnerv1.FileList, er
 }
 
 // open starts a sandbox with the given memory limit and waits for its
-// runner.
-func (p *Pool) open(ctx context.Context, memory int64) (*Sandbox, error) {
+// runner. The start stays counted in its CPU set until the caller, holding
+// p.mu, adds the sandbox to p.live or destroys it: it then calls
+// doneOpeningLocked(sb.lane). Another start in between must count it.
+func (p *Pool) open(ctx context.Context, memory int64) (_ *Sandbox, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
 	defer cancel()
 	spec := p.cfg.Spec
@@ -155,9 +157,11 @@ func (p *Pool) open(ctx context.Context, memory int64) (*Sandbox, error) {
 	lane := p.laneLocked()
 	p.mu.Unlock()
 	defer func() {
-		p.mu.Lock()
-		p.doneOpeningLocked(lane)
-		p.mu.Unlock()
+		if err != nil {
+			p.mu.Lock()
+			p.doneOpeningLocked(lane)
+			p.mu.Unlock()
+		}
 	}()
 	if lane >= 0 {
 		spec.CPUSet = p.cfg.CPUSets[lane]
