@@ -131,6 +131,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	}
 	labels := map[string]string{sandbox.LabelAgent: cfg.Name}
 	command := []string{wire.RunnerPath}
+	if logger.Enabled(ctx, slog.LevelDebug) {
+		// The runner's log lines reach this log at debug level (see
+		// pool.open); at debug it says what each run spent its time on.
+		command = append(command, "-log-level=debug")
+	}
 	if !cfg.Prestart {
 		command = append(command, "-prestart=false")
 	}

@@ -479,3 +479,34 @@ func TestImageWithoutAnInterpreter(t *testing.T) {
 		t.Errorf("python after the failed JavaScript run: %v", r)
 	}
 }
+
+// TestRunnerLogsAtDebug runs an agent that logs at debug level: its runners
+// then log at debug too, and each run's split of its time (see runOnce)
+// reaches the agent's log.
+func TestRunnerLogsAtDebug(t *testing.T) {
+	t.Parallel()
+	needDocker(t)
+	var logs syncBuffer
+	cfg := DefaultConfig()
+	cfg.Name = randomName("test-debug")
+	cfg.Runner = runnerBin
+	cfg.MinActive, cfg.MaxSandboxes, cfg.MaxSessions = 1, 1, 0
+	cfg.Memory = 256 << 20
+	a, err := serveAgent(cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.stop() })
+	a.waitWarm(t, 1)
+	res, err := a.client("connect").Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "print(1)"}}))
+	if err != nil || res.Msg.GetResult().GetStdout() != "1\n" {
+		t.Fatalf("Execute: %v, %v", res, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), `msg=run component=runner lang=python interpreter=prestarted`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no debug line of the runner about the run in the agent's log:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
