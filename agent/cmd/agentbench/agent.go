@@ -52,13 +52,13 @@ func (b *bench) measureAgent(ctx context.Context, r *report) error {
 		{"agent stateless bash echo 1", "bash", "echo 1", 4, &r.bash4},
 	} {
 		b.logf("%s, concurrency %d", tc.name, tc.conc)
-		before := b.cpu(ctx)
+		before := b.cpu()
 		res, err := b.closedLoop(ctx, b.client, &executionv1.Execution{Language: tc.lang, Code: tc.code}, tc.conc, b.o.n)
 		if err != nil {
 			return err
 		}
 		if tc.into == &r.python4 {
-			r.cpu = b.cpu(ctx).sub(before, len(res.lat)+3)
+			r.cpu = b.cpu().sub(before, len(res.lat)+3)
 		}
 		*tc.into = res
 	}

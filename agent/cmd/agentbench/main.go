@@ -24,11 +24,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"time"
 
 	"github.com/docker/docker/client"
 
+	"github.com/codemode-go/codemode/agent/internal/agentd"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	"github.com/codemode-go/codemode/internal/benchbase"
 	"github.com/codemode-go/codemode/internal/cli"
@@ -57,7 +57,7 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 	f.IntVar(&o.warm, "warm", 8, "warm sandboxes of the agent (its memory is measured with them)")
 	f.StringVar(&o.image, "image", "codemode-sandbox:bookworm", "sandbox image")
 	f.StringVar(&o.runtime, "runtime", "runsc", "OCI runtime")
-	f.Float64Var(&o.cpus, "cpus", float64(runtime.NumCPU()), "CPU limit of the agent's sandboxes and of the baseline container alike")
+	f.Float64Var(&o.cpus, "cpus", agentd.DefaultConfig().CPUs, "CPU limit of the agent's sandboxes and of the baseline container alike (the agent's default; both are pinned to CPUs as the agent pins)")
 	if err := f.Parse(args); err != nil {
 		return err
 	}

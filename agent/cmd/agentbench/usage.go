@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/agent/internal/agentd"
@@ -127,21 +125,21 @@ func (u cpuUse) sub(before cpuUse, n int) cpuUse {
 	return cpuUse{(u.sandboxes - before.sandboxes) / d, (u.agent - before.agent) / d, (u.engine - before.engine) / d, (u.host - before.host) / d}
 }
 
-// cpu reads CPU time so far: the cgroup (v1) accounting of the agent's
+// cpu reads CPU time so far: the cgroup (v1) accounting of the engine's
 // containers, and /proc for the agent and the engine's processes. It is
 // best effort: what cannot be read counts as zero.
-func (b *bench) cpu(ctx context.Context) cpuUse {
+//
+// The containers' figure is their parent cgroup's, which keeps what a
+// container used after it is removed: the pool replaces sandboxes during a
+// measurement (each serves at most --max-reuse runs), and a sum over the
+// containers alive at its start and end would lose whatever the replaced ones
+// used. The only other container then is the idle baseline.
+func (b *bench) cpu() cpuUse {
 	var u cpuUse
 	u.host, _ = benchbase.HostCPU()
-	list, err := b.docker.ContainerList(ctx, container.ListOptions{Filters: filters.NewArgs(filters.Arg("label", "codemode.agent="+b.name))})
-	if err == nil {
-		for _, c := range list {
-			data, err := os.ReadFile("/sys/fs/cgroup/cpuacct/docker/" + c.ID + "/cpuacct.usage")
-			if err == nil {
-				n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-				u.sandboxes += time.Duration(n)
-			}
-		}
+	if data, err := os.ReadFile("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage"); err == nil {
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+		u.sandboxes = time.Duration(n)
 	}
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
