@@ -111,9 +111,7 @@ func (w *witness) count(path string) int {
 // start takes seconds, and holds the run waiting for it.
 func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 	t.Helper()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	c := &cluster{Stack: &Stack{Secret: newSecret()}, agents: map[string]*Process{}, args: map[string][]string{}, witness: startWitness(t)}
 	var err error
 	c.ControlPlane, err = start("controlplane", c.ClusterEnv(), "--addr", "127.0.0.1:0", "--agents=")

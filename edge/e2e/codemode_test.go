@@ -23,9 +23,7 @@ import (
 // or command line, not in a writable file, not in the run's output.
 func TestCodeModeAPIs(t *testing.T) {
 	t.Parallel()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	fake := apistest.NewGitHub(t)
 	dir := t.TempDir()
 	const token = "ghp_codemode0123456789abcdefghijklmnopq"

@@ -70,9 +70,7 @@ type egressStack struct {
 // name below .test and of every address, which must widen nobody's egress.
 func startEgressStack(t testing.TB) *egressStack {
 	t.Helper()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	es := &egressStack{}
 	big := strings.Repeat("x", 200_000)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

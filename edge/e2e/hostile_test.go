@@ -531,9 +531,7 @@ func TestHostileTenantLimits(t *testing.T) {
 //
 //	go test -run '^$' -bench EdgeLimits -benchtime 200x ./edge/e2e/
 func BenchmarkEdgeLimits(b *testing.B) {
-	if binDir == "" {
-		b.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(b)
 	s, err := StartStack("e2e-bench-limits", "--min-active", "4")
 	if err != nil {
 		b.Fatal(err)

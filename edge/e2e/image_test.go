@@ -56,9 +56,7 @@ func TestImageContract(t *testing.T) {
 // by CODEMODE_BASELINE_IMAGE (for example the previous build, kept with
 // docker tag), in turns, and reports both p50s and their ratio.
 func BenchmarkImageAgainstBaseline(b *testing.B) {
-	if binDir == "" {
-		b.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(b)
 	baseline := os.Getenv("CODEMODE_BASELINE_IMAGE")
 	if baseline == "" {
 		b.Skip("set CODEMODE_BASELINE_IMAGE to a local image to compare the sandbox image with")

@@ -158,9 +158,7 @@ func TestCompiledLanguageWithinLimits(t *testing.T) {
 // built without it and unchanged, lists it and runs it.
 func TestLanguageFromATestOnlyTableEntry(t *testing.T) {
 	t.Parallel()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	dir := filepath.Join(binDir, "testlanguage")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -214,9 +212,7 @@ func listLanguages(t *testing.T, c edgev1connect.ExecutionServiceClient) []*exec
 // them: the defaults are defined once, in the agent.
 func TestAgentsDefaults(t *testing.T) {
 	t.Parallel()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	s, err := StartStack("e2e-defaults", "--min-active", "1", "--max-sandboxes", "2", "--max-sessions", "1",
 		"--default-timeout", "3s", "--max-timeout", "20s", "--default-output", "64k")
 	if err != nil {

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // makeUpServices are the binaries `make up` starts, by executable name.
@@ -39,20 +41,16 @@ var makeUpServices = []string{"agent", "controlplane", "edge"}
 // `make up` does: slow on the first run, seconds of setup afterwards.
 func TestMakeUp(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("make up prepares the host and needs root")
-	}
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	testenv.NeedRoot(t, "make up, which prepares the host,")
+	needDocker(t)
 	for _, tool := range []string{"make", "bash", "curl", "docker"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("make up needs %s: %v", tool, err)
+			testenv.Missing(t, "make up needs %s: %v", tool, err)
 		}
 	}
 	root := moduleRoot()
 	if _, err := os.Stat(filepath.Join(root, "Makefile")); err != nil {
-		t.Skipf("no Makefile at the repository root: %v", err)
+		testenv.Missing(t, "no Makefile at the repository root: %v", err)
 	}
 	dockerd, err := dockerdPID()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // TestMakeUpCluster runs the real `make up-cluster` on loopback ports the
@@ -25,12 +26,8 @@ import (
 // spread over the three agents, and Ctrl-C stops everything.
 func TestMakeUpCluster(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("make up-cluster prepares the host and needs root")
-	}
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	testenv.NeedRoot(t, "make up-cluster, which prepares the host,")
+	needDocker(t)
 	for _, tool := range []string{"make", "bash", "curl", "redis-server"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("make up-cluster needs %s (make setup installs it): %v", tool, err)

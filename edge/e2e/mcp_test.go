@@ -229,9 +229,7 @@ func TestDefaultLanguageOnEveryDoor(t *testing.T) {
 // MCP's execute_code (one client session, streamable HTTP) and Connect's
 // Execute, in turns, and reports both p50s and their ratio.
 func BenchmarkMCPvsConnect(b *testing.B) {
-	if binDir == "" {
-		b.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(b)
 	s, err := StartStack("e2e-bench-mcp", "--min-active", "4")
 	if err != nil {
 		b.Fatal(err)

@@ -87,9 +87,7 @@ next:
 // Python) and redact (result phase).
 func startMetricsStack(t *testing.T) *Stack {
 	t.Helper()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	name := fmt.Sprintf("e2e-metrics-%d", os.Getpid())
 	s := &Stack{AgentName: name, Secret: newSecret()}
 	t.Cleanup(s.Stop)

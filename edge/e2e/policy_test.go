@@ -44,9 +44,7 @@ const (
 //   - redact removes AWS access key ids from output.
 func policyStack(t testing.TB) (s *Stack, keys string) {
 	t.Helper()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	dir := t.TempDir()
 	mods, err := policytest.BuildInto(dir, "tenantblock", "languages", "patterns", "prelude", "limits", "routes", "redact")
 	if err != nil {

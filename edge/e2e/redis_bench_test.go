@@ -25,9 +25,7 @@ import (
 //
 //	go test -run '^$' -bench ExecuteRedis -benchtime 100x -count 3 ./edge/e2e/
 func BenchmarkExecuteRedis(b *testing.B) {
-	if binDir == "" {
-		b.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(b)
 	rds := redistest.Start(b)
 	secret := newSecret()
 	env := []string{"CODEMODE_CLUSTER_SECRET=" + secret}

@@ -38,9 +38,7 @@ type replicas struct {
 
 func startReplicas(t *testing.T) *replicas {
 	t.Helper()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	r := &replicas{secret: newSecret(), redis: redistest.Start(t)}
 	t.Cleanup(func() {
 		for _, p := range append(r.edges[:], append(r.cps[:], r.agent)...) {

@@ -11,9 +11,7 @@ import (
 // container its agent made.
 func TestShutdownLeavesNoSandbox(t *testing.T) {
 	t.Parallel()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	s, err := StartStack("e2e-shutdown", "--min-active", "2")
 	if err != nil {
 		t.Fatal(err)

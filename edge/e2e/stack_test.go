@@ -24,6 +24,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/internal/launch"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // binDir holds the binaries built once for the whole test run.
@@ -39,8 +40,9 @@ var (
 func TestMain(m *testing.M) {
 	code := func() int {
 		if err := dockerReachable(); err != nil {
-			fmt.Fprintf(os.Stderr, "e2e: skipping: no Docker daemon reachable (%v); run 'make setup'\n", err)
-			return m.Run() // tests skip themselves
+			dockerErr = err
+			fmt.Fprintf(os.Stderr, "e2e: no Docker daemon reachable (%v); run 'make setup'\n", err)
+			return m.Run() // tests that need it skip, or fail in CI (needDocker)
 		}
 		dir, err := os.MkdirTemp("", "codemode-e2e-")
 		if err != nil {
@@ -60,6 +62,18 @@ func TestMain(m *testing.M) {
 		return code
 	}()
 	os.Exit(code)
+}
+
+// dockerErr is why the engine could not be reached, when binDir is "".
+var dockerErr error
+
+// needDocker ends tb unless the engine with runsc was reached and the
+// binaries were built: a skip, or in CI a failure (see testenv.Missing).
+func needDocker(tb testing.TB) {
+	tb.Helper()
+	if binDir == "" {
+		testenv.Missing(tb, "no Docker daemon with runsc reachable (%v); run 'make setup'", dockerErr)
+	}
 }
 
 func dockerReachable() error {
@@ -240,9 +254,7 @@ func (s *Stack) Logs() string {
 // there is no Docker daemon.
 func shared(t *testing.T) *Stack {
 	t.Helper()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	sharedOnce.Do(func() {
 		sharedStack, sharedErr = StartStack("e2e-shared", "--min-active", "2")
 	})

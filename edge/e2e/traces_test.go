@@ -232,9 +232,7 @@ func parentIs(t *testing.T, tr []receivedSpan, child, parent receivedSpan) {
 // the root of its trace.
 func TestTraces(t *testing.T) {
 	t.Parallel()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	rec := newOTLPReceiver(t)
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rec.URL, "OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"}
 	s, err := startStackEnv("", env, "e2e-traces", "--min-active", "1")
@@ -458,9 +456,7 @@ func TestTraces(t *testing.T) {
 //
 //	go test -run '^$' -bench Tracing -benchtime 200x ./edge/e2e/
 func BenchmarkTracing(b *testing.B) {
-	if binDir == "" {
-		b.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(b)
 	rec := newOTLPReceiver(b)
 	on, err := startStackEnv("", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rec.URL}, "e2e-bench-traced", "--min-active", "2")
 	if err != nil {

@@ -36,9 +36,7 @@ import (
 // non-zero, saying how to configure one, before it binds anything.
 func TestInternalServicesRefuseOpenAddresses(t *testing.T) {
 	t.Parallel()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	for _, tt := range []struct {
 		name string
 		args []string
@@ -358,9 +356,7 @@ func postJSONWith(t *testing.T, url, key, body string, out any) int {
 // MCP, quoting the caller's id, and are never reborn empty.
 func TestEndedSessionsAreNotFound(t *testing.T) {
 	t.Parallel()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	s, err := StartStack("e2e-ended", "--min-active", "1")
 	if err != nil {
 		t.Fatal(err)
@@ -473,9 +469,7 @@ func restart(p *Process, env []string, args ...string) (*Process, error) {
 // response header) and no internal address; the log has the detail.
 func TestErrorsHideInternals(t *testing.T) {
 	t.Parallel()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

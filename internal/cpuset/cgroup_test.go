@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // TestFillV1 fills a new two-level cgroup under the host's cpuset
@@ -16,9 +18,7 @@ func TestFillV1(t *testing.T) {
 	if err != nil {
 		t.Skipf("no cgroup v1 cpuset hierarchy here: %v", err)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create cgroups")
-	}
+	testenv.NeedRoot(t, "creating cgroups")
 	read := func(dir, name string) string {
 		t.Helper()
 		b, err := os.ReadFile(filepath.Join(dir, name))

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/docker/docker/client"
+
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // Image is the sandbox image tests run: $DOCKER_IMAGE_NAME, or else the
@@ -27,10 +29,10 @@ func Require(t testing.TB, cli *client.Client) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	if _, err := cli.Ping(ctx); err != nil {
-		t.Skipf("no Docker Engine reachable (run agent/host/setup.sh as root first): %v", err)
+		testenv.Missing(t, "no Docker Engine reachable (run agent/host/setup.sh as root first): %v", err)
 	}
 	if _, err := cli.ImageInspect(ctx, Image()); err != nil {
-		t.Skipf("sandbox image %s missing (run agent/host/setup.sh as root first): %v", Image(), err)
+		testenv.Missing(t, "sandbox image %s missing (run agent/host/setup.sh as root first): %v", Image(), err)
 	}
 }
 

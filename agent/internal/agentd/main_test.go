@@ -23,6 +23,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // The tests run real agents against the local Docker Engine with runsc.
@@ -103,7 +104,7 @@ func reapStaleTestSandboxes() {
 func needDocker(t testing.TB) {
 	t.Helper()
 	if skipWhy != "" {
-		t.Skip(skipWhy)
+		testenv.Missing(t, "%s", skipWhy)
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // TestAsUser checks that f runs with the user's uids and no capability,
@@ -21,7 +23,7 @@ import (
 // afterwards.
 func TestAsUser(t *testing.T) {
 	if !isRoot() {
-		t.Skip("switching a thread to another uid needs root")
+		testenv.Missing(t, "switching a thread to another uid needs root")
 	}
 	uid := 62000 + int(nextUID.Add(1))
 	stop := make(chan struct{})
@@ -130,7 +132,7 @@ func threadsOfUID(t *testing.T, uid int) int {
 // runner's, not root's, not another uid's.
 func TestKillAllOfUser(t *testing.T) {
 	if !isRoot() {
-		t.Skip("switching a thread to another uid needs root")
+		testenv.Missing(t, "switching a thread to another uid needs root")
 	}
 	t.Parallel()
 	uid, other := 62000+int(nextUID.Add(1)), 62000+int(nextUID.Add(1))

@@ -21,6 +21,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/dockertest"
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // The tests in this file start the real runner binary (static, as the agent
@@ -53,7 +54,7 @@ func needDocker(t testing.TB) {
 		}
 	})
 	if dockerErr != nil {
-		t.Skipf("no Docker daemon reachable, skipping the sandbox test (run agent/host/setup.sh): %v", dockerErr)
+		testenv.Missing(t, "no Docker daemon reachable for the sandbox test (run agent/host/setup.sh): %v", dockerErr)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // mqOpen calls mq_open (name without the leading slash, as the system call
@@ -39,7 +41,7 @@ func mqUnlink(name string) error {
 // is the host's. TestSandboxReset checks the same under gVisor.
 func TestResetMessageQueues(t *testing.T) {
 	if !isRoot() {
-		t.Skip("Reset needs root to act as the user")
+		testenv.Missing(t, "Reset needs root to act as the user")
 	}
 	t.Parallel()
 	h := newHarness(t)

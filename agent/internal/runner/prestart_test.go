@@ -15,6 +15,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // prestartedPID waits for the prestarted interpreter to be there and returns
@@ -148,7 +149,7 @@ type prestartCase struct {
 // how they exit. stderr, if not nil, normalises standard error first.
 func testPrestartedLikeCold(t *testing.T, lang string, cases []prestartCase, stderr func(string) string) {
 	if !isRoot() {
-		t.Skip("Reset kills processes by uid: needs root to run user code under a uid of its own")
+		testenv.Missing(t, "Reset kills processes by uid: needs root to run user code under a uid of its own")
 	}
 	t.Parallel()
 	cold := newHarness(t, func(c *config) { c.prestart = false })
@@ -205,7 +206,7 @@ func testPrestartedLikeCold(t *testing.T, lang string, cases []prestartCase, std
 // serves one run only, and it follows the language of the sandbox's runs.
 func TestPrestartedInterpreter(t *testing.T) {
 	if !isRoot() {
-		t.Skip("Reset kills processes by uid: needs root to run user code under a uid of its own")
+		testenv.Missing(t, "Reset kills processes by uid: needs root to run user code under a uid of its own")
 	}
 	t.Parallel()
 	h := newHarness(t)
@@ -281,7 +282,7 @@ func TestPrestartOff(t *testing.T) {
 // then stops; runs go on as without it.
 func TestPrestartStopsAfterFailures(t *testing.T) {
 	if !isRoot() {
-		t.Skip("Reset kills processes by uid: needs root to run user code under a uid of its own")
+		testenv.Missing(t, "Reset kills processes by uid: needs root to run user code under a uid of its own")
 	}
 	t.Parallel()
 	// Reachable by the user code's uid, which t.TempDir's parent is not.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/testenv"
 )
 
 // The tests in this file run the runner inside the test process, on the
@@ -517,7 +518,7 @@ func TestRunFiles(t *testing.T) {
 
 func TestReset(t *testing.T) {
 	if !isRoot() {
-		t.Skip("Reset kills processes by uid: needs root to run user code under a uid of its own")
+		testenv.Missing(t, "Reset kills processes by uid: needs root to run user code under a uid of its own")
 	}
 	t.Parallel()
 	h := newHarness(t)
@@ -580,7 +581,7 @@ sleep 0.3
 // keeps them.
 func TestRunSweep(t *testing.T) {
 	if !isRoot() {
-		t.Skip("finding the user's processes needs a uid of their own, which needs root")
+		testenv.Missing(t, "finding the user's processes needs a uid of their own, which needs root")
 	}
 	t.Parallel()
 	h := newHarness(t)
