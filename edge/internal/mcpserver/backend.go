@@ -41,15 +41,20 @@ type Backend interface {
 }
 
 // An Opener returns the Backend for one MCP request and the request's id.
-// h is the HTTP request's header, nil on stdio.
+// h is the header of the HTTP request that carries the MCP request, nil on
+// stdio. ctx is not that HTTP request's context: a tool call runs in its
+// MCP session's, which carries the values of the request that opened the
+// session.
 type Opener func(ctx context.Context, h http.Header) (b Backend, requestID string, err error)
 
 // Local returns an Opener over the edge's own Service, and its API calls
 // (nil: none): the tenant is the one whose API key the HTTP request
-// carries (the edge checked it before MCP read the body).
+// carries (the edge checked it before MCP read the body). It is read from
+// h, the current request's header, never from ctx, whose tenant is the one
+// of whoever opened the session.
 func Local(svc *execution.Service, calls *apicall.Service, tenants *tenant.Resolver) Opener {
-	return func(ctx context.Context, h http.Header) (Backend, string, error) {
-		t, err := tenants.Of(ctx, h)
+	return func(_ context.Context, h http.Header) (Backend, string, error) {
+		t, err := tenants.Resolve(h)
 		if err != nil {
 			return nil, "", err
 		}
