@@ -242,7 +242,7 @@ func (s *Servers) forRequest(r *http.Request, withCode bool) *mcp.Server {
 	if withCode {
 		i = 1
 	}
-	if r.Header.Get("Mcp-Session-Id") != "" {
+	if r.Header.Get(sessionIDHeader) != "" {
 		s.mu.Lock()
 		srv := s.built[i].srv
 		s.mu.Unlock()
@@ -262,13 +262,14 @@ func (s *Servers) forRequest(r *http.Request, withCode bool) *mcp.Server {
 }
 
 // Handlers returns the streamable HTTP handlers of the endpoint with
-// execute_code and of the one without it, wrapped so that protocol errors
-// are answered as JSON-RPC errors (see protocol).
+// execute_code and of the one without it, wrapped so that a session serves
+// only whoever opened it (see bindSessions) and protocol errors are
+// answered as JSON-RPC errors (see protocol).
 func (s *Servers) Handlers() (withCode, withoutCode http.Handler) {
 	opts := &mcp.StreamableHTTPOptions{Logger: s.cfg.Logger, SessionTimeout: 30 * time.Minute}
 	withCode = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server { return s.forRequest(r, true) }, opts)
 	withoutCode = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server { return s.forRequest(r, false) }, opts)
-	return protocol(withCode), protocol(withoutCode)
+	return protocol(bindSessions(withCode)), protocol(bindSessions(withoutCode))
 }
 
 // sandboxText tells a model what the sandbox is, from what the agents
