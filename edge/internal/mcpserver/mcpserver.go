@@ -185,6 +185,9 @@ func New(cfg Config) *Servers {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	// The SDK logs session ids, which let whoever holds one act in that
+	// session: it gets a logger that writes their hashes instead.
+	cfg.Logger = slog.New(hashSessionIDs{cfg.Logger.Handler()})
 	return &Servers{cfg: cfg, langs: languageCache{ttl: time.Minute}}
 }
 
@@ -209,7 +212,7 @@ func (s *Servers) languages(ctx context.Context, h http.Header) *edgev1.ListLang
 // build makes a server of one tool set whose descriptions say langs.
 func (s *Servers) build(langs *edgev1.ListLanguagesResponse, withCode bool) *mcp.Server {
 	impl := &mcp.Implementation{Name: "codemode", Title: "codemode", Version: s.cfg.Version}
-	opts := &mcp.ServerOptions{Logger: s.cfg.Logger}
+	opts := &mcp.ServerOptions{Logger: s.cfg.Logger, GetSessionID: newSessionID}
 	if withCode {
 		opts.Instructions = "Runs code in isolated sandboxes with no network. " + sandboxText(langs) +
 			" Use execute_code to run code; create_session for state that lasts across calls."
