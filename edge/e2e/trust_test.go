@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -321,6 +323,152 @@ func keyedMCP(t *testing.T, endpoint, key string) *mcp.ClientSession {
 	}
 	t.Cleanup(func() { cs.Close() })
 	return cs
+}
+
+// TestTenantsCannotUseEachOthersMCPSessions has tenant A open an MCP
+// session on each MCP endpoint, and tenant B, with its own key, send
+// requests of every method naming A's session: tool calls, tools/list,
+// ping, the stream (GET) and the end of the session (DELETE). Each gets
+// exactly what a session id nobody has gets, HTTP 404, and shows none of
+// A's files; A's sessions keep working, and the edge's log never holds
+// their ids, only their hashes.
+func TestTenantsCannotUseEachOthersMCPSessions(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	edge, keyA, keyB := keyedEdge(t, s)
+	withCode := keyedMCP(t, edge.URL()+"/mcp", keyA)
+	withoutCode := keyedMCP(t, edge.URL()+"/mcp-no-code-execute", keyA)
+	sess := "mcp-trust-" + newSecret()[:12] // A's code-execution session
+	if r := call(t, withCode, "execute_code", map[string]any{"session_id": sess, "language": "python",
+		"code": "secret = 'of-a'\nopen('/workspace/a.txt', 'w').write('of-a')"}); r.IsError {
+		t.Fatalf("A's run: %s", textOf(r))
+	}
+	t.Cleanup(func() {
+		withCode.CallTool(context.Background(), &mcp.CallToolParams{Name: "close_session", Arguments: map[string]any{"session_id": sess}})
+	})
+
+	toolCall := func(id int, tool, args string) string {
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":%s}}`, id, tool, args)
+	}
+	list := `{"jsonrpc":"2.0","id":20,"method":"tools/list"}`
+	ping := `{"jsonrpc":"2.0","id":21,"method":"ping"}`
+	for _, door := range []struct {
+		path  string
+		cs    *mcp.ClientSession
+		posts []string
+	}{
+		{"/mcp", withCode, []string{
+			toolCall(1, "execute_code", `{"session_id":"`+sess+`","language":"python","code":"import os\nprint(globals().get('secret'), os.listdir('/workspace'))"}`),
+			toolCall(2, "execute_code", `{"language":"python","code":"print('ran-by-b')"}`),
+			toolCall(3, "list_files", `{"session_id":"`+sess+`"}`),
+			toolCall(4, "read_file", `{"session_id":"`+sess+`","path":"a.txt"}`),
+			toolCall(5, "close_session", `{"session_id":"`+sess+`"}`),
+			list, ping,
+		}},
+		{"/mcp-no-code-execute", withoutCode, []string{toolCall(6, "list_languages", `{}`), list, ping}},
+	} {
+		t.Run(strings.TrimPrefix(door.path, "/"), func(t *testing.T) {
+			url := edge.URL() + door.path
+			type request struct{ method, body string }
+			var requests []request
+			for _, b := range door.posts {
+				requests = append(requests, request{http.MethodPost, b})
+			}
+			requests = append(requests, request{http.MethodGet, ""}, request{http.MethodDelete, ""})
+			for _, r := range requests {
+				unknown := mcpRequest(t, url, r.method, r.body, keyB, strings.ToUpper(newSecret()[:26]))
+				if unknown.status != http.StatusNotFound {
+					t.Fatalf("%s %s on an unknown session: %s, want 404", r.method, r.body, unknown)
+				}
+				got := mcpRequest(t, url, r.method, r.body, keyB, door.cs.ID())
+				if got != unknown {
+					t.Errorf("%s %s by B on A's session: %s, want what an unknown session gets: %s", r.method, r.body, got, unknown)
+				}
+				if strings.Contains(got.body, "of-a") || strings.Contains(got.body, "a.txt") || strings.Contains(got.body, "ran-by-b") {
+					t.Errorf("%s %s by B on A's session showed A's data or ran: %s", r.method, r.body, got)
+				}
+			}
+			// A's session is untouched.
+			if _, err := door.cs.ListTools(t.Context(), nil); err != nil {
+				t.Errorf("A's tools/list after B's requests: %v", err)
+			}
+			if err := door.cs.Ping(t.Context(), nil); err != nil {
+				t.Errorf("A's ping after B's requests: %v", err)
+			}
+		})
+	}
+	if r := call(t, withCode, "execute_code", map[string]any{"session_id": sess, "language": "python",
+		"code": "import os\nprint(secret, open('/workspace/a.txt').read(), sorted(os.listdir('/workspace')))"}); r.IsError ||
+		structured(t, r)["stdout"] != "of-a of-a ['a.txt', 'outputs']\n" {
+		t.Errorf("A's session after B's requests: %s", textOf(r))
+	}
+	if r := call(t, withoutCode, "list_languages", nil); r.IsError {
+		t.Errorf("A's list_languages after B's requests: %s", textOf(r))
+	}
+
+	logs := edge.Logs()
+	for _, cs := range []*mcp.ClientSession{withCode, withoutCode} {
+		if strings.Contains(logs, cs.ID()) {
+			t.Errorf("the edge logged the MCP session id %s", cs.ID())
+		}
+		sum := sha256.Sum256([]byte(cs.ID()))
+		if h := hex.EncodeToString(sum[:6]); !strings.Contains(logs, h) {
+			t.Errorf("the edge's log does not name the MCP session by its hash %s", h)
+		}
+	}
+}
+
+// httpAnswer is an HTTP answer as a caller sees it.
+type httpAnswer struct {
+	status      int
+	contentType string
+	body        string
+}
+
+func (a httpAnswer) String() string {
+	body := a.body
+	if len(body) > 300 {
+		body = body[:300] + "..."
+	}
+	return fmt.Sprintf("HTTP %d %s %q", a.status, a.contentType, body)
+}
+
+// mcpRequest sends one raw MCP request with key in the MCP session named
+// session: a POST of body, or a GET (the stream, of which only the status
+// is read when it opens) or a DELETE (the end of the session).
+func mcpRequest(t *testing.T, url, method, body, key, session string) httpAnswer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var rd io.Reader
+	if method == http.MethodPost {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Mcp-Session-Id", session)
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	switch method {
+	case http.MethodPost:
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+	case http.MethodGet:
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	res, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer res.Body.Close()
+	a := httpAnswer{status: res.StatusCode, contentType: res.Header.Get("Content-Type")}
+	if method != http.MethodGet || res.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(res.Body)
+		a.body = string(b)
+	}
+	return a
 }
 
 // postJSONWith posts body with an API key and decodes the JSON answer.
