@@ -213,11 +213,12 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		}
 	}
 	sessions := pool.NewSessions(p, pool.SessionsConfig{
-		Max:        cfg.MaxSessions,
-		IdleTTL:    cfg.SessionIdleTTL,
-		MaxIdleTTL: cfg.MaxSessionIdleTTL,
-		Journal:    journal,
-		Logger:     logger.With("component", "sessions"),
+		Max:          cfg.MaxSessions,
+		MaxPerTenant: cfg.MaxSessionsPerTenant,
+		IdleTTL:      cfg.SessionIdleTTL,
+		MaxIdleTTL:   cfg.MaxSessionIdleTTL,
+		Journal:      journal,
+		Logger:       logger.With("component", "sessions"),
 	})
 	a.pool, a.sessions, a.journal = p, sessions, journal
 	a.egress = egress.New(egress.Config{

@@ -94,6 +94,10 @@ type Config struct {
 	SessionIdleTTL, MaxSessionIdleTTL time.Duration
 	// MaxSessions bounds the open sessions.
 	MaxSessions int
+	// MaxSessionsPerTenant bounds the open sessions of one tenant, so that
+	// one tenant cannot hold every session while the others are refused.
+	// At or above MaxSessions it bounds nothing more.
+	MaxSessionsPerTenant int
 
 	// EgressMaxConnections, EgressMaxBytes and EgressMaxConnectionTime bound
 	// a run's egress (connections opened, bytes both ways, how long one
@@ -191,9 +195,11 @@ func DefaultConfig() Config {
 		SessionIdleTTL:    10 * time.Minute,
 		MaxSessionIdleTTL: 24 * time.Hour,
 		MaxSessions:       8,
-		ShutdownTimeout:   10 * time.Second,
-		HeartbeatInterval: 500 * time.Millisecond,
-		LogFormat:         "text",
+		// Half of MaxSessions: a tenant alone cannot take them all.
+		MaxSessionsPerTenant: 4,
+		ShutdownTimeout:      10 * time.Second,
+		HeartbeatInterval:    500 * time.Millisecond,
+		LogFormat:            "text",
 
 		EgressMaxConnections: 64,
 		EgressMaxBytes:       128 << 20,
@@ -263,6 +269,8 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	f.Env("max-session-idle-ttl", "MAX_SESSION_IDLE_TTL")
 	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "most open sessions")
 	f.Env("max-sessions", "MAX_SESSIONS")
+	f.IntVar(&cfg.MaxSessionsPerTenant, "max-sessions-per-tenant", cfg.MaxSessionsPerTenant, "most open sessions of one tenant, so that one tenant cannot hold them all (at or above --max-sessions: no bound of its own)")
+	f.Env("max-sessions-per-tenant", "MAX_SESSIONS_PER_TENANT")
 	f.IntVar(&cfg.EgressMaxConnections, "egress-max-connections", cfg.EgressMaxConnections, "most egress connections one run may open (0: no limit)")
 	f.Env("egress-max-connections", "EGRESS_MAX_CONNECTIONS")
 	bytesFlag(f, &cfg.EgressMaxBytes, "egress-max-bytes", "EGRESS_MAX_BYTES", "most bytes one run may send and receive through its egress (0: no limit)")
@@ -379,6 +387,7 @@ func (c *Config) Validate() error {
 	check(c.DefaultOutput > 0 && c.DefaultOutput <= c.MaxOutput, "default-output %d: want positive and at most max-output (%d)", c.DefaultOutput, c.MaxOutput)
 	check(c.SessionIdleTTL > 0 && c.SessionIdleTTL <= c.MaxSessionIdleTTL, "session-idle-ttl %v: want positive and at most max-session-idle-ttl", c.SessionIdleTTL)
 	check(c.MaxSessions >= 0 && c.MaxSessions <= c.MaxSandboxes, "max-sessions %d: want 0 to max-sandboxes (%d)", c.MaxSessions, c.MaxSandboxes)
+	check(c.MaxSessionsPerTenant >= 1, "max-sessions-per-tenant %d: want at least 1", c.MaxSessionsPerTenant)
 	check(!strings.ContainsAny(c.Name, "=,\n"), "name %q: no '=', ',' or newline", c.Name)
 	check(c.HeartbeatInterval >= 100*time.Millisecond && c.HeartbeatInterval <= time.Minute, "heartbeat-interval %v: want 100ms to 1m", c.HeartbeatInterval)
 	if c.AdvertiseAddr != "" {

@@ -189,6 +189,7 @@ func sessionNotFound(err error) *executionv1.SessionNotFound {
 // the caller.
 func classify(err error) (connect.Code, string) {
 	var rerr *wire.RunnerError
+	var tenantLimit *pool.TenantLimitError
 	switch {
 	case errors.Is(err, errInvalid):
 		return connect.CodeInvalidArgument, err.Error()
@@ -217,6 +218,8 @@ func classify(err error) (connect.Code, string) {
 			}[ended.Reason])
 		}
 		return connect.CodeNotFound, "no such session"
+	case errors.As(err, &tenantLimit):
+		return connect.CodeResourceExhausted, fmt.Sprintf("tenant has %d open sessions on this agent, the limit per tenant (--max-sessions-per-tenant); close one or let one expire", tenantLimit.Open)
 	case errors.Is(err, pool.ErrTooManySessions):
 		return connect.CodeResourceExhausted, err.Error()
 	case errors.Is(err, pool.ErrExhausted):

@@ -230,6 +230,7 @@ func shared(t testing.TB) *testAgent {
 		cfg.MinActive = 2
 		cfg.MaxSandboxes = 12
 		cfg.MaxSessions = 8
+		cfg.MaxSessionsPerTenant = 8 // the tests share one tenant
 		cfg.Memory = 256 << 20
 		cfg.SessionIdleTTL = time.Minute
 		sharedAgent, sharedErr = serveAgent(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))

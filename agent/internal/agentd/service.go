@@ -304,6 +304,12 @@ func (s *Service) CreateSession(ctx context.Context, req *agentv1.CreateSessionR
 	if d := req.GetIdleTimeout(); d != nil {
 		idle = d.AsDuration()
 	}
+	// Refused rather than cut, as a run's timeout is at the edge: a
+	// session that expired sooner than it asked would lose its state by
+	// surprise.
+	if idle > s.cfg.MaxSessionIdleTTL {
+		return nil, fmt.Errorf("%w: idle timeout %v is longer than a tenant's session may ask for (%v, --max-session-idle-ttl)", errInvalid, idle, s.cfg.MaxSessionIdleTTL)
+	}
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
 	defer cancel()
 	info, err := s.sessions.Create(qctx, req.GetSessionId(), req.GetTenant(), lang, idle)
@@ -393,9 +399,22 @@ func (s *Service) Status() *agentv1.AgentStatus {
 		// Not before the pool has warmed: a control plane routing to an
 		// agent still starting its sandboxes would hold each run there
 		// for a start while warm agents idle.
-		Ready:    st.Ready && st.Warmed,
-		Defaults: s.defaults(),
+		Ready:          st.Ready && st.Warmed,
+		Defaults:       s.defaults(),
+		TenantSessions: tenantSessions(s.sessions.ByTenant()),
 	}
+}
+
+// tenantSessions converts a count of sessions by tenant for the status.
+func tenantSessions(by map[string]int) map[string]int32 {
+	if len(by) == 0 {
+		return nil
+	}
+	out := make(map[string]int32, len(by))
+	for t, n := range by {
+		out[t] = int32(n)
+	}
+	return out
 }
 
 // output gathers a run's output: for a stream, it decodes each chunk to

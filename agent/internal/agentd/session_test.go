@@ -295,3 +295,46 @@ func TestSessionSurvivesItsProgram(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionsPerTenant: a tenant at --max-sessions-per-tenant is refused a
+// new session (resource_exhausted, naming the limit) while another tenant
+// opens one; an idle timeout above --max-session-idle-ttl is refused; the
+// status counts each tenant's sessions.
+func TestSessionsPerTenant(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, func(c *Config) {
+		c.MinActive = 1
+		c.MaxSandboxes = 3
+		c.MaxSessions = 2
+		c.MaxSessionsPerTenant = 1
+		c.MaxSessionIdleTTL = time.Hour
+	})
+	c := a.client("connect")
+	ctx := t.Context()
+	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "a-1", Tenant: "team-a"})); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "a-2", Tenant: "team-a"}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "tenant has 1 open sessions") || !strings.Contains(err.Error(), "--max-sessions-per-tenant") {
+		t.Errorf("second session of team-a: %v, want resource_exhausted naming the limit per tenant", err)
+	}
+	_, err = c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Tenant: "team-a", AllowNewSession: true,
+		Execution: &executionv1.Execution{Language: "bash", Code: "true", SessionId: "a-3"}}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "--max-sessions-per-tenant") {
+		t.Errorf("run opening a second session of team-a: %v, want resource_exhausted naming the limit per tenant", err)
+	}
+	_, err = c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "b-1", Tenant: "team-b", IdleTimeout: durationpb.New(2 * time.Hour)}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "--max-session-idle-ttl") {
+		t.Errorf("idle timeout above the limit: %v, want invalid_argument naming --max-session-idle-ttl", err)
+	}
+	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "b-1", Tenant: "team-b", IdleTimeout: durationpb.New(time.Hour)})); err != nil {
+		t.Fatalf("team-b's session while team-a is at its limit: %v", err)
+	}
+	st, err := c.Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Msg.GetStatus().GetTenantSessions(); len(got) != 2 || got["team-a"] != 1 || got["team-b"] != 1 {
+		t.Errorf("status tenant_sessions %v, want team-a and team-b with one each", got)
+	}
+}

@@ -827,3 +827,44 @@ func TestTransitions(t *testing.T) {
 	}()
 	p.moveLocked(held, warm)
 }
+
+// TestSessionsPerTenant: a tenant at its limit of open sessions is refused
+// a new one, by Create and by a run that would open one, saying so; other
+// tenants still open sessions, and the tenant may again once one closes.
+func TestSessionsPerTenant(t *testing.T) {
+	t.Parallel()
+	p := newTestPool(t, newFakeDriver(), func(c *Config) { c.Max = 5 })
+	s := NewSessions(p, SessionsConfig{Max: 4, MaxPerTenant: 2, IdleTTL: time.Hour, MaxIdleTTL: time.Hour})
+	t.Cleanup(s.CloseAll)
+	ctx := t.Context()
+	for _, id := range []string{"a1", "a2"} {
+		if _, err := s.Create(ctx, id, "team-a", "python", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var limit *TenantLimitError
+	if _, err := s.Create(ctx, "a3", "team-a", "python", 0); !errors.As(err, &limit) || limit.Open != 2 || !errors.Is(err, ErrTooManySessions) {
+		t.Errorf("third session of one tenant: %v, want a TenantLimitError of 2", err)
+	}
+	if _, err := s.Use(ctx, "a3", "team-a", "python", 0, true, func(*Sandbox) (bool, error) { return false, nil }); !errors.As(err, &limit) {
+		t.Errorf("run opening a third session of one tenant: %v, want a TenantLimitError", err)
+	}
+	for _, id := range []string{"b1", "b2"} {
+		if _, err := s.Create(ctx, id, "team-b", "python", 0); err != nil {
+			t.Fatalf("another tenant's session %s: %v", id, err)
+		}
+	}
+	if got := s.ByTenant(); len(got) != 2 || got["team-a"] != 2 || got["team-b"] != 2 {
+		t.Errorf("ByTenant() = %v, want team-a and team-b with 2 each", got)
+	}
+	// Every session is open: a third tenant hits the agent's limit.
+	if _, err := s.Create(ctx, "c1", "team-c", "python", 0); errors.As(err, &limit) || !errors.Is(err, ErrTooManySessions) {
+		t.Errorf("session beyond the agent's limit: %v, want ErrTooManySessions without a tenant limit", err)
+	}
+	if err := s.Close("a1", "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, "a4", "team-a", "python", 0); err != nil {
+		t.Errorf("a session after closing one: %v", err)
+	}
+}

@@ -21,6 +21,20 @@ var (
 	ErrTooManySessions = errors.New("too many sessions")
 )
 
+// TenantLimitError is the error of a new session refused because its
+// tenant holds as many open sessions as one tenant may
+// (SessionsConfig.MaxPerTenant). It matches ErrTooManySessions.
+type TenantLimitError struct {
+	// Open is the tenant's open sessions, which is also the limit.
+	Open int
+}
+
+func (e *TenantLimitError) Error() string {
+	return fmt.Sprintf("too many sessions: the tenant has %d open sessions, the most one tenant may hold", e.Open)
+}
+
+func (e *TenantLimitError) Unwrap() error { return ErrTooManySessions }
+
 // EndReason says why a session ended.
 type EndReason int
 
@@ -73,6 +87,9 @@ type ended struct {
 type SessionsConfig struct {
 	// Max bounds the open sessions.
 	Max int
+	// MaxPerTenant bounds the open sessions of one tenant, so that one
+	// tenant cannot take every session; 0: only Max does.
+	MaxPerTenant int
 	// IdleTTL closes a session after this long without a run, unless the
 	// session was given its own.
 	IdleTTL time.Duration
@@ -344,6 +361,10 @@ func (s *Sessions) open(ctx context.Context, id, tenant, language string, idle t
 		s.mu.Unlock()
 		return nil, false, ErrSessionNotFound
 	}
+	if n := s.cfg.MaxPerTenant; n > 0 && s.tenantLenLocked(tenant) >= n {
+		s.mu.Unlock()
+		return nil, false, &TenantLimitError{Open: n}
+	}
 	if len(s.m) >= s.cfg.Max {
 		s.mu.Unlock()
 		return nil, false, fmt.Errorf("%w: all %d sessions are open", ErrTooManySessions, s.cfg.Max)
@@ -437,6 +458,30 @@ func (s *Sessions) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.m)
+}
+
+// tenantLenLocked returns the number of tenant's open sessions, those
+// still starting included. s.mu is held.
+func (s *Sessions) tenantLenLocked(tenant string) int {
+	n := 0
+	for _, ss := range s.m {
+		if ss.Tenant == tenant {
+			n++
+		}
+	}
+	return n
+}
+
+// ByTenant returns the number of open sessions of each tenant that has
+// one, those still starting included.
+func (s *Sessions) ByTenant() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int)
+	for _, ss := range s.m {
+		out[ss.Tenant]++
+	}
+	return out
 }
 
 // Running returns the number of sessions running code now.

@@ -692,9 +692,12 @@ type AgentStatus struct {
 	Ready bool `protobuf:"varint,10,opt,name=ready,proto3" json:"ready,omitempty"`
 	// What runs get for what their requests leave unset, and the most they
 	// may ask for.
-	Defaults      *v1.Defaults `protobuf:"bytes,11,opt,name=defaults,proto3" json:"defaults,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Defaults *v1.Defaults `protobuf:"bytes,11,opt,name=defaults,proto3" json:"defaults,omitempty"`
+	// Open sessions of each tenant that has one, counted in sessions. The
+	// edge shows each tenant its own count only.
+	TenantSessions map[string]int32 `protobuf:"bytes,12,rep,name=tenant_sessions,json=tenantSessions,proto3" json:"tenant_sessions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *AgentStatus) Reset() {
@@ -800,6 +803,13 @@ func (x *AgentStatus) GetReady() bool {
 func (x *AgentStatus) GetDefaults() *v1.Defaults {
 	if x != nil {
 		return x.Defaults
+	}
+	return nil
+}
+
+func (x *AgentStatus) GetTenantSessions() map[string]int32 {
+	if x != nil {
+		return x.TenantSessions
 	}
 	return nil
 }
@@ -1179,7 +1189,7 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\v2\x1e.codemode.execution.v1.SessionR\asession\"\x0f\n" +
 	"\rStatusRequest\"H\n" +
 	"\x0eStatusResponse\x126\n" +
-	"\x06status\x18\x01 \x01(\v2\x1e.codemode.agent.v1.AgentStatusR\x06status\"\xc0\x03\n" +
+	"\x06status\x18\x01 \x01(\v2\x1e.codemode.agent.v1.AgentStatusR\x06status\"\xe0\x04\n" +
 	"\vAgentStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12B\n" +
 	"\x06labels\x18\x02 \x03(\v2*.codemode.agent.v1.AgentStatus.LabelsEntryR\x06labels\x12\x12\n" +
@@ -1192,10 +1202,14 @@ const file_codemode_agent_v1_agent_proto_rawDesc = "" +
 	"\aruntime\x18\t \x01(\tR\aruntime\x12\x14\n" +
 	"\x05ready\x18\n" +
 	" \x01(\bR\x05ready\x12;\n" +
-	"\bdefaults\x18\v \x01(\v2\x1f.codemode.execution.v1.DefaultsR\bdefaults\x1a9\n" +
+	"\bdefaults\x18\v \x01(\v2\x1f.codemode.execution.v1.DefaultsR\bdefaults\x12[\n" +
+	"\x0ftenant_sessions\x18\f \x03(\v22.codemode.agent.v1.AgentStatus.TenantSessionsEntryR\x0etenantSessions\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdc\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aA\n" +
+	"\x13TenantSessionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xdc\x02\n" +
 	"\x10ListFilesRequest\x12G\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB(\xbaH%r#2!^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$R\tsessionId\x12\xbf\x01\n" +
@@ -1247,7 +1261,7 @@ func file_codemode_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_codemode_agent_v1_agent_proto_rawDescData
 }
 
-var file_codemode_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_codemode_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_codemode_agent_v1_agent_proto_goTypes = []any{
 	(*ExecuteRequest)(nil),        // 0: codemode.agent.v1.ExecuteRequest
 	(*ExecuteResponse)(nil),       // 1: codemode.agent.v1.ExecuteResponse
@@ -1269,57 +1283,59 @@ var file_codemode_agent_v1_agent_proto_goTypes = []any{
 	(*WriteFileRequest)(nil),      // 17: codemode.agent.v1.WriteFileRequest
 	(*WriteFileResponse)(nil),     // 18: codemode.agent.v1.WriteFileResponse
 	nil,                           // 19: codemode.agent.v1.AgentStatus.LabelsEntry
-	(*v1.Execution)(nil),          // 20: codemode.execution.v1.Execution
-	(*v1.Egress)(nil),             // 21: codemode.execution.v1.Egress
-	(*v1.Result)(nil),             // 22: codemode.execution.v1.Result
-	(*v1.Event)(nil),              // 23: codemode.execution.v1.Event
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*v1.Session)(nil),            // 25: codemode.execution.v1.Session
-	(*v1.Language)(nil),           // 26: codemode.execution.v1.Language
-	(*v1.Defaults)(nil),           // 27: codemode.execution.v1.Defaults
-	(*v1.FileInfo)(nil),           // 28: codemode.execution.v1.FileInfo
-	(*v1.File)(nil),               // 29: codemode.execution.v1.File
+	nil,                           // 20: codemode.agent.v1.AgentStatus.TenantSessionsEntry
+	(*v1.Execution)(nil),          // 21: codemode.execution.v1.Execution
+	(*v1.Egress)(nil),             // 22: codemode.execution.v1.Egress
+	(*v1.Result)(nil),             // 23: codemode.execution.v1.Result
+	(*v1.Event)(nil),              // 24: codemode.execution.v1.Event
+	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
+	(*v1.Session)(nil),            // 26: codemode.execution.v1.Session
+	(*v1.Language)(nil),           // 27: codemode.execution.v1.Language
+	(*v1.Defaults)(nil),           // 28: codemode.execution.v1.Defaults
+	(*v1.FileInfo)(nil),           // 29: codemode.execution.v1.FileInfo
+	(*v1.File)(nil),               // 30: codemode.execution.v1.File
 }
 var file_codemode_agent_v1_agent_proto_depIdxs = []int32{
-	20, // 0: codemode.agent.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
-	21, // 1: codemode.agent.v1.ExecuteRequest.egress:type_name -> codemode.execution.v1.Egress
-	22, // 2: codemode.agent.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
-	20, // 3: codemode.agent.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
-	21, // 4: codemode.agent.v1.ExecuteStreamRequest.egress:type_name -> codemode.execution.v1.Egress
-	23, // 5: codemode.agent.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
-	24, // 6: codemode.agent.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
-	25, // 7: codemode.agent.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
-	25, // 8: codemode.agent.v1.GetSessionResponse.session:type_name -> codemode.execution.v1.Session
+	21, // 0: codemode.agent.v1.ExecuteRequest.execution:type_name -> codemode.execution.v1.Execution
+	22, // 1: codemode.agent.v1.ExecuteRequest.egress:type_name -> codemode.execution.v1.Egress
+	23, // 2: codemode.agent.v1.ExecuteResponse.result:type_name -> codemode.execution.v1.Result
+	21, // 3: codemode.agent.v1.ExecuteStreamRequest.execution:type_name -> codemode.execution.v1.Execution
+	22, // 4: codemode.agent.v1.ExecuteStreamRequest.egress:type_name -> codemode.execution.v1.Egress
+	24, // 5: codemode.agent.v1.ExecuteStreamResponse.event:type_name -> codemode.execution.v1.Event
+	25, // 6: codemode.agent.v1.CreateSessionRequest.idle_timeout:type_name -> google.protobuf.Duration
+	26, // 7: codemode.agent.v1.CreateSessionResponse.session:type_name -> codemode.execution.v1.Session
+	26, // 8: codemode.agent.v1.GetSessionResponse.session:type_name -> codemode.execution.v1.Session
 	12, // 9: codemode.agent.v1.StatusResponse.status:type_name -> codemode.agent.v1.AgentStatus
 	19, // 10: codemode.agent.v1.AgentStatus.labels:type_name -> codemode.agent.v1.AgentStatus.LabelsEntry
-	26, // 11: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
-	27, // 12: codemode.agent.v1.AgentStatus.defaults:type_name -> codemode.execution.v1.Defaults
-	28, // 13: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
-	29, // 14: codemode.agent.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
-	29, // 15: codemode.agent.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
-	0,  // 16: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
-	2,  // 17: codemode.agent.v1.AgentService.ExecuteStream:input_type -> codemode.agent.v1.ExecuteStreamRequest
-	4,  // 18: codemode.agent.v1.AgentService.CreateSession:input_type -> codemode.agent.v1.CreateSessionRequest
-	6,  // 19: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
-	8,  // 20: codemode.agent.v1.AgentService.GetSession:input_type -> codemode.agent.v1.GetSessionRequest
-	10, // 21: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
-	13, // 22: codemode.agent.v1.AgentService.ListFiles:input_type -> codemode.agent.v1.ListFilesRequest
-	15, // 23: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
-	17, // 24: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
-	1,  // 25: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
-	3,  // 26: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
-	5,  // 27: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
-	7,  // 28: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
-	9,  // 29: codemode.agent.v1.AgentService.GetSession:output_type -> codemode.agent.v1.GetSessionResponse
-	11, // 30: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
-	14, // 31: codemode.agent.v1.AgentService.ListFiles:output_type -> codemode.agent.v1.ListFilesResponse
-	16, // 32: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
-	18, // 33: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	27, // 11: codemode.agent.v1.AgentStatus.languages:type_name -> codemode.execution.v1.Language
+	28, // 12: codemode.agent.v1.AgentStatus.defaults:type_name -> codemode.execution.v1.Defaults
+	20, // 13: codemode.agent.v1.AgentStatus.tenant_sessions:type_name -> codemode.agent.v1.AgentStatus.TenantSessionsEntry
+	29, // 14: codemode.agent.v1.ListFilesResponse.files:type_name -> codemode.execution.v1.FileInfo
+	30, // 15: codemode.agent.v1.ReadFileResponse.file:type_name -> codemode.execution.v1.File
+	30, // 16: codemode.agent.v1.WriteFileRequest.file:type_name -> codemode.execution.v1.File
+	0,  // 17: codemode.agent.v1.AgentService.Execute:input_type -> codemode.agent.v1.ExecuteRequest
+	2,  // 18: codemode.agent.v1.AgentService.ExecuteStream:input_type -> codemode.agent.v1.ExecuteStreamRequest
+	4,  // 19: codemode.agent.v1.AgentService.CreateSession:input_type -> codemode.agent.v1.CreateSessionRequest
+	6,  // 20: codemode.agent.v1.AgentService.CloseSession:input_type -> codemode.agent.v1.CloseSessionRequest
+	8,  // 21: codemode.agent.v1.AgentService.GetSession:input_type -> codemode.agent.v1.GetSessionRequest
+	10, // 22: codemode.agent.v1.AgentService.Status:input_type -> codemode.agent.v1.StatusRequest
+	13, // 23: codemode.agent.v1.AgentService.ListFiles:input_type -> codemode.agent.v1.ListFilesRequest
+	15, // 24: codemode.agent.v1.AgentService.ReadFile:input_type -> codemode.agent.v1.ReadFileRequest
+	17, // 25: codemode.agent.v1.AgentService.WriteFile:input_type -> codemode.agent.v1.WriteFileRequest
+	1,  // 26: codemode.agent.v1.AgentService.Execute:output_type -> codemode.agent.v1.ExecuteResponse
+	3,  // 27: codemode.agent.v1.AgentService.ExecuteStream:output_type -> codemode.agent.v1.ExecuteStreamResponse
+	5,  // 28: codemode.agent.v1.AgentService.CreateSession:output_type -> codemode.agent.v1.CreateSessionResponse
+	7,  // 29: codemode.agent.v1.AgentService.CloseSession:output_type -> codemode.agent.v1.CloseSessionResponse
+	9,  // 30: codemode.agent.v1.AgentService.GetSession:output_type -> codemode.agent.v1.GetSessionResponse
+	11, // 31: codemode.agent.v1.AgentService.Status:output_type -> codemode.agent.v1.StatusResponse
+	14, // 32: codemode.agent.v1.AgentService.ListFiles:output_type -> codemode.agent.v1.ListFilesResponse
+	16, // 33: codemode.agent.v1.AgentService.ReadFile:output_type -> codemode.agent.v1.ReadFileResponse
+	18, // 34: codemode.agent.v1.AgentService.WriteFile:output_type -> codemode.agent.v1.WriteFileResponse
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_codemode_agent_v1_agent_proto_init() }
@@ -1333,7 +1349,7 @@ func file_codemode_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_codemode_agent_v1_agent_proto_rawDesc), len(file_codemode_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
