@@ -4,8 +4,13 @@
 //
 //	{"k-3f9a...": "team-a", "k-77c1...": "team-b"}
 //
-// With no keys configured every request is the tenant Anonymous. A
-// Resolver is immutable and safe for concurrent use.
+// With no keys configured every request is the tenant Anonymous; with keys,
+// every request to a door must carry one, so one edge never has both kinds
+// of caller. Edges with and without keys may share a cluster, though, and
+// a tenant's sessions are its name's: no key may name the tenant
+// Anonymous, so that a key's holder never reaches the sessions of keyless
+// callers, nor they its. A Resolver is immutable and safe for concurrent
+// use.
 package tenant
 
 import (
@@ -52,7 +57,8 @@ func Load(path string) (*Resolver, error) {
 }
 
 // New returns a resolver for keys (key -> tenant). Tenant names are lower
-// case letters, digits, '_', '.' and '-', at most 63 long; keys at least 16 bytes.
+// case letters, digits, '_', '.' and '-', at most 63 long, and not
+// Anonymous; keys at least 16 bytes.
 func New(keys map[string]string) (*Resolver, error) {
 	r := &Resolver{keys: make(map[[sha256.Size]byte]string, len(keys))}
 	for k, t := range keys {
@@ -61,6 +67,9 @@ func New(keys map[string]string) (*Resolver, error) {
 		}
 		if !namePattern.MatchString(t) {
 			return nil, fmt.Errorf("tenant name %q: want %s", t, namePattern)
+		}
+		if t == Anonymous {
+			return nil, fmt.Errorf("tenant name %q is reserved for callers without a key (on edges without keys); give this key another tenant name", t)
 		}
 		r.keys[sha256.Sum256([]byte(k))] = t
 	}

@@ -1,0 +1,69 @@
+package tenant
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestAnonymousIsReserved: a key file that names the tenant of keyless
+// callers is refused, so that a key never reaches their sessions.
+func TestAnonymousIsReserved(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "keys.json")
+	if err := os.WriteFile(path, []byte(`{"k-0123456789abcdef": "team-a", "k-fedcba9876543210": "anonymous"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	if err == nil || !strings.Contains(err.Error(), `"anonymous" is reserved`) {
+		t.Fatalf("Load of keys naming %q: %v, want an error saying the name is reserved", Anonymous, err)
+	}
+}
+
+// TestResolve: without keys every caller is Anonymous; with keys, a caller
+// without a valid one is refused, never Anonymous.
+func TestResolve(t *testing.T) {
+	t.Parallel()
+	keyless, err := New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed, err := New(map[string]string{"k-0123456789abcdef": "team-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := func(auth string) http.Header {
+		h := http.Header{}
+		if auth != "" {
+			h.Set("Authorization", auth)
+		}
+		return h
+	}
+	for _, tc := range []struct {
+		name   string
+		r      *Resolver
+		auth   string
+		tenant string // "": refused
+	}{
+		{"keyless edge, no key", keyless, "", Anonymous},
+		{"keyless edge, any key", keyless, "Bearer k-0123456789abcdef", Anonymous},
+		{"keyed edge, the key", keyed, "Bearer k-0123456789abcdef", "team-a"},
+		{"keyed edge, no key", keyed, "", ""},
+		{"keyed edge, empty key", keyed, "Bearer ", ""},
+		{"keyed edge, unknown key", keyed, "Bearer k-unknown-unknown-0", ""},
+		{"keyed edge, not bearer", keyed, "Basic k-0123456789abcdef", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := tc.r.Resolve(header(tc.auth))
+			switch {
+			case tc.tenant == "" && (err == nil || got != ""):
+				t.Errorf("Resolve = %q, %v; want refused", got, err)
+			case tc.tenant != "" && (err != nil || got != tc.tenant):
+				t.Errorf("Resolve = %q, %v; want %q", got, err, tc.tenant)
+			}
+		})
+	}
+}
