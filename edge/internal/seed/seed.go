@@ -128,28 +128,32 @@ func errorText(res *executionv1.Result) string {
 	return strings.TrimPrefix(text, "\n")
 }
 
-// Status is the answer of GET /status.
+// Status is the answer of GET /status, for one tenant: the cluster's
+// health and the tenant's own sessions. It carries nothing of what other
+// tenants do: no busy, warm or free sandboxes, no sessions but the caller's.
 type Status struct {
 	// Status is "ok" when some agent is healthy, else "unavailable" (HTTP 503).
 	Status        string  `json:"status"`
 	HealthyAgents int     `json:"healthyAgents"`
 	Agents        []Agent `json:"agents"`
+	// Sessions are the caller's open sessions, on every agent.
+	Sessions int32 `json:"sessions"`
 	// Languages are those some healthy agent runs.
 	Languages []Language `json:"languages"`
 	// Error says why the agents could not be listed, if they could not.
 	Error string `json:"error,omitempty"`
 }
 
-// Agent is one agent in Status: its name and load, never its address.
+// Agent is one agent in Status: its name, health and size, and the
+// caller's sessions on it; never its address or its load.
 type Agent struct {
 	// Name is the agent's own name; empty for an agent that has not answered yet.
-	Name     string `json:"name"`
-	Healthy  bool   `json:"healthy"`
-	Warm     int32  `json:"warm"`
-	Busy     int32  `json:"busy"`
-	Sessions int32  `json:"sessions"`
-	Capacity int32  `json:"capacity"`
-	Free     int32  `json:"free"`
+	Name    string `json:"name"`
+	Healthy bool   `json:"healthy"`
+	// Sessions are the caller's open sessions on the agent.
+	Sessions int32 `json:"sessions"`
+	// Capacity is the sandboxes the agent may hold, as configured.
+	Capacity int32 `json:"capacity"`
 }
 
 // Language is one language in Status.
@@ -158,9 +162,10 @@ type Language struct {
 	Version string `json:"version,omitempty"`
 }
 
-// StatusHandler returns the handler of GET /status: the agents by name with
-// their load, and the languages they run. The agents' addresses are
-// internal and never leave the edge.
+// StatusHandler returns the handler of GET /status: the agents by name
+// with their health and the caller's sessions on each, and the languages
+// they run. The agents' addresses are internal and never leave the edge;
+// their load, and other tenants' sessions, are other tenants' business.
 func StatusHandler(svc *execution.Service) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -183,11 +188,9 @@ func StatusHandler(svc *execution.Service) http.Handler {
 		langs := make(map[string]Language)
 		for _, a := range agents {
 			st := a.GetStatus()
-			out.Agents = append(out.Agents, Agent{
-				Name: st.GetName(), Healthy: a.GetHealthy(),
-				Warm: st.GetWarm(), Busy: st.GetBusy(), Sessions: st.GetSessions(),
-				Capacity: st.GetCapacity(), Free: st.GetFree(),
-			})
+			mine := st.GetTenantSessions()[t]
+			out.Sessions += mine
+			out.Agents = append(out.Agents, Agent{Name: st.GetName(), Healthy: a.GetHealthy(), Sessions: mine, Capacity: st.GetCapacity()})
 			if !a.GetHealthy() {
 				continue
 			}

@@ -244,7 +244,8 @@ func TestStatusHandler(t *testing.T) {
 	js := &executionv1.Language{Name: "javascript", Version: "18"}
 	agents := []*cpv1.Agent{
 		{Address: "127.0.0.7:30031", Healthy: true, InFlight: 1,
-			Status: &agentv1.AgentStatus{Name: "vm-1", Warm: 2, Busy: 1, Capacity: 8, Free: 5, Languages: []*executionv1.Language{py, js}}},
+			Status: &agentv1.AgentStatus{Name: "vm-1", Warm: 2, Busy: 1, Sessions: 3, Capacity: 8, Free: 2, Languages: []*executionv1.Language{py, js},
+				TenantSessions: map[string]int32{"team-a": 1, "team-b": 2}}},
 		{Address: "127.0.0.6:30032", Healthy: false, Error: "dial tcp 127.0.0.6:30032: connection refused",
 			Status: &agentv1.AgentStatus{Name: "vm-2", Languages: []*executionv1.Language{{Name: "bash"}}}},
 	}
@@ -262,15 +263,38 @@ func TestStatusHandler(t *testing.T) {
 		got := decode[Status](t, w)
 		want := Status{Status: "ok", HealthyAgents: 1,
 			Agents: []Agent{
-				{Name: "vm-1", Healthy: true, Warm: 2, Busy: 1, Capacity: 8, Free: 5},
+				{Name: "vm-1", Healthy: true, Sessions: 1, Capacity: 8},
 				{Name: "vm-2"},
 			},
+			Sessions:  1,
 			Languages: []Language{{Name: "javascript", Version: "18"}, {Name: "python", Version: "3.11"}},
 		}
 		gotJSON, _ := json.Marshal(got)
 		wantJSON, _ := json.Marshal(want)
 		if string(gotJSON) != string(wantJSON) {
 			t.Errorf("status\n got %s\nwant %s", gotJSON, wantJSON)
+		}
+	})
+	t.Run("each tenant sees its own sessions and no load", func(t *testing.T) {
+		t.Parallel()
+		h := StatusHandler(service(t, &controlPlane{agents: agents}))
+		for tn, want := range map[string]float64{"team-a": 1, "team-b": 2, "team-c": 0} {
+			w := serve(h, tn, http.MethodGet, "/status", "")
+			var got struct {
+				Sessions float64
+				Agents   []map[string]any
+			}
+			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != http.StatusOK {
+				t.Fatalf("%s: HTTP %d %s: %v", tn, w.Code, w.Body, err)
+			}
+			if got.Sessions != want || len(got.Agents) != 2 || got.Agents[0]["sessions"] != want {
+				t.Errorf("%s: status %s, want its own %v sessions", tn, w.Body, want)
+			}
+			for _, load := range []string{"busy", "warm", "free"} {
+				if _, ok := got.Agents[0][load]; ok {
+					t.Errorf("%s: status %s shows the agent's %s sandboxes", tn, w.Body, load)
+				}
+			}
 		}
 	})
 	t.Run("no healthy agent is 503", func(t *testing.T) {
