@@ -63,7 +63,7 @@ func startReplicas(t *testing.T) *replicas {
 	}
 	r.agent, err = start("agent", r.env(), "--addr", "127.0.0.1:0", "--name", name, "--runner", filepath.Join(binDir, "runner"),
 		"--state-dir", state, "--controlplanes", r.cps[0].URL()+","+r.cps[1].URL(), "--heartbeat-interval", "500ms",
-		"--min-active", "2", "--max-sessions", "8")
+		"--min-active", "2", "--max-sessions", "8", "--max-sessions-per-tenant", "8")
 	if err != nil {
 		t.Fatal(err)
 	}

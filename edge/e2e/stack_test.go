@@ -256,7 +256,8 @@ func shared(t *testing.T) *Stack {
 	t.Helper()
 	needDocker(t)
 	sharedOnce.Do(func() {
-		sharedStack, sharedErr = StartStack("e2e-shared", "--min-active", "2")
+		// Tests side by side share its tenants: each may hold every session.
+		sharedStack, sharedErr = StartStack("e2e-shared", "--min-active", "2", "--max-sessions-per-tenant", "8")
 	})
 	if sharedErr != nil {
 		t.Fatalf("start stack: %v", sharedErr)
