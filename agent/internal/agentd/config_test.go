@@ -42,6 +42,12 @@ func TestParseConfig(t *testing.T) {
 				t.Errorf("parsed: %+v", c)
 			}
 		}},
+		{name: "sessions per tenant", env: map[string]string{"MAX_SESSIONS_PER_TENANT": "2"}, check: func(t *testing.T, c Config) {
+			if c.MaxSessionsPerTenant != 2 || DefaultConfig().MaxSessionsPerTenant >= DefaultConfig().MaxSessions {
+				t.Errorf("max sessions per tenant %d (default %d of %d)", c.MaxSessionsPerTenant, DefaultConfig().MaxSessionsPerTenant, DefaultConfig().MaxSessions)
+			}
+		}},
+		{name: "no session per tenant", args: []string{"--max-sessions-per-tenant", "0"}, wantErr: "max-sessions-per-tenant"},
 		{name: "min above max", args: []string{"--min-active", "9", "--max-sandboxes", "4"}, wantErr: "min-active"},
 		{name: "bad size", args: []string{"--memory", "lots"}, wantErr: "size"},
 		{name: "memory above maximum", args: []string{"--memory", "4g", "--max-memory", "1g"}, wantErr: "memory"},
