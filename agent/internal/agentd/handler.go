@@ -219,7 +219,11 @@ func classify(err error) (connect.Code, string) {
 		}
 		return connect.CodeNotFound, "no such session"
 	case errors.As(err, &tenantLimit):
-		return connect.CodeResourceExhausted, fmt.Sprintf("tenant has %d open sessions on this agent, the limit per tenant (--max-sessions-per-tenant); close one or let one expire", tenantLimit.Open)
+		sessions := "sessions"
+		if tenantLimit.Open == 1 {
+			sessions = "session"
+		}
+		return connect.CodeResourceExhausted, fmt.Sprintf("tenant has %d open %s on this agent, the limit per tenant (--max-sessions-per-tenant); close one or let one expire", tenantLimit.Open, sessions)
 	case errors.Is(err, pool.ErrTooManySessions):
 		return connect.CodeResourceExhausted, err.Error()
 	case errors.Is(err, pool.ErrExhausted):

@@ -315,7 +315,7 @@ func TestSessionsPerTenant(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "a-2", Tenant: "team-a"}))
-	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "tenant has 1 open sessions") || !strings.Contains(err.Error(), "--max-sessions-per-tenant") {
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "tenant has 1 open session on this agent") || !strings.Contains(err.Error(), "--max-sessions-per-tenant") {
 		t.Errorf("second session of team-a: %v, want resource_exhausted naming the limit per tenant", err)
 	}
 	_, err = c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Tenant: "team-a", AllowNewSession: true,
