@@ -27,9 +27,7 @@ import (
 // shows each tenant its own sessions and no load.
 func TestTenantSessionLimits(t *testing.T) {
 	t.Parallel()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	s, err := StartStack("e2e-tenant-limits", "--min-active", "1", "--max-sandboxes", "4",
 		"--max-sessions", "3", "--max-sessions-per-tenant", "2", "--max-session-idle-ttl", "1h")
 	if err != nil {
@@ -133,9 +131,7 @@ func TestTenantSessionLimits(t *testing.T) {
 // open through another edge of the cluster.
 func TestAnonymousTenantIsReserved(t *testing.T) {
 	t.Parallel()
-	if binDir == "" {
-		t.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(t)
 	keys := filepath.Join(t.TempDir(), "keys.json")
 	if err := os.WriteFile(keys, []byte(`{"k-0123456789abcdef01": "anonymous"}`), 0o600); err != nil {
 		t.Fatal(err)
