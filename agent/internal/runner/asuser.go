@@ -38,14 +38,40 @@ import (
 // alive while f runs: a thread with the user's uid can be signalled by the
 // user's processes.
 func asUser(uid, gid int, f func() error) error {
+	return onNewUserThread(uid, gid, true, f)
+}
+
+// asUserFiles calls f on an OS thread of its own that acts as the user
+// towards the file system, as asUser does, except that the thread's real
+// (and saved) uid stays root's. Its effective uid, hence its file system
+// uid, and all its gids are the user's, it has no supplementary group and no
+// effective capability: every open, mkdir and stat of f is checked as the
+// user's would be, and what f creates is the user's. The real uid is what
+// makes it safe while processes of the user are alive (a session's
+// background processes, during a file request): kill(2) and tgkill(2) need
+// the sender's real or effective uid to be the target's real or saved uid,
+// and ptrace(2) needs all three of the target's uids to be the caller's, on
+// Linux and under gVisor alike, so the user's processes can neither signal
+// nor trace the thread. (It would not do for Reset: kill(-1) from it would
+// also reach root's processes.)
+//
+// Before calling f, asUserFiles checks that the thread's effective uid is
+// the user's, its real uid root's, and that it holds no effective
+// capability.
+func asUserFiles(uid, gid int, f func() error) error {
+	return onNewUserThread(uid, gid, false, f)
+}
+
+// onNewUserThread runs onUserThread on a new locked thread and waits.
+func onNewUserThread(uid, gid int, realToo bool, f func() error) error {
 	if uid == os.Getuid() || uid == 0 {
 		// The switch would change nothing: f would act for the runner.
 		return fmt.Errorf("act as the user: uid %d is the runner's own", uid)
 	}
 	errc := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: see above
-		errc <- onUserThread(uid, gid, f)
+		runtime.LockOSThread() // never unlocked: see asUser
+		errc <- onUserThread(uid, gid, realToo, f)
 	}()
 	return <-errc
 }
@@ -55,7 +81,9 @@ func asUser(uid, gid int, f func() error) error {
 // asUser must never get that thread.
 func init() { runtime.LockOSThread() }
 
-func onUserThread(uid, gid int, f func() error) (err error) {
+// onUserThread switches the calling thread to the user's credentials (the
+// real uid too if realToo), calls f, and switches back.
+func onUserThread(uid, gid int, realToo bool, f func() error) (err error) {
 	if unix.Gettid() == unix.Getpid() {
 		return errors.New("act as the user: on the main thread")
 	}
@@ -96,7 +124,11 @@ func onUserThread(uid, gid int, f func() error) (err error) {
 	if e := setres(syscall.SYS_SETRESGID, gid, gid, gid); e != nil {
 		return fmt.Errorf("act as the user: set gid %d: %w", gid, e)
 	}
-	if e := setres(syscall.SYS_SETRESUID, uid, uid, 0); e != nil {
+	realUID := ruid
+	if realToo {
+		realUID = uid
+	}
+	if e := setres(syscall.SYS_SETRESUID, realUID, uid, 0); e != nil {
 		return fmt.Errorf("act as the user: set uid %d: %w", uid, e)
 	}
 	// A change of effective uid resets the process's dumpable flag to the
@@ -105,7 +137,7 @@ func onUserThread(uid, gid int, f func() error) (err error) {
 	if err := notDumpable(); err != nil {
 		return fmt.Errorf("act as the user: %w", err)
 	}
-	if err := checkUserThread(uid); err != nil {
+	if err := checkUserThread(realUID, uid); err != nil {
 		return fmt.Errorf("act as the user: %w", err)
 	}
 	return f()
@@ -147,11 +179,14 @@ func setgroups(gids []int) error {
 	return nil
 }
 
-// checkUserThread verifies the calling thread's uids and capabilities.
-func checkUserThread(uid int) error {
-	if r, e, _ := unix.Getresuid(); r != uid || e != uid {
-		return fmt.Errorf("thread uids are %d %d, want %d", r, e, uid)
+// checkUserThread verifies the calling thread's real and effective uids and
+// its capabilities.
+func checkUserThread(ruid, euid int) error {
+	if r, e, _ := unix.Getresuid(); r != ruid || e != euid {
+		return fmt.Errorf("thread uids are %d %d, want %d %d", r, e, ruid, euid)
 	}
+	// (The file system uid follows the effective one; gVisor has no
+	// setfsuid to ask, ENOSYS, and checks files against the effective uid.)
 	var caps [2]unix.CapUserData
 	if err := unix.Capget(&unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}, &caps[0]); err != nil {
 		return fmt.Errorf("read thread capabilities: %w", err)

@@ -1,6 +1,8 @@
 package runner
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -163,5 +165,88 @@ func TestKillAllOfUser(t *testing.T) {
 		if err := c.Process.Signal(syscall.Signal(0)); err != nil {
 			t.Fatalf("process of uid %v was killed too: %v", c.SysProcAttr.Credential, err)
 		}
+	}
+}
+
+// TestAsUserFiles checks that asUserFiles acts as the user towards the file
+// system (what it creates is the user's, a file only root may read is
+// refused) while the user's processes cannot signal its thread, which they
+// can with asUser: kill(2) of a thread id checks the sender's uids against
+// that thread's real and saved uid.
+func TestAsUserFiles(t *testing.T) {
+	if !isRoot() {
+		t.Skip("switching a thread to another uid needs root")
+	}
+	t.Parallel()
+	uid := 62000 + int(nextUID.Add(1))
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	userDir, rootOnly := filepath.Join(dir, "user"), filepath.Join(dir, "root-only")
+	if err := os.Mkdir(userDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(userDir, uid, uid); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rootOnly, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name       string
+		as         func(int, int, func() error) error
+		ruid       int
+		signalable bool
+	}{
+		{"asUserFiles", asUserFiles, 0, false},
+		{"asUser", asUser, uid, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tids := make(chan int)
+			done := make(chan struct{})
+			errc := make(chan error, 1)
+			go func() {
+				errc <- tc.as(uid, uid, func() error {
+					if r, e, s := unix.Getresuid(); r != tc.ruid || e != uid || s != 0 {
+						return fmt.Errorf("uids %d %d %d, want %d %d 0", r, e, s, tc.ruid, uid)
+					}
+					f, err := os.Create(filepath.Join(userDir, tc.name))
+					if err != nil {
+						return err
+					}
+					f.Close()
+					if _, err := os.ReadFile(rootOnly); !errors.Is(err, os.ErrPermission) {
+						return fmt.Errorf("read a file only root may read: %v", err)
+					}
+					tids <- unix.Gettid()
+					<-done
+					return nil
+				})
+			}()
+			var tid int
+			select {
+			case tid = <-tids:
+			case err := <-errc:
+				t.Fatal(err)
+			}
+			// A process of the user checks whether it may signal the thread.
+			cmd := exec.Command("/bin/sh", "-c", fmt.Sprintf("kill -0 %d", tid))
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+			out, err := cmd.CombinedOutput()
+			close(done)
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			if signalable := err == nil; signalable != tc.signalable {
+				t.Errorf("the user may signal the thread: %v (%s), want %v", signalable, bytes.TrimSpace(out), tc.signalable)
+			}
+			var st syscall.Stat_t
+			if err := syscall.Stat(filepath.Join(userDir, tc.name), &st); err != nil || int(st.Uid) != uid || int(st.Gid) != uid {
+				t.Errorf("created file owned by %d:%d (%v), want %d", st.Uid, st.Gid, err, uid)
+			}
+		})
 	}
 }

@@ -109,7 +109,13 @@ func (b *syncBuffer) String() string {
 func startSandbox(t testing.TB) *sandbox {
 	t.Helper()
 	needDocker(t)
-	bin := buildRunner(t)
+	return startSandboxBin(t, buildRunner(t))
+}
+
+// startSandboxBin is startSandbox with the runner binary bin.
+func startSandboxBin(t testing.TB, bin string) *sandbox {
+	t.Helper()
+	needDocker(t)
 	name := fmt.Sprintf("codemode-runner-test-%d-%d", os.Getpid(), sandboxSeq.Add(1))
 	args := []string{"run", "-i", "--rm", "--name", name,
 		"--runtime=runsc", "--network=none", "--read-only",

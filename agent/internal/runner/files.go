@@ -11,16 +11,30 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
-// File requests run as root, in a workspace that user code controls, so
-// every access goes through an os.Root: a path (symbolic links included)
-// cannot leave the workspace, also not by swapping a directory for a link
-// while the request is served. Files are opened non-blocking and must be
-// regular, so a FIFO planted by user code cannot stall the runner. What the
-// runner creates it gives to the user.
+// File requests come from the agent, for a workspace that user code
+// controls and, in a session, while user code may still be running. Three
+// layers keep them to what the user could do in the workspace:
+//
+//   - Every path is resolved beneath the workspace by the kernel: openat2
+//     with RESOLVE_BENEATH and RESOLVE_NO_MAGICLINKS from the workspace's
+//     directory, one system call per open, so that no link (wherever it is
+//     in the path, whatever it points to, and however user code swaps
+//     directories for links during the request) leads out of it. Links that
+//     stay inside are followed. Where openat2 is missing (Linux before 5.6)
+//     an os.Root does it instead; under gVisor an os.Root does not confine
+//     (see RATIONALE.md), so the sandbox needs openat2, which gVisor has.
+//   - Every request runs on a thread that acts as the user towards the file
+//     system (asUserFiles): a path that got out anyway leads only where the
+//     user could go, and what the runner creates is the user's from the
+//     start.
+//   - Files are opened non-blocking and must be regular, so a FIFO planted
+//     by user code cannot stall the runner.
 
 // cleanPath checks a path relative to the workspace and returns it cleaned.
 // "" and "." name the workspace itself, which only dirOK allows.
@@ -56,9 +70,11 @@ func fileError(op, p string, err error) error {
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
 		code = runnerv1.Error_CODE_RESOURCE_EXHAUSTED
 	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ELOOP),
-		errors.Is(err, syscall.ENXIO), errors.Is(err, syscall.EEXIST):
+		errors.Is(err, syscall.ENXIO), errors.Is(err, syscall.EEXIST),
+		errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EROFS):
 		code = runnerv1.Error_CODE_FAILED_PRECONDITION
-	case strings.Contains(err.Error(), "escapes from parent") || strings.Contains(err.Error(), "path escapes"):
+	case errors.Is(err, syscall.EXDEV),
+		strings.Contains(err.Error(), "escapes from parent") || strings.Contains(err.Error(), "path escapes"):
 		code = runnerv1.Error_CODE_FAILED_PRECONDITION
 		return &reqError{code, fmt.Sprintf("%s %q: it leads out of the workspace", op, p)}
 	}
@@ -77,75 +93,125 @@ func (s *server) writeFile(f *runnerv1.File) error {
 	if n := len(f.GetContent()); n > wire.MaxFileSize {
 		return &reqError{runnerv1.Error_CODE_RESOURCE_EXHAUSTED, fmt.Sprintf("file %q has %d bytes, more than the limit of %d", p, n, wire.MaxFileSize)}
 	}
-	if err := s.mkdirs(path.Dir(p)); err != nil {
-		return err
-	}
-	file, err := s.root.OpenFile(p, os.O_WRONLY|os.O_CREATE|syscall.O_NONBLOCK, 0o600)
-	if err != nil {
-		return fileError("write file", p, err)
-	}
-	defer file.Close()
-	if err := regular(file); err != nil {
-		return fileError("write file", p, err)
-	}
-	mode := os.FileMode(f.GetMode()) & os.ModePerm
-	if mode == 0 {
-		mode = 0o644
-	}
-	if err := s.give(file); err != nil {
-		return fileError("write file", p, err)
-	}
-	if err := file.Chmod(mode); err != nil {
-		return fileError("write file", p, err)
-	}
-	if err := file.Truncate(0); err != nil {
-		return fileError("write file", p, err)
-	}
-	if _, err := file.Write(f.GetContent()); err != nil {
-		return fileError("write file", p, err)
-	}
-	return nil
+	return s.asUser(func() error {
+		if err := s.mkdirs(path.Dir(p)); err != nil {
+			return err
+		}
+		file, err := s.open(p, os.O_WRONLY|os.O_CREATE|syscall.O_NONBLOCK, 0o600)
+		if err != nil {
+			return fileError("write file", p, err)
+		}
+		defer file.Close()
+		if err := regular(file); err != nil {
+			return fileError("write file", p, err)
+		}
+		mode := os.FileMode(f.GetMode()) & os.ModePerm
+		if mode == 0 {
+			mode = 0o644
+		}
+		if err := file.Chmod(mode); err != nil {
+			return fileError("write file", p, err)
+		}
+		if err := file.Truncate(0); err != nil {
+			return fileError("write file", p, err)
+		}
+		if _, err := file.Write(f.GetContent()); err != nil {
+			return fileError("write file", p, err)
+		}
+		return nil
+	})
 }
 
-// mkdirs creates dir and its missing parents, owned by the user.
+// mkdirs creates dir and its missing parents, as the user (see asUser), so
+// they are the user's.
 func (s *server) mkdirs(dir string) error {
 	if dir == "." {
 		return nil
 	}
-	var prefix string
+	parent := "."
 	for _, el := range strings.Split(dir, "/") {
-		prefix = path.Join(prefix, el)
-		err := s.root.Mkdir(prefix, 0o755)
+		prefix := path.Join(parent, el)
+		d, err := s.open(parent, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return fileError("create directory", parent, err)
+		}
+		err = unix.Mkdirat(int(d.Fd()), el, 0o755)
+		d.Close()
+		parent = prefix
 		if err == nil {
-			// Lchown: if user code swapped the new directory for a link,
-			// only the link changes owner.
-			if os.Geteuid() == 0 {
-				if err := s.root.Lchown(prefix, s.cfg.uid, s.cfg.gid); err != nil {
-					return fileError("create directory", prefix, err)
-				}
-			}
 			continue
 		}
 		if !errors.Is(err, fs.ErrExist) {
 			return fileError("create directory", prefix, err)
 		}
-		fi, err := s.root.Stat(prefix)
+		// There already: a directory, or a link to one in the workspace.
+		d, err = s.open(prefix, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
+		if errors.Is(err, syscall.ENOTDIR) {
+			return &reqError{runnerv1.Error_CODE_FAILED_PRECONDITION, fmt.Sprintf("create directory %q: a file is in the way", prefix)}
+		}
 		if err != nil {
 			return fileError("create directory", prefix, err)
 		}
-		if !fi.IsDir() {
-			return &reqError{runnerv1.Error_CODE_FAILED_PRECONDITION, fmt.Sprintf("create directory %q: a file is in the way", prefix)}
-		}
+		d.Close()
 	}
 	return nil
 }
 
-// give makes f the user's.
-func (s *server) give(f *os.File) error {
+// asUser runs a file request's work f as the user (see asUserFiles), or as
+// the runner itself when the runner is not root (tests), which then has no
+// privilege to lend.
+func (s *server) asUser(f func() error) error {
 	if os.Geteuid() != 0 {
-		return nil
+		return f()
 	}
-	return f.Chown(s.cfg.uid, s.cfg.gid)
+	return asUserFiles(s.cfg.uid, s.cfg.gid, f)
+}
+
+// open opens p, a path cleaned by cleanPath, beneath the workspace (see the
+// top of this file). The file is close-on-exec.
+func (s *server) open(p string, flag int, perm uint32) (*os.File, error) {
+	if s.ws == nil {
+		return s.root.OpenFile(p, flag, os.FileMode(perm))
+	}
+	how := &unix.OpenHow{
+		Flags:   uint64(flag | unix.O_CLOEXEC),
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
+	}
+	if flag&os.O_CREATE != 0 {
+		how.Mode = uint64(perm)
+	}
+	for try := 0; ; try++ {
+		fd, err := unix.Openat2(int(s.ws.Fd()), p, how)
+		if err == unix.EINTR || err == unix.EAGAIN && try < 8 {
+			// EAGAIN: the kernel saw a rename or mount during a walk
+			// through "..", and would rather start again.
+			continue
+		}
+		if err != nil {
+			return nil, &fs.PathError{Op: "openat2", Path: p, Err: err}
+		}
+		return os.NewFile(uintptr(fd), p), nil
+	}
+}
+
+// openWorkspace opens the workspace for open, or returns nil when the
+// kernel has no openat2 (open then uses the os.Root).
+func openWorkspace(dir string) (*os.File, error) {
+	ws, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Openat2(int(ws.Fd()), ".", &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_BENEATH})
+	if err == unix.ENOSYS {
+		ws.Close()
+		return nil, nil
+	}
+	if err != nil {
+		ws.Close()
+		return nil, fmt.Errorf("openat2: %w", err)
+	}
+	unix.Close(fd)
+	return ws, nil
 }
 
 func regular(f *os.File) error {
@@ -167,7 +233,16 @@ func (s *server) readFile(name string, max uint64) (*runnerv1.File, error) {
 	if max == 0 || max > wire.MaxFileSize {
 		max = wire.MaxFileSize
 	}
-	file, err := s.root.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	var f *runnerv1.File
+	err = s.asUser(func() (err error) {
+		f, err = s.readFileAsUser(p, max)
+		return err
+	})
+	return f, err
+}
+
+func (s *server) readFileAsUser(p string, max uint64) (*runnerv1.File, error) {
+	file, err := s.open(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fileError("read file", p, err)
 	}
@@ -201,7 +276,16 @@ func (s *server) listFiles(name string) (*runnerv1.FileList, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := s.root.OpenFile(p, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
+	var l *runnerv1.FileList
+	err = s.asUser(func() (err error) {
+		l, err = s.listFilesAsUser(p)
+		return err
+	})
+	return l, err
+}
+
+func (s *server) listFilesAsUser(p string) (*runnerv1.FileList, error) {
+	dir, err := s.open(p, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fileError("list", p, err)
 	}
@@ -215,17 +299,19 @@ func (s *server) listFiles(name string) (*runnerv1.FileList, error) {
 	if len(names) > MaxListEntries {
 		names, l.Truncated = names[:MaxListEntries], true
 	}
+	fd := int(dir.Fd())
 	for _, n := range names {
-		rel := path.Join(p, n)
-		fi, err := s.root.Lstat(rel)
-		if err != nil {
+		// Relative to the directory opened above: nothing is resolved
+		// again.
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			continue // removed meanwhile
 		}
 		l.Files = append(l.Files, &runnerv1.FileInfo{
-			Path: rel,
-			Size: uint64(max(fi.Size(), 0)),
-			Dir:  fi.IsDir(),
-			Mode: uint32(fi.Mode().Perm()),
+			Path: path.Join(p, n),
+			Size: uint64(max(st.Size, 0)),
+			Dir:  st.Mode&unix.S_IFMT == unix.S_IFDIR,
+			Mode: st.Mode & 0o777,
 		})
 	}
 	return l, nil

@@ -200,7 +200,8 @@ type server struct {
 	cfg   config
 	out   *eventWriter
 	procs *procs
-	root  *os.Root // the workspace
+	root  *os.Root // the workspace, where the kernel has no openat2
+	ws    *os.File // the workspace, for openat2; nil: none (see open)
 
 	mu     sync.Mutex
 	active uint64             // id of the request being served, 0 if none
@@ -257,11 +258,23 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		}
 		return nil, fmt.Errorf("open workspace: %w", err)
 	}
+	ws, err := openWorkspace(cfg.workspace)
+	if err != nil {
+		root.Close()
+		if mq != nil {
+			mq.Close()
+		}
+		return nil, fmt.Errorf("open workspace: %w", err)
+	}
+	if ws == nil {
+		cfg.log.Warn("no openat2: file requests resolve paths with an os.Root, which does not confine them under gVisor")
+	}
 	s := &server{
 		cfg:     cfg,
 		out:     &eventWriter{w: stdout},
 		procs:   newProcs(cfg),
 		root:    root,
+		ws:      ws,
 		shells:  make(map[string]*shellState),
 		memory:  openMemoryFiles(cfg.cgroupMemory),
 		userEnv: userEnv,
@@ -453,6 +466,9 @@ func (s *server) shutdown() {
 		s.cfg.log.Warn("kill user processes at shutdown", "error", err)
 	}
 	s.root.Close()
+	if s.ws != nil {
+		s.ws.Close()
+	}
 	s.memory.close()
 	if s.mqueues != nil {
 		s.mqueues.Close()
