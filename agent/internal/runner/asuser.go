@@ -38,40 +38,13 @@ import (
 // alive while f runs: a thread with the user's uid can be signalled by the
 // user's processes.
 func asUser(uid, gid int, f func() error) error {
-	return onNewUserThread(uid, gid, true, f)
-}
-
-// asUserFiles calls f on an OS thread of its own that acts as the user
-// towards the file system, as asUser does, except that the thread's real
-// (and saved) uid stays root's. Its effective uid, hence its file system
-// uid, and all its gids are the user's, it has no supplementary group and no
-// effective capability: every open, mkdir and stat of f is checked as the
-// user's would be, and what f creates is the user's. The real uid is what
-// makes it safe while processes of the user are alive (a session's
-// background processes, during a file request): kill(2) and tgkill(2) need
-// the sender's real or effective uid to be the target's real or saved uid,
-// and ptrace(2) needs all three of the target's uids to be the caller's, on
-// Linux and under gVisor alike, so the user's processes can neither signal
-// nor trace the thread. (It would not do for Reset: kill(-1) from it would
-// also reach root's processes.)
-//
-// Before calling f, asUserFiles checks that the thread's effective uid is
-// the user's, its real uid root's, and that it holds no effective
-// capability.
-func asUserFiles(uid, gid int, f func() error) error {
-	return onNewUserThread(uid, gid, false, f)
-}
-
-// onNewUserThread runs onUserThread on a new locked thread and waits.
-func onNewUserThread(uid, gid int, realToo bool, f func() error) error {
-	if uid == os.Getuid() || uid == 0 {
-		// The switch would change nothing: f would act for the runner.
-		return fmt.Errorf("act as the user: uid %d is the runner's own", uid)
+	if err := notRunnerUID(uid); err != nil {
+		return err
 	}
 	errc := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: see asUser
-		errc <- onUserThread(uid, gid, realToo, f)
+		runtime.LockOSThread() // never unlocked: see above
+		errc <- onUserThread(uid, gid, f)
 	}()
 	return <-errc
 }
@@ -81,25 +54,124 @@ func onNewUserThread(uid, gid int, realToo bool, f func() error) error {
 // asUser must never get that thread.
 func init() { runtime.LockOSThread() }
 
-// onUserThread switches the calling thread to the user's credentials (the
-// real uid too if realToo), calls f, and switches back.
-func onUserThread(uid, gid int, realToo bool, f func() error) (err error) {
+func notRunnerUID(uid int) error {
+	if uid == os.Getuid() || uid == 0 {
+		// The switch would change nothing: f would act for the runner.
+		return fmt.Errorf("act as the user: uid %d is the runner's own", uid)
+	}
+	return nil
+}
+
+func onUserThread(uid, gid int, f func() error) (err error) {
+	restore, err := becomeUser(uid, gid, true)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Back to the runner's credentials, so that the thread is the
+		// user's only while f runs. It ends anyway when its goroutine
+		// returns.
+		if e := restore(); e != nil {
+			err = errors.Join(err, e)
+		}
+	}()
+	return f()
+}
+
+// fileThread is an OS thread of the runner that acts as the user towards
+// the file system, for good, and runs the work of file requests (see
+// files.go). Its effective uid, hence its file system uid, and all its gids
+// are the user's, it has no supplementary group and no effective
+// capability: every open, mkdir and stat it makes is checked as the user's
+// would be, and what it creates is the user's.
+//
+// Unlike asUser's thread, its real and saved uids stay root's, which is
+// what makes it safe while processes of the user are alive (a session's
+// background processes, during a file request): kill(2) and tgkill(2) need
+// the sender's real or effective uid to be the target's real or saved uid,
+// and ptrace(2) needs all three of the target's uids to be the caller's
+// (and the target's permitted capabilities to be the caller's too), on Linux
+// and under gVisor alike, so the user's processes can neither signal nor
+// trace the thread. (Such a thread would not do for Reset: kill(-1) from it
+// would also reach root's processes.)
+//
+// The thread is locked to its goroutine, which never unlocks it and only
+// runs the functions it is given, so no other goroutine ever runs on it;
+// threads the runtime creates meanwhile are cloned from its template thread
+// (see asUser). It is made once: a thread per request cost 1-3 ms more per
+// request under gVisor (the runtime ends it and starts another), see
+// RATIONALE.md. Safe for concurrent use; requests are served one at a time.
+type fileThread struct {
+	work chan func()
+	stop chan struct{}
+}
+
+// startFileThread starts the thread and checks its credentials: effective
+// uid the user's, real uid root's, no effective capability.
+func startFileThread(uid, gid int) (*fileThread, error) {
+	if err := notRunnerUID(uid); err != nil {
+		return nil, err
+	}
+	t := &fileThread{work: make(chan func()), stop: make(chan struct{})}
+	ready := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked, see fileThread
+		if _, err := becomeUser(uid, gid, false); err != nil {
+			// Returning while locked ends the thread, in whatever state
+			// becomeUser left it.
+			ready <- err
+			return
+		}
+		ready <- nil
+		for {
+			select {
+			case f := <-t.work:
+				f()
+			case <-t.stop:
+				return
+			}
+		}
+	}()
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// do runs f on the thread and returns what f returns.
+func (t *fileThread) do(f func() error) error {
+	errc := make(chan error, 1)
+	select {
+	case t.work <- func() { errc <- f() }:
+		return <-errc
+	case <-t.stop:
+		return errors.New("act as the user: the runner is shutting down")
+	}
+}
+
+// close ends the thread.
+func (t *fileThread) close() { close(t.stop) }
+
+// becomeUser switches the calling thread, which must be locked, to the
+// user's credentials: effective uid, all gids, no supplementary group, and
+// the real uid too if realToo; the saved uid stays root's. It checks the
+// result, and returns how to switch back. On failure it switches back
+// before it returns.
+func becomeUser(uid, gid int, realToo bool) (restore func() error, err error) {
 	if unix.Gettid() == unix.Getpid() {
-		return errors.New("act as the user: on the main thread")
+		return nil, errors.New("act as the user: on the main thread")
 	}
 	ruid, euid, suid := unix.Getresuid()
 	rgid, egid, sgid := unix.Getresgid()
 	groups, gerr := unix.Getgroups()
 	if gerr != nil {
-		return fmt.Errorf("act as the user: read groups: %w", gerr)
+		return nil, fmt.Errorf("act as the user: read groups: %w", gerr)
 	}
 	if euid != 0 {
-		return errors.New("act as the user: the runner is not root")
+		return nil, errors.New("act as the user: the runner is not root")
 	}
-	defer func() {
-		// Back to the runner's credentials (allowed by the saved uid 0),
-		// so that the thread is the user's only while f runs. It ends
-		// anyway when this goroutine returns.
+	restore = func() error {
+		// Allowed by the saved uid 0.
 		var errs []error
 		if e := setres(syscall.SYS_SETRESUID, ruid, euid, suid); e != nil {
 			errs = append(errs, fmt.Errorf("restore uids: %w", e))
@@ -115,32 +187,36 @@ func onUserThread(uid, gid int, realToo bool, f func() error) (err error) {
 			errs = append(errs, e)
 		}
 		if len(errs) > 0 {
-			err = errors.Join(err, fmt.Errorf("act as the user: %w", errors.Join(errs...)))
+			return fmt.Errorf("act as the user: %w", errors.Join(errs...))
 		}
-	}()
+		return nil
+	}
+	fail := func(err error) (func() error, error) {
+		return nil, errors.Join(err, restore())
+	}
 	if e := setgroups(nil); e != nil {
-		return fmt.Errorf("act as the user: drop supplementary groups: %w", e)
+		return fail(fmt.Errorf("act as the user: drop supplementary groups: %w", e))
 	}
 	if e := setres(syscall.SYS_SETRESGID, gid, gid, gid); e != nil {
-		return fmt.Errorf("act as the user: set gid %d: %w", gid, e)
+		return fail(fmt.Errorf("act as the user: set gid %d: %w", gid, e))
 	}
 	realUID := ruid
 	if realToo {
 		realUID = uid
 	}
 	if e := setres(syscall.SYS_SETRESUID, realUID, uid, 0); e != nil {
-		return fmt.Errorf("act as the user: set uid %d: %w", uid, e)
+		return fail(fmt.Errorf("act as the user: set uid %d: %w", uid, e))
 	}
 	// A change of effective uid resets the process's dumpable flag to the
 	// system's suid_dumpable, which might make the runner dumpable, hence
 	// traceable by the user. (gVisor and Debian's default leave it off.)
 	if err := notDumpable(); err != nil {
-		return fmt.Errorf("act as the user: %w", err)
+		return fail(fmt.Errorf("act as the user: %w", err))
 	}
 	if err := checkUserThread(realUID, uid); err != nil {
-		return fmt.Errorf("act as the user: %w", err)
+		return fail(fmt.Errorf("act as the user: %w", err))
 	}
-	return f()
+	return restore, nil
 }
 
 // notDumpable clears the runner's dumpable flag (a per-process attribute)

@@ -168,12 +168,12 @@ func TestKillAllOfUser(t *testing.T) {
 	}
 }
 
-// TestAsUserFiles checks that asUserFiles acts as the user towards the file
+// TestFileThread checks that the file thread acts as the user towards the file
 // system (what it creates is the user's, a file only root may read is
 // refused) while the user's processes cannot signal its thread, which they
 // can with asUser: kill(2) of a thread id checks the sender's uids against
 // that thread's real and saved uid.
-func TestAsUserFiles(t *testing.T) {
+func TestFileThread(t *testing.T) {
 	if !isRoot() {
 		t.Skip("switching a thread to another uid needs root")
 	}
@@ -201,7 +201,14 @@ func TestAsUserFiles(t *testing.T) {
 		ruid       int
 		signalable bool
 	}{
-		{"asUserFiles", asUserFiles, 0, false},
+		{"fileThread", func(uid, gid int, f func() error) error {
+			ft, err := startFileThread(uid, gid)
+			if err != nil {
+				return err
+			}
+			defer ft.close()
+			return ft.do(f)
+		}, 0, false},
 		{"asUser", asUser, uid, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

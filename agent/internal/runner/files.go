@@ -30,7 +30,7 @@ import (
 //     an os.Root does it instead; under gVisor an os.Root does not confine
 //     (see RATIONALE.md), so the sandbox needs openat2, which gVisor has.
 //   - Every request runs on a thread that acts as the user towards the file
-//     system (asUserFiles): a path that got out anyway leads only where the
+//     system (fileThread): a path that got out anyway leads only where the
 //     user could go, and what the runner creates is the user's from the
 //     start.
 //   - Files are opened non-blocking and must be regular, so a FIFO planted
@@ -128,6 +128,11 @@ func (s *server) mkdirs(dir string) error {
 	if dir == "." {
 		return nil
 	}
+	// Most often it is there already: one system call.
+	if d, err := s.open(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0); err == nil {
+		d.Close()
+		return nil
+	}
 	parent := "."
 	for _, el := range strings.Split(dir, "/") {
 		prefix := path.Join(parent, el)
@@ -157,14 +162,14 @@ func (s *server) mkdirs(dir string) error {
 	return nil
 }
 
-// asUser runs a file request's work f as the user (see asUserFiles), or as
-// the runner itself when the runner is not root (tests), which then has no
-// privilege to lend.
+// asUser runs a file request's work f as the user, on the file thread (see
+// fileThread), or as the runner itself when the runner is not root (tests),
+// which then has no privilege to lend.
 func (s *server) asUser(f func() error) error {
-	if os.Geteuid() != 0 {
+	if s.files == nil {
 		return f()
 	}
-	return asUserFiles(s.cfg.uid, s.cfg.gid, f)
+	return s.files.do(f)
 }
 
 // open opens p, a path cleaned by cleanPath, beneath the workspace (see the

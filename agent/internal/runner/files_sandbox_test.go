@@ -229,38 +229,54 @@ func testFilesRace(t *testing.T, sb *sandbox, session func(*testing.T, string) r
 //
 //	go test -run '^$' -bench SandboxFiles -benchtime 300x ./agent/internal/runner
 func BenchmarkSandboxFiles(b *testing.B) {
-	bins := []struct{ name, bin string }{{"runner", ""}}
-	if base := os.Getenv("RUNNER_BENCH_BASELINE"); base != "" {
-		bins = append(bins, struct{ name, bin string }{"baseline", base})
+	type target struct {
+		name string
+		sb   *sandbox
 	}
-	for _, bin := range bins {
-		sb := startSandboxWith(b, bin.bin)
-		ctx := b.Context()
-		if _, err := sb.c.Run(ctx, &runnerv1.Run{Language: "bash", Code: "mkdir -p dir && for i in $(seq 20); do echo $i > dir/f$i; done", Stateful: true}, nil); err != nil {
+	targets := []target{{"runner", startSandbox(b)}}
+	if base := os.Getenv("RUNNER_BENCH_BASELINE"); base != "" {
+		targets = append(targets, target{"baseline", startSandboxWith(b, base)})
+	}
+	ctx := b.Context()
+	content := make([]byte, 4096)
+	for _, tg := range targets {
+		if _, err := tg.sb.c.Run(ctx, &runnerv1.Run{Language: "bash", Code: "mkdir -p dir && for i in $(seq 20); do echo $i > dir/f$i; done", Stateful: true}, nil); err != nil {
 			b.Fatal(err)
 		}
-		content := make([]byte, 4096)
-		for _, op := range []struct {
-			name string
-			f    func() error
-		}{
-			{"read-4k", func() error { _, err := sb.c.ReadFile(ctx, "dir/data", 0); return err }},
-			{"write-4k", func() error {
-				return sb.c.WriteFile(ctx, &runnerv1.File{Path: "dir/data", Content: content})
-			}},
-			{"write-4k-2-deep", func() error {
-				return sb.c.WriteFile(ctx, &runnerv1.File{Path: "new/sub/data", Content: content})
-			}},
-			{"list-21", func() error { _, err := sb.c.ListFiles(ctx, "dir"); return err }},
-		} {
-			if err := sb.c.WriteFile(ctx, &runnerv1.File{Path: "dir/data", Content: content}); err != nil {
-				b.Fatal(err)
+		if err := tg.sb.c.WriteFile(ctx, &runnerv1.File{Path: "dir/data", Content: content}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ops := []struct {
+		name string
+		f    func(c *wire.Client) error
+	}{
+		{"read-4k", func(c *wire.Client) error { _, err := c.ReadFile(ctx, "dir/data", 0); return err }},
+		{"write-4k", func(c *wire.Client) error {
+			return c.WriteFile(ctx, &runnerv1.File{Path: "dir/data", Content: content})
+		}},
+		{"write-4k-2-deep", func(c *wire.Client) error {
+			return c.WriteFile(ctx, &runnerv1.File{Path: "new/sub/data", Content: content})
+		}},
+		{"list-21", func(c *wire.Client) error { _, err := c.ListFiles(ctx, "dir"); return err }},
+		// A run makes the outputs directory as the user before it starts.
+		{"run-bash-true", func(c *wire.Client) error {
+			exit, err := c.Run(ctx, &runnerv1.Run{Language: "bash", Code: "true", Stateful: true}, nil)
+			if err == nil && exit.GetCode() != 0 {
+				err = fmt.Errorf("exit %v", exit)
 			}
-			b.Run(bin.name+"/"+op.name, func(b *testing.B) {
+			return err
+		}},
+	}
+	// Each operation on each runner in turn, so that a change of the
+	// host's load weighs on both alike.
+	for _, op := range ops {
+		for _, tg := range targets {
+			b.Run(op.name+"/"+tg.name, func(b *testing.B) {
 				var lat []time.Duration
 				for b.Loop() {
 					start := time.Now()
-					if err := op.f(); err != nil {
+					if err := op.f(tg.sb.c); err != nil {
 						b.Fatal(err)
 					}
 					lat = append(lat, time.Since(start))

@@ -200,8 +200,9 @@ type server struct {
 	cfg   config
 	out   *eventWriter
 	procs *procs
-	root  *os.Root // the workspace, where the kernel has no openat2
-	ws    *os.File // the workspace, for openat2; nil: none (see open)
+	root  *os.Root    // the workspace, where the kernel has no openat2
+	ws    *os.File    // the workspace, for openat2; nil: none (see open)
+	files *fileThread // runs file requests as the user; nil if the runner is not root
 
 	mu     sync.Mutex
 	active uint64             // id of the request being served, 0 if none
@@ -269,12 +270,26 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	if ws == nil {
 		cfg.log.Warn("no openat2: file requests resolve paths with an os.Root, which does not confine them under gVisor")
 	}
+	var files *fileThread
+	if os.Geteuid() == 0 {
+		if files, err = startFileThread(cfg.uid, cfg.gid); err != nil {
+			root.Close()
+			if ws != nil {
+				ws.Close()
+			}
+			if mq != nil {
+				mq.Close()
+			}
+			return nil, err
+		}
+	}
 	s := &server{
 		cfg:     cfg,
 		out:     &eventWriter{w: stdout},
 		procs:   newProcs(cfg),
 		root:    root,
 		ws:      ws,
+		files:   files,
 		shells:  make(map[string]*shellState),
 		memory:  openMemoryFiles(cfg.cgroupMemory),
 		userEnv: userEnv,
@@ -468,6 +483,9 @@ func (s *server) shutdown() {
 	s.root.Close()
 	if s.ws != nil {
 		s.ws.Close()
+	}
+	if s.files != nil {
+		s.files.close()
 	}
 	s.memory.close()
 	if s.mqueues != nil {
