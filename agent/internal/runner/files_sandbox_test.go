@@ -159,12 +159,13 @@ finally:
 
 // prober is a user process that, until race/stop exists (and for 60 s at
 // most), tries to signal (signal 0: the permission check only) and to trace
-// every thread of the runner, and writes how often either was allowed.
+// every thread of the runner, and to open its environment, memory and
+// standard input through /proc, and writes how often either was allowed.
 const prober = `
 import ctypes, os, time
 libc = ctypes.CDLL(None, use_errno=True)
 SYS_tgkill, PTRACE_SEIZE, PTRACE_DETACH, ESRCH = 234, 0x4206, 17, 3
-sig = trace = rounds = 0
+sig = trace = rounds = seen = 0
 end = time.time() + 60
 while time.time() < end and not os.path.exists('race/stop'):
     for tid in range(2, 400):
@@ -172,11 +173,18 @@ while time.time() < end and not os.path.exists('race/stop'):
             sig += 1
         elif ctypes.get_errno() == ESRCH:
             continue  # not a thread of the runner
+        seen += 1
         if libc.ptrace(PTRACE_SEIZE, tid, 0, 0) == 0:
             trace += 1
             libc.ptrace(PTRACE_DETACH, tid, 0, 0)
+        for f in ('environ', 'mem', 'fd/0'):
+            try:
+                os.close(os.open('/proc/1/task/%d/%s' % (tid, f), os.O_RDONLY | os.O_NONBLOCK))
+                trace += 1
+            except OSError:
+                pass
     rounds += 1
-open('race/probes', 'w').write('%d %d %d' % (sig, trace, rounds))
+open('race/probes', 'w').write('%d %d %d %d' % (sig, trace, rounds, seen))
 `
 
 func testFilesRace(t *testing.T, sb *sandbox, session func(*testing.T, string) result) {
@@ -209,9 +217,16 @@ func testFilesRace(t *testing.T, sb *sandbox, session func(*testing.T, string) r
 		}
 	}
 	r := session(t, "touch race/stop; for i in $(seq 200); do [ -e race/flips ] && [ -e race/probes ] && break; sleep 0.05; done; cat race/flips; echo; cat race/probes; echo; cat race/*.log; ls /tmp | grep -c '^x' || true")
-	t.Logf("%d rounds: %d reads, %d lists, %d writes succeeded (inside); flips, probes (signals allowed, traces allowed, rounds), writes to /tmp:\n%s", rounds, ok[0], ok[1], ok[2], r.stdout)
+	t.Logf("%d rounds: %d reads, %d lists, %d writes succeeded (inside); flips (and errors), probes (signals allowed, traces and /proc opens allowed, rounds, runner threads probed), writes to /tmp:\n%s", rounds, ok[0], ok[1], ok[2], r.stdout)
 	lines := strings.Split(r.stdout, "\n")
-	if len(lines) < 3 || !strings.HasPrefix(lines[1], "0 0 ") {
+	var sig, trace, probeRounds, seen int
+	if len(lines) < 3 {
+		t.Fatalf("no probes: %q", r.stdout)
+	}
+	if _, err := fmt.Sscan(lines[1], &sig, &trace, &probeRounds, &seen); err != nil || seen == 0 {
+		t.Errorf("the prober saw no thread of the runner (%v): %q", err, r.stdout)
+	}
+	if sig != 0 || trace != 0 {
 		t.Errorf("the user's processes could signal or trace a thread of the runner: %q", r.stdout)
 	}
 	if !strings.HasSuffix(r.stdout, "\n0\n") {
