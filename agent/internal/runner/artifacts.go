@@ -166,7 +166,7 @@ func (s *server) walkOutputs(fn func(*outputFile) bool) error {
 		return fmt.Errorf("open workspace: %w", err)
 	}
 	defer unix.Close(ws)
-	dir, err := unix.Openat(ws, wire.OutputsDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	dir, err := openDirNoFollow(ws, wire.OutputsDir)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
 			return nil
@@ -182,6 +182,29 @@ func (s *server) walkOutputs(fn func(*outputFile) bool) error {
 }
 
 var errStopWalk = errors.New("walk stopped")
+
+// openDirNoFollow opens the directory name in dirfd, and fails if name is a
+// symbolic link (ELOOP) or not a directory (ENOTDIR). It does not use
+// O_NOFOLLOW|O_DIRECTORY: gVisor follows a final link when O_DIRECTORY is
+// given, O_NOFOLLOW or not (see RATIONALE.md). Without O_DIRECTORY,
+// O_NOFOLLOW refuses a link there too, and fstat tells a directory; opened
+// non-blocking, a FIFO does not stall the open.
+func openDirNoFollow(dirfd int, name string) (int, error) {
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		unix.Close(fd)
+		return -1, unix.ENOTDIR
+	}
+	return fd, nil
+}
 
 type outputWalk struct {
 	fn      func(*outputFile) bool
@@ -220,7 +243,7 @@ func (w *outputWalk) dir(fd int, prefix string, depth int) error {
 				tooMany = errTooMany
 				continue
 			}
-			sub, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+			sub, err := openDirNoFollow(fd, n)
 			if err != nil {
 				continue // removed or replaced meanwhile
 			}

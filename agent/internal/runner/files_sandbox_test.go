@@ -317,3 +317,28 @@ func startSandboxWith(t testing.TB, bin string) *sandbox {
 	}
 	return startSandboxBin(t, abs)
 }
+
+// TestSandboxArtifactsConfined checks, in a real gVisor sandbox, that the
+// walk that collects a run's artifacts follows no link out of the
+// workspace: neither outputs itself nor a directory in it made a link to
+// the runner's /proc directory or to /etc by the run.
+func TestSandboxArtifactsConfined(t *testing.T) {
+	t.Parallel()
+	sb := startSandbox(t)
+	for _, code := range []string{
+		"rm -rf outputs && ln -s /proc/1 outputs",
+		"rm -rf outputs && ln -s /etc outputs",
+		"rm -rf outputs && mkdir outputs && ln -s /proc/1 outputs/p && ln -s /etc outputs/e && echo ok > outputs/real.txt",
+	} {
+		for _, stateful := range []bool{false, true} {
+			r := sb.run(t.Context(), &runnerv1.Run{Language: "bash", Code: code, Stateful: stateful})
+			if r.err != nil || r.exit.GetCode() != 0 {
+				t.Fatalf("%q: %v %q %v", code, r.exit, r.stderr, r.err)
+			}
+			names := artifactNames(r.exit)
+			if len(names) > 1 || len(names) == 1 && names[0] != "real.txt text/plain; charset=utf-8" {
+				t.Errorf("%q (stateful %v): artifacts %.300q", code, stateful, names)
+			}
+		}
+	}
+}
