@@ -267,6 +267,50 @@ func TestSessionFiles(t *testing.T) {
 	}
 }
 
+// TestSessionFilesStayInWorkspace plants links out of the workspace in a
+// session (to /etc, to the runner's /proc directory, to /tmp, at several
+// depths) and checks that the file API follows none of them: reads and
+// lists are refused with failed_precondition, and writes create nothing
+// outside.
+func TestSessionFilesStayInWorkspace(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+	c := a.client("connect")
+	ctx := t.Context()
+	id := randomName("links")
+	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: id})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.CloseSession(context.Background(), connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id}))
+	})
+	if r := a.exec(t, &executionv1.Execution{Language: "bash", SessionId: id,
+		Code: "ln -s /etc d && mkdir -p a x/y && ln -s /proc/1 a/b && ln -s / x/y/z && ln -s ../.. up && ln -s /tmp t"}); r.GetExitCode() != 0 {
+		t.Fatalf("plant links: %v", r)
+	}
+	for _, p := range []string{"d/shadow", "d/hostname", "a/b/environ", "x/y/z/etc/shadow", "up/etc/shadow"} {
+		got, err := c.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{SessionId: id, Path: p}))
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			t.Errorf("ReadFile(%q) = %.40q, %v; want failed_precondition", p, got.Msg.GetFile().GetContent(), err)
+		}
+	}
+	for _, p := range []string{"d", "a/b", "x/y/z", "up", "t"} {
+		got, err := c.ListFiles(ctx, connect.NewRequest(&agentv1.ListFilesRequest{SessionId: id, Path: p}))
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			t.Errorf("ListFiles(%q) = %d entries, %v; want failed_precondition", p, len(got.Msg.GetFiles()), err)
+		}
+	}
+	for _, p := range []string{"t/x", "x/y/z/tmp/x", "up/tmp/x", "d/x"} {
+		_, err := c.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{SessionId: id, File: &executionv1.File{Path: p, Content: []byte("x")}}))
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			t.Errorf("WriteFile(%q): %v, want failed_precondition", p, err)
+		}
+	}
+	if r := a.exec(t, &executionv1.Execution{Language: "bash", SessionId: id, Code: "ls -A /tmp; ls /etc/x 2>/dev/null; echo end"}); r.GetStdout() != "end\n" {
+		t.Errorf("outside the workspace after the writes: %q", r.GetStdout())
+	}
+}
+
 // TestSessionSurvivesItsProgram shows a session keeping its files when a
 // run is killed at its timeout or for memory; the interpreter restarts.
 func TestSessionSurvivesItsProgram(t *testing.T) {
