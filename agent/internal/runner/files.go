@@ -93,7 +93,7 @@ func (s *server) writeFile(f *runnerv1.File) error {
 	if n := len(f.GetContent()); n > wire.MaxFileSize {
 		return &reqError{runnerv1.Error_CODE_RESOURCE_EXHAUSTED, fmt.Sprintf("file %q has %d bytes, more than the limit of %d", p, n, wire.MaxFileSize)}
 	}
-	return s.asUser(func() error {
+	return s.onFileThread(func() error {
 		if err := s.mkdirs(path.Dir(p)); err != nil {
 			return err
 		}
@@ -122,7 +122,7 @@ func (s *server) writeFile(f *runnerv1.File) error {
 	})
 }
 
-// mkdirs creates dir and its missing parents, as the user (see asUser), so
+// mkdirs creates dir and its missing parents, as the user (on the file thread), so
 // they are the user's.
 func (s *server) mkdirs(dir string) error {
 	if dir == "." {
@@ -162,10 +162,10 @@ func (s *server) mkdirs(dir string) error {
 	return nil
 }
 
-// asUser runs a file request's work f as the user, on the file thread (see
+// onFileThread runs a file request's work f as the user, on the file thread (see
 // fileThread), or as the runner itself when the runner is not root (tests),
 // which then has no privilege to lend.
-func (s *server) asUser(f func() error) error {
+func (s *server) onFileThread(f func() error) error {
 	if s.files == nil {
 		return f()
 	}
@@ -239,7 +239,7 @@ func (s *server) readFile(name string, max uint64) (*runnerv1.File, error) {
 		max = wire.MaxFileSize
 	}
 	var f *runnerv1.File
-	err = s.asUser(func() (err error) {
+	err = s.onFileThread(func() (err error) {
 		f, err = s.readFileAsUser(p, max)
 		return err
 	})
@@ -282,7 +282,7 @@ func (s *server) listFiles(name string) (*runnerv1.FileList, error) {
 		return nil, err
 	}
 	var l *runnerv1.FileList
-	err = s.asUser(func() (err error) {
+	err = s.onFileThread(func() (err error) {
 		l, err = s.listFilesAsUser(p)
 		return err
 	})
