@@ -122,8 +122,8 @@ func (s *server) writeFile(f *runnerv1.File) error {
 	})
 }
 
-// mkdirs creates dir and its missing parents, as the user (on the file thread), so
-// they are the user's.
+// mkdirs creates dir and its missing parents. It runs on the file thread,
+// so they are the user's.
 func (s *server) mkdirs(dir string) error {
 	if dir == "." {
 		return nil
@@ -162,9 +162,9 @@ func (s *server) mkdirs(dir string) error {
 	return nil
 }
 
-// onFileThread runs a file request's work f as the user, on the file thread (see
-// fileThread), or as the runner itself when the runner is not root (tests),
-// which then has no privilege to lend.
+// onFileThread runs a file request's work f as the user, on the file
+// thread (see fileThread), or as the runner itself when the runner is not
+// root (tests), which then has no privilege to lend.
 func (s *server) onFileThread(f func() error) error {
 	if s.files == nil {
 		return f()
