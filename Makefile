@@ -33,6 +33,11 @@ CLUSTER_REDIS         ?= 127.0.0.1:6380
 CLUSTER_AGENTS        ?= 127.0.0.1:30041 127.0.0.1:30042 127.0.0.1:30043
 CLUSTER_CONTROLPLANES ?= 127.0.0.1:8081 127.0.0.1:8082
 CLUSTER_EDGES         ?= 127.0.0.1:8001 127.0.0.1:8002
+# The password of that Redis, made once like the cluster secret: whoever can
+# write to the Redis could otherwise change which agents the control planes
+# route to. It reaches redis-server on its standard input and the control
+# planes in REDIS_URL, never on a command line.
+CLUSTER_REDIS_PASSWORD_FILE ?= $(CODEMODE_STATE_DIR)/cluster-redis-password
 
 # $(call listen_addr,ADDR): PORT and :PORT become 127.0.0.1:PORT.
 listen_addr = $(if $(findstring :,$(patsubst :%,%,$(1))),$(1),127.0.0.1:$(patsubst :%,%,$(1)))
@@ -47,7 +52,7 @@ space := $(subst ,, )
 # the edges' and Redis's.
 cluster_deny := $(subst $(space),$(comma),$(strip $(foreach a,$(CLUSTER_CONTROLPLANES) $(CLUSTER_EDGES) $(CLUSTER_REDIS),:$(lastword $(subst :, ,$(a))))))
 
-.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret clean policies bench bench-agent bench-policy
+.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password clean policies bench bench-agent bench-policy
 
 all: build
 
@@ -89,14 +94,27 @@ breaking:
 test: setup lint breaking checkgenerate
 	$(GO) test -race -count=1 -timeout 25m ./...
 
+# $(call secret_file,FILE,FILTER): create FILE once, 32 random bytes in base64
+# passed through FILTER, written to a file of mode 0600 from the start
+# (mktemp) and linked into place, so that concurrent runs keep the first.
+define secret_file
+@f='$(1)'; mkdir -p "$$(dirname "$$f")"; \
+if [ ! -s "$$f" ]; then \
+	tmp=$$(mktemp "$$f.XXXXXX") && head -c 32 /dev/urandom | base64 | $(2) >"$$tmp" && \
+	{ ln "$$tmp" "$$f" 2>/dev/null || [ -s "$$f" ] || mv -f "$$tmp" "$$f"; }; rm -f "$$tmp"; \
+fi; \
+chmod 600 "$$f"
+endef
+
 # cluster-secret: create the cluster secret file once (32 random bytes, base64, mode 0600)
 cluster-secret:
-	@f='$(CODEMODE_CLUSTER_SECRET_FILE)'; mkdir -p "$$(dirname "$$f")"; \
-	if [ ! -s "$$f" ]; then \
-		tmp=$$(mktemp "$$f.XXXXXX") && head -c 32 /dev/urandom | base64 >"$$tmp" && \
-		{ ln "$$tmp" "$$f" 2>/dev/null || [ -s "$$f" ] || mv -f "$$tmp" "$$f"; }; rm -f "$$tmp"; \
-	fi; \
-	chmod 600 "$$f"
+	$(call secret_file,$(CODEMODE_CLUSTER_SECRET_FILE),cat)
+
+# cluster-redis-password: create the password of up-cluster's Redis once (32
+# random bytes, base64 with the URL-safe alphabet and no padding, so that it
+# goes into a redis:// URL as it is; mode 0600)
+cluster-redis-password:
+	$(call secret_file,$(CLUSTER_REDIS_PASSWORD_FILE),tr '+/' '-_' | tr -d '=')
 
 ## up: set up, build, and run agent, control plane and edge on this host; Ctrl-C stops all three
 up: setup build cluster-secret
@@ -135,7 +153,7 @@ up: setup build cluster-secret
 	stop 1
 
 ## up-cluster: set up, build, and run on loopback a Redis, three agents, two control planes sharing it and two edges; Ctrl-C stops all
-up-cluster: setup build cluster-secret
+up-cluster: setup build cluster-secret cluster-redis-password
 	@for a in $(CLUSTER_REDIS) $(CLUSTER_AGENTS) $(CLUSTER_CONTROLPLANES) $(CLUSTER_EDGES); do \
 		if (exec 3<>"/dev/tcp/$${a%:*}/$${a##*:}") 2>/dev/null; then \
 			echo "$$a is already in use: is codemode (or something else) running there? Stop it first."; exit 1; fi; \
@@ -145,14 +163,16 @@ up-cluster: setup build cluster-secret
 	trap stop INT TERM; \
 	export CODEMODE_CLUSTER_SECRET_FILE='$(CODEMODE_CLUSTER_SECRET_FILE)'; \
 	r='$(CLUSTER_REDIS)'; rdir='$(CODEMODE_STATE_DIR)/cluster-redis'; mkdir -p "$$rdir"; \
-	redis-server --port "$${r##*:}" --bind "$${r%:*}" --save '' --appendonly no --dir "$$rdir" --loglevel warning & pids+=($$!); names+=(redis); \
+	rpw=$$(<'$(CLUSTER_REDIS_PASSWORD_FILE)'); \
+	printf 'port %s\nbind %s\nsave ""\nappendonly no\ndir "%s"\nloglevel warning\nrequirepass %s\n' "$${r##*:}" "$${r%:*}" "$$rdir" "$$rpw" | \
+		redis-server - & pids+=($$!); names+=(redis); \
 	cps=; for c in $(CLUSTER_CONTROLPLANES); do cps="$$cps$${cps:+,}http://$$c"; done; \
 	rcps=; for c in $(CLUSTER_CONTROLPLANES); do rcps="http://$$c$${rcps:+,}$$rcps"; done; \
 	i=0; for a in $(CLUSTER_AGENTS); do i=$$((i + 1)); \
 		EGRESS_DENY='$(cluster_deny)' $(BIN)/agent --addr "$$a" --advertise-addr "$$a" --name "$(CLUSTER_NAME)-$$i" --controlplanes "$$cps" & pids+=($$!); names+=(agent-$$i); \
 	done; \
 	for c in $(CLUSTER_CONTROLPLANES); do \
-		$(BIN)/controlplane --addr "$$c" --agents= --redis-url "redis://$$r/0" & pids+=($$!); names+=(controlplane-$$c); \
+		REDIS_URL="redis://:$$rpw@$$r/0" $(BIN)/controlplane --addr "$$c" --agents= & pids+=($$!); names+=(controlplane-$$c); \
 	done; \
 	i=0; for e in $(CLUSTER_EDGES); do i=$$((i + 1)); order=$$cps; [ $$((i % 2)) = 0 ] && order=$$rcps; \
 		CODEMODE_EGRESS='$(EGRESS)' $(BIN)/edge --addr "$$e" --controlplane "$$order" & pids+=($$!); names+=(edge-$$e); \
@@ -171,7 +191,7 @@ up-cluster: setup build cluster-secret
 	echo; \
 	echo "the codemode cluster is up:"; \
 	for e in $(CLUSTER_EDGES); do echo "  edge               http://$$e/  (MCP: /mcp; Connect: codemode.edge.v1.ExecutionService)"; done; \
-	echo "  control planes     $(CLUSTER_CONTROLPLANES)  (sharing redis://$$r/0)"; \
+	echo "  control planes     $(CLUSTER_CONTROLPLANES)  (sharing redis://$$r/0, password in $(CLUSTER_REDIS_PASSWORD_FILE))"; \
 	echo "  agents             $(CLUSTER_AGENTS)  (joined by heartbeat)"; \
 	echo "Ctrl-C stops all."; \
 	wait -n "$${pids[@]}"; \

@@ -363,6 +363,23 @@ func procStat(pid int) (state byte, ppid int, err error) {
 // descendants returns the live descendants of pid whose executables bear
 // one of names, by name.
 func descendants(pid int, names []string) (map[string]int, error) {
+	all, err := descendantPIDs(pid)
+	if err != nil {
+		return nil, err
+	}
+	found := map[string]int{}
+	for _, p := range all {
+		for _, name := range names {
+			if procRunning(p, name) {
+				found[name] = p
+			}
+		}
+	}
+	return found, nil
+}
+
+// descendantPIDs returns every live descendant of pid.
+func descendantPIDs(pid int) ([]int, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -377,17 +394,13 @@ func descendants(pid int, names []string) (map[string]int, error) {
 			children[ppid] = append(children[ppid], p)
 		}
 	}
-	found := map[string]int{}
+	var out []int
 	for queue := children[pid]; len(queue) > 0; queue = queue[1:] {
 		p := queue[0]
 		queue = append(queue, children[p]...)
-		for _, name := range names {
-			if procRunning(p, name) {
-				found[name] = p
-			}
-		}
+		out = append(out, p)
 	}
-	return found, nil
+	return out, nil
 }
 
 // tcpListeners returns the local addresses of the listening TCP sockets

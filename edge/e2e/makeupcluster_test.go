@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/base64"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +27,8 @@ import (
 // test picks, and checks what it promises: both edges answer, a session
 // opened through one edge keeps its state through the other (each edge
 // lists the control planes in its own order, and they share Redis), runs
-// spread over the three agents, and Ctrl-C stops everything.
+// spread over the three agents, and Ctrl-C stops everything. Its Redis
+// wants a password that no command line shows.
 func TestMakeUpCluster(t *testing.T) {
 	t.Parallel()
 	testenv.NeedRoot(t, "make up-cluster, which prepares the host,")
@@ -38,6 +43,8 @@ func TestMakeUpCluster(t *testing.T) {
 	edges := []string{port(), port()}
 	agents := []string{port(), port(), port()}
 	name := fmt.Sprintf("e2e-upcluster-%d", os.Getpid())
+	redisAddr := port()
+	passwordFile := filepath.Join(t.TempDir(), "cluster-redis-password")
 	logPath := filepath.Join(t.TempDir(), "make-up-cluster.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -53,7 +60,8 @@ func TestMakeUpCluster(t *testing.T) {
 	}
 	cmd := exec.Command("make", "--no-print-directory", "up-cluster",
 		"CLUSTER_NAME="+name,
-		"CLUSTER_REDIS="+port(),
+		"CLUSTER_REDIS="+redisAddr,
+		"CLUSTER_REDIS_PASSWORD_FILE="+passwordFile,
 		"CLUSTER_AGENTS="+strings.Join(agents, " "),
 		"CLUSTER_CONTROLPLANES="+port()+" "+port(),
 		"CLUSTER_EDGES="+strings.Join(edges, " "))
@@ -104,6 +112,12 @@ func TestMakeUpCluster(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	if !t.Run("redis password", func(t *testing.T) {
+		checkClusterRedisPassword(t, pgid, redisAddr, passwordFile)
+	}) {
+		t.FailNow()
+	}
+
 	ctx := t.Context()
 	client := func(i int) edgev1connect.ExecutionServiceClient {
 		return edgev1connect.NewExecutionServiceClient(server.NewClient(), "http://"+edges[i])
@@ -151,3 +165,85 @@ func TestMakeUpCluster(t *testing.T) {
 }
 
 func must(b []byte, _ error) []byte { return b }
+
+// checkClusterRedisPassword checks what make up-cluster promises of its
+// Redis's password: made in passwordFile (mode 0600, 32 random bytes in
+// URL-safe base64), required by the Redis at addr, given to each control
+// plane in REDIS_URL, and on no command line of make's descendants.
+func checkClusterRedisPassword(t *testing.T, makePID int, addr, passwordFile string) {
+	t.Helper()
+	if got := redisSays(t, addr, "PING"); !strings.HasPrefix(got, "-NOAUTH") {
+		t.Errorf("Redis on %s answers PING without the password with %q, want -NOAUTH", addr, got)
+	}
+	fi, err := os.Stat(passwordFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s has mode %v, want 0600", passwordFile, fi.Mode().Perm())
+	}
+	password := strings.TrimSpace(string(must(os.ReadFile(passwordFile))))
+	if raw, err := base64.RawURLEncoding.DecodeString(password); err != nil || len(raw) != 32 {
+		t.Fatalf("the password file holds %d bytes of URL-safe base64 (error %v), want 32", len(raw), err)
+	}
+	if got := redisSays(t, addr, "AUTH "+password+"\r\nPING"); got != "+OK\r\n+PONG" {
+		t.Errorf("Redis on %s answers AUTH and PING with %q, want +OK, +PONG", addr, got)
+	}
+	pids, err := descendantPIDs(makePID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	controlplanes := 0
+	for _, pid := range pids {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue // exited
+		}
+		if bytes.Contains(cmdline, []byte(password)) || bytes.Contains(cmdline, []byte("redis-url")) {
+			t.Errorf("pid %d has the Redis password or URL on its command line: %q", pid, bytes.ReplaceAll(cmdline, []byte(password), []byte("<password>")))
+		}
+		if !procRunning(pid, "controlplane") {
+			continue
+		}
+		controlplanes++
+		v, err := procEnv(pid, "REDIS_URL")
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, err := url.Parse(v)
+		if err != nil {
+			t.Fatalf("control plane %d: REDIS_URL does not parse: %v", pid, err)
+		}
+		if p, _ := u.User.Password(); u.Host != addr || p != password {
+			t.Errorf("control plane %d: REDIS_URL names %s with the password %v, want %s with the file's", pid, u.Host, p == password, addr)
+		}
+	}
+	if controlplanes != 2 {
+		t.Errorf("found %d control planes among make's descendants, want 2", controlplanes)
+	}
+}
+
+// redisSays sends the inline commands cmds (lines joined by CRLF) to the
+// Redis at addr and returns its answers, one line each, joined by CRLF.
+func redisSays(t *testing.T, addr, cmds string) string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte(cmds + "\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	var lines []string
+	for range strings.Count(cmds, "\r\n") + 1 {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("read Redis's answer: %v (so far %q)", err, lines)
+		}
+		lines = append(lines, strings.TrimRight(line, "\r\n"))
+	}
+	return strings.Join(lines, "\r\n")
+}
