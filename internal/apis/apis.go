@@ -326,7 +326,7 @@ func newAPI(d APIDeclaration, getenv func(string) string) (*API, error) {
 	if d.Credential != nil {
 		cr := *d.Credential
 		if err := cr.check(getenv); err != nil {
-			fail("credential: %v", err)
+			fail("credential: %w", err)
 		}
 		if a.header.Get(cr.Header) != "" {
 			fail("credential: header %s is also among the headers", cr.Header)

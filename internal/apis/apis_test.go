@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/codemode-go/codemode/internal/secretfile"
 )
 
 func TestDefault(t *testing.T) {
@@ -429,4 +431,47 @@ func FuzzRedact(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestCredentialSecretFileMustBeTheServicesOwn(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "token")
+	const token = "file-token-0123456789"
+	if err := os.WriteFile(file, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	decl := []byte(`{"apis": [{"name": "ex", "base_url": "http://127.0.0.1:9",
+		"credential": {"header": "X-Api-Key", "secret_file": "` + file + `", "optional": true}}]}`)
+	_, err := Parse(decl)
+	if !errors.Is(err, secretfile.ErrExposed) || !strings.Contains(err.Error(), "chmod 600 "+file) || strings.Contains(err.Error(), token) {
+		t.Fatalf("load with a secret file of mode 0644: %v, want a refusal saying chmod 600 %s, without the secret", err, file)
+	}
+
+	// Loaded while the service's own, then opened to others: every
+	// request is refused, without the secret or the file's name.
+	if err := os.Chmod(file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse(decl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := c.Lookup("ex")
+	if h, err := a.Header(t.Context()); err != nil || h.Get("X-Api-Key") != token {
+		t.Fatalf("mode 0600: %v %v, want the secret sent", h, err)
+	}
+	if err := os.Chmod(file, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	h, err := a.Header(t.Context())
+	if !errors.Is(err, secretfile.ErrExposed) || h != nil {
+		t.Fatalf("mode 0640: %v %v, want a refusal", h, err)
+	}
+	if strings.Contains(err.Error(), dir) || strings.Contains(err.Error(), token) {
+		t.Errorf("the refusal %q names the file or the secret", err)
+	}
 }

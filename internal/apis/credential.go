@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
-	"os"
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/codemode-go/codemode/internal/secretfile"
 )
 
 // Credential says how a secret goes with every request to an API: in the
@@ -26,7 +27,8 @@ type Credential struct {
 	// SecretFile names a file holding the secret (white space around it
 	// is dropped); it is read when SecretEnv is not set or empty. The file
 	// is read for every request, so a token refreshed in place is used at
-	// once.
+	// once. It must be the service's own: a file its group or other users
+	// may read or write is refused, at load and at every request.
 	SecretFile string `json:"secret_file,omitempty"`
 	// Optional lets requests go without the header while no secret is
 	// there (GitHub's public API answers without a token, with a lower
@@ -56,6 +58,8 @@ func (c *Credential) check(getenv func(string) string) error {
 	}
 	_, ok, err := c.secret(getenv)
 	switch {
+	case errors.Is(err, secretfile.ErrExposed):
+		return fmt.Errorf("the secret file %s is %w: make it the service's own with `chmod 600 %s`", c.SecretFile, secretfile.ErrExposed, c.SecretFile)
 	case err != nil:
 		return fmt.Errorf("%w (secret from %s)", err, strings.Join(from, " or "))
 	case !ok && !c.Optional:
@@ -75,9 +79,12 @@ func (c *Credential) secret(getenv func(string) string) (secret string, ok bool,
 	if c.SecretFile == "" {
 		return "", false, nil
 	}
-	b, err := os.ReadFile(c.SecretFile)
+	b, err := secretfile.Read(c.SecretFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", false, nil
+	}
+	if errors.Is(err, secretfile.ErrExposed) {
+		return "", false, fmt.Errorf("the secret file is %w", secretfile.ErrExposed) // without the path
 	}
 	if err != nil {
 		var pe *fs.PathError

@@ -7,7 +7,8 @@
 // The secret is read from a file (--cluster-secret-file,
 // CODEMODE_CLUSTER_SECRET_FILE) or from the variable CODEMODE_CLUSTER_SECRET;
 // it is never taken from the command line, where other users could read it,
-// and never logged. A Secret is immutable and safe for concurrent use.
+// and never logged. A file its group or other users may read or write is
+// refused (see [secretfile.Read]). A Secret is immutable and safe for concurrent use.
 package cluster
 
 import (
@@ -19,10 +20,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 
 	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/secretfile"
 )
 
 // Environment variables of the secret.
@@ -63,7 +64,7 @@ func Flags(f *cli.Flags) func(getenv func(string) string) (*Secret, error) {
 	f.Env("cluster-secret-file", SecretFileEnv)
 	return func(getenv func(string) string) (*Secret, error) {
 		if *file != "" {
-			b, err := os.ReadFile(*file)
+			b, err := secretfile.Read(*file)
 			if err != nil {
 				return nil, fmt.Errorf("read cluster secret: %w", err)
 			}

@@ -3,11 +3,18 @@ package cluster
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/secretfile"
 )
 
 const testSecret = "0123456789abcdef0123456789abcdef"
@@ -150,5 +157,50 @@ func TestKey(t *testing.T) {
 	}
 	if !bytes.Equal(a.Key("x"), a.Key("x")) {
 		t.Error("Key is not deterministic")
+	}
+}
+
+func TestSecretFileMustBeTheServicesOwn(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		mode os.FileMode
+		ok   bool
+	}{
+		{0o600, true},
+		{0o400, true},
+		{0o640, false},
+		{0o644, false},
+		{0o604, false},
+		{0o660, false},
+	} {
+		t.Run(tt.mode.String(), func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(dir, fmt.Sprintf("secret-%04o", tt.mode))
+			if err := os.WriteFile(path, []byte(testSecret+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(path, tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			f := cli.NewFlags("test", io.Discard)
+			load := Flags(f)
+			if err := f.Parse([]string{"--cluster-secret-file", path}, func(string) string { return "" }); err != nil {
+				t.Fatal(err)
+			}
+			s, err := load(func(string) string { return "" })
+			if tt.ok {
+				if err != nil || s == nil {
+					t.Fatalf("mode %04o: %v, want the secret", tt.mode, err)
+				}
+				return
+			}
+			if s != nil || !errors.Is(err, secretfile.ErrExposed) {
+				t.Fatalf("mode %04o: %v, want a refusal (secretfile.ErrExposed)", tt.mode, err)
+			}
+			if msg := err.Error(); !strings.Contains(msg, "chmod 600 "+path) || strings.Contains(msg, testSecret) {
+				t.Errorf("mode %04o: %q, want the fix (chmod 600 %s) and not the secret", tt.mode, msg, path)
+			}
+		})
 	}
 }

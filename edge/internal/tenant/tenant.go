@@ -4,6 +4,9 @@
 //
 //	{"k-3f9a...": "team-a", "k-77c1...": "team-b"}
 //
+// The file must be the service's own: one its group or other users may read
+// or write is refused (see secretfile.Read).
+//
 // With no keys configured every request is the tenant Anonymous; with keys,
 // every request to a door must carry one, so one edge never has both kinds
 // of caller. Edges with and without keys may share a cluster, though, and
@@ -21,9 +24,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
+
+	"github.com/codemode-go/codemode/internal/secretfile"
 )
 
 // Anonymous is the tenant of every request when no keys are configured.
@@ -41,11 +45,13 @@ type Resolver struct {
 }
 
 // Load reads keys from the JSON file at path; an empty path means no keys.
+// A file its group or other users may read or write is refused, with an
+// error wrapping secretfile.ErrExposed that says how to fix it.
 func Load(path string) (*Resolver, error) {
 	if path == "" {
 		return &Resolver{}, nil
 	}
-	b, err := os.ReadFile(path)
+	b, err := secretfile.Read(path)
 	if err != nil {
 		return nil, fmt.Errorf("read api keys: %w", err)
 	}

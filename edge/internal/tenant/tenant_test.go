@@ -1,11 +1,15 @@
 package tenant
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/codemode-go/codemode/internal/secretfile"
 )
 
 // TestAnonymousIsReserved: a key file that names the tenant of keyless
@@ -63,6 +67,46 @@ func TestResolve(t *testing.T) {
 				t.Errorf("Resolve = %q, %v; want refused", got, err)
 			case tc.tenant != "" && (err != nil || got != tc.tenant):
 				t.Errorf("Resolve = %q, %v; want %q", got, err, tc.tenant)
+			}
+		})
+	}
+}
+
+func TestLoadRefusesKeysOthersCanRead(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	const key = "k-0123456789abcdef-team-a"
+	for _, tt := range []struct {
+		mode os.FileMode
+		ok   bool
+	}{
+		{0o600, true},
+		{0o400, true},
+		{0o640, false},
+		{0o644, false},
+		{0o606, false},
+	} {
+		t.Run(tt.mode.String(), func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(dir, fmt.Sprintf("keys-%04o.json", tt.mode))
+			if err := os.WriteFile(path, []byte(`{"`+key+`": "team-a"}`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(path, tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			r, err := Load(path)
+			if tt.ok {
+				if err != nil || !r.Enabled() {
+					t.Fatalf("mode %04o: %v, want the keys", tt.mode, err)
+				}
+				return
+			}
+			if r != nil || !errors.Is(err, secretfile.ErrExposed) {
+				t.Fatalf("mode %04o: %v, want a refusal (secretfile.ErrExposed)", tt.mode, err)
+			}
+			if msg := err.Error(); !strings.Contains(msg, "chmod 600 "+path) || strings.Contains(msg, key) {
+				t.Errorf("mode %04o: %q, want the fix (chmod 600 %s) and no key", tt.mode, msg, path)
 			}
 		})
 	}
