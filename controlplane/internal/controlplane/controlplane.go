@@ -48,7 +48,9 @@ type Config struct {
 	// RedisURL, when set, is the Redis that keeps session bindings,
 	// tombstones and agents' heartbeats for every control plane sharing
 	// it (see controlplane/internal/redisstore); empty: this control
-	// plane's memory, for one replica.
+	// plane's memory, for one replica. Its records are sealed with a key
+	// derived from Secret, so every control plane sharing it needs the
+	// same secret.
 	RedisURL string
 	// RedisPrefix starts every key in Redis.
 	RedisPrefix string
@@ -150,7 +152,7 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
 	var store router.Store // nil: memory
 	if cfg.RedisURL != "" {
-		rs, err := redisstore.New(cfg.RedisURL, cfg.RedisPrefix)
+		rs, err := redisstore.New(cfg.RedisURL, cfg.RedisPrefix, cfg.Secret.Key(redisstore.KeyPurpose), logger.With("component", "redisstore"))
 		if err != nil {
 			ln.Close()
 			return err

@@ -1,14 +1,19 @@
 package redisstore
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/codemode-go/codemode/controlplane/internal/router"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
@@ -16,13 +21,17 @@ import (
 	"github.com/codemode-go/codemode/internal/redistest"
 )
 
+// testKey seals the records of the tests' stores, as one cluster secret
+// would.
+var testKey = []byte("0123456789abcdef0123456789abcdef:test")
+
 // pair returns two stores on one real Redis, as two control planes have.
 func pair(t *testing.T) (*Store, *Store, *redistest.Server) {
 	t.Helper()
 	srv := redistest.Start(t)
 	var out [2]*Store
 	for i := range out {
-		s, err := New(srv.URL, DefaultPrefix)
+		s, err := New(srv.URL, DefaultPrefix, testKey, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -235,6 +244,190 @@ func TestRoutersShareSessionsAndAgents(t *testing.T) {
 	}
 }
 
+// TestForgedAgentsAreNotRoutedTo writes agents' entries straight into
+// Redis, as anything that can write to it could: one in the form of a
+// record but without a MAC, one sealed under another key (another cluster
+// secret), and a genuine one altered. None of them is routed to, each is
+// logged once, and a genuine entry is routed to.
+func TestForgedAgentsAreNotRoutedTo(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	store, err := New(srv.URL, DefaultPrefix, testKey, slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	other, err := New(srv.URL, DefaultPrefix, []byte("another cluster's key, 32 bytes or more"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { raw.Close() })
+
+	now := time.Now()
+	status := &agentv1.AgentStatus{Name: "a", Ready: true, Capacity: 4, Free: 4}
+	const (
+		genuine  = "127.0.0.1:30031"
+		plain    = "127.0.0.1:30032"
+		otherKey = "127.0.0.1:30033"
+		altered  = "127.0.0.1:30034"
+		moved    = "127.0.0.1:30035"
+	)
+	for _, addr := range []string{genuine, altered} {
+		if err := store.Heartbeat(ctx, router.AgentRecord{Address: addr, Status: status, Interval: time.Minute, Seen: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Without a MAC: the record as a control plane would seal it, bare.
+	if err := raw.HSet(ctx, DefaultPrefix+"agents", plain, must(json.Marshal(map[string]any{"v": heartbeat{Status: must(proto.Marshal(status)), Interval: time.Minute, Seen: now}}))).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Heartbeat(ctx, router.AgentRecord{Address: otherKey, Status: status, Interval: time.Minute, Seen: now}); err != nil {
+		t.Fatal(err)
+	}
+	// The genuine entry of one agent, its capacity raised; and copied
+	// under another address.
+	entry := raw.HGet(ctx, DefaultPrefix+"agents", altered).Val()
+	if !strings.Contains(entry, `"interval":60000000000`) {
+		t.Fatalf("entry %s: not the form this test alters", entry)
+	}
+	if err := raw.HSet(ctx, DefaultPrefix+"agents", altered, strings.Replace(entry, `"interval":60000000000`, `"interval":600000000000`, 1)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.HSet(ctx, DefaultPrefix+"agents", moved, raw.HGet(ctx, DefaultPrefix+"agents", genuine).Val()).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := router.New(router.Config{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		r.Sync(ctx)
+	}
+	var known []string
+	for _, a := range r.Agents() {
+		known = append(known, a.Address)
+	}
+	if len(known) != 1 || known[0] != genuine {
+		t.Fatalf("the router knows agents %v, want only the genuine %s", known, genuine)
+	}
+	for range 10 {
+		if a, err := r.Pick(nil); err != nil || a.Address != genuine {
+			t.Fatalf("Pick: %v %v, want %s", a, err, genuine)
+		}
+	}
+	logMu.Lock()
+	out := logs.String()
+	logMu.Unlock()
+	for _, addr := range []string{plain, otherKey, altered, moved} {
+		if n := strings.Count(out, "agent="+addr); n != 1 {
+			t.Errorf("the entry of %s is logged %d times, want once:\n%s", addr, n, out)
+		}
+	}
+	if strings.Contains(out, "level=WARN") && strings.Contains(out, genuine) {
+		t.Errorf("the genuine entry is reported:\n%s", out)
+	}
+	if strings.Contains(out, string(testKey)) || strings.Contains(out, `"mac"`) {
+		t.Errorf("the log holds a key or a record:\n%s", out)
+	}
+}
+
+// TestForgedSessionsAreNotRoutedTo writes sessions' records straight into
+// Redis: one without a MAC, a genuine one altered to name another agent, a
+// genuine one copied to another session, and a tombstone without a MAC.
+// None is routed to: each reads as no record, and the next write replaces
+// it; a genuine binding is routed to.
+func TestForgedSessionsAreNotRoutedTo(t *testing.T) {
+	t.Parallel()
+	a, b, srv := pair(t)
+	ctx := t.Context()
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { raw.Close() })
+	const (
+		agent = "127.0.0.1:30031"
+		evil  = "127.0.0.1:30666"
+	)
+	key := func(id string) string { return DefaultPrefix + "session:" + id }
+
+	if _, err := a.BindNew(ctx, "genuine", router.Binding{Agent: agent, Tenant: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, err := b.Session(ctx, "genuine"); err != nil || !ok || got.Agent != agent {
+		t.Fatalf("the genuine binding reads %+v %v %v", got, ok, err)
+	}
+	sealedBinding := raw.Get(ctx, key("genuine")).Val()
+	forged := map[string]string{
+		"plain":     string(must(json.Marshal(router.Binding{Agent: evil, Tenant: "t1", Confirmed: true}))),
+		"unsealed":  string(must(json.Marshal(map[string]any{"v": router.Binding{Agent: evil, Tenant: "t1", Confirmed: true}}))),
+		"altered":   strings.Replace(sealedBinding, agent, evil, 1),
+		"moved":     sealedBinding,
+		"tombstone": string(must(json.Marshal(map[string]any{"v": router.Binding{Gone: executionv1.SessionNotFound_REASON_CLOSED, Ended: time.Now()}, "mac": "AAAA"}))),
+	}
+	for id, v := range forged {
+		if err := raw.Set(ctx, key(id), v, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id := range forged {
+		if got, ok, err := b.Session(ctx, id); err != nil || ok {
+			t.Errorf("session %s: forged record reads %+v %v %v, want none", id, got, ok, err)
+		}
+	}
+	r, err := router.New(router.Config{Store: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(ctx, agent, &agentv1.AgentStatus{Ready: true, Capacity: 4, Free: 4}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"plain", "unsealed", "altered"} {
+		got, bound, err := r.PickSession(ctx, id, "t1", nil)
+		if err != nil || got.Address != agent || bound.Agent != agent || bound.Confirmed {
+			t.Errorf("PickSession %s: %v %+v %v, want a new binding to %s", id, got, bound, err, agent)
+		}
+		if held, ok, err := a.Session(ctx, id); err != nil || !ok || held.Agent != agent {
+			t.Errorf("session %s after PickSession: %+v %v %v, want bound to %s", id, held, ok, err, agent)
+		}
+	}
+	// A confirmation and an end replace what fails its check, tombstones
+	// included; a genuine tombstone stays (TestTombstoneIsNotOverwritten).
+	if err := a.Confirm(ctx, "tombstone", router.Binding{Agent: agent, Tenant: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	if held, ok, err := b.Session(ctx, "tombstone"); err != nil || !ok || !held.Confirmed || held.Agent != agent {
+		t.Errorf("after Confirm over a forged tombstone: %+v %v %v, want confirmed on %s", held, ok, err, agent)
+	}
+	if err := a.End(ctx, "moved", executionv1.SessionNotFound_REASON_CLOSED, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if held, ok, err := b.Session(ctx, "moved"); err != nil || !ok || held.Gone != executionv1.SessionNotFound_REASON_CLOSED {
+		t.Errorf("after End over a moved record: %+v %v %v, want closed", held, ok, err)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
 func TestUnreachableRedisIsUnavailable(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -243,7 +436,7 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	s, err := New("redis://"+addr+"/0", DefaultPrefix)
+	s, err := New("redis://"+addr+"/0", DefaultPrefix, testKey, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +457,7 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 // GETEX on a loopback Redis, decoded.
 func BenchmarkSession(b *testing.B) {
 	srv := redistest.Start(b)
-	s, err := New(srv.URL, DefaultPrefix)
+	s, err := New(srv.URL, DefaultPrefix, testKey, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
