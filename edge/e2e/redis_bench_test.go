@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -41,11 +42,11 @@ func BenchmarkExecuteRedis(b *testing.B) {
 	b.Cleanup(func() { _ = agent.Stop(30 * time.Second) })
 	clients := map[string]controlplanev1connect.ControlPlaneServiceClient{}
 	for _, name := range []string{"redis", "memory"} {
-		args := []string{"--addr", "127.0.0.1:0", "--poll-interval", "200ms"}
+		cpEnv := append(slices.Clip(env), "REMOTE_HOSTS="+agent.Addr)
 		if name == "redis" {
-			args = append(args, "--redis-url", rds.URL)
+			cpEnv = append(cpEnv, "REDIS_URL="+rds.URL) // holds the password: not on the command line
 		}
-		cp, err := start("controlplane", append(env, "REMOTE_HOSTS="+agent.Addr), args...)
+		cp, err := start("controlplane", cpEnv, "--addr", "127.0.0.1:0", "--poll-interval", "200ms")
 		if err != nil {
 			b.Fatal(err)
 		}

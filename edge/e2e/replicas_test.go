@@ -84,7 +84,8 @@ func (r *replicas) env() []string {
 }
 
 func (r *replicas) startControlPlane(i int, addr string) error {
-	p, err := start("controlplane", r.env(), "--addr", addr, "--agents=", "--redis-url", r.redis.URL, "--poll-interval", "200ms")
+	// The URL holds Redis's password: in the environment, not on the command line.
+	p, err := start("controlplane", append(r.env(), "REDIS_URL="+r.redis.URL), "--addr", addr, "--agents=", "--poll-interval", "200ms")
 	if err != nil {
 		return err
 	}

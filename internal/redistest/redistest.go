@@ -1,12 +1,17 @@
 // Package redistest starts a real redis-server for tests: on a free loopback
 // port, in a temporary directory, with no persistence, stopped when the
-// test ends. The host set-up (agent/host/setup.sh) installs Debian's
+// test ends, and with a random password, as `make up-cluster` runs it, so
+// that other users of the host cannot reach it. The configuration, password
+// included, goes to the server on its standard input, never on its command
+// line. The host set-up (agent/host/setup.sh) installs Debian's
 // redis-server; a test fails, saying so, where it is missing.
 package redistest
 
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os/exec"
@@ -21,7 +26,9 @@ import (
 type Server struct {
 	// Addr is 127.0.0.1:port.
 	Addr string
-	// URL is redis://Addr/0.
+	// Password is the password the server wants (AUTH).
+	Password string
+	// URL is redis://:Password@Addr/0.
 	URL    string
 	cmd    *exec.Cmd
 	exited chan string
@@ -63,8 +70,12 @@ func start(tb testing.TB, path string) (*Server, error) {
 		return nil, err
 	}
 	dir := tb.TempDir()
-	cmd := exec.Command(path, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--daemonize", "no", "--loglevel", "warning")
+	var pw [16]byte
+	_, _ = rand.Read(pw[:])
+	password := hex.EncodeToString(pw[:])
+	cmd := exec.Command(path, "-")
+	cmd.Stdin = strings.NewReader(fmt.Sprintf("port %d\nbind 127.0.0.1\nsave \"\"\nappendonly no\ndir %q\ndaemonize no\nloglevel warning\nrequirepass %s\n",
+		port, dir, password))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -86,12 +97,12 @@ func start(tb testing.TB, path string) (*Server, error) {
 		_ = cmd.Wait()
 		exited <- b.String()
 	}()
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, exited: exited}
-	s.URL = "redis://" + s.Addr + "/0"
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Password: password, cmd: cmd, exited: exited}
+	s.URL = "redis://:" + password + "@" + s.Addr + "/0"
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	for {
-		if err := ping(ctx, s.Addr); err == nil {
+		if err := ping(ctx, s.Addr, password); err == nil {
 			break
 		}
 		select {
@@ -107,8 +118,8 @@ func start(tb testing.TB, path string) (*Server, error) {
 	return s, nil
 }
 
-// ping sends PING and expects +PONG.
-func ping(ctx context.Context, addr string) error {
+// ping sends AUTH password and PING, and expects +OK and +PONG.
+func ping(ctx context.Context, addr, password string) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -116,15 +127,18 @@ func ping(ctx context.Context, addr string) error {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+	if _, err := c.Write([]byte("AUTH " + password + "\r\nPING\r\n")); err != nil {
 		return err
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(line, "+PONG") {
-		return fmt.Errorf("answered %q", line)
+	r := bufio.NewReader(c)
+	for _, want := range []string{"+OK", "+PONG"} {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(line, want) {
+			return fmt.Errorf("answered %q, want %s", line, want)
+		}
 	}
 	return nil
 }

@@ -122,7 +122,7 @@ func TestSessionKeysExpire(t *testing.T) {
 	t.Parallel()
 	a, _, srv := pair(t)
 	ctx := t.Context()
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: srv.Password})
 	defer c.Close()
 	check := func(what string) {
 		t.Helper()
@@ -265,7 +265,7 @@ func TestForgedAgentsAreNotRoutedTo(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { other.Close() })
-	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: srv.Password})
 	t.Cleanup(func() { raw.Close() })
 
 	now := time.Now()
@@ -346,7 +346,7 @@ func TestForgedSessionsAreNotRoutedTo(t *testing.T) {
 	t.Parallel()
 	a, b, srv := pair(t)
 	ctx := t.Context()
-	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: srv.Password})
 	t.Cleanup(func() { raw.Close() })
 	const (
 		agent = "127.0.0.1:30031"
