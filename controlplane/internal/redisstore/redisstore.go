@@ -45,6 +45,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
+	"io"
 	"log/slog"
 	"sync"
 	"time"
@@ -75,6 +77,8 @@ type Store struct {
 	logger *slog.Logger
 	now    func() time.Time
 
+	macs sync.Pool // of hash.Hash: HMAC-SHA256 under key
+
 	mu     sync.Mutex
 	forged map[string]bool // records reported as failing their check
 }
@@ -104,7 +108,9 @@ func New(url, prefix string, key []byte, logger *slog.Logger) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{c: redis.NewClient(opts), prefix: prefix, key: key, logger: logger, now: time.Now, forged: map[string]bool{}}, nil
+	s := &Store{c: redis.NewClient(opts), prefix: prefix, key: key, logger: logger, now: time.Now, forged: map[string]bool{}}
+	s.macs.New = func() any { return hmac.New(sha256.New, s.key) }
+	return s, nil
 }
 
 // sealed is a record as kept in Redis.
@@ -115,13 +121,18 @@ type sealed struct {
 
 // mac returns the MAC of record v kept at Redis key and field.
 func (s *Store) mac(key, field string, v []byte) []byte {
-	m := hmac.New(sha256.New, s.key)
-	for _, part := range [][]byte{[]byte(key), []byte(field), v} {
-		var n [8]byte
+	m := s.macs.Get().(hash.Hash)
+	defer s.macs.Put(m)
+	m.Reset()
+	var n [8]byte
+	for _, part := range []string{key, field} {
 		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
 		m.Write(n[:])
-		m.Write(part)
+		io.WriteString(m, part)
 	}
+	binary.BigEndian.PutUint64(n[:], uint64(len(v)))
+	m.Write(n[:])
+	m.Write(v)
 	return m.Sum(nil)
 }
 
