@@ -59,7 +59,7 @@ func (c *Credential) check(getenv func(string) string) error {
 	_, ok, err := c.secret(getenv)
 	switch {
 	case errors.Is(err, secretfile.ErrExposed):
-		return fmt.Errorf("the secret file %s is %w: make it the service's own with `chmod 600 %s`", c.SecretFile, secretfile.ErrExposed, c.SecretFile)
+		return fmt.Errorf("the secret file %s is %w: make it the service's own with `chmod 600 %s` (a secret mounted by Docker or Kubernetes: give it mode 0400)", c.SecretFile, secretfile.ErrExposed, c.SecretFile)
 	case err != nil:
 		return fmt.Errorf("%w (secret from %s)", err, strings.Join(from, " or "))
 	case !ok && !c.Optional:

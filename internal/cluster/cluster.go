@@ -60,7 +60,7 @@ func NewSecret(s string) (*Secret, error) {
 // after f is parsed, loads the secret: from that file, else from
 // CODEMODE_CLUSTER_SECRET (read with getenv); nil when neither is set.
 func Flags(f *cli.Flags) func(getenv func(string) string) (*Secret, error) {
-	file := f.String("cluster-secret-file", "", "file holding the secret that the edge, control plane and agents share (or set "+SecretEnv+"); without one, internal services serve on loopback only")
+	file := f.String("cluster-secret-file", "", "file holding the secret that the edge, control plane and agents share (or set "+SecretEnv+"), mode 0600 or 0400: one its group or others may read or write is refused; without one, internal services serve on loopback only")
 	f.Env("cluster-secret-file", SecretFileEnv)
 	return func(getenv func(string) string) (*Secret, error) {
 		if *file != "" {

@@ -37,7 +37,7 @@ func Read(path string) ([]byte, error) {
 		return nil, err
 	}
 	if perm := fi.Mode().Perm(); perm&exposed != 0 {
-		return nil, fmt.Errorf("%s has mode %04o, %w: make it the service's own with `chmod 600 %s`", path, perm, ErrExposed, path)
+		return nil, fmt.Errorf("%s has mode %04o, %w: make it the service's own with `chmod 600 %s` (a secret mounted by Docker or Kubernetes: give it mode 0400)", path, perm, ErrExposed, path)
 	}
 	return io.ReadAll(f)
 }

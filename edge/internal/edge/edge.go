@@ -193,7 +193,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.Env("addr", "EDGE_ADDR")
 	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port); several, comma-separated: calls go to the first that accepts a connection and move to the next only when one refuses it (a run is never sent twice)")
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
-	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names; empty for no authentication")
+	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names, mode 0600 or 0400 (one its group or others may read or write is refused); empty for no authentication")
 	fs.Env("api-keys", "CODEMODE_API_KEYS")
 	egressConfig := fs.String("egress", "", "JSON file saying what each tenant's runs may reach outside their sandboxes (hosts, ports, limits); empty: nothing")
 	fs.Env("egress", "CODEMODE_EGRESS")
