@@ -91,8 +91,11 @@ const MinKeyLen = 32
 // New returns a Store on the Redis at url (redis://[user:password@]host:port[/db],
 // or rediss:// for TLS) whose keys start with prefix, sealing its records
 // under key (at least MinKeyLen bytes: cluster.Secret.Key(KeyPurpose), the
-// same for every control plane sharing the Redis). Records that fail their
-// check are reported to logger. It does not connect until first used; Ping
+// same for every control plane sharing the Redis; without a cluster secret
+// that key derives from a fixed value and the MAC authenticates nothing, as
+// fits a control plane that serves loopback only, see
+// controlplane/RATIONALE.md). Records that fail their check are reported to
+// logger. It does not connect until first used; Ping
 // checks the server.
 func New(url, prefix string, key []byte, logger *slog.Logger) (*Store, error) {
 	if len(key) < MinKeyLen {
