@@ -15,6 +15,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/codemode-go/codemode/controlplane/internal/redisstore"
+	"github.com/codemode-go/codemode/controlplane/internal/router"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
@@ -456,7 +458,63 @@ func startControlPlaneWith(t *testing.T, cfg Config) controlplanev1connect.Contr
 			t.Errorf("serve: %v", err)
 		}
 	})
-	return controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), "http://"+ln.Addr().String())
+	return controlplanev1connect.NewControlPlaneServiceClient(cfg.Secret.Client(server.NewClient()), "http://"+ln.Addr().String())
+}
+
+// TestControlPlaneIgnoresAgentsForgedInRedis: a control plane reads from
+// Redis only the agents sealed under its cluster secret: an agent written
+// there by something without it (here: sealed under another secret) gets
+// no run, while one sealed under the secret does.
+func TestControlPlaneIgnoresAgentsForgedInRedis(t *testing.T) {
+	t.Parallel()
+	rds := redistest.Start(t)
+	ctx := t.Context()
+	secret, err := cluster.NewSecret(strings.Repeat("s", cluster.MinSecretLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := cluster.NewSecret(strings.Repeat("o", cluster.MinSecretLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	genuine := &stubAgent{name: "genuine"}
+	genuine.free.Store(1)
+	forged := &stubAgent{name: "forged"}
+	forged.free.Store(8)
+	genuineAddr, _ := serveAgent(t, genuine)
+	forgedAddr, _ := serveAgent(t, forged)
+	for _, rec := range []struct {
+		secret *cluster.Secret
+		addr   string
+		free   int32
+	}{{secret, genuineAddr, 1}, {other, forgedAddr, 8}} {
+		s, err := redisstore.New(rds.URL, "test:", rec.secret.Key(redisstore.KeyPurpose), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.Heartbeat(ctx, router.AgentRecord{Address: rec.addr, Interval: time.Minute, Seen: time.Now(),
+			Status: &agentv1.AgentStatus{Ready: true, Capacity: 8, Free: rec.free, Languages: []*executionv1.Language{{Name: "python"}}}})
+		s.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp := startControlPlaneWith(t, Config{RedisURL: rds.URL, RedisPrefix: "test:", Secret: secret})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := execute(t, cp, "", nil); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no run within 10s: %v", err)
+		}
+	}
+	for i := range 20 {
+		if got, err := execute(t, cp, fmt.Sprintf("s%d", i%4), nil); err != nil || got != "genuine" {
+			t.Fatalf("run %d went to %q (%v), want the genuine agent", i, got, err)
+		}
+	}
+	if n := forged.ran.Load(); n != 0 {
+		t.Errorf("the agent forged into Redis ran %d runs", n)
+	}
 }
 
 // TestControlPlanesShareSessionsThroughRedis: two control planes on one
