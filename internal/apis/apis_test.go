@@ -1,8 +1,10 @@
 package apis
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -311,7 +313,7 @@ func TestCredential(t *testing.T) {
 		t.Fatal(err)
 	}
 	oa, _ := opt.Lookup("ex")
-	if h, err := oa.Header(t.Context()); err != nil || len(h) != 0 {
+	if h, err := oa.Header(t.Context()); err != nil || h.Get("Authorization") != "" {
 		t.Errorf("optional, absent: %v %v", h, err)
 	}
 }
@@ -396,15 +398,22 @@ func FuzzParse(f *testing.F) {
 }
 
 // FuzzRedact checks that no body keeps a secret, whole or (when cut) the
-// start of one at its end. Secrets are taken as tokens are: 8 or more letters and
-// digits.
+// start of one at its end; and that the secret written into the body in
+// one of the forms a Redactor finds (chosen by form: raw, JSON escapes,
+// percent-encoding, a mix, base64 at any alignment, those escaped) is
+// redacted, the same when the body is read in pieces (their sizes also
+// from form). Secrets are taken as tokens are: 8 or more letters, digits
+// and "-._~+/".
 func FuzzRedact(f *testing.F) {
-	f.Add([]byte("echo: tok3n-tok3n"), "tok3ntok3n", true)
-	f.Add([]byte("tok3ntok3ntok3nto"), "tok3ntok3n", true)
-	f.Add([]byte("ttttttttttttttttt"), "tttttttt", false)
-	f.Fuzz(func(t *testing.T, b []byte, secret string, cut bool) {
+	f.Add([]byte("echo: tok3n-tok3n"), "tok3ntok3n", true, uint64(0))
+	f.Add([]byte("tok3ntok3ntok3nto"), "tok3ntok3n", true, uint64(1))
+	f.Add([]byte("ttttttttttttttttt"), "tttttttt", false, uint64(2))
+	f.Add([]byte(`{"a": "\u00", "b": "%2"}`), "ghp_ab/cd+ef", false, uint64(0x5a5a5a5a_5a5a5a53))
+	f.Add([]byte("dXNlcjp"), "s3cr3t-t0ken", false, uint64(0xf4))
+	f.Add([]byte("%%%%\\\\"), "a/b+c-d_e.f~", false, uint64(0xffff_0005))
+	f.Fuzz(func(t *testing.T, b []byte, secret string, cut bool, form uint64) {
 		if len(secret) < 8 || strings.IndexFunc(secret, func(r rune) bool {
-			return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9')
+			return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("-._~+/", r))
 		}) >= 0 {
 			return
 		}
@@ -429,6 +438,46 @@ func FuzzRedact(f *testing.F) {
 			if strings.HasSuffix(string(b), secret[:k]) && len(out) > len(b)-k {
 				t.Fatalf("Redact(%q, cut) = %q keeps the start of the secret %q", b, out, secret)
 			}
+		}
+
+		// The secret in one of its forms, amid b.
+		mask := form >> 8
+		var enc string
+		switch form % 8 {
+		case 0:
+			enc = secret
+		case 1:
+			enc = jsonEscape(secret, mask, form&8 != 0)
+		case 2:
+			enc = percentEscape(secret, mask, form&8 != 0)
+		case 3:
+			enc = mixEscape(secret, mask)
+		case 4, 5, 6, 7:
+			// Base64 of the secret after 0 to 3 other bytes, and before
+			// some; std or URL alphabet, padded or not; perhaps escaped.
+			pre := strings.Repeat("u", int(form>>8)%4)
+			encs := []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding}
+			enc = encs[form>>10%4].EncodeToString([]byte(pre + secret + strings.Repeat(":", int(form>>12)%3)))
+			switch form % 8 {
+			case 6:
+				enc = jsonEscape(enc, form>>14, form&8 != 0)
+			case 7:
+				enc = percentEscape(enc, form>>14, form&8 != 0)
+			}
+		}
+		half := len(b) / 2
+		body := string(b[:half]) + enc + string(b[half:])
+		red := a.Redactor(h)
+		got, err := red.Bytes([]byte(body))
+		if err != nil || strings.Contains(string(got), enc) || strings.Contains(string(got), secret) {
+			t.Fatalf("Bytes(%q) = %q, %v: keeps the secret %q written %q", body, got, err, secret, enc)
+		}
+		if !red.Found([]byte(body)) {
+			t.Fatalf("Found(%q) = false: misses the secret %q written %q", body, secret, enc)
+		}
+		streamed, err := io.ReadAll(red.Reader(io.NopCloser(&pieces{s: body, sizes: form | 1})))
+		if err != nil || string(streamed) != string(got) {
+			t.Fatalf("read in pieces, %q is %q, %v; whole, %q", body, streamed, err, got)
 		}
 	})
 }
@@ -474,4 +523,24 @@ func TestCredentialSecretFileMustBeTheServicesOwn(t *testing.T) {
 	if strings.Contains(err.Error(), dir) || strings.Contains(err.Error(), token) {
 		t.Errorf("the refusal %q names the file or the secret", err)
 	}
+}
+
+// pieces reads s in pieces of 1 to 16 bytes, their sizes taken from sizes
+// four bits at a time.
+type pieces struct {
+	s     string
+	sizes uint64
+	i     int
+}
+
+func (p *pieces) Read(b []byte) (int, error) {
+	if len(p.s) == 0 {
+		return 0, io.EOF
+	}
+	n := int(p.sizes>>(4*(p.i%16))&15) + 1
+	p.i++
+	n = min(n, len(p.s), len(b))
+	copy(b, p.s[:n])
+	p.s = p.s[n:]
+	return n, nil
 }

@@ -1,7 +1,6 @@
 package apis
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +34,11 @@ type Credential struct {
 	// rate limit). A credential that is not optional must be there when the
 	// declaration is loaded, and a request made while it is missing fails.
 	Optional bool `json:"optional,omitempty"`
+	// RefuseEcho makes an answer that holds the secret, in any form a
+	// [Redactor] finds, an error instead of an answer with the secret
+	// redacted: a direct tool call fails, and code gets 502 Bad Gateway.
+	// For an API whose answers should never hold the token.
+	RefuseEcho bool `json:"refuse_echo,omitempty"`
 }
 
 // check checks the credential, and that its secret is there unless it is
@@ -117,6 +121,10 @@ func checkHeader(name, value string) error {
 	switch http.CanonicalHeaderKey(name) {
 	case "Host", "Content-Length", "Transfer-Encoding", "Connection":
 		return fmt.Errorf("header %s is set by the HTTP client", name)
+	case "Accept-Encoding", "Range", "If-Range", "Te", "Trailer", "Upgrade":
+		// An answer must come whole and uncompressed for the credential
+		// to be looked for in it (see Redactor).
+		return fmt.Errorf("header %s is set by codemode", name)
 	}
 	return nil
 }
@@ -131,12 +139,15 @@ func (a *API) CredentialHeader() string {
 }
 
 // Header returns the headers to send with every request to the API: the
-// declared ones and the credential, read now. The secret is in the result:
+// declared ones, Accept-Encoding: identity (an answer is looked for the
+// credential in as it comes, so it must come uncompressed), and the
+// credential, read now. The secret is in the result:
 // never log it. An error (a credential that is not optional and missing,
 // or an unreadable secret file) names the API but neither the secret nor
 // the file.
 func (a *API) Header(_ context.Context) (http.Header, error) {
 	h := a.header.Clone()
+	h.Set("Accept-Encoding", "identity")
 	if a.cred == nil {
 		return h, nil
 	}
@@ -152,47 +163,4 @@ func (a *API) Header(_ context.Context) (http.Header, error) {
 	}
 	h.Set(a.cred.Header, a.cred.Prefix+s)
 	return h, nil
-}
-
-// Secret returns the secret that h (a header returned by Header) carries,
-// or nil when it carries none: for a caller that redacts a stream itself.
-func (a *API) Secret(h http.Header) []byte {
-	if a.cred == nil {
-		return nil
-	}
-	s := strings.TrimPrefix(h.Get(a.cred.Header), a.cred.Prefix)
-	if s == "" {
-		return nil
-	}
-	return []byte(s)
-}
-
-// Redacted is what Redact writes in place of a secret.
-const Redacted = "[REDACTED]"
-
-// Redact returns b with every occurrence of the secret that h (a header
-// returned by Header) carries replaced by [Redacted], for an API that
-// echoes what it was sent. With cut, b is the start of a longer body, and
-// an end of b that could be the start of the secret is dropped as well.
-// b is returned as is when there is nothing to change.
-func (a *API) Redact(h http.Header, b []byte, cut bool) []byte {
-	if a.cred == nil {
-		return b
-	}
-	s := []byte(strings.TrimPrefix(h.Get(a.cred.Header), a.cred.Prefix))
-	if len(s) == 0 {
-		return b
-	}
-	if cut {
-		for k := min(len(s)-1, len(b)); k > 0; k-- {
-			if bytes.HasSuffix(b, s[:k]) {
-				b = b[:len(b)-k]
-				break
-			}
-		}
-	}
-	if !bytes.Contains(b, s) {
-		return b
-	}
-	return bytes.ReplaceAll(b, s, []byte(Redacted))
 }

@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strings"
 	"sync"
 	"time"
 
@@ -84,32 +82,33 @@ func (g *Gate) serveAPI(c *apiConn) {
 				for k, vs := range f.header {
 					pr.Out.Header[k] = vs
 				}
+				// An answer must come whole, in one piece, for the
+				// credential to be looked for in it: no ranges (an API
+				// may ignore them, and so does the gate), no protocol
+				// switch, no trailers either way.
+				for _, k := range []string{"Range", "If-Range", "Upgrade", "Connection", "Te", "Trailer"} {
+					pr.Out.Header.Del(k)
+				}
+				pr.Out.Trailer = nil
 			},
 			// An API that echoes what it was sent must not hand the
-			// credential to the program.
+			// credential to the program (see apis.Redactor).
 			ModifyResponse: func(res *http.Response) error {
 				f := res.Request.Context().Value(apiForwardKey{}).(*apiForward)
-				if s := f.secret; len(s) > 0 {
-					for k, vs := range res.Header {
-						for i, v := range vs {
-							if strings.Contains(v, string(s)) {
-								res.Header[k][i] = strings.ReplaceAll(v, string(s), apis.Redacted)
-							}
-						}
-					}
-					res.Body = &redactReader{r: res.Body, secret: s}
-					res.ContentLength = -1
-					res.Header.Del("Content-Length")
-				}
-				return nil
+				return f.redactor.Response(res)
 			},
-			Transport: tr,
+			Transport: no1xx{tr},
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 				c := r.Context().Value(apiConnKey{}).(*apiConn)
 				g.cfg.Log.Info("egress api call failed", "tenant", c.run.tenant, "request_id", c.run.requestID, "api", c.api.Name, "error", err)
 				msg := "cannot reach the API"
-				if errors.Is(err, errByteLimit) {
+				switch {
+				case errors.Is(err, errByteLimit):
 					msg = "the run's egress byte limit is reached"
+				case errors.Is(err, apis.ErrEcho):
+					msg = "the answer echoes the API's credential and is withheld"
+				case errors.Is(err, apis.ErrUnchecked):
+					msg = err.Error()
 				}
 				http.Error(w, fmt.Sprintf("codemode egress: %s: %s", c.api.Name, msg), http.StatusBadGateway)
 			},
@@ -130,7 +129,7 @@ func (g *Gate) serveAPI(c *apiConn) {
 					return
 				}
 				g.cfg.Log.Info("egress api call", "tenant", c.run.tenant, "request_id", c.run.requestID, "api", c.api.Name, "method", r.Method, "path", r.URL.Path)
-				f := &apiForward{url: u, header: h, secret: c.api.Secret(h)}
+				f := &apiForward{url: u, header: h, redactor: c.api.Redactor(h)}
 				rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), apiForwardKey{}, f)))
 			}),
 			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
@@ -150,59 +149,45 @@ func (g *Gate) serveAPI(c *apiConn) {
 
 // apiForward is where one request to an API goes, and with what.
 type apiForward struct {
-	url    *url.URL
-	header http.Header
-	secret []byte
+	url      *url.URL
+	header   http.Header
+	redactor *apis.Redactor // nil: no secret to look for
 }
 
 type apiForwardKey struct{}
 
-// redactReader replaces secret in what it reads with apis.Redacted, holding
-// back the end of each read that could be the start of the secret.
-type redactReader struct {
-	r       io.ReadCloser
-	secret  []byte
-	pending []byte // read, not yet returned
-	out     []byte // redacted, not yet returned
-	eof     bool
-}
+// no1xx makes requests whose informational (1xx) answers are dropped:
+// ReverseProxy passes their headers to the program as they come, before
+// ModifyResponse could look at them. The request goes out with a context
+// that keeps the original's cancellation but not its values, the proxy's
+// trace among them.
+type no1xx struct{ next http.RoundTripper }
 
-func (r *redactReader) Read(p []byte) (int, error) {
-	for len(r.out) == 0 {
-		if r.eof {
-			if len(r.pending) == 0 {
-				return 0, io.EOF
-			}
-			r.out, r.pending = bytes.ReplaceAll(r.pending, r.secret, []byte(apis.Redacted)), nil
-			break
-		}
-		buf := make([]byte, 32<<10)
-		n, err := r.r.Read(buf)
-		r.pending = append(r.pending, buf[:n]...)
-		if err == io.EOF {
-			r.eof = true
-		} else if err != nil {
-			return 0, err
-		}
-		red := bytes.ReplaceAll(r.pending, r.secret, []byte(apis.Redacted))
-		// Keep back what could be the start of the secret.
-		keep := 0
-		for k := min(len(r.secret)-1, len(red)); k > 0; k-- {
-			if bytes.HasSuffix(red, r.secret[:k]) {
-				keep = k
-				break
-			}
-		}
-		if !r.eof {
-			r.out, r.pending = red[:len(red)-keep], bytes.Clone(red[len(red)-keep:])
-		}
+func (t no1xx) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	stop := context.AfterFunc(req.Context(), cancel)
+	res, err := t.next.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		stop()
+		cancel()
+		return nil, err
 	}
-	n := copy(p, r.out)
-	r.out = r.out[n:]
-	return n, nil
+	res.Request = req
+	res.Body = &cancelBody{ReadCloser: res.Body, cancel: func() { stop(); cancel() }}
+	return res, nil
 }
 
-func (r *redactReader) Close() error { return r.r.Close() }
+// cancelBody ends a request's context when its answer's body is closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel func()
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
 
 // chanListener is a net.Listener of connections pushed to it.
 type chanListener struct {

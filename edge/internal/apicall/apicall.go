@@ -12,20 +12,32 @@
 // invalid_argument for arguments that do not fit, resource_exhausted for a
 // tenant over its limits, permission_denied for a policy's denial (as for a
 // run), deadline_exceeded when the API does not answer in time, and
-// unavailable when it cannot be reached. None holds the credential, and
-// transport details (addresses, causes) go only to the log. An answer with
-// an error status is a Response, not an error.
+// unavailable when it cannot be reached or its answer cannot be checked for
+// the credential (see apis.ErrUnchecked), and permission_denied for an
+// answer that echoes the credential of an API declared with refuse_echo.
+// None holds the credential or the API's base URL (callers see its name),
+// and transport details (addresses, causes) go only to the log. An answer
+// with an error status is a Response, not an error.
+//
+// # Credentials in answers
+//
+// An answer is passed through the API's apis.Redactor before anything of it
+// is kept: the credential, in every form the Redactor finds, is redacted
+// from the reason phrase, every header (Location included) and the body
+// (or, with refuse_echo, the call fails).
 //
 // A Service is safe for concurrent use.
 package apicall
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -128,13 +140,17 @@ type Call struct {
 type Response struct {
 	// Method and URL of the request made (no credential is in the URL).
 	Method, URL string
+	// Path is the request's path and query below the API's base URL: what
+	// a caller is shown instead of URL.
+	Path string
 	// Status is the HTTP status code, StatusText the status line's text
-	// ("404 Not Found").
+	// ("404 Not Found"), redacted.
 	Status     int
 	StatusText string
 	// ContentType is the answer's Content-Type.
 	ContentType string
-	// Location is the Location of a redirect that was not followed.
+	// Location is the Location of a redirect that was not followed,
+	// redacted; below the API's base URL, it is given as a path.
 	Location string
 	// Body is the answer's body, with the credential redacted, cut at the
 	// limit (at a UTF-8 boundary when it is text).
@@ -156,7 +172,7 @@ func (s *Service) Call(ctx context.Context, c Call) (res *Response, err error) {
 			return
 		}
 		lvl := slog.LevelDebug
-		if code := connect.CodeOf(err); code == connect.CodeUnavailable || code == connect.CodeFailedPrecondition {
+		if code := connect.CodeOf(err); code == connect.CodeUnavailable || code == connect.CodeFailedPrecondition || errors.Is(cause, apis.ErrEcho) {
 			lvl = slog.LevelWarn
 		}
 		if cause == nil {
@@ -188,13 +204,23 @@ func (s *Service) Call(ctx context.Context, c Call) (res *Response, err error) {
 		return nil, s.transportError(ctx, t, c.RequestID)
 	}
 	defer hres.Body.Close()
-	res = &Response{Method: call.Method, URL: call.URL.String(), Status: hres.StatusCode, StatusText: hres.Status,
-		ContentType: hres.Header.Get("Content-Type")}
+	if err := t.API.Redactor(req.Header).Response(hres); err != nil {
+		cause = err
+		return nil, answerError(t, err, c.RequestID)
+	}
+	res = &Response{Method: call.Method, URL: call.URL.String(), Path: below(t.API, call.URL.String()),
+		Status: hres.StatusCode, StatusText: hres.Status, ContentType: hres.Header.Get("Content-Type")}
 	if hres.StatusCode >= 300 && hres.StatusCode < 400 {
 		res.Location = hres.Header.Get("Location")
+		if u, err := hres.Location(); err == nil {
+			res.Location = below(t.API, u.String())
+		}
 	}
-	if res.Body, res.Truncated, err = s.read(hres.Body, t.API, req.Header); err != nil {
+	if res.Body, res.Truncated, err = s.read(hres.Body); err != nil {
 		cause = err
+		if errors.Is(err, apis.ErrEcho) {
+			return nil, answerError(t, err, c.RequestID)
+		}
 		return nil, s.transportError(ctx, t, c.RequestID)
 	}
 	res.Duration = time.Since(start)
@@ -245,21 +271,23 @@ func (s *Service) vet(ctx context.Context, c Call, call *apis.Call) error {
 	return nil
 }
 
-// read reads body up to the limit, redacts the credential the request
-// carried in h, and says whether the body was cut.
-func (s *Service) read(body io.Reader, api *apis.API, h http.Header) (b []byte, truncated bool, err error) {
+// read reads body (redacted by apis.Redactor.Response) up to the limit, and
+// says whether it was cut.
+func (s *Service) read(body io.Reader) (b []byte, truncated bool, err error) {
 	b, err = io.ReadAll(io.LimitReader(body, s.maxBytes+1))
 	if err != nil {
 		return nil, false, err
 	}
 	truncated = int64(len(b)) > s.maxBytes
-	// Redact before cutting, and drop an end that may be the start of the
-	// secret when more was left unread.
-	b = api.Redact(h, b, truncated)
-	if int64(len(b)) > s.maxBytes {
-		b = b[:s.maxBytes]
-	}
 	if truncated {
+		b = b[:s.maxBytes]
+		// Nor in part of the mark of a redacted secret.
+		for k := len(apis.Redacted) - 1; k > 0; k-- {
+			if bytes.HasSuffix(b, []byte(apis.Redacted[:k])) {
+				b = b[:len(b)-k]
+				break
+			}
+		}
 		// Text is not left ending in part of a character.
 		for i := 1; i < utf8.UTFMax && len(b) > 0; i++ {
 			if r, size := utf8.DecodeLastRune(b); r != utf8.RuneError || size != 1 {
@@ -269,6 +297,32 @@ func (s *Service) read(body io.Reader, api *apis.API, h http.Header) (b []byte, 
 		}
 	}
 	return b, truncated, nil
+}
+
+// below returns u as a path below the API's base URL when it is one, for
+// callers, who are shown the API's name and never its address; else u.
+func below(api *apis.API, u string) string {
+	base := strings.TrimSuffix(api.BaseURL.String(), "/")
+	if rest, ok := strings.CutPrefix(u, base); ok && (rest == "" || strings.HasPrefix(rest, "/") || strings.HasPrefix(rest, "?")) {
+		if !strings.HasPrefix(rest, "/") {
+			rest = "/" + rest
+		}
+		return rest
+	}
+	return u
+}
+
+// answerError says why an answer is withheld: it echoes the credential of
+// an API that refuses echoes, or it cannot be checked for the credential.
+func answerError(t *apis.Tool, err error, requestID string) error {
+	if errors.Is(err, apis.ErrEcho) {
+		return connect.NewError(connect.CodePermissionDenied,
+			fmt.Errorf("the answer of %s echoes its credential and is withheld (request id %s)", t.API.Name, requestID))
+	}
+	if errors.Is(err, apis.ErrUnchecked) {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s: %w (request id %s)", t.API.Name, err, requestID))
+	}
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s could not be read (request id %s)", t.API.Name, requestID))
 }
 
 // transportError says why no answer came, without the cause (addresses,

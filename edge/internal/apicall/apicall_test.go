@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -214,18 +215,19 @@ func TestCutKeepsSecretRedacted(t *testing.T) {
 	}
 	api, _ := c.Lookup("ex")
 	h, _ := api.Header(t.Context())
+	redacted := func(s string) io.Reader { return api.Redactor(h).Reader(io.NopCloser(strings.NewReader(s))) }
 	body := strings.Repeat("x", 95) + "SECRET-0123456789" + strings.Repeat("y", 100)
-	b, truncated, err := New(nil, WithMaxResponseBytes(100)).read(strings.NewReader(body), api, h)
+	b, truncated, err := New(nil, WithMaxResponseBytes(100)).read(redacted(body))
 	if err != nil || !truncated || strings.Contains(string(b), "SECRET") || string(b) != strings.Repeat("x", 95) {
 		t.Fatalf("%q %v %v", b, truncated, err)
 	}
 	// Many echoes shorten the body below the limit when redacted, though
 	// more was there to read.
-	b, truncated, err = New(nil, WithMaxResponseBytes(100)).read(strings.NewReader(strings.Repeat("SECRET-0123456789", 20)), api, h)
+	b, truncated, err = New(nil, WithMaxResponseBytes(100)).read(redacted(strings.Repeat("SECRET-0123456789", 20)))
 	if err != nil || !truncated || strings.Contains(string(b), "SECRET") {
 		t.Fatalf("%q %v %v", b, truncated, err)
 	}
-	b, _, _ = New(nil, WithMaxResponseBytes(100)).read(strings.NewReader(strings.Repeat("x", 99)+"é"), api, h)
+	b, _, _ = New(nil, WithMaxResponseBytes(100)).read(redacted(strings.Repeat("x", 99) + "é"))
 	if string(b) != strings.Repeat("x", 99) {
 		t.Errorf("cut in a character: %q", b)
 	}

@@ -78,7 +78,9 @@ func errorResult(err error) *mcp.CallToolResult {
 // saying so.
 func apiResult(tool *apis.Tool, res *apicall.Response) *mcp.CallToolResult {
 	if res.Status >= 400 {
-		msg := fmt.Sprintf("%s answered %s to %s %s", tool.API.Name, res.StatusText, res.Method, res.URL)
+		// The API's name and the path below its base URL: its address is
+		// the operator's, not the caller's.
+		msg := fmt.Sprintf("%s answered %s to %s %s", tool.API.Name, res.StatusText, res.Method, res.Path)
 		if excerpt := bytes.TrimSpace(res.Body); len(excerpt) > 0 {
 			more := ""
 			if len(excerpt) > maxErrorExcerpt {

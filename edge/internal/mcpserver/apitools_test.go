@@ -170,7 +170,10 @@ func TestAPIToolCalls(t *testing.T) {
 	})
 	t.Run("error status is isError", func(t *testing.T) {
 		res, text := callAPI(t, cs, "github_list_user_repos", map[string]any{"username": "ghost"})
-		if !res.IsError || !strings.Contains(text, "github answered 404 Not Found to GET "+fake.URL+"/users/ghost/repos") || !strings.Contains(text, `"message":"Not Found"`) {
+		// The API's name and the path below its base URL; never the
+		// base URL.
+		if !res.IsError || !strings.Contains(text, "github answered 404 Not Found to GET /users/ghost/repos") || !strings.Contains(text, `"message":"Not Found"`) ||
+			strings.Contains(text, fake.URL) || strings.Contains(text, strings.TrimPrefix(fake.URL, "http://")) {
 			t.Fatalf("isError=%v %q", res.IsError, text)
 		}
 	})
