@@ -185,6 +185,90 @@ func TestAPITools(t *testing.T) {
 	}
 }
 
+// echoToken is the credential of the echo APIs: it has the characters
+// encoders escape ('/', '+').
+const echoToken = "ghp_e2e/echo+0123456789abcdefghijklmnopq"
+
+// echoDeclaration declares two APIs on an apistest.Echo, their credential
+// echoToken read from a file: "echo", whose answers are redacted, and
+// "strict", declared with refuse_echo; each with the tool NAME_form whose
+// argument form is the path.
+func echoDeclaration(t *testing.T, dir, baseURL string) apis.Declaration {
+	t.Helper()
+	tokenFile := filepath.Join(dir, "echo-token")
+	if err := os.WriteFile(tokenFile, []byte(echoToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var d apis.Declaration
+	for _, name := range []string{"echo", "strict"} {
+		d.APIs = append(d.APIs, apis.APIDeclaration{
+			Name: name, Description: "echoes its credential", BaseURL: baseURL,
+			Credential: &apis.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile, RefuseEcho: name == "strict"},
+			Tools: []apis.ToolDeclaration{{Name: name + "_form", Description: "Echo the credential in a form.", Path: "/{form}",
+				Parameters: json.RawMessage(`{"type": "object", "properties": {"form": {"type": "string"}}, "required": ["form"]}`)}},
+		})
+	}
+	return d
+}
+
+// TestAPIToolsEchoedCredential calls, through the edge's MCP door
+// /mcp-no-code-execute, an API on loopback that echoes its credential in
+// every form apistest.Echo writes (gzip, JSON escapes, percent-encoding,
+// base64, ranges, trailers, Location, the reason phrase, an early hint),
+// and checks that the caller gets no form of it, in the text or in the
+// structured content once decoded; that an API declared with refuse_echo
+// gives a tool error instead; and that errors name the API, not its
+// address.
+func TestAPIToolsEchoedCredential(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	echo := apistest.NewEcho(t, "Authorization")
+	dir := t.TempDir()
+	declFile := filepath.Join(dir, "apis.json")
+	writeJSON(t, declFile, echoDeclaration(t, dir, echo.URL))
+	const key = "k-apis-echo-0123456789"
+	keys := filepath.Join(dir, "keys.json")
+	writeJSON(t, keys, map[string]string{key: "echoer"})
+	edge, err := s.StartEdge(nil, "--apis", declFile, "--api-keys", keys)
+	if err != nil {
+		t.Fatalf("start edge: %v", err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	cs := keySession(t, edge.URL()+"/mcp-no-code-execute", key)
+	find := apis.NewRedactor([]byte(echoToken), false)
+	for _, form := range apistest.EchoForms {
+		t.Run(form, func(t *testing.T) {
+			res := call(t, cs, "echo_form", map[string]any{"form": form})
+			raw, _ := json.Marshal(res)
+			seen := textOf(res) + "\n" + string(raw)
+			if res.StructuredContent != nil {
+				// As a client reads it: JSON decoded, escapes gone.
+				seen += fmt.Sprint(structured(t, res))
+			}
+			if res.IsError != (form == "reason") || find.Found([]byte(seen)) || strings.Contains(seen, "0123456789abcdefghijklmnopq") {
+				t.Errorf("isError=%v, the caller got the token: %s", res.IsError, seen)
+			}
+			res = call(t, cs, "strict_form", map[string]any{"form": form})
+			switch form {
+			case "trailer", "early": // dropped: nothing left to refuse
+			default:
+				if !res.IsError || !strings.Contains(textOf(res), "permission_denied: the answer of strict echoes its credential and is withheld") {
+					t.Errorf("strict: isError=%v %q", res.IsError, textOf(res))
+				}
+			}
+		})
+	}
+	t.Run("errors name the API, not its address", func(t *testing.T) {
+		res := call(t, cs, "echo_form", map[string]any{"form": "nowhere"})
+		if !res.IsError || !strings.Contains(textOf(res), "echo answered 404 Not Found to GET /nowhere") || strings.Contains(textOf(res), strings.TrimPrefix(echo.URL, "http://")) {
+			t.Errorf("isError=%v %q", res.IsError, textOf(res))
+		}
+	})
+	if logs := edge.Logs(); strings.Contains(logs, echoToken) {
+		t.Error("the edge logged the token")
+	}
+}
+
 // TestAPIsFlag checks the edge's --apis: a declaration that does not load
 // stops the edge with the reason, and "none" offers no API tools.
 func TestAPIsFlag(t *testing.T) {

@@ -253,6 +253,7 @@ func (r *Redactor) Response(res *http.Response) error {
 			if r.Found(head) {
 				return ErrEcho
 			}
+			res.Trailer = nil
 			res.Body, res.ContentLength = io.NopCloser(bytes.NewReader(head)), int64(len(head))
 			res.Header.Set("Content-Length", fmt.Sprint(len(head)))
 			return nil
@@ -262,8 +263,30 @@ func (r *Redactor) Response(res *http.Response) error {
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(head), res.Body), res.Body}
 	}
-	res.Body = r.Reader(res.Body)
+	res.Body = &dropTrailer{ReadCloser: r.Reader(res.Body), res: res}
 	return nil
+}
+
+// dropTrailer drops the trailers of res when its body is closed: the
+// transport sets res.Trailer as it reads the end of the body, after any
+// earlier nil.
+type dropTrailer struct {
+	io.ReadCloser
+	res *http.Response
+}
+
+func (d *dropTrailer) Read(p []byte) (int, error) {
+	n, err := d.ReadCloser.Read(p)
+	if err != nil {
+		d.res.Trailer = nil
+	}
+	return n, err
+}
+
+func (d *dropTrailer) Close() error {
+	err := d.ReadCloser.Close()
+	d.res.Trailer = nil
+	return err
 }
 
 // decode replaces a gzip or deflate body of res by its decoded form; other

@@ -2,6 +2,8 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/apis"
+	"github.com/codemode-go/codemode/internal/apis/apistest"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -291,4 +294,126 @@ func TestByteLimit(t *testing.T) {
 	if r := refusal(t, err); r.Status != 429 {
 		t.Errorf("after the limit: got %+v", r)
 	}
+}
+
+// exchange sends a GET for path with header to the API host over a new
+// connection of run and returns everything the program receives, with the
+// answers read from it: informational ones first, then the final one, its
+// body read (and decoded when it says gzip) and its trailers.
+func exchange(t *testing.T, run *Run, host, path string, header http.Header) (raw []byte, answers []*http.Response, body string) {
+	t.Helper()
+	serve, err := run.Open(t.Context(), host, 80)
+	if err != nil {
+		t.Fatal(err)
+	}
+	program, agent := pipe(t)
+	go serve(agent)
+	req, _ := http.NewRequest("GET", "http://"+host+path, nil)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	req.Close = true
+	if err := req.Write(program); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ = io.ReadAll(program)
+	br := bufio.NewReader(bytes.NewReader(raw))
+	for {
+		res, err := http.ReadResponse(br, req)
+		if err != nil {
+			t.Fatalf("read the answer: %v\n%s", err, raw)
+		}
+		answers = append(answers, res)
+		if res.StatusCode >= 200 {
+			var r io.Reader = res.Body
+			if res.Header.Get("Content-Encoding") == "gzip" {
+				if r, err = gzip.NewReader(res.Body); err != nil {
+					t.Fatal(err)
+				}
+			}
+			b, _ := io.ReadAll(r)
+			return raw, answers, string(b)
+		}
+	}
+}
+
+// TestAPIEchoForms has a program call an API that echoes its credential in
+// every form apistest.Echo writes, asking for what would let one through
+// (gzip, ranges), and checks that nothing the program receives holds the
+// credential in any form: status lines, headers, bodies decoded, trailers,
+// informational answers; and that an API declared with refuse_echo answers
+// 502 instead.
+func TestAPIEchoForms(t *testing.T) {
+	const token = "ghp_echo/0123+456789abcdefghijklmnopqrst"
+	echo := apistest.NewEcho(t, "Authorization")
+	decl := fmt.Sprintf(`{"apis": [
+		{"name": "echo", "base_url": %[1]q, "credential": {"header": "Authorization", "prefix": "Bearer ", "secret_env": "T"}},
+		{"name": "strict", "base_url": %[1]q, "credential": {"header": "Authorization", "prefix": "Bearer ", "secret_env": "T", "refuse_echo": true}}]}`, echo.URL)
+	catalog, err := apis.Parse([]byte(decl), apis.WithGetenv(func(string) string { return token }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := New(Config{APIs: catalog})
+	defer g.Close()
+	run := g.Begin(&executionv1.Egress{Allow: []*executionv1.EgressRule{{Host: "*.api.codemode"}}}, "t", "r")
+	find := apis.NewRedactor([]byte(token), false)
+	leaks := func(t *testing.T, what string, raw []byte, answers []*http.Response, body string) {
+		t.Helper()
+		all := append(bytes.Clone(raw), body...)
+		for _, res := range answers {
+			all = append(all, res.Status...)
+			for k, vs := range res.Header {
+				all = append(all, k+": "+strings.Join(vs, ", ")+"\n"...)
+			}
+			for k, vs := range res.Trailer {
+				all = append(all, k+": "+strings.Join(vs, ", ")+"\n"...)
+			}
+		}
+		if find.Found(all) || strings.Contains(string(all), "456789abcdefghijklmnopqrst") {
+			t.Errorf("%s: the program got the token:\n%s", what, all)
+		}
+	}
+	ask := http.Header{"Accept-Encoding": {"gzip"}, "Te": {"trailers"}}
+	for _, form := range apistest.EchoForms {
+		t.Run(form, func(t *testing.T) {
+			raw, answers, b := exchange(t, run, "echo.api.codemode", "/"+form, ask)
+			leaks(t, form, raw, answers, b)
+			if last := answers[len(answers)-1]; len(answers) != 1 || last.Header.Get("Content-Encoding") != "" {
+				t.Errorf("%d answers, the last %s %v", len(answers), last.Status, last.Header)
+			}
+			raw, answers, b = exchange(t, run, "strict.api.codemode", "/"+form, ask)
+			last := answers[len(answers)-1]
+			switch form {
+			case "trailer", "early": // dropped: nothing left to refuse
+				leaks(t, "strict "+form, raw, answers, b)
+			default:
+				if last.StatusCode != http.StatusBadGateway || !strings.Contains(b, "codemode egress: strict: the answer echoes the API's credential and is withheld") {
+					t.Errorf("strict: %s %q, want 502", last.Status, b)
+				}
+			}
+		})
+	}
+	t.Run("ranges joined", func(t *testing.T) {
+		var joined string
+		for _, r := range []string{"bytes=0-19", "bytes=20-39", "bytes=40-"} {
+			raw, answers, b := exchange(t, run, "echo.api.codemode", "/range", http.Header{"Range": {r}, "If-Range": {`"x"`}})
+			leaks(t, r, raw, answers, b)
+			joined += b
+		}
+		if find.Found([]byte(joined)) || !strings.Contains(joined, apis.Redacted) {
+			t.Errorf("three ranges joined: %q", joined)
+		}
+	})
+	t.Run("clean answer passes a refusing API", func(t *testing.T) {
+		_, answers, b := exchange(t, run, "strict.api.codemode", "/clean", nil)
+		if answers[0].StatusCode != 200 || b != "nothing echoed" {
+			t.Errorf("%s %q", answers[0].Status, b)
+		}
+	})
+	t.Run("errors name the API, not its address", func(t *testing.T) {
+		_, answers, b := exchange(t, run, "echo.api.codemode", "/%2e%2e/x", nil)
+		if answers[0].StatusCode != http.StatusBadRequest || strings.Contains(b, strings.TrimPrefix(echo.URL, "http://")) {
+			t.Errorf("%s %q", answers[0].Status, b)
+		}
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -298,4 +299,82 @@ func apiguard(t *testing.T, blocked string) *policy.Engine {
 	}
 	t.Cleanup(func() { e.Close(context.Background()) })
 	return e
+}
+
+// echoToken has the characters encoders escape ('/', '+').
+const echoToken = "ghp_echo/0123+456789abcdefghijklmnopqrst"
+
+// echoTool returns the tool ex_echo of an API on an apistest.Echo, whose
+// credential is echoToken, refusing echoes if refuse.
+func echoTool(t *testing.T, refuse bool) *apis.Tool {
+	t.Helper()
+	echo := apistest.NewEcho(t, "Authorization")
+	c, err := apis.Parse([]byte(`{"apis": [{"name": "ex", "base_url": "`+echo.URL+`/base",
+		"credential": {"header": "Authorization", "prefix": "Bearer ", "secret_env": "K", "refuse_echo": `+fmt.Sprint(refuse)+`},
+		"tools": [{"name": "ex_echo", "description": "d", "path": "/{form}", "parameters": {"type": "object", "properties": {"form": {"type": "string"}}, "required": ["form"]}}]}]}`),
+		apis.WithGetenv(func(string) string { return echoToken }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tool(t, c, "ex_echo")
+}
+
+// TestEchoedCredential calls an API that echoes its credential in every
+// form apistest.Echo writes, and checks that no form of it reaches the
+// caller: not in the body (nor the body decoded as JSON, as structured
+// content is), the reason phrase or Location; and that an API declared
+// with refuse_echo gets an error instead.
+func TestEchoedCredential(t *testing.T) {
+	t.Parallel()
+	get := echoTool(t, false)
+	refusing := echoTool(t, true)
+	find := apis.NewRedactor([]byte(echoToken), false)
+	for _, form := range apistest.EchoForms {
+		t.Run(form, func(t *testing.T) {
+			t.Parallel()
+			res, err := New(nil).Call(t.Context(), Call{Tool: get, Arguments: []byte(`{"form": "` + form + `"}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			all, _ := json.Marshal(res) // the body as base64
+			all = append(all, res.Body...)
+			var decoded any
+			if json.Unmarshal(res.Body, &decoded) == nil {
+				b, _ := json.Marshal(decoded)
+				all = append(all, b...)
+			}
+			if find.Found(all) || strings.Contains(string(all), echoToken) || strings.Contains(string(all), strings.Split(echoToken, "/")[1]) {
+				t.Fatalf("the answer holds the token: %s", all)
+			}
+			if !strings.Contains(string(all), apis.Redacted) && form != "trailer" && form != "early" {
+				t.Errorf("nothing redacted: %s", all)
+			}
+
+			_, err = New(nil).Call(t.Context(), Call{Tool: refusing, Arguments: []byte(`{"form": "` + form + `"}`), RequestID: "r7"})
+			switch form {
+			case "trailer", "early": // dropped, nothing else to refuse
+				if err != nil {
+					t.Errorf("refusing, %s: %v", form, err)
+				}
+			default:
+				if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "the answer of ex echoes its credential and is withheld (request id r7)") {
+					t.Errorf("refusing: %v, want permission_denied", err)
+				}
+			}
+		})
+	}
+	t.Run("clean answer passes a refusing API", func(t *testing.T) {
+		t.Parallel()
+		res, err := New(nil).Call(t.Context(), Call{Tool: refusing, Arguments: []byte(`{"form": "clean"}`)})
+		if err != nil || string(res.Body) != "nothing echoed" {
+			t.Fatalf("%+v %v", res, err)
+		}
+	})
+	t.Run("error text names the API, not its base URL", func(t *testing.T) {
+		t.Parallel()
+		res, err := New(nil).Call(t.Context(), Call{Tool: get, Arguments: []byte(`{"form": "nowhere"}`)})
+		if err != nil || res.Status != 404 || res.Path != "/nowhere" || strings.Contains(res.Path, "127.0.0.1") {
+			t.Fatalf("%+v %v", res, err)
+		}
+	})
 }

@@ -11,6 +11,9 @@
 //   - echo: one repository whose description is the Authorization header
 //     the fake received, as an API that echoes its input would;
 //   - anyone else: 404 with GitHub's error body.
+//
+// It also serves [Echo], an API that echoes a credential back in the
+// forms an API may write it in, for tests of redaction.
 package apistest
 
 import (
