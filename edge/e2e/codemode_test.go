@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/codemode-go/codemode/internal/apis"
 	"github.com/codemode-go/codemode/internal/apis/apistest"
 )
@@ -37,13 +39,17 @@ func TestCodeModeAPIs(t *testing.T) {
 	}
 	decl.APIs[0].BaseURL = fake.URL
 	decl.APIs[0].Credential = &apis.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}
+	// And two APIs that echo their credential (see codeModeEchoes).
+	echo := apistest.NewEcho(t, "Authorization")
+	decl.APIs = append(decl.APIs, echoDeclaration(t, dir, echo.URL).APIs...)
 	declFile := filepath.Join(dir, "apis.json")
 	writeJSON(t, declFile, decl)
 	const key = "k-codemode-coder-0123456789"
 	keys := filepath.Join(dir, "keys.json")
 	writeJSON(t, keys, map[string]string{key: "coder"})
 	egressFile := filepath.Join(dir, "egress.json")
-	writeJSON(t, egressFile, map[string]any{"default": map[string]any{"allow": []any{map[string]any{"host": "github.api.codemode"}}}})
+	writeJSON(t, egressFile, map[string]any{"default": map[string]any{"allow": []any{
+		map[string]any{"host": "github.api.codemode"}, map[string]any{"host": "echo.api.codemode"}, map[string]any{"host": "strict.api.codemode"}}}})
 
 	s, err := StartStack("e2e-codemode", "--apis", declFile)
 	if err != nil {
@@ -154,6 +160,145 @@ print("found:", scan(secret), "environ:", secret in b"".join(k.encode() + v.enco
 		if strings.Contains(text, token) {
 			t.Fatal("the token is in a result or a log")
 		}
+	}
+
+	t.Run("echoes", func(t *testing.T) { codeModeEchoes(t, cs) })
+	if strings.Contains(logs(), echoToken) {
+		t.Error("the echo token is in a log")
+	}
+}
+
+// codeModeEchoesProgram is a Python program that speaks HTTP itself to
+// declared APIs, through a CONNECT tunnel of the sandbox's proxy (so that
+// it gets the bytes the agent sends, with nothing in the sandbox between),
+// asking for what would let an echoed credential through: gzip, trailers,
+// ranges. For each form of apistest.Echo it prints one JSON line: the API,
+// the form, what came (Latin-1), and that decoded (gunzipped, JSON and
+// percent escapes undone, base64 decoded), as a program would decode it to
+// find the token.
+const codeModeEchoesProgram = `
+import base64, binascii, json, os, re, socket, sys, urllib.parse, zlib
+proxy = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+
+def exchange(api, path, headers):
+    s = socket.create_connection((proxy.hostname, proxy.port), timeout=30)
+    host = api + ".api.codemode"
+    s.sendall(("CONNECT %s:80 HTTP/1.1\r\nHost: %s:80\r\n\r\n" % (host, host)).encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        c = s.recv(4096)
+        if not c:
+            return buf
+        buf += c
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    if b" 200" not in head.split(b"\r\n")[0]:
+        return buf
+    req = "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n" % (path, host)
+    req += "".join("%s: %s\r\n" % kv for kv in headers.items()) + "\r\n"
+    s.sendall(req.encode())
+    out = rest
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        out += c
+    return out
+
+def decode(raw):
+    seen = []
+    i = raw.find(b"\x1f\x8b")
+    while i >= 0:
+        try:
+            seen.append(zlib.decompressobj(47).decompress(raw[i:]))
+        except zlib.error:
+            pass
+        i = raw.find(b"\x1f\x8b", i + 1)
+    text = raw.decode("latin-1") + " " + " ".join(b.decode("latin-1") for b in seen)
+    out = [text]
+    for m in re.finditer(r'"(?:[^"\\]|\\.)*"', text):
+        try:
+            out.append(json.loads(m.group(0)))
+        except ValueError:
+            pass
+    out.append(urllib.parse.unquote_plus(text))
+    for m in re.finditer(r"[A-Za-z0-9+/_-]{16,}={0,2}", text):
+        for alt in (m.group(0), m.group(0).replace("-", "+").replace("_", "/")):
+            try:
+                out.append(base64.b64decode(alt + "=" * (-len(alt) % 4)).decode("latin-1"))
+            except (binascii.Error, ValueError):
+                pass
+    return " ".join(out)
+
+def body(raw):
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    if b"chunked" not in head.lower():
+        return rest
+    out = b""
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size.split(b";")[0] or b"0", 16)
+        if n == 0:
+            break
+        out, rest = out + rest[:n], rest[n + 2:]
+    return out
+
+ask = {"Accept-Encoding": "gzip", "TE": "trailers"}
+for api in ("echo", "strict"):
+    for form in sys.argv[1:]:
+        raw = exchange(api, "/" + form, ask)
+        print(json.dumps({"api": api, "form": form, "raw": raw.decode("latin-1"), "decoded": decode(raw)}))
+    pieces = b""
+    for r in ("bytes=0-19", "bytes=20-39", "bytes=40-"):
+        raw = exchange(api, "/range", {"Range": r})
+        pieces += body(raw)
+    print(json.dumps({"api": api, "form": "ranges joined", "raw": pieces.decode("latin-1"), "decoded": decode(pieces)}))
+`
+
+// codeModeEchoes runs codeModeEchoesProgram in a sandbox through the MCP
+// door /mcp (cs) and checks that the program gets no form of the echo APIs'
+// credential, decoded or not; and that the API declared with refuse_echo
+// answers 502 to each echo.
+func codeModeEchoes(t *testing.T, cs *mcp.ClientSession) {
+	code := fmt.Sprintf("import sys\nsys.argv = [''] + %q.split()\n", strings.Join(apistest.EchoForms, " ")) + codeModeEchoesProgram
+	res := call(t, cs, "execute_code", map[string]any{"language": "python", "code": code})
+	out := structured(t, res)
+	stdout, _ := out["stdout"].(string)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if res.IsError || len(lines) != 2*(len(apistest.EchoForms)+1) {
+		t.Fatalf("execute_code: %d lines: %s", len(lines), textOf(res))
+	}
+	find := apis.NewRedactor([]byte(echoToken), false)
+	for _, line := range lines {
+		var got struct{ API, Form, Raw, Decoded string }
+		if err := json.Unmarshal([]byte(line), &got); err != nil {
+			t.Fatalf("%v: %q", err, line)
+		}
+		seen := got.Raw + "\n" + got.Decoded
+		if find.Found([]byte(seen)) || strings.Contains(seen, "0123456789abcdefghijklmnopq") {
+			t.Errorf("%s %s: the program got the token:\n%s", got.API, got.Form, seen)
+		}
+		status, _, _ := strings.Cut(got.Raw, "\r\n")
+		switch {
+		case got.API == "echo" && got.Form == "reason":
+			if !strings.HasPrefix(status, "HTTP/1.1 400 ") {
+				t.Errorf("echo reason: %q", status)
+			}
+		case got.API == "echo" || got.Form == "trailer" || got.Form == "early":
+			if !strings.HasPrefix(status, "HTTP/1.1 200 ") && got.Form != "location" && got.Form != "ranges joined" {
+				t.Errorf("%s %s: %q", got.API, got.Form, status)
+			}
+		case got.Form == "ranges joined":
+			if !strings.Contains(got.Raw, "the answer echoes the API's credential and is withheld") {
+				t.Errorf("strict ranges: %q", got.Raw)
+			}
+		default:
+			if !strings.HasPrefix(status, "HTTP/1.1 502 ") || !strings.Contains(got.Raw, "codemode egress: strict: the answer echoes the API's credential and is withheld") {
+				t.Errorf("strict %s: %q", got.Form, got.Raw)
+			}
+		}
+	}
+	if strings.Contains(textOf(res), echoToken) {
+		t.Error("the result holds the token")
 	}
 }
 

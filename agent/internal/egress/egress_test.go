@@ -396,7 +396,7 @@ func TestAPIEchoForms(t *testing.T) {
 	t.Run("ranges joined", func(t *testing.T) {
 		var joined string
 		for _, r := range []string{"bytes=0-19", "bytes=20-39", "bytes=40-"} {
-			raw, answers, b := exchange(t, run, "echo.api.codemode", "/range", http.Header{"Range": {r}, "If-Range": {`"x"`}})
+			raw, answers, b := exchange(t, run, "echo.api.codemode", "/range", http.Header{"Range": {r}})
 			leaks(t, r, raw, answers, b)
 			joined += b
 		}
