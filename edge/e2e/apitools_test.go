@@ -295,7 +295,7 @@ func TestAPIsFlag(t *testing.T) {
 	}
 }
 
-func writeJSON(t *testing.T, path string, v any) {
+func writeJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {

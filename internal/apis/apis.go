@@ -14,7 +14,8 @@
 //	  "base_url": "https://api.github.com",
 //	  "headers": {"Accept": "application/vnd.github+json"},
 //	  "credential": {"header": "Authorization", "prefix": "Bearer ",
-//	                 "secret_env": "CODEMODE_GITHUB_TOKEN", "optional": true},
+//	                 "secret_env": "CODEMODE_GITHUB_TOKEN", "optional": true,
+//	                 "refuse_echo": false},
 //	  "tools": [{
 //	    "name": "github_list_user_repos",
 //	    "description": "List a user's public repositories.",
@@ -33,7 +34,10 @@
 //
 // A credential's secret is read from an environment variable or a file each
 // time a request is made (so a rotated token file takes effect at once). It
-// is never kept in a struct, logged, or written into an error message.
+// is never kept in a struct, logged, or written into an error message. An
+// answer that echoes it, raw or encoded, has it redacted by a [Redactor]
+// (or is refused, for a credential declared with refuse_echo) before it
+// reaches a caller or a sandbox; errors name an API, never its base URL.
 //
 // # Concurrency
 //

@@ -10,7 +10,11 @@
 // unless an address rule allows them, dials, and counts bytes and
 // connections against the run's limits. A configured API, addressed as
 // http://<name>.api.codemode/, is forwarded to its base URL with its
-// credential, which never enters the sandbox.
+// credential, which never enters the sandbox: the answer passes through the
+// API's apis.Redactor (the credential in any form it finds is redacted from
+// the status, headers and body, or the answer is a 502 for an API declared
+// with refuse_echo), requests go without ranges, upgrades or trailers and
+// ask for no compression, and informational (1xx) answers are dropped.
 package egress
 
 import (

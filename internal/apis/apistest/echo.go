@@ -31,7 +31,9 @@ import (
 //   - location: 302 to another host, the value in Location's query;
 //   - reason: 400 with the value in the status line's reason phrase;
 //   - early: 103 Early Hints whose Link holds the value, then "ok";
-//   - clean: "nothing echoed".
+//   - clean: "nothing echoed";
+//   - big: 64 KiB of JSON shaped like GitHub's repositories, nothing
+//     echoed, for benchmarks.
 //
 // Any other segment is 404.
 type Echo struct {
@@ -40,6 +42,17 @@ type Echo struct {
 	// Header is the request header echoed.
 	Header string
 }
+
+// bigJSON is 64 KiB of a JSON array of repositories.
+var bigJSON = func() []byte {
+	repos, _ := userRepos("many", 100, "")
+	for n := len(repos); ; n-- {
+		b, _ := json.Marshal(repos[:n])
+		if len(b) <= 64<<10 {
+			return append(b, bytes.Repeat([]byte(" "), 64<<10-len(b))...)
+		}
+	}
+}()
 
 // EchoForms are the paths an Echo answers.
 var EchoForms = []string{"raw", "gzip", "gzip-always", "json", "json-u", "percent", "basic", "range", "trailer", "location", "reason", "early"}
@@ -123,6 +136,9 @@ func (e *Echo) serve(w http.ResponseWriter, r *http.Request) {
 		text("ok")
 	case "clean":
 		text("nothing echoed")
+	case "big":
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(bigJSON)
 	default:
 		http.NotFound(w, r)
 	}
