@@ -477,6 +477,14 @@ func (r *Redactor) scan(b []byte, final, one bool) (spans [][2]int, safe int) {
 // may be itself or start %XX, a '\' itself or start an escape), keeping
 // the offsets reached after each character of p.
 func (p *pattern) match(b []byte, i int, final bool) (end int, more bool) {
+	// An escape that does not stand for p's first character starts
+	// nothing (most escapes in JSON are \" and \/).
+	if escapes[b[i]] {
+		var buf [4]int
+		if next, more := p.unit(b, i, p.b[0], final, buf[:0]); len(next) == 0 {
+			return 0, more
+		}
+	}
 	// Most candidates are plain text that differs from p early on: read
 	// as it is while no byte could be an escape.
 	k := 0
