@@ -173,11 +173,11 @@ print("found:", scan(secret), "environ:", secret in b"".join(k.encode() + v.enco
 // it gets the bytes the agent sends, with nothing in the sandbox between),
 // asking for what would let an echoed credential through: gzip, trailers,
 // ranges. For each form of apistest.Echo it prints one JSON line: the API,
-// the form, what came (Latin-1), and that decoded (gunzipped, JSON and
-// percent escapes undone, base64 decoded), as a program would decode it to
+// the form, what came (Latin-1), and that decoded (gunzipped, JSON, percent
+// and HTML escapes undone, base64 decoded), as a program would decode it to
 // find the token.
 const codeModeEchoesProgram = `
-import base64, binascii, json, os, re, socket, sys, urllib.parse, zlib
+import base64, binascii, html, json, os, re, socket, sys, urllib.parse, zlib
 proxy = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
 
 def exchange(api, path, headers):
@@ -221,6 +221,7 @@ def decode(raw):
         except ValueError:
             pass
     out.append(urllib.parse.unquote_plus(text))
+    out.append(html.unescape(text))
     for m in re.finditer(r"[A-Za-z0-9+/_-]{16,}={0,2}", text):
         for alt in (m.group(0), m.group(0).replace("-", "+").replace("_", "/")):
             try:

@@ -47,17 +47,18 @@ const minBase64Form = 8
 //     (Basic credentials "user:token" encoded whole);
 //   - with any of its characters, in either of these forms, escaped:
 //     as JSON escapes (\/, \", \\, \t, \uXXXX in either case), as
-//     percent-encoding (%XX in either case, '+' for a space), or a mix of
-//     both within one occurrence.
+//     percent-encoding (%XX in either case, '+' for a space), as HTML
+//     character references (&#47; &#x2f; &amp; ..., with their ';'), or a
+//     mix of these within one occurrence.
 //
 // Escapes are decoded as the text is read, character by character, and
 // the decoded characters compared with the secret's: no list of variants
 // is kept, so an encoder that escapes any subset of characters is caught.
 //
 // Not found: a secret hashed, encrypted, reversed, split or otherwise
-// transformed; in an encoding not listed (hex, HTML character references,
-// base64 broken by line breaks, an escape of an escape); non-ASCII bytes of
-// a secret written as \u escapes. Operators should declare scoped,
+// transformed; in an encoding not listed (hex, base64 broken by line
+// breaks, an escape of an escape, a character reference without its ';');
+// non-ASCII bytes of a secret written as escapes. Operators should declare scoped,
 // least-privilege tokens, and refuse_echo for an API whose answers should
 // never hold them.
 //
@@ -105,6 +106,7 @@ func NewRedactor(secret []byte, refuse bool) *Redactor {
 		}
 		r.first['\\'] |= bit
 		r.first['%'] |= bit
+		r.first['&'] |= bit
 	}
 	return r
 }
@@ -350,7 +352,7 @@ func decode(res *http.Response) error {
 
 // Reader returns rc with every form of the secret redacted as it is read.
 // What could be the start of a form is held back until the bytes after it
-// tell; at most six times the length of the longest form. With refuse, a
+// tell; at most twelve times the length of the longest form. With refuse, a
 // form found is a read error wrapping ErrEcho, and nothing of it is
 // returned.
 func (r *Redactor) Reader(rc io.ReadCloser) io.ReadCloser {
@@ -457,14 +459,15 @@ func (r *Redactor) scan(b []byte, final, one bool) (spans [][2]int, safe int) {
 			partial = partial || more
 		}
 		switch {
+		case partial && !final:
+			// More bytes may make a form here, or a longer one.
+			return spans, i
 		case end > 0:
 			spans = append(spans, [2]int{i, end})
 			if one {
 				return spans, len(b)
 			}
 			i = end - 1
-		case partial:
-			return spans, i
 		}
 	}
 	return spans, len(b)
@@ -502,7 +505,7 @@ func (p *pattern) match(b []byte, i int, final bool) (end int, more bool) {
 
 // escapes are the bytes that may stand for another character: those that
 // start an escape, and '+' for a space.
-var escapes = [256]bool{'\\': true, '%': true, '+': true}
+var escapes = [256]bool{'\\': true, '%': true, '&': true, '+': true}
 
 // matchEscaped is match for text with escapes.
 func (p *pattern) matchEscaped(b []byte, i int, final bool) (end int, more bool) {
@@ -519,6 +522,9 @@ func (p *pattern) matchEscaped(b []byte, i int, final bool) (end int, more bool)
 			return 0, more && !final
 		}
 		at, next = next, at
+	}
+	if more && !final {
+		return 0, true // a way of reading that b cut short may go further
 	}
 	end = at[0]
 	for _, o := range at[1:] {
@@ -565,8 +571,61 @@ func (p *pattern) unit(b []byte, o int, want byte, final bool, next []int) ([]in
 		if v, ok := hex2(b[o+1], b[o+2]); ok && p.same(v, want) {
 			next = addOffset(next, o+3)
 		}
+	case '&':
+		v, n, more := charRef(b[o:], final)
+		if n > 0 && v < 0x80 && p.same(byte(v), want) {
+			next = addOffset(next, o+n)
+		}
+		return next, more
 	}
 	return next, false
+}
+
+// charRefNames are the named character references read.
+var charRefNames = []struct {
+	name string
+	c    rune
+}{{"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}}
+
+// charRef reads an HTML character reference at the start of b (b[0] is
+// '&'): numeric (&#47; &#x2F;, up to 8 digits) or one of charRefNames, with
+// its ';'. It returns the character and the reference's length (0 for
+// none), or whether b ends too soon to tell.
+func charRef(b []byte, final bool) (v rune, n int, more bool) {
+	for _, r := range charRefNames {
+		if bytes.HasPrefix(b, []byte(r.name)) {
+			return r.c, len(r.name), false
+		}
+		if len(b) < len(r.name) && bytes.HasPrefix([]byte(r.name), b) {
+			more = !final
+		}
+	}
+	if len(b) < 2 {
+		return 0, 0, more || !final
+	}
+	if b[1] != '#' {
+		return 0, 0, more
+	}
+	i, base := 2, rune(10)
+	if i < len(b) && (b[i] == 'x' || b[i] == 'X') {
+		i, base = 3, 16
+	}
+	start := i
+	for ; i < len(b) && i-start <= 8; i++ {
+		c := b[i]
+		if c == ';' {
+			if i == start {
+				return 0, 0, false
+			}
+			return v, i + 1, false
+		}
+		d, ok := unhex(c)
+		if !ok || rune(d) >= base {
+			return 0, 0, false
+		}
+		v = v*base + rune(d)
+	}
+	return 0, 0, i == len(b) && i-start <= 8 && !final
 }
 
 func addOffset(offs []int, x int) []int {

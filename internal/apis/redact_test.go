@@ -54,8 +54,9 @@ func percentEscape(s string, mask uint64, upper bool) string {
 	return b.String()
 }
 
-// mixEscape writes each character of s as itself, a JSON escape or a
-// percent escape, chosen by two bits of mask.
+// mixEscape writes each character of s as itself, a JSON escape, a
+// percent escape or an HTML character reference, chosen by two bits of
+// mask.
 func mixEscape(s string, mask uint64) string {
 	var b strings.Builder
 	for i := range len(s) {
@@ -64,6 +65,8 @@ func mixEscape(s string, mask uint64) string {
 			fmt.Fprintf(&b, `\u%04x`, s[i])
 		case 2:
 			fmt.Fprintf(&b, "%%%02X", s[i])
+		case 3:
+			fmt.Fprintf(&b, "&#%d;", s[i])
 		default:
 			b.WriteByte(s[i])
 		}
@@ -85,6 +88,10 @@ func forms(secret string) map[string]string {
 		"percent all lower":       percentEscape(secret, ^uint64(0), false),
 		"percent some":            percentEscape(secret, 0x0f0f0f0f0f0f0f0f, false),
 		"percent and json":        mixEscape(secret, 0x9c9c9c9c9c9c9c9c),
+		"json, percent and html":  mixEscape(secret, 0xe4e4e4e4e4e4e4e4),
+		"html decimal":            mixEscape(secret, ^uint64(0)),
+		"html hex":                strings.NewReplacer("/", "&#x2F;", "+", "&#x2b;", " ", "&#X20;", "g", "&#x067;").Replace(secret),
+		"basic in html":           strings.NewReplacer("+", "&#43;", "/", "&#47;", "=", "&#61;").Replace(b64(base64.StdEncoding, "me:"+secret)),
 		"base64":                  b64(base64.StdEncoding, secret),
 		"base64 url raw":          b64(base64.RawURLEncoding, secret),
 		"basic user:token":        b64(base64.StdEncoding, "user:"+secret),
@@ -140,7 +147,7 @@ func TestRedactorLeavesOtherText(t *testing.T) {
 		"ghp_A1b2/C3d+E4 f5G6h7~I8j9.K", // all but the last character
 		"hp_A1b2/C3d+E4 f5G6h7~I8j9.K0", // all but the first
 		base64.StdEncoding.EncodeToString([]byte("ghp_A1b2/C3d+E4 f5G6h7~I8j9.K")),
-		"%", "\\", `\u00`, "%4", "+", "",
+		"%", "\\", `\u00`, "%4", "+", "", "&", "&amp; &#; &#x; &#xzz; &#123456789012; &lt;b&gt;",
 	} {
 		if out, _ := r.Bytes([]byte(s)); string(out) != s {
 			t.Errorf("Bytes(%q) = %q, want it unchanged", s, out)
@@ -158,6 +165,10 @@ func TestRedactorHoldsBack(t *testing.T) {
 		{`x ghp_A1b2\`, `x `},
 		{`x ghp_A1b2\u00`, `x `},
 		{`x ghp_A1b2%2`, `x `},
+		{`x ghp_A1b2&#4`, `x `},
+		{`x ghp_A1b2&#x`, `x `},
+		{`x ghp_A1b2&am`, `x `},
+		{`x ghp_A1b2&#4x`, `x ghp_A1b2&#4x`},
 		{`x ghp_A1b2\u00zz`, `x ghp_A1b2\u00zz`},
 		{`x \`, `x `},
 		{`x %`, `x `},

@@ -26,6 +26,8 @@ import (
 //   - json-u: the same with every character as a \u00XX escape;
 //   - percent: the value percent-encoded in a text body;
 //   - basic: "user:VALUE" base64-encoded, in a text body;
+//   - html: an HTML page with the value's characters as character
+//     references, decimal and hex by turns, as strict HTML encoders write;
 //   - range: "you sent: VALUE" served with ranges (206 for a Range request);
 //   - trailer: an empty body, the value in the trailer X-Echo;
 //   - location: 302 to another host, the value in Location's query;
@@ -55,7 +57,7 @@ var bigJSON = func() []byte {
 }()
 
 // EchoForms are the paths an Echo answers.
-var EchoForms = []string{"raw", "gzip", "gzip-always", "json", "json-u", "percent", "basic", "range", "trailer", "location", "reason", "early"}
+var EchoForms = []string{"raw", "gzip", "gzip-always", "json", "json-u", "percent", "basic", "html", "range", "trailer", "location", "reason", "early"}
 
 // NewEcho starts an Echo of header on 127.0.0.1, closed when the test ends.
 func NewEcho(t testing.TB, header string) *Echo {
@@ -109,6 +111,17 @@ func (e *Echo) serve(w http.ResponseWriter, r *http.Request) {
 		text("you sent: " + url.QueryEscape(v))
 	case "basic":
 		text("you sent: " + base64.StdEncoding.EncodeToString([]byte("user:"+v)))
+	case "html":
+		var esc strings.Builder
+		for i, c := range []byte(v) {
+			if i%2 == 0 {
+				fmt.Fprintf(&esc, "&#%d;", c)
+			} else {
+				fmt.Fprintf(&esc, "&#x%X;", c)
+			}
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, "<p>You sent <code>%s</code></p>", esc.String())
 	case "range":
 		w.Header().Set("Content-Type", "text/plain")
 		http.ServeContent(w, r, "", time.Unix(0, 0), strings.NewReader("you sent: "+v))
