@@ -22,9 +22,7 @@ import (
 //
 //	go test -run '^$' -bench APIRedaction -benchtime 40x ./edge/e2e/
 func BenchmarkAPIRedaction(b *testing.B) {
-	if binDir == "" {
-		b.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(b)
 	echo := apistest.NewEcho(b, "Authorization")
 	dir := b.TempDir()
 	tokenFile := filepath.Join(dir, "token")
