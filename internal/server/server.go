@@ -2,7 +2,8 @@
 // gRPC, gRPC-Web and Connect (JSON and binary) clients all reach the same
 // address. It adds what every codemode service needs: HTTP/2 without TLS (h2c),
 // gRPC health checks, gRPC server reflection, protovalidate on every request,
-// CORS for browsers, a ReadHeaderTimeout, optional Limits on request bodies
+// CORS for browsers (refusing pages of other origins and rebound host names
+// when told to), a ReadHeaderTimeout, optional Limits on request bodies
 // and connections, and graceful shutdown.
 //
 // A Server is configured before Serve and must not be changed afterwards.
@@ -21,7 +22,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"connectrpc.com/cors"
 	"connectrpc.com/grpchealth"
 	"connectrpc.com/grpcreflect"
 	"connectrpc.com/validate"
@@ -58,6 +58,13 @@ type Server struct {
 	// message size limit is one of those options.
 	Limits Limits
 	turns  largeBodyTurns
+
+	// Browsers, when set, refuses requests from web pages of other origins
+	// and to host names the server does not answer to (see Browsers); set
+	// it to a Browsers that passes Validate. Nil: pages of every origin may
+	// call the server (each gets CORS headers allowing it), under any host
+	// name.
+	Browsers *Browsers
 }
 
 // New returns a Server that logs to logger. Every handler made with its
@@ -114,7 +121,7 @@ func (s *Server) SetServing(serving bool) {
 }
 
 // Handler returns the server's complete HTTP handler: services, health,
-// reflection, and CORS for browsers on other origins.
+// reflection, and CORS for browsers on other origins (see Browsers).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", s.mux)
@@ -123,7 +130,11 @@ func (s *Server) Handler() http.Handler {
 	reflector := grpcreflect.NewStaticReflector(names...)
 	mux.Handle(s.rpc(grpcreflect.NewHandlerV1(reflector, s.Limits.connectOptions()...)))
 	mux.Handle(s.rpc(grpcreflect.NewHandlerV1Alpha(reflector, s.Limits.connectOptions()...)))
-	return withCORS(withRequestID(s.bodyDeadline(s.authenticated(mux))))
+	var check *browserCheck
+	if s.Browsers != nil {
+		check = s.Browsers.compile()
+	}
+	return withRequestID(s.withCORS(s.bodyDeadline(s.authenticated(mux)), check))
 }
 
 // authenticated runs Authenticate before h.
@@ -268,27 +279,4 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		err = errors.Join(err, e)
 	}
 	return err
-}
-
-func withCORS(h http.Handler) http.Handler {
-	// DELETE ends an MCP session (streamable HTTP).
-	methods := strings.Join(append(cors.AllowedMethods(), http.MethodDelete), ", ")
-	allowed := strings.Join(append(cors.AllowedHeaders(), "Authorization", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID"), ", ")
-	exposed := strings.Join(append(cors.ExposedHeaders(), "Mcp-Session-Id", RequestIDHeader, "Retry-After"), ", ")
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if origin := r.Header.Get("Origin"); origin != "" {
-			hdr := w.Header()
-			hdr.Set("Access-Control-Allow-Origin", origin)
-			hdr.Add("Vary", "Origin")
-			hdr.Set("Access-Control-Expose-Headers", exposed)
-			if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
-				hdr.Set("Access-Control-Allow-Methods", methods)
-				hdr.Set("Access-Control-Allow-Headers", allowed)
-				hdr.Set("Access-Control-Max-Age", "7200")
-				w.WriteHeader(http.StatusNoContent)
-				return
-			}
-		}
-		h.ServeHTTP(w, r)
-	})
 }
