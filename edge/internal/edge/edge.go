@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -71,6 +72,19 @@ type Config struct {
 	// other than loopback: an open door where anyone who reaches it runs
 	// code. Without it, such an edge serves on loopback only.
 	PublicWithoutKeys bool
+	// AllowedOrigins are the origins (scheme://host[:port], as browsers
+	// send them in Origin) whose web pages may call the edge, "*" for all.
+	// Pages the edge serves itself (the playground) always may. Empty: with
+	// APIKeys every origin (a page then needs a key, which browsers never
+	// attach on their own); without, none. A request from any other origin
+	// is refused with 403 on every door, before it is read.
+	AllowedOrigins []string
+	// AllowedHosts are the host names (no port) the edge answers to, "*"
+	// for any, besides IP addresses, localhost and the host name in Addr,
+	// which it always answers to. Empty: with APIKeys any host name; without,
+	// only those. A request to another host name (DNS rebinding) is refused
+	// with 403 on every door.
+	AllowedHosts []string
 	// Limits bound request bodies (size and the time to send them), idle
 	// connections and connections overall; see server.Limits. The zero
 	// value bounds none of them.
@@ -132,6 +146,9 @@ func (c Config) Validate() error {
 	if err := c.Limits.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.browsers().Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("allowed origins and hosts: %w", err))
+	}
 	if err := c.Admission.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -158,6 +175,39 @@ func ParseControlPlanes(s string) []string {
 		out = append(out, f)
 	}
 	return out
+}
+
+// ParseList splits a comma-separated list, dropping empty items.
+func ParseList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// browsers says which pages may call the edge and under which host names
+// (see Config.AllowedOrigins and Config.AllowedHosts). Without API keys,
+// a page that reaches the edge would run code as the edge's one tenant; with
+// them, it needs a key the browser never sends on its own, so the defaults
+// open up.
+func (c Config) browsers() server.Browsers {
+	b := server.Browsers{Origins: c.AllowedOrigins, Hosts: c.AllowedHosts}
+	if c.APIKeys != "" {
+		if len(b.Origins) == 0 {
+			b.Origins = []string{"*"}
+		}
+		if len(b.Hosts) == 0 {
+			b.Hosts = []string{"*"}
+		}
+	}
+	// An IP address is always answered; a name in Addr is the edge's own.
+	if host, _, err := net.SplitHostPort(c.Addr); err == nil && host != "" && net.ParseIP(host) == nil {
+		b.Hosts = append(slices.Clip(b.Hosts), host)
+	}
+	return b
 }
 
 // controlPlaneClient is the client of the control planes at urls: with
@@ -205,6 +255,10 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.Env("policy-admin-token", "CODEMODE_POLICY_ADMIN_TOKEN")
 	public := fs.Bool("public-without-keys", false, "serve on addresses other than loopback even with no --api-keys: anyone who reaches the edge runs code")
 	fs.Env("public-without-keys", "CODEMODE_PUBLIC_WITHOUT_KEYS")
+	origins := fs.String("allowed-origins", "", "comma-separated origins (scheme://host[:port]) whose web pages may call the edge, * for all; the edge's own pages always may. Empty: all with --api-keys, none without")
+	fs.Env("allowed-origins", "CODEMODE_ALLOWED_ORIGINS")
+	hosts := fs.String("allowed-hosts", "", "comma-separated host names (no port) the edge answers to besides IP addresses, localhost and the --addr host, * for any; others are refused (DNS rebinding). Empty: any with --api-keys, none without")
+	fs.Env("allowed-hosts", "CODEMODE_ALLOWED_HOSTS")
 	maxBytes := fs.Int64("max-request-bytes", server.DefaultMaxRequestBytes, "largest request body, in bytes, on every door: Connect, gRPC and gRPC-Web answer resource_exhausted, MCP and HTTP 413; 0 for no limit")
 	fs.Env("max-request-bytes", "CODEMODE_MAX_REQUEST_BYTES")
 	bodyTimeout := fs.Duration("body-timeout", server.DefaultBodyTimeout, "time a client has to send a request's body (not to wait for the answer); 0 for no limit")
@@ -248,7 +302,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	cfg := Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, Egress: *egressConfig,
 		PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
-		ClusterSecret: secret, PublicWithoutKeys: *public,
+		ClusterSecret: secret, PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
 		Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
 		Admission: admission.Config{Concurrency: *tenantConcurrency, Rate: *tenantRate, Burst: *tenantBurst},
 		APIs:      *apisFile, APITimeout: *apiTimeout, APIMaxResponseBytes: *apiMaxBytes,
@@ -353,6 +407,8 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 
 	srv := server.New(logger)
 	srv.Limits = cfg.Limits
+	browsers := cfg.browsers()
+	srv.Browsers = &browsers
 	srv.Authenticate = authenticate(tenants)
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))

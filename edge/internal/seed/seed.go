@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"sort"
 	"strings"
@@ -60,7 +61,9 @@ type RunResponse struct {
 	OOMKilled bool   `json:"oomKilled,omitempty"`
 }
 
-// RunHandler returns the handler of POST /run. output is the program's stdout;
+// RunHandler returns the handler of POST /run. The body must be sent as
+// Content-Type application/json (415 otherwise), which no web page can send
+// to another origin without the server's consent. output is the program's stdout;
 // error is its stderr, followed by a line saying why it ended when it did
 // not exit 0, or the reason the run could not be made, with the HTTP status
 // Connect uses for the error's code (403 for a policy's denial, 404 for a
@@ -70,6 +73,12 @@ func RunHandler(svc *execution.Service) http.Handler {
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			writeRunError(w, http.StatusMethodNotAllowed, "method not allowed: use POST")
+			return
+		}
+		// A web page may send any other body type (text/plain, a form)
+		// without asking the server first (a CORS preflight): only JSON runs.
+		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+			writeRunError(w, http.StatusUnsupportedMediaType, "unsupported Content-Type: send the body as application/json")
 			return
 		}
 		t, ok := tenant.FromContext(r.Context())

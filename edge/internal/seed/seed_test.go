@@ -92,10 +92,19 @@ func service(t *testing.T, cp *controlPlane) *execution.Service {
 }
 
 // serve calls h as the edge does after authentication: with a request id
-// and, unless tn is empty, the tenant tn in the request's context.
+// and, unless tn is empty, the tenant tn in the request's context. A body
+// is sent as application/json.
 func serve(h http.Handler, tn, method, path, body string) *httptest.ResponseRecorder {
+	return serveAs(h, tn, method, path, "application/json", body)
+}
+
+// serveAs is serve with the body sent as contentType ("": no Content-Type).
+func serveAs(h http.Handler, tn, method, path, contentType, body string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest(method, path, strings.NewReader(body))
 	r.Header.Set(server.RequestIDHeader, "req-1")
+	if contentType != "" && body != "" {
+		r.Header.Set("Content-Type", contentType)
+	}
 	if tn != "" {
 		r = r.WithContext(tenant.NewContext(r.Context(), tn))
 	}
@@ -217,6 +226,47 @@ func TestRunHandler(t *testing.T) {
 				if req.GetExecution().GetLanguage() != tc.lang || req.GetTenant() != "team-a" || req.GetRequestId() != "req-1" {
 					t.Errorf("control plane got %v, want language %s, tenant team-a, request id req-1", req, tc.lang)
 				}
+			}
+		})
+	}
+}
+
+// TestRunHandlerWantsJSON checks that /run runs only a body sent as
+// application/json: the body types a web page can send to another origin
+// without a CORS preflight (text/plain, forms) never reach the control
+// plane.
+func TestRunHandlerWantsJSON(t *testing.T) {
+	t.Parallel()
+	const body = `{"code":"print(6*7)","language":"python"}`
+	for _, tc := range []struct {
+		contentType string
+		status      int
+	}{
+		{"application/json", http.StatusOK},
+		{"application/json; charset=utf-8", http.StatusOK},
+		{"Application/JSON", http.StatusOK},
+		{"text/plain", http.StatusUnsupportedMediaType},
+		{"text/plain;charset=UTF-8", http.StatusUnsupportedMediaType},
+		{"application/x-www-form-urlencoded", http.StatusUnsupportedMediaType},
+		{"multipart/form-data; boundary=x", http.StatusUnsupportedMediaType},
+		{"application/jsonx", http.StatusUnsupportedMediaType},
+		{"", http.StatusUnsupportedMediaType},
+	} {
+		t.Run(tc.contentType, func(t *testing.T) {
+			t.Parallel()
+			cp := &controlPlane{result: &executionv1.Result{Stdout: "42\n"}}
+			w := serveAs(RunHandler(service(t, cp)), "team-a", http.MethodPost, "/run", tc.contentType, body)
+			if w.Code != tc.status {
+				t.Fatalf("Content-Type %q: HTTP %d %s, want %d", tc.contentType, w.Code, w.Body, tc.status)
+			}
+			cp.mu.Lock()
+			ran := len(cp.got)
+			cp.mu.Unlock()
+			if want := tc.status == http.StatusOK; (ran > 0) != want {
+				t.Fatalf("Content-Type %q: the control plane got %d runs, want a run %v", tc.contentType, ran, want)
+			}
+			if got := decode[RunResponse](t, w); tc.status != http.StatusOK && (got.ExitCode != -1 || got.Error == "") {
+				t.Errorf("refusal %+v, want an error and exit code -1", got)
 			}
 		})
 	}
