@@ -1,0 +1,257 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/server"
+)
+
+// pageRequest is one request a web page could make the browser send to the
+// edge: through each door, with the body that would run code.
+type pageRequest struct {
+	name                            string
+	method, path, contentType, body string
+	header                          map[string]string
+	h2c                             bool // gRPC needs HTTP/2
+	// runs: answered for a caller that may, it runs print(6*7).
+	runs bool
+	// status for a caller that may (curl); 0: 200.
+	status int
+}
+
+// frame puts msg in a gRPC / Connect streaming envelope.
+func frame(msg []byte) string {
+	var b bytes.Buffer
+	b.WriteByte(0)
+	_ = binary.Write(&b, binary.BigEndian, uint32(len(msg)))
+	b.Write(msg)
+	return b.String()
+}
+
+const (
+	executePath = "/" + edgev1connect.ExecutionServiceName + "/Execute"
+	runCode     = "print(6*7)"
+	// mcpInitialize opens an MCP session.
+	mcpInitialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
+)
+
+// pageRequests are the requests of pageRequest on every door of the edge;
+// mcpSession is an MCP session of /mcp opened by a caller that may.
+func pageRequests(mcpSession string) []pageRequest {
+	pb, _ := proto.Marshal(&edgev1.ExecuteRequest{Language: "python", Code: runCode})
+	json := `{"language":"python","code":"` + runCode + `"}`
+	mcpAccept := map[string]string{"Accept": "application/json, text/event-stream"}
+	return []pageRequest{
+		{name: "connect json", method: "POST", path: executePath, contentType: "application/json", body: json, runs: true},
+		{name: "connect stream", method: "POST", path: "/" + edgev1connect.ExecutionServiceName + "/ExecuteStream",
+			contentType: "application/connect+json", body: frame([]byte(json)), runs: true},
+		{name: "grpc", method: "POST", path: executePath, contentType: "application/grpc", body: frame(pb),
+			header: map[string]string{"Te": "trailers"}, h2c: true, runs: true},
+		{name: "grpc-web", method: "POST", path: executePath, contentType: "application/grpc-web+proto", body: frame(pb),
+			header: map[string]string{"X-Grpc-Web": "1"}, runs: true},
+		{name: "run json", method: "POST", path: "/run", contentType: "application/json", body: `{"code":"` + runCode + `"}`, runs: true},
+		{name: "run text/plain", method: "POST", path: "/run", contentType: "text/plain;charset=UTF-8", body: `{"code":"` + runCode + `"}`,
+			status: http.StatusUnsupportedMediaType},
+		{name: "mcp initialize", method: "POST", path: "/mcp", contentType: "application/json", body: mcpInitialize, header: mcpAccept},
+		{name: "mcp execute_code", method: "POST", path: "/mcp", contentType: "application/json",
+			body:   `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"execute_code","arguments":{"language":"python","code":"` + runCode + `"}}}`,
+			header: map[string]string{"Accept": mcpAccept["Accept"], "Mcp-Session-Id": mcpSession, "Mcp-Protocol-Version": "2025-06-18"}, runs: true},
+		{name: "mcp-no-code-execute initialize", method: "POST", path: "/mcp-no-code-execute", contentType: "application/json", body: mcpInitialize, header: mcpAccept},
+		{name: "status", method: "GET", path: "/status"},
+		{name: "page", method: "GET", path: "/"},
+		{name: "preflight", method: "OPTIONS", path: executePath,
+			header: map[string]string{"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}, status: http.StatusNoContent},
+	}
+}
+
+// send sends pr to the edge at addr with Host host ("": addr) and Origin
+// origin ("": none), and returns the answer with its body read.
+func (pr pageRequest) send(t *testing.T, addr, host, origin string) (*http.Response, string) {
+	t.Helper()
+	var body io.Reader
+	if pr.body != "" {
+		body = strings.NewReader(pr.body)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), pr.method, "http://"+addr+pr.path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
+	}
+	if pr.contentType != "" {
+		req.Header.Set("Content-Type", pr.contentType)
+	}
+	if origin != "" {
+		req.Header.Set("Origin", origin)
+	}
+	for k, v := range pr.header {
+		req.Header.Set(k, v)
+	}
+	c := http1Client()
+	if pr.h2c {
+		c = server.NewClient()
+	}
+	c.Timeout = time.Minute
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s: %v", pr.name, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
+}
+
+// executions is the number of executions the edge p has ended, on every
+// door: it counts each one that reached the execution service, run or not.
+func executions(t *testing.T, p *Process) float64 {
+	t.Helper()
+	return sample(scrape(t, p), "codemode_executions_total", nil)
+}
+
+// openMCPSession opens a session of /mcp at the edge's url as a caller
+// without Origin does.
+func openMCPSession(t *testing.T, url string) string {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/mcp", strings.NewReader(mcpInitialize))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	id := res.Header.Get("Mcp-Session-Id")
+	if res.StatusCode != http.StatusOK || id == "" {
+		t.Fatalf("initialize: %s, session %q", res.Status, id)
+	}
+	if status, rpcErr, raw := rpcPost(t, url+"/mcp", id, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); status >= 300 || rpcErr != nil {
+		t.Fatalf("initialized: %d %v %s", status, rpcErr, raw)
+	}
+	return id
+}
+
+// TestPagesOfOtherOriginsCannotUseTheEdge sends, on every door of an edge
+// without API keys, what a web page of another origin, or one whose host
+// name was rebound to the edge's address (DNS rebinding), makes the
+// browser send. Each is refused with 403 and no CORS header, and no
+// execution reaches the edge's execution service (its metrics count none).
+// The same requests from a caller without Origin (curl), from the edge's
+// own pages, and to localhost run as before, which also shows that the
+// metrics see runs. An edge with --allowed-origins answers that origin.
+func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	edge, err := s.StartEdge([]string{"METRICS_ADDR=127.0.0.1:0"})
+	if err != nil {
+		t.Fatalf("start edge: %v", err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	_, port, _ := net.SplitHostPort(edge.Addr)
+	// Another loopback port: a page a developer's dev server, or anything
+	// else on the machine, serves.
+	otherOrigin := "http://127.0.0.1:" + fmt.Sprint(freeLoopbackPort(t))
+	rebound := "rebind.example:" + port
+	session := openMCPSession(t, edge.URL())
+	requests := pageRequests(session)
+
+	for _, attack := range []struct{ name, host, origin string }{
+		{name: "other origin", origin: otherOrigin},
+		{name: "other site", origin: "https://evil.example"},
+		{name: "null origin", origin: "null"},
+		{name: "rebound host", host: rebound, origin: "http://" + rebound},
+		{name: "rebound host without origin", host: rebound},
+	} {
+		t.Run(attack.name, func(t *testing.T) {
+			before := executions(t, edge)
+			for _, pr := range requests {
+				res, body := pr.send(t, edge.Addr, attack.host, attack.origin)
+				if res.StatusCode != http.StatusForbidden {
+					t.Errorf("%s: HTTP %s, want 403\n%.300s", pr.name, res.Status, body)
+				}
+				for k := range res.Header {
+					if strings.HasPrefix(k, "Access-Control-Allow-") {
+						t.Errorf("%s: refused with CORS header %s: %v", pr.name, k, res.Header[k])
+					}
+				}
+				if strings.Contains(body, "42") {
+					t.Errorf("%s: the answer carries the program's output: %.300s", pr.name, body)
+				}
+			}
+			if after := executions(t, edge); after != before {
+				t.Fatalf("%d executions reached the edge's execution service, want none\n%s", int(after-before), edge.Logs())
+			}
+		})
+	}
+
+	for _, caller := range []struct{ name, host, origin string }{
+		{name: "no origin"},
+		{name: "own origin", origin: edge.URL()},
+		{name: "localhost", host: "localhost:" + port, origin: "http://localhost:" + port},
+	} {
+		t.Run(caller.name, func(t *testing.T) {
+			before, runs := executions(t, edge), 0
+			for _, pr := range requests {
+				if pr.method == "OPTIONS" {
+					continue // neither curl nor a page of the edge sends preflights
+				}
+				res, body := pr.send(t, edge.Addr, caller.host, caller.origin)
+				want := pr.status
+				if want == 0 {
+					want = http.StatusOK
+				}
+				if res.StatusCode != want {
+					t.Errorf("%s: HTTP %s, want %d\n%.300s", pr.name, res.Status, want, body)
+				}
+				if pr.runs {
+					runs++
+					if !strings.Contains(body, "42") {
+						t.Errorf("%s: no output in the answer: %.300s", pr.name, body)
+					}
+				}
+			}
+			if after := executions(t, edge); after != before+float64(runs) {
+				t.Fatalf("%d executions ended, want %d", int(after-before), runs)
+			}
+		})
+	}
+
+	t.Run("allowed origin", func(t *testing.T) {
+		allowing, err := s.StartEdge(nil, "--allowed-origins", "https://evil.example,"+otherOrigin)
+		if err != nil {
+			t.Fatalf("start edge: %v", err)
+		}
+		t.Cleanup(func() { _ = allowing.Stop(30 * time.Second) })
+		for _, pr := range pageRequests(openMCPSession(t, allowing.URL())) {
+			res, body := pr.send(t, allowing.Addr, "", otherOrigin)
+			want := pr.status
+			if want == 0 {
+				want = http.StatusOK
+			}
+			if res.StatusCode != want || res.Header.Get("Access-Control-Allow-Origin") != otherOrigin {
+				t.Errorf("%s: HTTP %s, Access-Control-Allow-Origin %q, want %d and %s\n%.300s",
+					pr.name, res.Status, res.Header.Get("Access-Control-Allow-Origin"), want, otherOrigin, body)
+			}
+			if pr.runs && !strings.Contains(body, "42") {
+				t.Errorf("%s: no output in the answer: %.300s", pr.name, body)
+			}
+		}
+		// The list allows origins, not host names.
+		if res, _ := pageRequests("")[0].send(t, allowing.Addr, rebound, "http://"+rebound); res.StatusCode != http.StatusForbidden {
+			t.Errorf("rebound host with --allowed-origins: HTTP %s, want 403", res.Status)
+		}
+	})
+}
