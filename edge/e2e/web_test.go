@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -132,4 +133,38 @@ func TestWebWithAPIKeys(t *testing.T) {
 	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
 	logs := func() string { return s.Logs() + "--- edge with API keys ---\n" + edge.Logs() }
 	nodeTest(t, dir, "auth.test.mjs", edge.URL(), logs, "CHROMIUM="+chromiumPath, "CODEMODE_API_KEY="+key)
+}
+
+// TestWebOtherOriginsInChromium loads a page of another origin (another
+// loopback port) in Debian's Chromium and has it try every door of an edge
+// without API keys: it gets nothing back and runs nothing, as the edge's
+// metrics show; a page at a host name rebound to the edge is refused; an
+// edge with --allowed-origins for that origin serves it; and the
+// playground the edge serves still runs code
+// (edge/web/test/origins.test.mjs).
+func TestWebOtherOriginsInChromium(t *testing.T) {
+	t.Parallel()
+	dir := webDir(t, "playwright-core")
+	if _, err := os.Stat(chromiumPath); err != nil {
+		t.Fatalf("%s is missing: run %s (it runs apt-get install -y chromium)", chromiumPath, webSetup)
+	}
+	s := shared(t)
+	edge, err := s.StartEdge([]string{"METRICS_ADDR=127.0.0.1:0"})
+	if err != nil {
+		t.Fatalf("start edge: %v", err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	pagePort := freeLoopbackPort(t)
+	allowing, err := s.StartEdge(nil, "--allowed-origins", fmt.Sprintf("http://127.0.0.1:%d", pagePort))
+	if err != nil {
+		t.Fatalf("start edge with --allowed-origins: %v", err)
+	}
+	t.Cleanup(func() { _ = allowing.Stop(30 * time.Second) })
+	logs := func() string {
+		return s.Logs() + "--- edge ---\n" + edge.Logs() + "\n--- edge with --allowed-origins ---\n" + allowing.Logs()
+	}
+	nodeTest(t, dir, "origins.test.mjs", edge.URL(), logs, "CHROMIUM="+chromiumPath,
+		"CODEMODE_EDGE_METRICS_URL=http://"+metricsAddr(t, edge)+"/metrics",
+		fmt.Sprintf("CODEMODE_PAGE_PORT=%d", pagePort),
+		"CODEMODE_ALLOWING_EDGE_URL="+allowing.URL())
 }

@@ -6,6 +6,10 @@
 // loopback port (loopback itself bypasses proxies); every other host name is
 // unresolvable; and background services (updates, sync, safe browsing,
 // metrics, QUIC) are switched off. Each launch gets a fresh profile.
+//
+// launch({ rebound: ["rebind.test"] }) resolves those names to 127.0.0.1, as
+// a DNS rebinding attack would after its first answer: the browser still
+// reaches loopback only.
 
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -15,7 +19,7 @@ import { chromium } from "playwright-core";
 const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const loopback = new Set(["127.0.0.1", "localhost", "[::1]"]);
 
-const args = [
+const baseArgs = [
   "--headless",
   "--no-sandbox",
   "--disable-gpu",
@@ -30,13 +34,20 @@ const args = [
   "--disable-features=OptimizationHints,MediaRouter,Translate,NetworkTimeServiceQuerying,CertificateTransparencyComponentUpdater",
   "--metrics-recording-only",
   "--proxy-server=http://127.0.0.1:9",
-  "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
 ];
+
+function args(rebound) {
+  const map = rebound.map((name) => `MAP ${name} 127.0.0.1, `).join("");
+  const out = [...baseArgs, `--host-resolver-rules=${map}MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1`];
+  if (rebound.length > 0) out.push(`--proxy-bypass-list=${rebound.join(";")}`);
+  return out;
+}
 
 // launch starts the browser with one page. offLoopback lists the requests
 // that were aborted for leaving loopback; pageErrors the page's uncaught
 // errors and console errors.
-export async function launch() {
+export async function launch({ rebound = [] } = {}) {
+  const allowed = new Set([...loopback, ...rebound]);
   const profile = await mkdtemp(join(tmpdir(), "codemode-chromium-"));
   const offLoopback = [];
   const pageErrors = [];
@@ -45,7 +56,7 @@ export async function launch() {
     context = await chromium.launchPersistentContext(profile, {
       executablePath,
       headless: true,
-      args,
+      args: args(rebound),
       viewport: { width: 1280, height: 760 },
       serviceWorkers: "block",
     });
@@ -56,7 +67,7 @@ export async function launch() {
   context.setDefaultTimeout(15000);
   await context.route("**/*", (route) => {
     const u = new URL(route.request().url());
-    if ((u.protocol === "http:" || u.protocol === "https:") && loopback.has(u.hostname)) return route.continue();
+    if ((u.protocol === "http:" || u.protocol === "https:") && allowed.has(u.hostname)) return route.continue();
     offLoopback.push(u.href);
     return route.abort("blockedbyclient");
   });
