@@ -151,7 +151,8 @@ func openMCPSession(t *testing.T, url string) string {
 // execution reaches the edge's execution service (its metrics count none).
 // The same requests from a caller without Origin (curl), from the edge's
 // own pages, and to localhost run as before, which also shows that the
-// metrics see runs. An edge with --allowed-origins answers that origin.
+// metrics see runs. An edge with --allowed-origins answers that origin, and
+// one with --allowed-hosts that name, on every door.
 func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 	t.Parallel()
 	s := shared(t)
@@ -257,6 +258,37 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 		// The list allows origins, not host names.
 		if res, _ := pageRequests("")[0].send(t, allowing.Addr, rebound, "http://"+rebound); res.StatusCode != http.StatusForbidden {
 			t.Errorf("rebound host with --allowed-origins: HTTP %s, want 403", res.Status)
+		}
+	})
+	t.Run("allowed host", func(t *testing.T) {
+		named, err := s.StartEdge(nil, "--allowed-hosts", "codemode.test")
+		if err != nil {
+			t.Fatalf("start edge: %v", err)
+		}
+		t.Cleanup(func() { _ = named.Stop(30 * time.Second) })
+		_, namedPort, _ := net.SplitHostPort(named.Addr)
+		host := "codemode.test:" + namedPort
+		// As behind a proxy on the same host that passes the Host header on:
+		// every door answers the name, MCP included.
+		session := openMCPSession(t, named.URL())
+		for _, pr := range pageRequests(session) {
+			if pr.method == "OPTIONS" {
+				continue
+			}
+			res, body := pr.send(t, named.Addr, host, "http://"+host)
+			want := pr.status
+			if want == 0 {
+				want = http.StatusOK
+			}
+			if res.StatusCode != want {
+				t.Errorf("%s at %s: HTTP %s, want %d\n%.300s", pr.name, host, res.Status, want, body)
+			}
+			if pr.runs && !strings.Contains(body, "42") {
+				t.Errorf("%s: no output in the answer: %.300s", pr.name, body)
+			}
+		}
+		if res, _ := pageRequests("")[0].send(t, named.Addr, rebound, ""); res.StatusCode != http.StatusForbidden {
+			t.Errorf("an unlisted name with --allowed-hosts: HTTP %s, want 403", res.Status)
 		}
 	})
 }

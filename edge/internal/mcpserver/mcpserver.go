@@ -268,8 +268,14 @@ func (s *Servers) forRequest(r *http.Request, withCode bool) *mcp.Server {
 // execute_code and of the one without it, wrapped so that a session serves
 // only whoever opened it (see bindSessions) and protocol errors are
 // answered as JSON-RPC errors (see protocol).
+//
+// They do not check the Host header: the edge's server checks it on every
+// door before a request gets here (see server.Browsers), against the host
+// names it is told to answer to. The SDK's own check knows only loopback
+// names, and would refuse on /mcp alone a name the edge answers to behind
+// a proxy on the same host.
 func (s *Servers) Handlers() (withCode, withoutCode http.Handler) {
-	opts := &mcp.StreamableHTTPOptions{Logger: s.cfg.Logger, SessionTimeout: 30 * time.Minute}
+	opts := &mcp.StreamableHTTPOptions{Logger: s.cfg.Logger, SessionTimeout: 30 * time.Minute, DisableLocalhostProtection: true}
 	withCode = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server { return s.forRequest(r, true) }, opts)
 	withoutCode = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server { return s.forRequest(r, false) }, opts)
 	return protocol(bindSessions(withCode)), protocol(bindSessions(withoutCode))
