@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
@@ -291,4 +293,42 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 			t.Errorf("an unlisted name with --allowed-hosts: HTTP %s, want 403", res.Status)
 		}
 	})
+}
+
+// BenchmarkBrowserChecks measures what the Origin and Host checks add to a
+// run: print(1) over Connect through an edge without keys, sent with the
+// edge's own Origin (both checks look the request up), and through one that
+// allows every host, sent without Origin (both checks pass at once), in
+// front of the same control plane and agent, interleaved in the same run.
+// What the checks alone cost is in BenchmarkBrowsers (internal/server).
+//
+//	go test -run '^$' -bench BrowserChecks -benchtime 100x ./edge/e2e/
+func BenchmarkBrowserChecks(b *testing.B) {
+	if binDir == "" {
+		b.Skip("no Docker daemon reachable; run 'make setup'")
+	}
+	s, err := StartStack("e2e-bench-browsers", "--min-active", "4")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(s.Stop)
+	open, err := s.StartEdge(nil, "--allowed-hosts", "*")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = open.Stop(30 * time.Second) })
+	runOnce := func(url, origin string) func() {
+		c := edgev1connect.NewExecutionServiceClient(server.NewClient(), url)
+		return func() {
+			req := connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})
+			if origin != "" {
+				req.Header().Set("Origin", origin)
+			}
+			res, err := c.Execute(context.Background(), req)
+			if err != nil || res.Msg.GetResult().GetStdout() != "1\n" {
+				b.Fatalf("run: %v %v", res, err)
+			}
+		}
+	}
+	pairedLatency(b, pair{"checked", runOnce(s.Edge.URL(), s.Edge.URL())}, pair{"open", runOnce(open.URL(), "")})
 }

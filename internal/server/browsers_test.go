@@ -391,6 +391,58 @@ func BenchmarkBrowsers(b *testing.B) {
 	}
 }
 
+// headerWriter is a ResponseWriter that keeps nothing but its header.
+type headerWriter struct{ h http.Header }
+
+func (w *headerWriter) Header() http.Header         { return w.h }
+func (w *headerWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (w *headerWriter) WriteHeader(int)             {}
+
+// BenchmarkBrowserCheck measures the checks alone: the handler a request
+// reaches, called directly ("handler") and through withCORS, with the
+// checks and without them (Browsers unset: the old CORS answer).
+//
+//	go test -run '^$' -bench BrowserCheck ./internal/server/
+func BenchmarkBrowserCheck(b *testing.B) {
+	s := New(slog.New(slog.DiscardHandler))
+	var reached int
+	handler := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { reached++ })
+	listed := Browsers{Origins: []string{"http://localhost:5173"}, Hosts: []string{"codemode.example.com"}}
+	for _, tc := range []struct {
+		name   string
+		h      http.Handler
+		host   string
+		origin string
+	}{
+		{name: "handler", h: handler, origin: "http://127.0.0.1:8000"},
+		{name: "unchecked", h: s.withCORS(handler, nil), origin: "http://127.0.0.1:8000"},
+		{name: "checked/no-origin", h: s.withCORS(handler, Browsers{}.compile())},
+		{name: "checked/same-origin", h: s.withCORS(handler, Browsers{}.compile()), origin: "http://127.0.0.1:8000"},
+		{name: "checked/named-host", h: s.withCORS(handler, listed.compile()), host: "codemode.example.com", origin: "https://codemode.example.com"},
+		{name: "checked/listed-origin", h: s.withCORS(handler, listed.compile()), origin: "http://localhost:5173"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1:8000/run", nil)
+			if tc.host != "" {
+				req.Host = tc.host
+			}
+			if tc.origin != "" {
+				req.Header.Set("Origin", tc.origin)
+			}
+			w := &headerWriter{h: make(http.Header)}
+			reached = 0
+			b.ReportAllocs()
+			for b.Loop() {
+				clear(w.h)
+				tc.h.ServeHTTP(w, req)
+			}
+			if reached != b.N {
+				b.Fatalf("the handler ran %d times of %d", reached, b.N)
+			}
+		})
+	}
+}
+
 // BenchmarkBrowsersCall is BenchmarkServerLimits for the checks: a unary
 // Connect call over h2c to a server with Browsers and to one without,
 // interleaved, in the same run; the checked calls carry a same-origin
