@@ -293,6 +293,42 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 			t.Errorf("an unlisted name with --allowed-hosts: HTTP %s, want 403", res.Status)
 		}
 	})
+	t.Run("with API keys", func(t *testing.T) {
+		// Any origin and host name may call, since only a key runs code and
+		// a browser never sends one on its own; a list still applies.
+		keyed := hostileEdge(t, s)
+		listed := hostileEdge(t, s, "--allowed-origins", otherOrigin, "--allowed-hosts", "codemode.test")
+		run := pageRequests("")[4] // run json
+		if run.path != "/run" {
+			t.Fatalf("request 4 is %s", run.name)
+		}
+		_, keyedPort, _ := net.SplitHostPort(keyed.Addr)
+		_, listedPort, _ := net.SplitHostPort(listed.Addr)
+		for _, tc := range []struct {
+			name, addr, host, origin, key string
+			status                        int
+		}{
+			{name: "other site without key", addr: keyed.Addr, origin: "https://evil.example", status: http.StatusUnauthorized},
+			{name: "other site with key", addr: keyed.Addr, origin: "https://evil.example", key: hostileKeyAlpha, status: http.StatusOK},
+			{name: "any host with key", addr: keyed.Addr, host: "rebind.example:" + keyedPort, key: hostileKeyAlpha, status: http.StatusOK},
+			{name: "listed origin with key", addr: listed.Addr, origin: otherOrigin, key: hostileKeyAlpha, status: http.StatusOK},
+			{name: "unlisted origin with key", addr: listed.Addr, origin: "https://evil.example", key: hostileKeyAlpha, status: http.StatusForbidden},
+			{name: "listed host with key", addr: listed.Addr, host: "codemode.test:" + listedPort, key: hostileKeyAlpha, status: http.StatusOK},
+			{name: "unlisted host with key", addr: listed.Addr, host: "rebind.example:" + listedPort, key: hostileKeyAlpha, status: http.StatusForbidden},
+		} {
+			pr := run
+			if tc.key != "" {
+				pr.header = map[string]string{"Authorization": "Bearer " + tc.key}
+			}
+			res, body := pr.send(t, tc.addr, tc.host, tc.origin)
+			if res.StatusCode != tc.status {
+				t.Errorf("%s: HTTP %s, want %d\n%.300s", tc.name, res.Status, tc.status, body)
+			}
+			if tc.status == http.StatusOK && !strings.Contains(body, "42") {
+				t.Errorf("%s: no output in the answer: %.300s", tc.name, body)
+			}
+		}
+	})
 }
 
 // BenchmarkBrowserChecks measures what the Origin and Host checks add to a
