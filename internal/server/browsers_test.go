@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -492,4 +493,46 @@ func BenchmarkBrowsersCall(b *testing.B) {
 	b.ReportMetric(float64(p50[0].Nanoseconds())/1e3, "p50-checked-us")
 	b.ReportMetric(float64(p50[1].Nanoseconds())/1e3, "p50-unchecked-us")
 	b.ReportMetric(float64(p50[0])/float64(p50[1]), "p50-ratio")
+}
+
+// FuzzBrowsers checks, for any Host and Origin header, that a request
+// reaches the handler only under a name that cannot be rebound (an IP
+// address or localhost) or a listed one, and only from its own origin, no
+// origin or a listed one; and that a refusal carries no CORS header.
+func FuzzBrowsers(f *testing.F) {
+	for _, seed := range [][2]string{
+		{"127.0.0.1:8000", "http://127.0.0.1:8000"}, {"127.0.0.1:8000", "http://127.0.0.1:5173"},
+		{"localhost:8000", ""}, {"[::1]:8000", "http://[::1]:8000"}, {"evil.example:8000", "http://evil.example:8000"},
+		{"codemode.example.com", "https://codemode.example.com"}, {"Codemode.Example.COM:443", "null"},
+		{"localhost.:8000", "http://localhost.:8000"}, {"[fe80::1%25eth0]:1", "http://LOCALHOST:5173"}, {"", "x"},
+	} {
+		f.Add(seed[0], seed[1])
+	}
+	s := New(slog.New(slog.DiscardHandler))
+	listed := Browsers{Origins: []string{"http://localhost:5173"}, Hosts: []string{"codemode.example.com"}}
+	var reached bool
+	h := s.withCORS(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { reached = true }), listed.compile())
+	f.Fuzz(func(t *testing.T, host, origin string) {
+		req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1/run", nil)
+		req.Host = host
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		w := httptest.NewRecorder()
+		reached = false
+		h.ServeHTTP(w, req)
+		if !reached {
+			if w.Code != http.StatusForbidden || len(corsHeaders(w.Header())) > 0 {
+				t.Fatalf("host %q origin %q: refused with %d %v", host, origin, w.Code, w.Header())
+			}
+			return
+		}
+		name := strings.ToLower(hostName(host))
+		if _, err := netip.ParseAddr(name); err != nil && host != "" && name != "localhost" && name != "codemode.example.com" {
+			t.Fatalf("host %q (name %q) was answered", host, name)
+		}
+		if origin != "" && !sameOrigin(req, origin) && strings.ToLower(origin) != "http://localhost:5173" {
+			t.Fatalf("origin %q at host %q was answered", origin, host)
+		}
+	})
 }
