@@ -27,7 +27,7 @@ type pageRequest struct {
 	method, path, contentType, body string
 	header                          map[string]string
 	h2c                             bool // gRPC needs HTTP/2
-	// runs: answered for a caller that may, it runs print(6*7).
+	// runs: answered for a caller that may, it runs runCode.
 	runs bool
 	// status for a caller that may (curl); 0: 200.
 	status int
@@ -44,7 +44,10 @@ func frame(msg []byte) string {
 
 const (
 	executePath = "/" + edgev1connect.ExecutionServiceName + "/Execute"
-	runCode     = "print(6*7)"
+	// runCode prints ranOutput, which neither it nor an error quoting
+	// a request (a port, an origin) contains.
+	runCode   = "print('ran' + '-here')"
+	ranOutput = "ran-here"
 	// mcpInitialize opens an MCP session.
 	mcpInitialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
 )
@@ -190,7 +193,7 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 						t.Errorf("%s: refused with CORS header %s: %v", pr.name, k, res.Header[k])
 					}
 				}
-				if strings.Contains(body, "42") {
+				if strings.Contains(body, ranOutput) {
 					t.Errorf("%s: the answer carries the program's output: %.300s", pr.name, body)
 				}
 			}
@@ -221,7 +224,7 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 				}
 				if pr.runs {
 					runs++
-					if !strings.Contains(body, "42") {
+					if !strings.Contains(body, ranOutput) {
 						t.Errorf("%s: no output in the answer: %.300s", pr.name, body)
 					}
 				}
@@ -253,7 +256,7 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 				t.Errorf("%s: HTTP %s, Access-Control-Allow-Origin %q, want %d and %s\n%.300s",
 					pr.name, res.Status, res.Header.Get("Access-Control-Allow-Origin"), want, otherOrigin, body)
 			}
-			if pr.runs && !strings.Contains(body, "42") {
+			if pr.runs && !strings.Contains(body, ranOutput) {
 				t.Errorf("%s: no output in the answer: %.300s", pr.name, body)
 			}
 		}
@@ -285,7 +288,7 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 			if res.StatusCode != want {
 				t.Errorf("%s at %s: HTTP %s, want %d\n%.300s", pr.name, host, res.Status, want, body)
 			}
-			if pr.runs && !strings.Contains(body, "42") {
+			if pr.runs && !strings.Contains(body, ranOutput) {
 				t.Errorf("%s: no output in the answer: %.300s", pr.name, body)
 			}
 		}
@@ -324,7 +327,7 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 			if res.StatusCode != tc.status {
 				t.Errorf("%s: HTTP %s, want %d\n%.300s", tc.name, res.Status, tc.status, body)
 			}
-			if tc.status == http.StatusOK && !strings.Contains(body, "42") {
+			if tc.status == http.StatusOK && !strings.Contains(body, ranOutput) {
 				t.Errorf("%s: no output in the answer: %.300s", tc.name, body)
 			}
 		}
@@ -367,4 +370,36 @@ func BenchmarkBrowserChecks(b *testing.B) {
 		}
 	}
 	pairedLatency(b, pair{"checked", runOnce(s.Edge.URL(), s.Edge.URL())}, pair{"open", runOnce(open.URL(), "")})
+}
+
+// TestPagesCannotUseTheInternalServices checks that the control plane and
+// the agent, which serve no page, refuse every web page (403 before the
+// secret is even checked), and that a control plane without a secret also
+// refuses a rebound host name, as the edge does.
+func TestPagesCannotUseTheInternalServices(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	open, err := start("controlplane", withoutSecret(nil), "--addr", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("start control plane without a secret: %v", err)
+	}
+	t.Cleanup(func() { _ = open.Stop(30 * time.Second) })
+	_, openPort, _ := net.SplitHostPort(open.Addr)
+	page := "http://127.0.0.1:" + fmt.Sprint(freeLoopbackPort(t))
+	run := pageRequest{name: "run text/plain", method: "POST", path: "/run", contentType: "text/plain", body: `{"code":"` + runCode + `"}`}
+	for _, tc := range []struct {
+		name, addr, host, origin string
+		refused                  bool
+	}{
+		{name: "control plane, a page", addr: s.ControlPlane.Addr, origin: page, refused: true},
+		{name: "agent, a page", addr: s.Agent.Addr, origin: page, refused: true},
+		{name: "control plane without a secret, a page", addr: open.Addr, origin: page, refused: true},
+		{name: "control plane without a secret, a rebound name", addr: open.Addr, host: "rebind.example:" + openPort, refused: true},
+		{name: "control plane without a secret, curl", addr: open.Addr},
+	} {
+		res, body := run.send(t, tc.addr, tc.host, tc.origin)
+		if tc.refused != (res.StatusCode == http.StatusForbidden) || strings.Contains(body, ranOutput) {
+			t.Errorf("%s: HTTP %s, want refused %v\n%.300s", tc.name, res.Status, tc.refused, body)
+		}
+	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/secretfile"
+	"github.com/codemode-go/codemode/internal/server"
 )
 
 // Environment variables of the secret.
@@ -106,6 +107,19 @@ func (s *Secret) Authenticate(r *http.Request) (context.Context, error) {
 		return nil, ErrUnauthenticated
 	}
 	return r.Context(), nil
+}
+
+// Browsers says what web pages may do with an internal service (see
+// server.Browsers): nothing. The internal services serve no page, so a
+// request from a page of any origin is refused. With a secret they answer
+// any host name (every call needs the secret, which a browser never sends,
+// and agents are reached by name); without one they serve on loopback only
+// and answer only names DNS cannot rebind (IP addresses and localhost).
+func (s *Secret) Browsers() *server.Browsers {
+	if s == nil {
+		return &server.Browsers{}
+	}
+	return &server.Browsers{Hosts: []string{"*"}}
 }
 
 // Client returns c with a transport that sends the secret with every

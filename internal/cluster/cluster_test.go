@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/secretfile"
+	"github.com/codemode-go/codemode/internal/server"
 )
 
 const testSecret = "0123456789abcdef0123456789abcdef"
@@ -200,6 +202,51 @@ func TestSecretFileMustBeTheServicesOwn(t *testing.T) {
 			}
 			if msg := err.Error(); !strings.Contains(msg, "chmod 600 "+path) || strings.Contains(msg, testSecret) {
 				t.Errorf("mode %04o: %q, want the fix (chmod 600 %s) and not the secret", tt.mode, msg, path)
+			}
+		})
+	}
+}
+
+// TestBrowsers checks that an internal service refuses every web page, and
+// answers any host name with a secret but only loopback's names without.
+func TestBrowsers(t *testing.T) {
+	t.Parallel()
+	secret, err := NewSecret(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name          string
+		secret        *Secret
+		host, origin  string
+		status        int
+		authenticated bool
+	}{
+		{name: "no secret, curl", host: "127.0.0.1:8080", status: http.StatusOK},
+		{name: "no secret, localhost", host: "localhost:8080", status: http.StatusOK},
+		{name: "no secret, a page", host: "127.0.0.1:8080", origin: "http://127.0.0.1:5173", status: http.StatusForbidden},
+		{name: "no secret, a rebound name", host: "rebind.example:8080", status: http.StatusForbidden},
+		{name: "secret, a page", secret: secret, host: "cp-1:8080", origin: "https://evil.example", authenticated: true, status: http.StatusForbidden},
+		{name: "secret, a name", secret: secret, host: "agent-1.agents.svc:30031", authenticated: true, status: http.StatusOK},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := server.New(slog.New(slog.DiscardHandler))
+			srv.Authenticate = tt.secret.Authenticate
+			srv.Browsers = tt.secret.Browsers()
+			srv.Handle("/run", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			r := httptest.NewRequest(http.MethodPost, "/run", strings.NewReader("{}"))
+			r.Host = tt.host
+			if tt.origin != "" {
+				r.Header.Set("Origin", tt.origin)
+			}
+			if tt.authenticated {
+				r.Header.Set("Authorization", "Bearer "+testSecret)
+			}
+			w := httptest.NewRecorder()
+			srv.Handler().ServeHTTP(w, r)
+			if w.Code != tt.status {
+				t.Fatalf("HTTP %d, want %d: %s", w.Code, tt.status, w.Body)
 			}
 		})
 	}

@@ -301,6 +301,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	if a.cfg.Secret != nil {
 		srv.Authenticate = a.cfg.Secret.Authenticate
 	}
+	srv.Browsers = a.cfg.Secret.Browsers()
 	a.register(srv)
 	// Serve marks the server serving before it accepts; from the first
 	// accept on, health follows the engine.

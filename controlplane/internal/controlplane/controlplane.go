@@ -190,6 +190,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	if cfg.Secret != nil {
 		srv.Authenticate = cfg.Secret.Authenticate
 	}
+	srv.Browsers = cfg.Secret.Browsers()
 	srv.HandleService(controlplanev1connect.NewControlPlaneServiceHandler(svc, srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
 	srv.Handle("/run", cfg.Tracing.Handler("/run", http.HandlerFunc(svc.handleRun)))
 	srv.Handle("/status", http.HandlerFunc(svc.handleStatus))
