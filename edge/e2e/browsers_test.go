@@ -343,9 +343,7 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 //
 //	go test -run '^$' -bench BrowserChecks -benchtime 100x ./edge/e2e/
 func BenchmarkBrowserChecks(b *testing.B) {
-	if binDir == "" {
-		b.Skip("no Docker daemon reachable; run 'make setup'")
-	}
+	needDocker(b)
 	s, err := StartStack("e2e-bench-browsers", "--min-active", "4")
 	if err != nil {
 		b.Fatal(err)
