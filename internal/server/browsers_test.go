@@ -55,20 +55,7 @@ func serveBrowsers(t testing.TB, b *Browsers) *browserServer {
 		bs.calls.Add(1)
 		_, _ = io.WriteString(w, "<!doctype html>")
 	}))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("serve did not return after its context ended")
-		}
-	})
+	serveOn(t, s, ln)
 	return bs
 }
 

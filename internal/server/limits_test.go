@@ -124,20 +124,7 @@ func serveLimited(t *testing.T, l Limits) *limitedServer {
 	ls.Server = s
 	s.HandleService(agentv1connect.NewAgentServiceHandler(slowService{}, s.HandlerOptions()...))
 	s.Handle("/plain", plainHandler(&ls.calls))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("serve did not return after its context ended")
-		}
-	})
+	serveOn(t, s, ln)
 	return ls
 }
 

@@ -25,14 +25,10 @@ func (statusOnly) Status(context.Context, *connect.Request[agentv1.StatusRequest
 	return connect.NewResponse(&agentv1.StatusResponse{Status: &agentv1.AgentStatus{Name: "x"}}), nil
 }
 
-func serve(t *testing.T) string {
+// serveOn serves s on ln until t ends, and fails t if Serve then fails or
+// does not return.
+func serveOn(t testing.TB, s *Server, ln net.Listener) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(slog.New(slog.DiscardHandler))
-	s.HandleService(agentv1connect.NewAgentServiceHandler(statusOnly{}, s.HandlerOptions()...))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, ln) }()
@@ -47,6 +43,17 @@ func serve(t *testing.T) string {
 			t.Error("serve did not return after its context ended")
 		}
 	})
+}
+
+func serve(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(slog.New(slog.DiscardHandler))
+	s.HandleService(agentv1connect.NewAgentServiceHandler(statusOnly{}, s.HandlerOptions()...))
+	serveOn(t, s, ln)
 	return "http://" + ln.Addr().String()
 }
 

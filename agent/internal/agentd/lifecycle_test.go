@@ -2,7 +2,6 @@ package agentd
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,6 +27,7 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testlog"
 )
 
 // TestShutdownRemovesSandboxes stops an agent with warm sandboxes, a
@@ -410,24 +410,6 @@ func TestRun(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestImageWithoutAnInterpreter runs the agent on an image derived from
 // the sandbox image with Node.js removed: it warns at start-up naming
 // what is missing, lists javascript with no version, answers a JavaScript
@@ -449,7 +431,7 @@ func TestImageWithoutAnInterpreter(t *testing.T) {
 	}
 	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", image).Run() })
 
-	var logs syncBuffer
+	var logs testlog.Buffer
 	cfg := DefaultConfig()
 	cfg.Name = randomName("test-no-node")
 	cfg.Runner = runnerBin
@@ -486,7 +468,7 @@ func TestImageWithoutAnInterpreter(t *testing.T) {
 func TestRunnerLogsAtDebug(t *testing.T) {
 	t.Parallel()
 	needDocker(t)
-	var logs syncBuffer
+	var logs testlog.Buffer
 	cfg := DefaultConfig()
 	cfg.Name = randomName("test-debug")
 	cfg.Runner = runnerBin

@@ -22,6 +22,7 @@ import (
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/dockertest"
 	"github.com/codemode-go/codemode/internal/testenv"
+	"github.com/codemode-go/codemode/internal/testlog"
 )
 
 // The tests in this file start the real runner binary (static, as the agent
@@ -84,24 +85,7 @@ type sandbox struct {
 	t    testing.TB
 	name string
 	c    *wire.Client
-	log  *syncBuffer // the runner's stderr
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+	log  *testlog.Buffer // the runner's stderr
 }
 
 // startSandbox starts a runsc container whose entry process is the runner,
@@ -147,7 +131,7 @@ func startSandboxBin(t testing.TB, bin string) *sandbox {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := &sandbox{t: t, name: name, log: &syncBuffer{}}
+	sb := &sandbox{t: t, name: name, log: &testlog.Buffer{}}
 	cmd.Stderr = sb.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

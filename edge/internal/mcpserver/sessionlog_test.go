@@ -9,36 +9,19 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/codemode-go/codemode/internal/testlog"
 )
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestLogsNameSessionsByHash runs an MCP session over HTTP, logging at
 // debug level: its id appears nowhere in the log, its hash does.
 func TestLogsNameSessionsByHash(t *testing.T) {
 	t.Parallel()
-	var log syncBuffer
+	var log testlog.Buffer
 	logger := slog.New(slog.NewJSONHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	withCode, _ := New(Config{Logger: logger, Open: func(context.Context, http.Header) (Backend, string, error) {
 		return &scripted{steps: []step{{out: "1\n"}}}, "req-1", nil
@@ -63,7 +46,7 @@ func TestLogsNameSessionsByHash(t *testing.T) {
 }
 
 // waitLogged waits until the log says msg.
-func waitLogged(t *testing.T, log *syncBuffer, msg string) {
+func waitLogged(t *testing.T, log *testlog.Buffer, msg string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(log.String(), msg) {

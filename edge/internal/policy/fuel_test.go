@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,11 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetratelabs/wazero"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
-	"github.com/tetratelabs/wazero"
-	"google.golang.org/protobuf/proto"
+	"github.com/codemode-go/codemode/internal/testlog"
 )
 
 // fuelUsed loads p alone (one instance, the default fuel) and returns the
@@ -111,24 +112,6 @@ func TestExamplesFuel(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log destination safe for concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *lockedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // TestLoopIsStoppedByFuel runs endless loops with the default fuel and an
 // hour's deadline: fuel stops them, soon, and the log says so.
 func TestLoopIsStoppedByFuel(t *testing.T) {
@@ -142,7 +125,7 @@ func TestLoopIsStoppedByFuel(t *testing.T) {
 			p := pol(t, tc.module, PhaseRequest, 0, "")
 			p.PoolSize = 1
 			p.Deadline = Duration(time.Hour)
-			var logs lockedBuffer
+			var logs testlog.Buffer
 			opts := testOptions(t, writeConfig(t, "", Config{Policies: []PolicyConfig{p}}))
 			opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			e, err := New(context.Background(), opts)
