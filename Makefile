@@ -7,7 +7,7 @@ BUF   ?= npx --yes @bufbuild/buf@1.75.0
 BIN   := bin
 export BUF
 
-# Addresses of `make up`; the seed's variables work too. A bare PORT or :PORT
+# Addresses of `make up`; mcp-codemode's variables work too. A bare PORT or :PORT
 # means 127.0.0.1:PORT: the stack listens on loopback only unless a host is
 # named (HOST:PORT is used as given).
 EDGE_ADDR    ?= 127.0.0.1:8000
@@ -19,7 +19,7 @@ CODEMODE_STATE_DIR  ?= /var/lib/codemode
 CODEMODE_CLUSTER_SECRET_FILE ?= $(CODEMODE_STATE_DIR)/cluster-secret
 
 # What runs of `make up` may reach outside their sandboxes: a JSON file of
-# tenants' egress (see README, "Code mode"); empty: nothing.
+# tenants' egress (see docs/code-mode.md); empty: nothing.
 EGRESS ?=
 
 # Seconds `make up` waits for the edge to answer before it gives up.
@@ -145,8 +145,12 @@ up: setup build cluster-secret
 	echo "  web playground     http://$$e/"; \
 	echo "  MCP                http://$$e/mcp  (without code execution: /mcp-no-code-execute)"; \
 	echo "  Connect / gRPC / gRPC-Web   $$e  codemode.edge.v1.ExecutionService"; \
-	echo "  seed POST /run, GET /status http://$$e  (internal copies, with the cluster secret: http://$(call dial_addr,$(up_controlplane)))"; \
+	echo "  POST /run, GET /status      http://$$e  (internal copies, with the cluster secret: http://$(call dial_addr,$(up_controlplane)))"; \
 	echo "  agent              $(call dial_addr,$(up_agent))"; \
+	echo "Claude Code (HTTP, stdio) and the MCP Inspector:"; \
+	echo "  claude mcp add --transport http codemode http://$$e/mcp"; \
+	echo "  claude mcp add codemode-stdio -- $(abspath $(BIN))/edge mcp-stdio --url http://$$e"; \
+	echo "  npx @modelcontextprotocol/inspector@0.15.0 --cli http://$$e/mcp --method tools/list"; \
 	echo "Ctrl-C stops all three."; \
 	wait -n "$${pids[@]}"; \
 	for k in "$${!pids[@]}"; do kill -0 "$${pids[$$k]}" 2>/dev/null || echo "$${names[$$k]} exited"; done; \
