@@ -35,7 +35,9 @@ var makeUpServices = []string{"agent", "controlplane", "edge"}
 // each service is given the cluster secret file (mode 0600, 32 random
 // bytes), dockerd runs in a session of its own, and Ctrl-C (SIGINT to
 // make's whole process group) stops all three without taking dockerd down,
-// leaving no sandbox of this run's agent behind.
+// leaving no sandbox of this run's agent behind. While the stack is up, it
+// checks the banner's lines for Claude Code and the MCP Inspector and runs
+// the README's quick start against it (runQuickStart).
 //
 // It needs root and make, and prepares the host and builds bin/ as
 // `make up` does: slow on the first run, seconds of setup afterwards.
@@ -219,6 +221,15 @@ func TestMakeUp(t *testing.T) {
 			t.Errorf("dockerd (pid %d) runs in the test's session %d: a Ctrl-C meant for make would reach it", dockerd, sid)
 		}
 	})
+
+	edgeAddr := fmt.Sprintf("127.0.0.1:%d", edgePort)
+	t.Run("banner", func(t *testing.T) {
+		checkBanner(t, root, edgeAddr, func() string {
+			b, _ := os.ReadFile(logPath)
+			return string(b)
+		})
+	})
+	t.Run("README quick start", func(t *testing.T) { runQuickStart(t, root, edgeAddr) })
 
 	// A sandbox of this agent must exist, or "none left" would prove nothing.
 	for deadline := time.Now().Add(2 * time.Minute); countSandboxes(t, agentName) == 0; {
