@@ -167,7 +167,7 @@ codemode-sandbox:*)
     # plotting run under gVisor (2.0 s against 1.7 s). Without it
     # mpl_toolkits is a namespace package Python finds itself.
     rm -f "$root"/usr/lib/python3/dist-packages/mpl_toolkits/__init__.py "$root"/usr/lib/python3/dist-packages/mpl_toolkits/__pycache__/__init__.*
-    # The image must keep the README's contract: check the modules import.
+    # The image must keep its contract (docs/sandbox.md): check the modules import.
     # The import also writes matplotlib's font list, which the image keeps
     # in /usr/share/codemode/matplotlib: the runner copies it into each
     # sandbox's MPLCONFIGDIR at every reset, so that a plotting run does not
@@ -178,7 +178,7 @@ codemode-sandbox:*)
       chmod 0755 "$root/usr/share/codemode" "$root/usr/share/codemode/matplotlib" &&
       chmod 0644 "$root"/usr/share/codemode/matplotlib/fontlist-v*.json ||
       { log "the new image has no matplotlib font list"; rm -rf "$root"; exit 1; }
-    # ... and that the programs of the README's contract and of the agent's
+    # ... and that the programs of that contract and of the agent's
     # language table are there.
     for prog in python python3 pip curl git jq bc file less ps sqlite3 zip unzip xz node bash gcc g++ ruby perl php lua5.4; do
       chroot "$root" /bin/sh -c "command -v $prog" >/dev/null ||

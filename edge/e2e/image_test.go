@@ -14,7 +14,7 @@ import (
 	"github.com/codemode-go/codemode/internal/server"
 )
 
-// TestImageContract runs, through the edge, what the README promises the
+// TestImageContract runs, through the edge, what docs/sandbox.md promises the
 // sandbox image has: the original's `python - <<'PY'` payloads, the data
 // libraries, matplotlib drawing without a display, and the command-line
 // tools.

@@ -294,7 +294,7 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 		return nil
 	})
 	f.Env("egress-deny", "EGRESS_DENY")
-	f.StringVar(&cfg.APIs, "apis", "", "API declaration file (JSON; see README, \"Code mode\"): code reaches each API at http://NAME.api.codemode/ when its egress allows it, with the API's credential added by the agent; empty: the shipped declaration (GitHub's public API); \"none\": no APIs")
+	f.StringVar(&cfg.APIs, "apis", "", "API declaration file (JSON; see docs/code-mode.md): code reaches each API at http://NAME.api.codemode/ when its egress allows it, with the API's credential added by the agent; empty: the shipped declaration (GitHub's public API); \"none\": no APIs")
 	f.Env("apis", "CODEMODE_APIS")
 	f.Func("egress-hosts", "comma-separated NAME=IP entries the agent resolves for egress without DNS, like a hosts file; the addresses still need rules when they are not public", func(v string) error {
 		cfg.EgressHosts = make(map[string][]netip.Addr)
