@@ -140,8 +140,12 @@ async function loadLanguages() {
       }),
     );
     if (res.languages.length === 0) throw new Error("no languages available");
-    const want = res.languages.some((l) => l.name === prev) ? prev : (localStorage.getItem("codemode.language") ?? "");
-    ui.language.value = res.languages.some((l) => l.name === want) ? want : res.languages[0].name;
+    // The language picked before, else the one picked last time here, else
+    // the agents' default (what the API runs when a request names none).
+    const has = (name: string | null | undefined) => !!name && res.languages.some((l) => l.name === name);
+    const stored = localStorage.getItem("codemode.language");
+    const fallback = res.defaults?.language;
+    ui.language.value = has(prev) ? prev : has(stored) ? stored! : has(fallback) ? fallback! : res.languages[0].name;
     ui.language.disabled = false;
     ui.session.disabled = false;
     ui.run.disabled = false;

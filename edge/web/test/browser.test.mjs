@@ -34,6 +34,13 @@ describe("playground", { timeout: 120000 }, () => {
     assert.equal(await page.textContent("#conn"), "connected");
   });
 
+  test("starts on the API's default language, python, with its example", async () => {
+    // A fresh profile: nothing picked before. The first language the agents
+    // list is not python, so this is the default and not the first entry.
+    assert.equal(await page.inputValue("#language"), "python");
+    assert.match(await page.inputValue("#code"), /print\(/);
+  });
+
   test("runs python: print(6*7) shows 42", async () => {
     await page.selectOption("#language", "python");
     await page.fill("#code", "print(6*7)");
