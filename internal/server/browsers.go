@@ -184,12 +184,24 @@ func sameOrigin(r *http.Request, origin string) bool {
 	return false
 }
 
-// The CORS headers of every server.
+// The CORS headers of every server: every request header a door reads,
+// and every response header one sets, so that a page of an allowed origin
+// can do what a client outside a browser can.
 var (
 	// DELETE ends an MCP session (streamable HTTP).
 	corsMethods = strings.Join(append(cors.AllowedMethods(), http.MethodDelete), ", ")
-	corsAllowed = strings.Join(append(cors.AllowedHeaders(), "Authorization", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID"), ", ")
-	corsExposed = strings.Join(append(cors.ExposedHeaders(), "Mcp-Session-Id", RequestIDHeader, "Retry-After"), ", ")
+	corsAllowed = strings.Join(append(cors.AllowedHeaders(),
+		"Authorization",             // API keys
+		RequestIDHeader,             // the caller's own request id
+		"Traceparent", "Tracestate", // W3C trace context (see telemetry.Tracing)
+		"Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID", // MCP's streamable HTTP
+	), ", ")
+	corsExposed = strings.Join(append(cors.ExposedHeaders(),
+		RequestIDHeader,
+		"Mcp-Session-Id",
+		"Retry-After",      // resource_exhausted on POST /run and Connect
+		"WWW-Authenticate", // unauthenticated
+	), ", ")
 )
 
 // withCORS answers CORS for h. With a nil check every origin is allowed;

@@ -523,3 +523,37 @@ func FuzzBrowsers(f *testing.F) {
 		}
 	})
 }
+
+// TestBrowsersCORSHeaders checks that a page of an allowed origin may send
+// every header a door reads (its own request id among them) and read every
+// header one sets: the preflight allows them and the answer exposes them.
+func TestBrowsersCORSHeaders(t *testing.T) {
+	t.Parallel()
+	const origin = "https://app.example"
+	bs := serveBrowsers(t, &Browsers{Origins: []string{origin}})
+	sent := []string{"authorization", "content-type", "connect-protocol-version", "connect-timeout-ms", "x-grpc-web", "x-user-agent",
+		"x-request-id", "traceparent", "tracestate", "mcp-session-id", "mcp-protocol-version", "last-event-id"}
+	res := bs.do(t, http.DefaultClient, browserRequest{method: "OPTIONS", path: statusPath, header: map[string]string{
+		"Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": strings.Join(sent, ","),
+	}})
+	if res.StatusCode != http.StatusNoContent {
+		t.Fatalf("preflight: %s", res.Status)
+	}
+	allowed := strings.Split(strings.ToLower(res.Header.Get("Access-Control-Allow-Headers")), ", ")
+	for _, h := range sent {
+		if !slices.Contains(allowed, h) {
+			t.Errorf("preflight does not allow %s: %v", h, allowed)
+		}
+	}
+	res = bs.do(t, http.DefaultClient, browserRequest{method: "POST", path: statusPath, contentType: "application/json", body: "{}",
+		header: map[string]string{"Origin": origin, "X-Request-Id": "page-chosen-id"}})
+	if got := res.Header.Get("X-Request-Id"); got != "page-chosen-id" {
+		t.Errorf("X-Request-Id %q, want the page's", got)
+	}
+	exposed := strings.Split(strings.ToLower(res.Header.Get("Access-Control-Expose-Headers")), ", ")
+	for _, h := range []string{"x-request-id", "mcp-session-id", "retry-after", "www-authenticate", "grpc-status", "grpc-message"} {
+		if !slices.Contains(exposed, h) {
+			t.Errorf("%s is not exposed: %v", h, exposed)
+		}
+	}
+}

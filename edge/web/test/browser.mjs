@@ -46,7 +46,12 @@ function args(rebound) {
 // launch starts the browser with one page. offLoopback lists the requests
 // that were aborted for leaving loopback; pageErrors the page's uncaught
 // errors and console errors.
-export async function launch({ rebound = [] } = {}) {
+//
+// With intercept false there is no interception, and offLoopback stays
+// empty: the other fences still hold. Playwright answers CORS preflights
+// itself, allowing everything, while it intercepts requests; a test of what
+// the server's own preflight answer allows needs intercept false.
+export async function launch({ rebound = [], intercept = true } = {}) {
   const allowed = new Set([...loopback, ...rebound]);
   const profile = await mkdtemp(join(tmpdir(), "codemode-chromium-"));
   const offLoopback = [];
@@ -65,7 +70,7 @@ export async function launch({ rebound = [] } = {}) {
     throw err;
   }
   context.setDefaultTimeout(15000);
-  await context.route("**/*", (route) => {
+  if (intercept) await context.route("**/*", (route) => {
     const u = new URL(route.request().url());
     if ((u.protocol === "http:" || u.protocol === "https:") && allowed.has(u.hostname)) return route.continue();
     offLoopback.push(u.href);

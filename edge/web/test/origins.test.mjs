@@ -88,6 +88,24 @@ async function attempts({ base, code, executePath }) {
   return out;
 }
 
+// requestIDs runs in the page: it calls Connect and POST /run on the edge
+// at base, each with its own X-Request-Id, and returns what the page read
+// back of each answer.
+async function requestIDs({ base, executePath }) {
+  const body = JSON.stringify({ language: "python", code: "print(1)" });
+  const out = {};
+  for (const [name, path] of Object.entries({ connect: executePath, run: "/run" })) {
+    const id = `page-${name}-0123`;
+    try {
+      const res = await fetch(base + path, { method: "POST", headers: { "Content-Type": "application/json", "X-Request-Id": id }, body });
+      out[name] = { status: res.status, sent: id, got: res.headers.get("X-Request-Id") };
+    } catch (err) {
+      out[name] = { error: String(err) };
+    }
+  }
+  return out;
+}
+
 describe("pages of other origins", { timeout: 120000 }, () => {
   const edge = edgeURL();
   const allowing = new URL(process.env.CODEMODE_ALLOWING_EDGE_URL ?? "");
@@ -152,6 +170,24 @@ describe("pages of other origins", { timeout: 120000 }, () => {
     assert.equal(got["mcp initialize"].status, 200);
     assert.ok(got["mcp initialize"].session, "the page reads the MCP session id");
     assert.equal(got.status.status, 200);
+  });
+
+  test("with --allowed-origins, the page sends its own request id and reads it back", async () => {
+    // A browser without interception: Playwright would answer the CORS
+    // preflight itself, allowing any header, and the edge's answer would
+    // not count (see browser.mjs).
+    const plain = await launch({ intercept: false });
+    let got;
+    try {
+      await plain.page.goto(pageURL);
+      got = await plain.page.evaluate(requestIDs, { base: allowing.origin, executePath });
+    } finally {
+      await plain.close();
+    }
+    for (const [name, r] of Object.entries(got)) {
+      assert.equal(r.status, 200, `${name}: ${JSON.stringify(r)}`);
+      assert.equal(r.got, r.sent, `${name}: ${JSON.stringify(r)}`);
+    }
   });
 
   test("the playground the edge serves runs code", async () => {
