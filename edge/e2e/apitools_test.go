@@ -73,7 +73,12 @@ func TestAPITools(t *testing.T) {
 	keys := filepath.Join(dir, "keys.json")
 	writeJSON(t, keys, map[string]string{keyAlice: "alice", keyMallory: "mallory"})
 
-	edge, err := s.StartEdge(nil, "--apis", declFile, "--api-keys", keys, "--policy-config", policies)
+	// Code reaches a declared API only where its tenant's egress allows:
+	// execute_code's description names the API only then.
+	egress := filepath.Join(dir, "egress.json")
+	writeJSON(t, egress, map[string]any{"default": map[string]any{"allow": []map[string]any{{"host": "github.api.codemode"}}}})
+
+	edge, err := s.StartEdge(nil, "--apis", declFile, "--api-keys", keys, "--policy-config", policies, "--egress", egress)
 	if err != nil {
 		t.Fatalf("start edge: %v", err)
 	}

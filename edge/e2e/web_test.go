@@ -73,13 +73,28 @@ func nodeTest(t *testing.T, dir, file, edgeURL string, logs func() string, env .
 	t.Logf("node --test %s: %d passed", file, counts["pass"])
 }
 
-// TestWebMCPWithTypeScriptSDK drives /mcp and /mcp-no-code-execute with the
-// official MCP TypeScript SDK (edge/web/test/mcp.test.mjs).
+// TestWebMCPWithTypeScriptSDK drives /mcp, /mcp-no-code-execute and
+// /no-code/mcp with the official MCP TypeScript SDK
+// (edge/web/test/mcp.test.mjs), and the resources of /mcp through a second
+// edge with API keys for two tenants, which read each other's resources in
+// vain.
 func TestWebMCPWithTypeScriptSDK(t *testing.T) {
 	t.Parallel()
 	dir := webDir(t, "@modelcontextprotocol/sdk")
 	s := shared(t)
-	nodeTest(t, dir, "mcp.test.mjs", s.Edge.URL(), s.Logs, "CODEMODE_EDGE_BIN="+filepath.Join(binDir, "edge"))
+	keyA, keyB := "k-alpha-"+newSecret()[:16], "k-beta-"+newSecret()[:16]
+	keys := filepath.Join(t.TempDir(), "keys.json")
+	if err := os.WriteFile(keys, []byte(`{"`+keyA+`": "alpha", "`+keyB+`": "beta"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keyed, err := s.StartEdge(nil, "--api-keys", keys)
+	if err != nil {
+		t.Fatalf("start edge with API keys: %v", err)
+	}
+	t.Cleanup(func() { _ = keyed.Stop(30 * time.Second) })
+	logs := func() string { return s.Logs() + "--- edge with API keys ---\n" + keyed.Logs() }
+	nodeTest(t, dir, "mcp.test.mjs", s.Edge.URL(), logs, "CODEMODE_EDGE_BIN="+filepath.Join(binDir, "edge"),
+		"CODEMODE_KEYED_EDGE_URL="+keyed.URL(), "CODEMODE_API_KEY_A="+keyA, "CODEMODE_API_KEY_B="+keyB)
 }
 
 // TestWebPlaygroundInChromium loads the playground from the edge in Debian's

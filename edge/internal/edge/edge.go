@@ -413,7 +413,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
 	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
-		Version: Version, APIs: catalog, Tracing: cfg.Tracing}).Handlers()
+		Version: Version, APIs: catalog, Egress: egress, Tracing: cfg.Tracing}).Handlers()
 	srv.HandleTooLarge("/mcp", cfg.Tracing.Handler("/mcp", withCode), mcpserver.RefuseTooLarge)
 	srv.HandleTooLarge("/mcp-no-code-execute", cfg.Tracing.Handler("/mcp-no-code-execute", withoutCode), mcpserver.RefuseTooLarge)
 	srv.Handle("/run", cfg.Tracing.Handler("/run", seed.RunHandler(svc)))

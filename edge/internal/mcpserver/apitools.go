@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/codemode-go/codemode/edge/internal/apicall"
@@ -19,19 +20,33 @@ import (
 // quotes.
 const maxErrorExcerpt = 2 << 10
 
-// APIOutput is the structured result of a declared API tool whose answer
-// is JSON.
+// APIOutput is the structured result of a declared API tool.
 type APIOutput struct {
 	// Status is the HTTP status code.
-	Status int `json:"status"`
-	// Body is the answer's JSON.
-	Body json.RawMessage `json:"body"`
+	Status int `json:"status" jsonschema:"the HTTP status of the API's answer"`
+	// Body is the answer's JSON, when it is JSON and whole.
+	Body json.RawMessage `json:"body,omitempty" jsonschema:"the answer's JSON, when it is JSON and was not cut"`
+	// Text is the answer as text otherwise.
+	Text string `json:"text,omitempty" jsonschema:"the answer as text when it is not JSON or was cut, or what became of it"`
+	// Truncated says the answer was cut.
+	Truncated bool `json:"truncated,omitempty" jsonschema:"the answer went over the size limit and was cut"`
+}
+
+// apiOutputSchema is APIOutput's schema, with body any JSON value.
+func apiOutputSchema() *jsonschema.Schema {
+	s, err := jsonschema.For[APIOutput](nil)
+	if err != nil {
+		panic(err) // the type is this package's own
+	}
+	s.Properties["body"] = &jsonschema.Schema{Description: s.Properties["body"].Description}
+	return s
 }
 
 // addAPITools adds one tool per tool of c's APIs: the tool's name,
 // description and argument schema as declared; read-only tools are
 // read-only and idempotent; all reach the open world.
 func (t *tools) addAPITools(s *mcp.Server, c *apis.Catalog) {
+	out := apiOutputSchema()
 	for _, a := range c.APIs() {
 		for _, tool := range a.Tools {
 			ann := &mcp.ToolAnnotations{ReadOnlyHint: tool.ReadOnly, IdempotentHint: tool.ReadOnly, OpenWorldHint: new(true)}
@@ -39,11 +54,12 @@ func (t *tools) addAPITools(s *mcp.Server, c *apis.Catalog) {
 				ann.IdempotentHint = tool.Method == http.MethodPut || tool.Method == http.MethodDelete
 			}
 			s.AddTool(&mcp.Tool{
-				Name:        tool.Name,
-				Title:       tool.Title,
-				Description: tool.Description,
-				InputSchema: tool.InputSchema(),
-				Annotations: ann,
+				Name:         tool.Name,
+				Title:        tool.Title,
+				Description:  tool.Description,
+				InputSchema:  tool.InputSchema(),
+				OutputSchema: out,
+				Annotations:  ann,
 			}, t.callAPI(tool))
 		}
 	}
@@ -91,6 +107,7 @@ func apiResult(tool *apis.Tool, res *apicall.Response) *mcp.CallToolResult {
 		return &mcp.CallToolResult{Content: text(msg), IsError: true}
 	}
 	out := &mcp.CallToolResult{}
+	structured := APIOutput{Status: res.Status, Truncated: res.Truncated}
 	var body string
 	switch {
 	case res.Location != "":
@@ -104,7 +121,7 @@ func apiResult(tool *apis.Tool, res *apicall.Response) *mcp.CallToolResult {
 		} else {
 			body = string(res.Body)
 		}
-		out.StructuredContent = APIOutput{Status: res.Status, Body: res.Body}
+		structured.Body = res.Body
 	default:
 		body = bodyText(res.Body, res.ContentType)
 	}
@@ -112,6 +129,10 @@ func apiResult(tool *apis.Tool, res *apicall.Response) *mcp.CallToolResult {
 		body += fmt.Sprintf("\n[the answer was cut at %d bytes; ask for less, e.g. a smaller page]", len(res.Body))
 	}
 	out.Content = text(body)
+	if structured.Body == nil {
+		structured.Text = body
+	}
+	out.StructuredContent = structured
 	return out
 }
 
@@ -141,8 +162,7 @@ func cutText(b []byte, n int) []byte {
 }
 
 // apisText tells a model which declared APIs code can reach, and how.
-func apisText(c *apis.Catalog) string {
-	list := c.APIs()
+func apisText(list []*apis.API) string {
 	if len(list) == 0 {
 		return ""
 	}

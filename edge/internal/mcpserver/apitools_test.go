@@ -13,6 +13,7 @@ import (
 
 	"github.com/codemode-go/codemode/edge/internal/admission"
 	"github.com/codemode-go/codemode/edge/internal/apicall"
+	"github.com/codemode-go/codemode/edge/internal/tenant"
 	"github.com/codemode-go/codemode/internal/apis"
 	"github.com/codemode-go/codemode/internal/apis/apistest"
 )
@@ -38,7 +39,11 @@ func apiServers(t *testing.T, opts ...apicall.Option) (fake *apistest.GitHub, wi
 		t.Fatal(err)
 	}
 	b := &scripted{calls: apicall.New(nil, opts...)}
-	code, noCode := New(Config{APIs: catalog, Open: func(context.Context, http.Header) (Backend, string, error) { return b, "req-1", nil }}).Handlers()
+	egress, err := tenant.ParseEgress([]byte(`{"default": {"allow": [{"host": "github.api.codemode"}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, noCode := New(Config{APIs: catalog, Egress: egress, Open: func(context.Context, http.Header) (Backend, string, error) { return b, "req-1", nil }}).Handlers()
 	connect := func(h http.Handler) *mcp.ClientSession {
 		srv := httptest.NewServer(h)
 		t.Cleanup(srv.Close)
@@ -187,8 +192,9 @@ func TestAPIToolCalls(t *testing.T) {
 	})
 	t.Run("large answer is cut, saying so", func(t *testing.T) {
 		res, text := callAPI(t, cs, "github_list_user_repos", map[string]any{"username": "many", "per_page": 100})
-		if res.IsError || res.StructuredContent != nil || !strings.Contains(text, "[the answer was cut at 32768 bytes") {
-			t.Fatalf("isError=%v structured=%v ...%q", res.IsError, res.StructuredContent != nil, text[max(0, len(text)-200):])
+		sc, _ := res.StructuredContent.(map[string]any)
+		if res.IsError || sc["truncated"] != true || sc["body"] != nil || !strings.Contains(text, "[the answer was cut at 32768 bytes") {
+			t.Fatalf("isError=%v structured %.200v ...%q", res.IsError, sc, text[max(0, len(text)-200):])
 		}
 	})
 }
@@ -204,5 +210,61 @@ func TestAPIToolLimits(t *testing.T) {
 	res, text := callAPI(t, cs, "github_list_user_repos", map[string]any{"username": "octocat"})
 	if !res.IsError || !strings.Contains(text, "resource_exhausted") || !strings.Contains(text, "request id req-1") {
 		t.Fatalf("second call: isError=%v %q", res.IsError, text)
+	}
+}
+
+// TestDescriptionsSayTheNetwork checks that execute_code's description
+// says there is no network when no egress is configured, and names a
+// declared API for code only when some tenant's egress allows its host.
+func TestDescriptionsSayTheNetwork(t *testing.T) {
+	t.Parallel()
+	catalog, err := apis.Parse(apis.DefaultDeclaration(), apis.WithBaseURL("github", "http://127.0.0.1:9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, egress      string
+		network, api, not []string
+	}{
+		{name: "no egress", network: []string{"There is no network"}, not: []string{"github.api.codemode", "egress rules"}},
+		{name: "egress without the API", egress: `{"tenants": {"t": {"allow": [{"host": "pypi.org"}]}}}`,
+			network: []string{"closed except for the hosts this deployment's egress rules allow"}, not: []string{"github.api.codemode", "There is no network"}},
+		{name: "egress to the API", egress: `{"default": {"allow": [{"host": "*.api.codemode"}]}}`,
+			network: []string{"closed except"}, api: []string{"http://github.api.codemode/ for http://127.0.0.1:9"}, not: []string{"There is no network"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var egress *tenant.EgressConfig
+			if tc.egress != "" {
+				if egress, err = tenant.ParseEgress([]byte(tc.egress)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cs, _ := connectScripted(t, &scripted{}, Config{APIs: catalog, Egress: egress})
+			d := toolsOf(t, cs)["execute_code"].Description
+			for _, w := range append(tc.network, tc.api...) {
+				if !strings.Contains(d, w) {
+					t.Errorf("description lacks %q: %s", w, d)
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(d, w) {
+					t.Errorf("description says %q: %s", w, d)
+				}
+			}
+		})
+	}
+}
+
+// TestEveryToolHasAnOutputSchema checks both tool sets.
+func TestEveryToolHasAnOutputSchema(t *testing.T) {
+	t.Parallel()
+	_, withCode, withoutCode := apiServers(t)
+	for name, cs := range map[string]*mcp.ClientSession{"with code": withCode, "without code": withoutCode} {
+		for n, tool := range toolsOf(t, cs) {
+			if tool.OutputSchema == nil {
+				t.Errorf("%s: %s has no output schema", name, n)
+			}
+		}
 	}
 }

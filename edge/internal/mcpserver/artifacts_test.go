@@ -10,7 +10,7 @@ import (
 func TestArtifactContent(t *testing.T) {
 	t.Parallel()
 	png := []byte("\x89PNG\r\n\x1a\n")
-	content := ArtifactContent([]*executionv1.Artifact{
+	content := ArtifactContent("req-1", []*executionv1.Artifact{
 		{Name: "figure-1.png", MediaType: "image/png", Content: png},
 		{Name: "data/a b.csv", MediaType: "text/csv; charset=utf-8", Content: []byte("x,y\n")},
 		{Name: "r.json", MediaType: "application/json", Content: []byte("{}")},
@@ -19,10 +19,10 @@ func TestArtifactContent(t *testing.T) {
 	})
 	want := []string{
 		`{"type":"image","mimeType":"image/png","data":"iVBORw0KGgo="}`,
-		`{"type":"resource","resource":{"uri":"file:///workspace/outputs/data/a%20b.csv","mimeType":"text/csv; charset=utf-8","text":"x,y\n"}}`,
-		`{"type":"resource","resource":{"uri":"file:///workspace/outputs/r.json","mimeType":"application/json","text":"{}"}}`,
-		`{"type":"resource","resource":{"uri":"file:///workspace/outputs/blob.bin","mimeType":"application/octet-stream","blob":"AAEC"}}`,
-		`{"type":"resource","resource":{"uri":"file:///workspace/outputs/bad.txt","mimeType":"text/plain","blob":"//4="}}`,
+		`{"type":"resource","resource":{"uri":"codemode://runs/req-1/artifacts/data/a%20b.csv","mimeType":"text/csv; charset=utf-8","text":"x,y\n"}}`,
+		`{"type":"resource","resource":{"uri":"codemode://runs/req-1/artifacts/r.json","mimeType":"application/json","text":"{}"}}`,
+		`{"type":"resource","resource":{"uri":"codemode://runs/req-1/artifacts/blob.bin","mimeType":"application/octet-stream","blob":"AAEC"}}`,
+		`{"type":"resource","resource":{"uri":"codemode://runs/req-1/artifacts/bad.txt","mimeType":"text/plain","blob":"//4="}}`,
 	}
 	if len(content) != len(want) {
 		t.Fatalf("%d content items, want %d", len(content), len(want))

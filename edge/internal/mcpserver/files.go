@@ -18,6 +18,13 @@ type WriteFileInput struct {
 	Content   string `json:"content" jsonschema:"the file's text"`
 }
 
+// WriteFileOutput is write_file's structured result.
+type WriteFileOutput struct {
+	Path string `json:"path" jsonschema:"the file written, relative to /workspace"`
+	Size int    `json:"size" jsonschema:"bytes written"`
+	URI  string `json:"uri" jsonschema:"the file as a resource, for resources/read"`
+}
+
 // ReadFileInput is read_file's input.
 type ReadFileInput struct {
 	SessionID string `json:"session_id" jsonschema:"the session whose /workspace holds the file"`
@@ -74,15 +81,17 @@ func (t *tools) addFileTools(s *mcp.Server) {
 	}, t.listFiles)
 }
 
-func (t *tools) writeFile(ctx context.Context, req *mcp.CallToolRequest, in WriteFileInput) (*mcp.CallToolResult, any, error) {
+func (t *tools) writeFile(ctx context.Context, req *mcp.CallToolRequest, in WriteFileInput) (*mcp.CallToolResult, WriteFileOutput, error) {
 	b, id, err := t.open(ctx, header(req))
 	if err != nil {
-		return nil, nil, err
+		return nil, WriteFileOutput{}, err
 	}
 	if err := b.WriteFile(ctx, in.SessionID, &executionv1.File{Path: in.Path, Content: []byte(in.Content)}); err != nil {
-		return nil, nil, failed(id, err)
+		return nil, WriteFileOutput{}, failed(id, err)
 	}
-	return &mcp.CallToolResult{Content: text(fmt.Sprintf("wrote %d bytes to /workspace/%s", len(in.Content), in.Path))}, nil, nil
+	t.runs.useSession(req.Session, in.SessionID)
+	out := WriteFileOutput{Path: in.Path, Size: len(in.Content), URI: fileURI(in.SessionID, in.Path)}
+	return &mcp.CallToolResult{Content: text(fmt.Sprintf("wrote %d bytes to /workspace/%s", len(in.Content), in.Path))}, out, nil
 }
 
 func (t *tools) readFile(ctx context.Context, req *mcp.CallToolRequest, in ReadFileInput) (*mcp.CallToolResult, FileOutput, error) {

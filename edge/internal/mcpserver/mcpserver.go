@@ -16,13 +16,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
-	"path"
 	"slices"
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -32,9 +29,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/edge/internal/tenant"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/apis"
+	"github.com/codemode-go/codemode/internal/egressrule"
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
@@ -96,6 +95,7 @@ type Artifact struct {
 	Name      string `json:"name" jsonschema:"path relative to /workspace/outputs"`
 	MediaType string `json:"media_type" jsonschema:"media type, e.g. image/png"`
 	Size      uint64 `json:"size" jsonschema:"size in bytes"`
+	URI       string `json:"uri" jsonschema:"the artifact as a resource, for resources/read while the edge keeps it"`
 }
 
 // SessionInput is create_session's input.
@@ -113,6 +113,12 @@ type SessionOutput struct {
 // CloseSessionInput is close_session's input.
 type CloseSessionInput struct {
 	SessionID string `json:"session_id" jsonschema:"the session to close"`
+}
+
+// CloseSessionOutput is close_session's structured result.
+type CloseSessionOutput struct {
+	SessionID string `json:"session_id" jsonschema:"the session that was closed"`
+	Closed    bool   `json:"closed" jsonschema:"always true: a failure is an error result"`
 }
 
 // LanguagesOutput is list_languages's result.
@@ -149,6 +155,14 @@ type Config struct {
 	// Tracing gives each tool call a span, a child of the HTTP request's
 	// (see telemetry.Tracing.Handler); nil: none.
 	Tracing *telemetry.Tracing
+	// Egress is what the tenants' runs may reach outside their sandboxes:
+	// execute_code's description says there is no network when it allows
+	// nothing, and names only the declared APIs some tenant's egress
+	// allows. Nil: nothing.
+	Egress *tenant.EgressConfig
+	// Retention bounds what the resources of runs keep (see Retention);
+	// zero fields take DefaultRetention's.
+	Retention Retention
 }
 
 const (
@@ -161,14 +175,16 @@ const (
 
 // Servers builds the MCP servers of one client connection.
 type Servers struct {
-	cfg   Config
-	langs languageCache
+	cfg     Config
+	langs   languageCache
+	network network
+	runs    *runStore
 
 	mu    sync.Mutex
 	built [2]builtServer // by tool set: [0] without execute_code, [1] with it
 }
 
-// builtServer is a server and the languages it was built with.
+// builtServer is a server and the languages its tools were last made with.
 type builtServer struct {
 	langs *edgev1.ListLanguagesResponse
 	srv   *mcp.Server
@@ -188,13 +204,16 @@ func New(cfg Config) *Servers {
 	// The SDK logs session ids, which let whoever holds one act in that
 	// session: it gets a logger that writes their hashes instead.
 	cfg.Logger = slog.New(hashSessionIDs{cfg.Logger.Handler()})
-	return &Servers{cfg: cfg, langs: languageCache{ttl: time.Minute}}
+	return &Servers{cfg: cfg, langs: languageCache{ttl: time.Minute}, network: networkOf(cfg.Egress, cfg.APIs),
+		runs: newRunStore(cfg.Retention.withDefaults())}
 }
 
 // Server returns an MCP server for one client whose requests carry header
 // h (nil on stdio). withCode selects the tool set with execute_code.
 func (s *Servers) Server(ctx context.Context, h http.Header, withCode bool) *mcp.Server {
-	return s.build(s.languages(ctx, h), withCode)
+	srv := s.newServer(withCode)
+	s.addTools(srv, s.languages(ctx, h), withCode)
+	return srv
 }
 
 // languages returns what the agents run, asking with the credentials of
@@ -209,37 +228,51 @@ func (s *Servers) languages(ctx context.Context, h http.Header) *edgev1.ListLang
 	})
 }
 
-// build makes a server of one tool set whose descriptions say langs.
-func (s *Servers) build(langs *edgev1.ListLanguagesResponse, withCode bool) *mcp.Server {
+// newServer makes a server of one tool set, with no tools yet. Its
+// instructions say nothing that depends on the agents' languages: they go
+// to a client once, when its session begins, while the tools follow the
+// languages (see forRequest).
+func (s *Servers) newServer(withCode bool) *mcp.Server {
 	impl := &mcp.Implementation{Name: "codemode", Title: "codemode", Version: s.cfg.Version}
 	opts := &mcp.ServerOptions{Logger: s.cfg.Logger, GetSessionID: newSessionID}
 	if withCode {
-		opts.Instructions = "Runs code in isolated sandboxes with no network. " + sandboxText(langs) +
-			" Use execute_code to run code; create_session for state that lasts across calls."
+		opts.Instructions = "Runs code in isolated sandboxes. " + s.network.sandbox +
+			" execute_code's description says the languages and limits. Use execute_code to run code; create_session for state that lasts across calls." +
+			" The files a run leaves in /workspace/outputs, and the files of your sessions, are resources (resources/read)."
 	}
 	srv := mcp.NewServer(impl, opts)
 	if s.cfg.Tracing.Enabled() {
 		srv.AddReceivingMiddleware(traceToolCalls(s.cfg.Tracing))
 	}
-	t := &tools{open: s.cfg.Open, progressEvery: s.cfg.ProgressInterval, heartbeat: s.cfg.Heartbeat}
-	mcp.AddTool(srv, languagesTool(), t.listLanguages)
 	if withCode {
-		t.addCodeTools(srv, langs, s.cfg.APIs)
-		t.addFileTools(srv)
-	} else {
-		t.addAPITools(srv, s.cfg.APIs)
+		s.addResources(srv)
 	}
 	return srv
 }
 
+// addTools adds the tools of one tool set, whose descriptions say langs,
+// to srv, replacing those of the same names: the SDK then tells srv's
+// sessions that the list changed (notifications/tools/list_changed).
+func (s *Servers) addTools(srv *mcp.Server, langs *edgev1.ListLanguagesResponse, withCode bool) {
+	t := &tools{open: s.cfg.Open, progressEvery: s.cfg.ProgressInterval, heartbeat: s.cfg.Heartbeat, runs: s.runs, network: s.network}
+	mcp.AddTool(srv, languagesTool(), t.listLanguages)
+	if withCode {
+		t.addCodeTools(srv, langs)
+		t.addFileTools(srv)
+	} else {
+		t.addAPITools(srv, s.cfg.APIs)
+	}
+}
+
 // forRequest is the server for HTTP request r. The streamable HTTP handler
 // asks for one on every request, not only for a new session (it reads the
-// protocol versions the server speaks), and building one resolves the
+// protocol versions the server speaks), and adding the tools resolves the
 // schemas of every tool: a millisecond of CPU and a megabyte of garbage.
-// So one server of each tool set serves every session, and a new one is
-// built only when a new session comes and the agents' languages have
-// changed since; sessions keep the server they began with. A request of an
-// existing session does not ask for the languages at all.
+// So one server of each tool set serves every session, and its tools are
+// made again only when a new session comes and the agents' languages have
+// changed since: then every session of the server, old ones too, is told
+// that the list changed and lists the new tools. A request of an existing
+// session does not ask for the languages at all.
 func (s *Servers) forRequest(r *http.Request, withCode bool) *mcp.Server {
 	i := 0
 	if withCode {
@@ -256,12 +289,15 @@ func (s *Servers) forRequest(r *http.Request, withCode bool) *mcp.Server {
 	langs := s.languages(r.Context(), r.Header)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if b := s.built[i]; b.srv != nil && proto.Equal(b.langs, langs) {
+	b := &s.built[i]
+	if b.srv == nil {
+		b.srv = s.newServer(withCode)
+	} else if proto.Equal(b.langs, langs) {
 		return b.srv
 	}
-	srv := s.build(langs, withCode)
-	s.built[i] = builtServer{langs: langs, srv: srv}
-	return srv
+	s.addTools(b.srv, langs, withCode)
+	b.langs = langs
+	return b.srv
 }
 
 // Handlers returns the streamable HTTP handlers of the endpoint with
@@ -281,9 +317,46 @@ func (s *Servers) Handlers() (withCode, withoutCode http.Handler) {
 	return protocol(bindSessions(withCode)), protocol(bindSessions(withoutCode))
 }
 
+// network is what a deployment's runs may reach, as the descriptions say
+// it: the union of every tenant's egress, since one description serves
+// every tenant.
+type network struct {
+	// sandbox is the sentence on the network.
+	sandbox string
+	// apis is the text on the declared APIs code may reach; empty when
+	// none is declared or no tenant's egress allows one.
+	apis string
+}
+
+// networkOf describes egress and the declared APIs of c.
+func networkOf(egress *tenant.EgressConfig, c *apis.Catalog) network {
+	var rules []egressrule.Rule
+	for _, e := range egress.All() {
+		for _, r := range e.GetAllow() {
+			if p, err := egressrule.Parse(r); err == nil {
+				rules = append(rules, p)
+			}
+		}
+	}
+	if len(rules) == 0 {
+		return network{sandbox: "There is no network: no download, package install or outside service works."}
+	}
+	var reachable []*apis.API
+	for _, a := range c.APIs() {
+		if slices.ContainsFunc(rules, func(r egressrule.Rule) bool { return r.MatchHost(a.Host(), egressrule.DefaultHTTPPort) }) {
+			reachable = append(reachable, a)
+		}
+	}
+	return network{
+		sandbox: "The network is closed except for the hosts this deployment's egress rules allow your tenant; " +
+			"a connection elsewhere is refused, and the result's egress says so.",
+		apis: apisText(reachable),
+	}
+}
+
 // sandboxText tells a model what the sandbox is, from what the agents
 // report: their languages and their defaults.
-func sandboxText(info *edgev1.ListLanguagesResponse) string {
+func sandboxText(info *edgev1.ListLanguagesResponse, net network) string {
 	var names, stateful []string
 	for _, l := range info.GetLanguages() {
 		var about []string
@@ -307,8 +380,9 @@ func sandboxText(info *edgev1.ListLanguagesResponse) string {
 		fmt.Fprintf(&b, "Languages: %s. ", strings.Join(names, ", "))
 	}
 	b.WriteString("Python has requests, numpy, pandas, scipy and matplotlib; JavaScript runs under Node.js; " +
-		"the shell has curl, git, jq, sqlite3 and the usual tools. There is no network: no download, package install or outside service works. " +
-		"The working directory is /workspace (64 MiB); /tmp holds 16 MiB. ")
+		"the shell has curl, git, jq, sqlite3 and the usual tools. ")
+	b.WriteString(net.sandbox)
+	b.WriteString(" The working directory is /workspace (64 MiB); /tmp holds 16 MiB. ")
 	if d := info.GetDefaults(); d != nil {
 		fmt.Fprintf(&b, "Each run has by default %s of wall-clock time (timeout_seconds, at most %s), %s of memory, one CPU, "+
 			"256 processes and %s of output; a run over a limit is killed or cut and says so. ",
@@ -383,16 +457,19 @@ type tools struct {
 	open          Opener
 	progressEvery time.Duration
 	heartbeat     time.Duration
+	runs          *runStore
+	network       network
 }
 
-func (t *tools) addCodeTools(s *mcp.Server, langs *edgev1.ListLanguagesResponse, catalog *apis.Catalog) {
+func (t *tools) addCodeTools(s *mcp.Server, langs *edgev1.ListLanguagesResponse) {
 	mcp.AddTool(s, &mcp.Tool{
 		Name:  "execute_code",
 		Title: "Execute code",
-		Description: "Run code in an isolated sandbox with no network and return its stdout, stderr and exit code. " +
-			sandboxText(langs) + " Files the code writes to /workspace/outputs come back with the result, images as image content" +
-			" and other files as embedded resources; in python, matplotlib's plt.show() saves each figure there as a PNG." +
-			apisText(catalog) +
+		Description: "Run code in an isolated sandbox and return its stdout, stderr and exit code. " +
+			sandboxText(langs, t.network) + " Files the code writes to /workspace/outputs come back with the result, images as image content" +
+			" and other files as embedded resources, each also a resource (its uri, codemode://runs/...) that resources/read returns for a while after;" +
+			" in python, matplotlib's plt.show() saves each figure there as a PNG." +
+			t.network.apis +
 			" With a progress token, output is sent as progress notifications while it is produced.",
 		InputSchema: inputSchema[ExecuteInput](langs),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: false, IdempotentHint: false, DestructiveHint: new(true), OpenWorldHint: new(false)},
@@ -492,18 +569,21 @@ func (t *tools) executeCode(ctx context.Context, req *mcp.CallToolRequest, in Ex
 		DurationMS: res.GetDuration().AsDuration().Milliseconds(), SessionID: res.GetSessionId(),
 		ArtifactsTruncated: res.GetArtifactsTruncated(), Egress: egressOf(res.GetEgress()),
 	}
+	run := runID(id)
 	for _, a := range res.GetArtifacts() {
-		out.Artifacts = append(out.Artifacts, Artifact{Name: a.GetName(), MediaType: a.GetMediaType(), Size: a.GetSize()})
+		out.Artifacts = append(out.Artifacts, Artifact{Name: a.GetName(), MediaType: a.GetMediaType(), Size: a.GetSize(), URI: artifactURI(run, a.GetName())})
 	}
-	content := append(text(Summary(res)), ArtifactContent(res.GetArtifacts())...)
+	t.runs.keep(req.Session, run, res.GetArtifacts())
+	t.runs.useSession(req.Session, res.GetSessionId())
+	content := append(text(Summary(res)), ArtifactContent(run, res.GetArtifacts())...)
 	return withRequestID(&mcp.CallToolResult{Content: content}, id), out, nil
 }
 
-// ArtifactContent renders artifacts as MCP content: an image as image
-// content, another file as an embedded resource (text when it is text in
-// UTF-8, else a blob) whose URI names it in the sandbox,
-// file:///workspace/outputs/NAME.
-func ArtifactContent(artifacts []*executionv1.Artifact) []mcp.Content {
+// ArtifactContent renders the artifacts of run as MCP content: an image
+// as image content, another file as an embedded resource (text when it is
+// text in UTF-8, else a blob) whose URI is the one resources/read takes,
+// codemode://runs/RUN/artifacts/NAME.
+func ArtifactContent(run string, artifacts []*executionv1.Artifact) []mcp.Content {
 	var c []mcp.Content
 	for _, a := range artifacts {
 		mt := a.GetMediaType()
@@ -511,14 +591,7 @@ func ArtifactContent(artifacts []*executionv1.Artifact) []mcp.Content {
 			c = append(c, &mcp.ImageContent{Data: a.GetContent(), MIMEType: mt})
 			continue
 		}
-		u := url.URL{Scheme: "file", Path: path.Join("/workspace/outputs", a.GetName())}
-		r := &mcp.ResourceContents{URI: u.String(), MIMEType: mt}
-		if isText(mt) && utf8.Valid(a.GetContent()) {
-			r.Text = string(a.GetContent())
-		} else {
-			r.Blob = a.GetContent()
-		}
-		c = append(c, &mcp.EmbeddedResource{Resource: r})
+		c = append(c, &mcp.EmbeddedResource{Resource: contents(artifactURI(run, a.GetName()), mt, a.GetContent())})
 	}
 	return c
 }
@@ -622,6 +695,7 @@ func (t *tools) createSession(ctx context.Context, req *mcp.CallToolRequest, in 
 	if err != nil {
 		return nil, SessionOutput{}, failed(id, err)
 	}
+	t.runs.useSession(req.Session, sess.GetId())
 	out := SessionOutput{SessionID: sess.GetId(), Language: sess.GetLanguage()}
 	msg := fmt.Sprintf("session %s (%s)", out.SessionID, out.Language)
 	if e := sess.GetExpireTime(); e != nil {
@@ -631,15 +705,16 @@ func (t *tools) createSession(ctx context.Context, req *mcp.CallToolRequest, in 
 	return withRequestID(&mcp.CallToolResult{Content: text(msg)}, id), out, nil
 }
 
-func (t *tools) closeSession(ctx context.Context, req *mcp.CallToolRequest, in CloseSessionInput) (*mcp.CallToolResult, any, error) {
+func (t *tools) closeSession(ctx context.Context, req *mcp.CallToolRequest, in CloseSessionInput) (*mcp.CallToolResult, CloseSessionOutput, error) {
 	b, id, err := t.open(ctx, header(req))
 	if err != nil {
-		return nil, nil, err
+		return nil, CloseSessionOutput{}, err
 	}
 	if err := b.CloseSession(ctx, in.SessionID); err != nil {
-		return nil, nil, failed(id, err)
+		return nil, CloseSessionOutput{}, failed(id, err)
 	}
-	return withRequestID(&mcp.CallToolResult{Content: text("closed session " + in.SessionID)}, id), nil, nil
+	t.runs.forgetSession(req.Session, in.SessionID)
+	return withRequestID(&mcp.CallToolResult{Content: text("closed session " + in.SessionID)}, id), CloseSessionOutput{SessionID: in.SessionID, Closed: true}, nil
 }
 
 func (t *tools) listLanguages(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, LanguagesOutput, error) {

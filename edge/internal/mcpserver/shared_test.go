@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -63,11 +64,12 @@ func (l *languageSwitch) Languages(context.Context) (*edgev1.ListLanguagesRespon
 }
 
 // TestServersShared checks that sessions share a server while the agents'
-// languages stay the same, that a new session after they change gets tools
-// that say the new ones while an older session keeps working, and that the
-// requests of a session do not ask for the languages. The agents' default
-// language (bash, in scriptedDefaults) is at first not among the languages
-// they run: the schema then has no default, rather than no tools.
+// languages stay the same; that when a new session comes after they
+// change, every session, older ones too, is told the tool list changed
+// and lists tools that say the new languages; and that the requests of a
+// session do not ask for the languages. The agents' default language
+// (bash, in scriptedDefaults) is at first not among the languages they
+// run: the schema then has no default, rather than no tools.
 func TestServersShared(t *testing.T) {
 	backend := &languageSwitch{scripted: scripted{steps: []step{{out: "1\n"}}}}
 	backend.set("python")
@@ -76,7 +78,17 @@ func TestServersShared(t *testing.T) {
 	withCode, _ := s.Handlers()
 	srv := httptest.NewServer(withCode)
 	t.Cleanup(srv.Close)
-	connect := func() *mcp.ClientSession { return connectHTTP(t, srv.URL) }
+	changed := make(chan struct{}, 8)
+	connect := func() *mcp.ClientSession {
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, &mcp.ClientOptions{
+			ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
+		}).Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: srv.URL}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		return cs
+	}
 	schemaOf := func(cs *mcp.ClientSession) string {
 		t.Helper()
 		tools, err := cs.ListTools(t.Context(), nil)
@@ -140,8 +152,8 @@ func TestServersShared(t *testing.T) {
 
 	backend.set("python", "bash")
 	c := connect()
-	if built() == first {
-		t.Error("a session after the languages changed got the old server")
+	if built() != first {
+		t.Error("a session after the languages changed got another server")
 	}
 	if got := enum(c); got != `["python","bash"]` {
 		t.Errorf("new session's languages %s, want python and bash", got)
@@ -149,8 +161,13 @@ func TestServersShared(t *testing.T) {
 	if got := schemaOf(c); !strings.Contains(got, `"default":"bash"`) {
 		t.Errorf("the agents' default is not in the schema: %s", got)
 	}
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notifications/tools/list_changed after the languages changed")
+	}
 	run(a)
-	if got := enum(a); got != `["python"]` {
-		t.Errorf("the first session's tools changed under it: %s", got)
+	if got := enum(a); got != `["python","bash"]` {
+		t.Errorf("the first session, told the list changed, lists %s", got)
 	}
 }

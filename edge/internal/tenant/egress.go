@@ -106,3 +106,21 @@ func (c *EgressConfig) For(tenant string) *executionv1.Egress {
 	}
 	return proto.CloneOf(e)
 }
+
+// All returns every egress the configuration gives: the default's and
+// each listed tenant's (copies the caller may change), none when nothing
+// is configured. What a deployment's runs may reach at most is their
+// union.
+func (c *EgressConfig) All() []*executionv1.Egress {
+	if c == nil {
+		return nil
+	}
+	var out []*executionv1.Egress
+	if c.def != nil {
+		out = append(out, proto.CloneOf(c.def))
+	}
+	for _, e := range c.tenants {
+		out = append(out, proto.CloneOf(e))
+	}
+	return out
+}

@@ -8,9 +8,10 @@ import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { edgeURL } from "./edge.mjs";
 
-async function connect(path) {
+async function connect(path, { base = edgeURL(), key } = {}) {
   const client = new Client({ name: "codemode-web-test", version: "0.1.0" });
-  await client.connect(new StreamableHTTPClientTransport(new URL(path, edgeURL())));
+  const requestInit = key ? { headers: { Authorization: `Bearer ${key}` } } : undefined;
+  await client.connect(new StreamableHTTPClientTransport(new URL(path, base), { requestInit }));
   return client;
 }
 
@@ -61,6 +62,8 @@ describe("/mcp", { concurrency: true }, () => {
     assert.deepEqual([...exec.inputSchema.properties.language.enum].sort(), listedLanguages);
     assert.ok(exec.outputSchema?.properties?.exit_code, "execute_code has an output schema");
     assert.match(exec.description, /no network/);
+    // The shipped GitHub declaration is there, but no egress: code cannot reach it.
+    assert.doesNotMatch(exec.description, /github\.api\.codemode/);
     assert.match(exec.description, /\/workspace/);
     assert.match(exec.description, /python \(3\.\d+/, "the description names the interpreter versions");
     assert.deepEqual(
@@ -305,13 +308,79 @@ describe("/mcp artifacts", () => {
     assert.ok(png.readUInt32BE(16) > 100 && png.readUInt32BE(20) > 100, "a figure-sized image");
     const resources = res.content.filter((c) => c.type === "resource");
     assert.equal(resources.length, 1);
-    assert.equal(resources[0].resource.uri, "file:///workspace/outputs/notes.txt");
+    assert.match(resources[0].resource.uri, /^codemode:\/\/runs\/[A-Za-z0-9_.-]+\/artifacts\/notes\.txt$/);
     assert.equal(resources[0].resource.text, "hello");
     assert.match(resources[0].resource.mimeType, /^text\/plain/);
     assert.deepEqual(
       res.structuredContent.artifacts.map((a) => [a.name, a.media_type, a.size]),
       [["figure-1.png", "image/png", png.length], ["notes.txt", resources[0].resource.mimeType, 5]],
     );
+    assert.equal(res.structuredContent.artifacts[1].uri, resources[0].resource.uri);
+    const again = await client.readResource({ uri: res.structuredContent.artifacts[0].uri });
+    assert.deepEqual(Buffer.from(again.contents[0].blob, "base64"), png, "resources/read returns the figure's bytes");
     assert.match(text(res), /figure-1\.png \(image\/png/);
+  });
+});
+
+// Resources, through an edge with API keys for two tenants (set by
+// TestWebMCPWithTypeScriptSDK): what a run left in /workspace/outputs and a
+// session's files are read again by their URIs, with the same bytes, by the
+// tenant that made them; the other tenant gets an error and lists none.
+describe("/mcp resources", { skip: !process.env.CODEMODE_KEYED_EDGE_URL && "CODEMODE_KEYED_EDGE_URL is not set" }, () => {
+  const base = new URL(process.env.CODEMODE_KEYED_EDGE_URL ?? "http://127.0.0.1/");
+  let alpha, beta;
+  before(async () => {
+    alpha = await connect("/mcp", { base, key: process.env.CODEMODE_API_KEY_A });
+    beta = await connect("/mcp", { base, key: process.env.CODEMODE_API_KEY_B });
+  });
+  after(async () => {
+    await alpha?.close();
+    await beta?.close();
+  });
+
+  test("a run's artifacts and a session's files, for their tenant only", async () => {
+    assert.ok(alpha.getServerCapabilities()?.resources, "the resources capability");
+    const code = [
+      "import os",
+      "os.makedirs('/workspace/outputs/data', exist_ok=True)",
+      "open('/workspace/outputs/notes.txt', 'w').write('notes of alpha')",
+      "open('/workspace/outputs/data/all.bin', 'wb').write(bytes(range(256)))",
+    ].join("\n");
+    const res = await run(alpha, { language: "python", code });
+    const artifacts = res.structuredContent.artifacts;
+    assert.deepEqual(artifacts.map((a) => a.name).sort(), ["data/all.bin", "notes.txt"]);
+    const embedded = Object.fromEntries(res.content.filter((c) => c.type === "resource").map((c) => [c.resource.uri, c.resource]));
+    for (const a of artifacts) {
+      const inResult = embedded[a.uri];
+      assert.ok(inResult, `${a.uri} is among the result's resources: ${Object.keys(embedded)}`);
+      const bytesOf = (c) => (c.blob !== undefined ? Buffer.from(c.blob, "base64") : Buffer.from(c.text, "utf8"));
+      const read = await alpha.readResource({ uri: a.uri });
+      assert.deepEqual(bytesOf(read.contents[0]), bytesOf(inResult), `resources/read ${a.uri}: the result's bytes`);
+      assert.equal(bytesOf(read.contents[0]).length, a.size);
+      await assert.rejects(beta.readResource({ uri: a.uri }), `the other tenant read ${a.uri}`);
+    }
+
+    const session = (await alpha.callTool({ name: "create_session", arguments: { language: "python" } })).structuredContent.session_id;
+    try {
+      const wrote = await alpha.callTool({ name: "write_file", arguments: { session_id: session, path: "in/data.csv", content: "x,y\n1,2\n" } });
+      assert.notEqual(wrote.isError, true, text(wrote));
+      const uri = wrote.structuredContent.uri;
+      assert.equal(uri, `codemode://sessions/${session}/files/in/data.csv`);
+      const read = await alpha.readResource({ uri });
+      assert.equal(read.contents[0].text, "x,y\n1,2\n");
+      await assert.rejects(beta.readResource({ uri }), "the other tenant read a session's file");
+
+      const listed = (await alpha.listResources()).resources.map((r) => r.uri);
+      for (const u of [...artifacts.map((a) => a.uri), uri]) assert.ok(listed.includes(u), `resources/list lacks ${u}: ${listed}`);
+      assert.deepEqual((await beta.listResources()).resources, [], "the other tenant lists nothing");
+      const templates = (await alpha.listResourceTemplates()).resourceTemplates.map((t) => t.uriTemplate).sort();
+      assert.deepEqual(templates, ["codemode://runs/{run_id}/artifacts/{+name}", "codemode://sessions/{session_id}/files/{+path}"]);
+    } finally {
+      await alpha.callTool({ name: "close_session", arguments: { session_id: session } });
+    }
+  });
+
+  test("every tool has an output schema", async () => {
+    for (const t of (await alpha.listTools()).tools) assert.ok(t.outputSchema, `${t.name} has no output schema`);
   });
 });
