@@ -164,9 +164,18 @@ func TestAPITools(t *testing.T) {
 		}
 	})
 	t.Run("no key", func(t *testing.T) {
-		client := mcp.NewClient(&mcp.Implementation{Name: "e2e-apis", Version: "1"}, nil)
-		if _, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: noCode}, nil); err == nil {
-			t.Fatal("connected to /mcp-no-code-execute without a key")
+		for _, endpoint := range []string{noCode, edge.URL() + "/no-code/mcp"} {
+			client := mcp.NewClient(&mcp.Implementation{Name: "e2e-apis", Version: "1"}, nil)
+			if _, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: endpoint}, nil); err == nil {
+				t.Fatalf("connected to %s without a key", endpoint)
+			}
+		}
+	})
+	t.Run("a policy denial stops the call on /no-code/mcp too", func(t *testing.T) {
+		before := len(fake.Requests())
+		res := call(t, keySession(t, edge.URL()+"/no-code/mcp", keyMallory), "github_list_user_repos", map[string]any{"username": "octocat"})
+		if !res.IsError || !strings.Contains(textOf(res), "denied by policy tenantblock") || len(fake.Requests()) != before {
+			t.Fatalf("mallory on /no-code/mcp: isError=%v %q", res.IsError, textOf(res))
 		}
 	})
 	t.Run("execute_code names the API for code", func(t *testing.T) {

@@ -74,6 +74,7 @@ func pageRequests(mcpSession string) []pageRequest {
 			body:   `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"execute_code","arguments":{"language":"python","code":"` + runCode + `"}}}`,
 			header: map[string]string{"Accept": mcpAccept["Accept"], "Mcp-Session-Id": mcpSession, "Mcp-Protocol-Version": "2025-06-18"}, runs: true},
 		{name: "mcp-no-code-execute initialize", method: "POST", path: "/mcp-no-code-execute", contentType: "application/json", body: mcpInitialize, header: mcpAccept},
+		{name: "no-code/mcp initialize", method: "POST", path: "/no-code/mcp", contentType: "application/json", body: mcpInitialize, header: mcpAccept},
 		{name: "status", method: "GET", path: "/status"},
 		{name: "page", method: "GET", path: "/"},
 		{name: "preflight", method: "OPTIONS", path: executePath,

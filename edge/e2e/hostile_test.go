@@ -193,6 +193,7 @@ func TestHostileLargeBodies(t *testing.T) {
 		{"grpcweb", "/codemode.edge.v1.ExecutionService/Execute", "application/grpc-web+proto", envelope(size - 5), false},
 		{"mcp", "/mcp", "application/json", []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"execute_code","arguments":{"code":"`), false},
 		{"mcp-no-code-execute", "/mcp-no-code-execute", "application/json", []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":"`), false},
+		{"no-code/mcp", "/no-code/mcp", "application/json", []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":"`), false},
 		{"run", "/run", "application/json", []byte(`{"language":"python","code":"`), false},
 	}
 	for _, d := range doors {

@@ -338,6 +338,7 @@ func TestTenantsCannotUseEachOthersMCPSessions(t *testing.T) {
 	edge, keyA, keyB := keyedEdge(t, s)
 	withCode := keyedMCP(t, edge.URL()+"/mcp", keyA)
 	withoutCode := keyedMCP(t, edge.URL()+"/mcp-no-code-execute", keyA)
+	alias := keyedMCP(t, edge.URL()+"/no-code/mcp", keyA)
 	sess := "mcp-trust-" + newSecret()[:12] // A's code-execution session
 	if r := call(t, withCode, "execute_code", map[string]any{"session_id": sess, "language": "python",
 		"code": "secret = 'of-a'\nopen('/workspace/a.txt', 'w').write('of-a')"}); r.IsError {
@@ -366,6 +367,7 @@ func TestTenantsCannotUseEachOthersMCPSessions(t *testing.T) {
 			list, ping,
 		}},
 		{"/mcp-no-code-execute", withoutCode, []string{toolCall(6, "list_languages", `{}`), list, ping}},
+		{"/no-code/mcp", alias, []string{toolCall(7, "list_languages", `{}`), list, ping}},
 	} {
 		t.Run(strings.TrimPrefix(door.path, "/"), func(t *testing.T) {
 			url := edge.URL() + door.path

@@ -3,12 +3,14 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -182,4 +184,62 @@ func TestWebOtherOriginsInChromium(t *testing.T) {
 		"CODEMODE_EDGE_METRICS_URL=http://"+metricsAddr(t, edge)+"/metrics",
 		fmt.Sprintf("CODEMODE_PAGE_PORT=%d", pagePort),
 		"CODEMODE_ALLOWING_EDGE_URL="+allowing.URL())
+}
+
+// TestWebMCPInspectorCLI runs the MCP Inspector's CLI (edge/web's
+// devDependency, the release for Node 20) as a user would, `mcp-inspector
+// --cli URL --method ...`, against the edge: on /no-code/mcp it lists the
+// tools without code execution and calls one; on /mcp it lists the code
+// tools. Over HTTP it rewrites a URL that does not end in /mcp to /mcp,
+// which is why /no-code/mcp exists: given /mcp-no-code-execute, it lists
+// /mcp's tools.
+func TestWebMCPInspectorCLI(t *testing.T) {
+	t.Parallel()
+	dir := webDir(t, "@modelcontextprotocol/inspector")
+	s := shared(t)
+	inspect := func(path string, args ...string) map[string]any {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, filepath.Join(dir, "node_modules", ".bin", "mcp-inspector"),
+			append([]string{"--cli", s.Edge.URL() + path}, args...)...)
+		cmd.Dir = dir
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("mcp-inspector --cli %s %v: %v\n%s\n%s\n%s", path, args, err, out, stderr.String(), s.Logs())
+		}
+		var v map[string]any
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatalf("mcp-inspector --cli %s %v printed no JSON: %v\n%s", path, args, err, out)
+		}
+		return v
+	}
+	toolNames := func(v map[string]any) []string {
+		var names []string
+		tools, _ := v["tools"].([]any)
+		for _, tool := range tools {
+			names = append(names, tool.(map[string]any)["name"].(string))
+		}
+		slices.Sort(names)
+		return names
+	}
+
+	noCode := toolNames(inspect("/no-code/mcp", "--method", "tools/list"))
+	if !slices.Contains(noCode, "list_languages") || !slices.Contains(noCode, "github_list_user_repos") || slices.Contains(noCode, "execute_code") {
+		t.Errorf("/no-code/mcp lists %v, want the tools without code execution", noCode)
+	}
+	res := inspect("/no-code/mcp", "--method", "tools/call", "--tool-name", "list_languages")
+	if b, _ := json.Marshal(res["structuredContent"]); res["isError"] == true || !strings.Contains(string(b), `"name":"python"`) {
+		t.Errorf("list_languages on /no-code/mcp: %v", res)
+	}
+	code := toolNames(inspect("/mcp", "--method", "tools/list"))
+	if !slices.Contains(code, "execute_code") || slices.Contains(code, "github_list_user_repos") {
+		t.Errorf("/mcp lists %v, want the code tools", code)
+	}
+	// Without --transport it takes that path for SSE, which no door speaks.
+	if got := toolNames(inspect("/mcp-no-code-execute", "--transport", "http", "--method", "tools/list")); !slices.Equal(got, code) {
+		t.Errorf("the Inspector, given /mcp-no-code-execute, lists %v, not /mcp's tools: the reason for /no-code/mcp is gone", got)
+	}
 }

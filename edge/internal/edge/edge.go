@@ -350,7 +350,7 @@ func bindAddr(cfg Config) (string, error) {
 // reflection and the policy admin service (which has its own token) do not.
 func needsKey(path string) bool {
 	return strings.HasPrefix(path, "/"+edgev1connect.ExecutionServiceName+"/") ||
-		path == "/mcp" || path == "/mcp-no-code-execute" || path == "/run" || path == "/status"
+		path == "/mcp" || path == "/no-code/mcp" || path == "/mcp-no-code-execute" || path == "/run" || path == "/status"
 }
 
 // authenticate resolves the tenant of a request to a door, before its body is read.
@@ -415,7 +415,14 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
 		Version: Version, APIs: catalog, Egress: egress, Tracing: cfg.Tracing}).Handlers()
 	srv.HandleTooLarge("/mcp", cfg.Tracing.Handler("/mcp", withCode), mcpserver.RefuseTooLarge)
-	srv.HandleTooLarge("/mcp-no-code-execute", cfg.Tracing.Handler("/mcp-no-code-execute", withoutCode), mcpserver.RefuseTooLarge)
+	// The tools without code execution at two paths: /no-code/mcp for
+	// clients that take any URL not ending in /mcp for a mistake and
+	// rewrite it (the MCP Inspector's CLI does), /mcp-no-code-execute as
+	// before. One handler: a session opened at one path goes on at the
+	// other.
+	for _, p := range []string{"/no-code/mcp", "/mcp-no-code-execute"} {
+		srv.HandleTooLarge(p, cfg.Tracing.Handler(p, withoutCode), mcpserver.RefuseTooLarge)
+	}
 	srv.Handle("/run", cfg.Tracing.Handler("/run", seed.RunHandler(svc)))
 	srv.Handle("/status", seed.StatusHandler(svc))
 	srv.Handle("/", web.Handler())

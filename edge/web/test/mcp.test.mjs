@@ -249,9 +249,9 @@ describe("edge mcp-stdio", () => {
   });
 });
 
-describe("/mcp-no-code-execute", () => {
+for (const path of ["/mcp-no-code-execute", "/no-code/mcp"]) describe(path, () => {
   test("lists no tool that executes code, and the declared API tools", async () => {
-    const client = await connect("/mcp-no-code-execute");
+    const client = await connect(path);
     try {
       const { tools } = await client.listTools();
       const names = tools.map((t) => t.name).sort();
