@@ -190,7 +190,7 @@ func TestWebOtherOriginsInChromium(t *testing.T) {
 // devDependency, the release for Node 20) as a user would, `mcp-inspector
 // --cli URL --method ...`, against the edge: on /no-code/mcp it lists the
 // tools without code execution and calls one; on /mcp it lists the code
-// tools. Over HTTP it rewrites a URL that does not end in /mcp to /mcp,
+// tools and runs python. Over HTTP it rewrites a URL that does not end in /mcp to /mcp,
 // which is why /no-code/mcp exists: given /mcp-no-code-execute, it lists
 // /mcp's tools.
 func TestWebMCPInspectorCLI(t *testing.T) {
@@ -237,6 +237,10 @@ func TestWebMCPInspectorCLI(t *testing.T) {
 	code := toolNames(inspect("/mcp", "--method", "tools/list"))
 	if !slices.Contains(code, "execute_code") || slices.Contains(code, "github_list_user_repos") {
 		t.Errorf("/mcp lists %v, want the code tools", code)
+	}
+	res = inspect("/mcp", "--method", "tools/call", "--tool-name", "execute_code", "--tool-arg", "code=print(6*7)")
+	if sc, _ := res["structuredContent"].(map[string]any); res["isError"] == true || sc["stdout"] != "42\n" {
+		t.Errorf("execute_code on /mcp: %v", res)
 	}
 	// Without --transport it takes that path for SSE, which no door speaks.
 	if got := toolNames(inspect("/mcp-no-code-execute", "--transport", "http", "--method", "tools/list")); !slices.Equal(got, code) {
