@@ -1,7 +1,8 @@
 // Package edge is the edge's program: codemode's public door. On one port it
-// serves the ExecutionService (gRPC, gRPC-Web, Connect), MCP at /mcp and
-// /mcp-no-code-execute, and the web playground, all over one execution path
-// that forwards to the control plane.
+// serves the ExecutionService (gRPC, gRPC-Web, Connect), MCP at /mcp and,
+// without code execution, at /no-code/mcp and /mcp-no-code-execute, and the
+// web playground, all over one execution path that forwards to the control
+// plane.
 package edge
 
 import (
