@@ -143,7 +143,7 @@ up: setup build cluster-secret
 	echo; \
 	echo "codemode is up:"; \
 	echo "  web playground     http://$$e/"; \
-	echo "  MCP                http://$$e/mcp  (without code execution: /mcp-no-code-execute)"; \
+	echo "  MCP                http://$$e/mcp  (without code execution: /no-code/mcp)"; \
 	echo "  Connect / gRPC / gRPC-Web   $$e  codemode.edge.v1.ExecutionService"; \
 	echo "  POST /run, GET /status      http://$$e  (internal copies, with the cluster secret: http://$(call dial_addr,$(up_controlplane)))"; \
 	echo "  agent              $(call dial_addr,$(up_agent))"; \
@@ -151,6 +151,7 @@ up: setup build cluster-secret
 	echo "  claude mcp add --transport http codemode http://$$e/mcp"; \
 	echo "  claude mcp add codemode-stdio -- $(abspath $(BIN))/edge mcp-stdio --url http://$$e"; \
 	echo "  npx @modelcontextprotocol/inspector@0.15.0 --cli http://$$e/mcp --method tools/list"; \
+	echo "  npx @modelcontextprotocol/inspector@0.15.0 --cli http://$$e/no-code/mcp --method tools/list"; \
 	echo "Ctrl-C stops all three."; \
 	wait -n "$${pids[@]}"; \
 	for k in "$${!pids[@]}"; do kill -0 "$${pids[$$k]}" 2>/dev/null || echo "$${names[$$k]} exited"; done; \

@@ -25,6 +25,7 @@ func bannerLines(root, edge string) []string {
 		"claude mcp add --transport http codemode http://" + edge + "/mcp",
 		"claude mcp add codemode-stdio -- " + filepath.Join(root, "bin", "edge") + " mcp-stdio --url http://" + edge,
 		"npx @modelcontextprotocol/inspector@0.15.0 --cli http://" + edge + "/mcp --method tools/list",
+		"npx @modelcontextprotocol/inspector@0.15.0 --cli http://" + edge + "/no-code/mcp --method tools/list",
 	}
 }
 
