@@ -99,6 +99,13 @@ func startSandbox(t testing.TB) *sandbox {
 // startSandboxBin is startSandbox with the runner binary bin.
 func startSandboxBin(t testing.TB, bin string) *sandbox {
 	t.Helper()
+	return startSandboxOpts(t, bin, "256m")
+}
+
+// startSandboxOpts is startSandboxBin with a memory limit and more runner
+// flags.
+func startSandboxOpts(t testing.TB, bin, memory string, flags ...string) *sandbox {
+	t.Helper()
 	needDocker(t)
 	name := fmt.Sprintf("codemode-runner-test-%d-%d", os.Getpid(), sandboxSeq.Add(1))
 	args := []string{"run", "-i", "--rm", "--name", name,
@@ -107,7 +114,7 @@ func startSandboxBin(t testing.TB, bin string) *sandbox {
 		"--tmpfs", wire.UserLib + ":size=1m",
 		// The agent's default pids limit: 128 held a fork bomb on a quiet
 		// host but not always with the host saturated (see wire's notes).
-		"--memory=256m", "--pids-limit=256", "--cpus=1",
+		"--memory=" + memory, "--pids-limit=256", "--cpus=1",
 		"--cap-drop=ALL", "--security-opt=no-new-privileges", "--user=0:0",
 		"--label=codemode.test=runner",
 		"-v", bin + ":" + wire.RunnerPath + ":ro", "--entrypoint", wire.RunnerPath,
@@ -116,6 +123,7 @@ func startSandboxBin(t testing.TB, bin string) *sandbox {
 		args = append(args, "--cap-add="+c)
 	}
 	args = append(args, dockertest.Image())
+	args = append(args, flags...)
 	// RUNNER_TEST_DEBUG=1 logs the runner's debug log (with the timings of
 	// its steps) at the end of every test or benchmark.
 	debug := os.Getenv("RUNNER_TEST_DEBUG") != ""

@@ -86,7 +86,7 @@ func (s *server) prestart() {
 	}
 	if err == nil {
 		var p *proc
-		p, err = s.procs.start(spec{argv: lang.Prestart, env: s.env(lang), files: append(std.child(), codeR, readyW)})
+		p, err = s.startPrestarted(lang, append(std.child(), codeR, readyW))
 		if err == nil {
 			s.pre = &prestarted{lang: lang.Name, proc: p, std: std, code: codeW}
 		}
@@ -170,4 +170,25 @@ func (s *server) dropPrestarted() {
 		s.pre.discard(s.cfg.log)
 		s.pre = nil
 	}
+}
+
+// startPrestarted starts a prestarted interpreter with files as its fds
+// 0-4: forked from lang's preloaded parent when there is one (see parent),
+// else a fresh interpreter.
+func (s *server) startPrestarted(lang language, files []*os.File) (*proc, error) {
+	if z := s.preloadedParent(lang); z != nil {
+		fs, done, err := s.procs.userFiles(files)
+		if err == nil {
+			var p *proc
+			p, err = z.fork(fs)
+			done()
+			if err == nil {
+				return p, nil
+			}
+		}
+		// A parent that failed to fork is not trusted with the next one.
+		s.cfg.log.Warn("fork from preloaded parent", "lang", lang.Name, "error", err)
+		s.dropParent()
+	}
+	return s.procs.start(spec{argv: lang.Prestart, env: s.env(lang), files: files})
 }

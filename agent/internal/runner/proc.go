@@ -11,11 +11,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
@@ -44,6 +46,10 @@ type procs struct {
 
 	lookMu sync.Mutex
 	paths  map[string]string // resolved interpreter paths
+
+	// sparing says that a preloaded parent lives, which killing every
+	// process must spare (see parent).
+	sparing atomic.Bool
 }
 
 // proc is a started process.
@@ -147,6 +153,43 @@ type spec struct {
 	argv  []string
 	env   []string
 	files []*os.File // become fds 0, 1, 2, 3...; nil entries become /dev/null
+	// parent starts a preloaded parent (see parent): in the user's group
+	// but as uid 0, which it leaves before it imports anything.
+	parent bool
+}
+
+// userFiles gives the pipes among files to the user, so that user code can
+// also reach them by name (/dev/stdout, /dev/fd/3), which opens the pipe
+// anew, and returns files with /dev/null for nil entries; the caller calls
+// done once the process has them.
+func (p *procs) userFiles(files []*os.File) (out []*os.File, done func(), err error) {
+	var null *os.File
+	done = func() {
+		if null != nil {
+			null.Close()
+		}
+	}
+	out = make([]*os.File, len(files))
+	for i, f := range files {
+		if f != nil && os.Geteuid() == 0 {
+			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
+				if err := f.Chown(p.cfg.uid, p.cfg.gid); err != nil {
+					done()
+					return nil, nil, fmt.Errorf("give pipe to the user: %w", err)
+				}
+			}
+		}
+		if f == nil {
+			if null == nil {
+				if null, err = os.OpenFile(os.DevNull, os.O_RDWR, 0); err != nil {
+					return nil, nil, fmt.Errorf("open %s: %w", os.DevNull, err)
+				}
+			}
+			f = null
+		}
+		out[i] = f
+	}
+	return out, done, nil
 }
 
 // start starts s as the user (when the runner is root) in a new process
@@ -156,27 +199,13 @@ func (p *procs) start(s spec) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	var null *os.File
-	fds := make([]uintptr, len(s.files))
-	for i, f := range s.files {
-		if f != nil && os.Geteuid() == 0 {
-			// Give pipes to the user, so that user code can also reach them
-			// by name (/dev/stdout, /dev/fd/3), which opens the pipe anew.
-			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
-				if err := f.Chown(p.cfg.uid, p.cfg.gid); err != nil {
-					return nil, fmt.Errorf("give pipe to the user: %w", err)
-				}
-			}
-		}
-		if f == nil {
-			if null == nil {
-				if null, err = os.OpenFile(os.DevNull, os.O_RDWR, 0); err != nil {
-					return nil, fmt.Errorf("open %s: %w", os.DevNull, err)
-				}
-				defer null.Close()
-			}
-			f = null
-		}
+	files, done, err := p.userFiles(s.files)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	fds := make([]uintptr, len(files))
+	for i, f := range files {
 		fds[i] = f.Fd()
 	}
 	sys := &syscall.SysProcAttr{
@@ -186,7 +215,13 @@ func (p *procs) start(s spec) (*proc, error) {
 	if os.Geteuid() == 0 {
 		// An empty Groups list drops supplementary groups; changing uid away
 		// from 0 clears the permitted and effective capabilities.
-		sys.Credential = &syscall.Credential{Uid: uint32(p.cfg.uid), Gid: uint32(p.cfg.gid), Groups: []uint32{}}
+		uid := uint32(p.cfg.uid)
+		if s.parent {
+			uid = 0
+		}
+		sys.Credential = &syscall.Credential{Uid: uid, Gid: uint32(p.cfg.gid), Groups: []uint32{}}
+	} else if s.parent {
+		return nil, errors.New("a preloaded parent needs the runner to be root")
 	}
 	attr := &syscall.ProcAttr{Dir: p.cfg.workspace, Env: s.env, Files: fds, Sys: sys}
 
@@ -327,8 +362,13 @@ func (p *procs) ownedByUser(pid int) bool {
 		if !ok {
 			continue
 		}
-		for _, f := range bytes.Fields(rest) {
-			if uid, err := strconv.Atoi(string(f)); err == nil && uid == p.cfg.uid {
+		for i, f := range bytes.Fields(rest) {
+			uid, err := strconv.Atoi(string(f))
+			if i == 0 && err == nil && uid == wire.ParentUID && p.cfg.uid != wire.ParentUID {
+				// The preloaded parent (real uid), not the user's.
+				return false
+			}
+			if err == nil && uid == p.cfg.uid {
 				return true
 			}
 		}
@@ -352,8 +392,8 @@ func (p *procs) killUser(keep []int) error {
 		// process limit refills each slot the scan below frees, and
 		// starves the scan of CPU). With a group to keep, everything is
 		// stopped first, the rest killed from the scan, and the kept
-		// group continued.
-		if keepPgid == 0 {
+		// group (or the preloaded parent) continued.
+		if keepPgid == 0 && !p.sparing.Load() {
 			_ = syscall.Kill(-1, syscall.SIGKILL)
 		} else {
 			_ = syscall.Kill(-1, syscall.SIGSTOP)

@@ -72,6 +72,12 @@ type config struct {
 	// prestart starts an interpreter ahead of the next stateless run (see
 	// prestarted).
 	prestart bool
+	// preload are the modules a preloaded parent imports for the
+	// prestarted interpreters of its language (see parent); none: no
+	// parent. parentForks is how many interpreters a parent forks before
+	// it is replaced.
+	preload     []string
+	parentForks int
 	// versions makes the runner ask each language for its version before
 	// it says it is ready (see versions).
 	versions bool
@@ -102,6 +108,7 @@ func defaultConfig(log *slog.Logger) config {
 		log:          log,
 		drainGrace:   100 * time.Millisecond,
 		prestart:     true,
+		parentForks:  100,
 		versions:     true,
 		lib:          wire.UserLib,
 		mplSeed:      MPLSeed,
@@ -125,6 +132,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	userProcs := fs.Uint64("max-user-procs", 32, "most processes and threads user code may have at once (RLIMIT_NPROC); 0: no limit")
 	versions := fs.Bool("versions", true, "report the languages' versions when ready (a process per language)")
 	prestart := fs.Bool("prestart", true, "start an interpreter ahead of the next stateless run, in the language of the last one (Python at first)")
+	preload := fs.String("preload", "", "comma-separated modules a preloaded parent imports before it forks each prestarted Python interpreter (\"default\": the languages table's list); empty: none, each interpreter starts fresh")
+	parentForks := fs.Int("parent-forks", 100, "interpreters a preloaded parent forks before it is replaced")
 	lib := fs.String("lib", wire.UserLib, "root-only directory for the modules lent to user code (matplotlib's plt.show() saving figures as artifacts, Node's fetch through the egress proxy); skipped if missing")
 	proxy := fs.Bool("egress-proxy", true, fmt.Sprintf("serve the egress proxy on the sandbox's loopback, port %d", wire.ProxyPort))
 	fs.Usage = func() {
@@ -144,6 +153,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg.workspace = *workspace
 	cfg.userProcs = *userProcs
 	cfg.prestart = *prestart
+	cfg.preload = preloadList(*preload)
+	cfg.parentForks = max(*parentForks, 1)
 	cfg.versions = *versions
 	cfg.lib = *lib
 	if !*proxy {
@@ -232,6 +243,10 @@ type server struct {
 	// Prestarts that failed in a row; at maxPrestartFailures prestarting
 	// is off for good.
 	prestartFailures int
+	// The preloaded parent (see parent), under prestartMu; parent starts
+	// that failed in a row.
+	parent         *parent
+	parentFailures int
 }
 
 func newServer(cfg config, stdout io.Writer) (*server, error) {
@@ -477,6 +492,9 @@ func (s *server) shutdown() {
 		s.proxy.close()
 	}
 	s.dropPrestarted()
+	s.prestartMu.Lock()
+	s.dropParent()
+	s.prestartMu.Unlock()
 	if err := s.procs.killUser(nil); err != nil {
 		s.cfg.log.Warn("kill user processes at shutdown", "error", err)
 	}

@@ -84,6 +84,12 @@ const (
 	UserGID = 65534
 )
 
+// ParentUID is the real and saved uid of the runner's preloaded parent (see
+// the runner's preload.go), a uid of its own that no file or other process
+// in the image has: user code, whose uids are all UserUID, can neither
+// signal nor trace it.
+const ParentUID = 65533
+
 // Workspace is the working directory of user code and the directory that
 // file paths in requests are relative to. The agent mounts a tmpfs there.
 const Workspace = "/workspace"

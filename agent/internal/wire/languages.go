@@ -48,6 +48,14 @@ type Language struct {
 	// Prestart, if set, is the argv of an interpreter that waits for the
 	// code of one stateless run on fd 3 (see the runner's prestart.go).
 	Prestart []string
+	// Preload are the modules a preloaded parent imports before it forks
+	// the prestarted interpreters of stateless runs (see the runner's
+	// preload.go), so that code importing them does not wait for the
+	// imports; an agent flag replaces the list or empties it. Needs
+	// Prestart and Parent.
+	Preload []string
+	// Parent is the argv of that preloaded parent (see zygote.py).
+	Parent []string
 	// Kernel, if set, is the argv of a resident interpreter that runs the
 	// cells of a session in one namespace (see kernel.py).
 	Kernel []string
@@ -84,6 +92,8 @@ var (
 	prestartNode string
 	//go:embed kernel.py
 	kernelPython string
+	//go:embed zygote.py
+	zygotePython string
 )
 
 // build returns the sh arguments that write the code (from $1, or from fd 3
@@ -118,7 +128,13 @@ var languages = []Language{
 		Env:      []string{"PYTHONUNBUFFERED=1"},
 		Version:  []string{"python3", "-I", "-S", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"},
 		Prestart: []string{"python3", "-c", prestartPython},
-		Kernel:   []string{"python3", "-c", kernelPython},
+		// What model-written code imports most; matplotlib.pyplot with the
+		// runner's backend (MPLBACKEND). Modules the image lacks are
+		// skipped, and said so in the log.
+		Preload: []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot", "requests", "scipy"},
+		// -s: no user site directory in a process that starts as root.
+		Parent: []string{"python3", "-s", "-c", zygotePython},
+		Kernel: []string{"python3", "-c", kernelPython},
 	},
 	{
 		Name: "javascript", Aliases: []string{"js", "node", "nodejs"},

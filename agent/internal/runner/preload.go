@@ -1,0 +1,317 @@
+package runner
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/codemode-go/codemode/agent/internal/wire"
+)
+
+// A preloaded parent is a Python interpreter, one per sandbox, that has
+// imported the language's Preload modules (numpy, pandas, matplotlib,
+// requests, scipy) and forks the prestarted interpreter of each stateless
+// run (see prestarted), so that code importing them finds them imported:
+// under gVisor `import pandas` alone costs about a second.
+//
+// What keeps runs apart is what keeps prestarted interpreters apart, plus:
+//
+//   - The parent never runs user code. It is started only in a sandbox just
+//     verified clean (before Ready, or at the end of a Reset), imports only
+//     from the image (the workspace is not on its sys.path while it
+//     imports), and reads nothing but the runner's requests afterwards.
+//   - Each child serves one run and dies with it, as a prestarted
+//     interpreter does; the sweep and the scrub kill it like any process of
+//     the user. The parent's memory is the child's copy: what a run changes
+//     (monkeypatches, module globals, atexit hooks, sys.path, rcParams)
+//     stays in that copy.
+//   - The parent is out of the user's reach: its real and saved uid are
+//     wire.ParentUID, so no process of the user may signal it, trace it or
+//     read its memory (it is also not dumpable); the scrub spares it (its
+//     kill(-1) as root stops every process instead of killing them all, and
+//     processes whose real uid is the parent's are not the user's).
+//   - It is replaced when it dies, and after cfg.parentForks forks.
+//
+// See zygote.py for the parent's side and what the child does before it
+// reads any code.
+type parent struct {
+	lang    string
+	proc    *proc
+	fd      int // the runner's end of the SOCK_SEQPACKET socket
+	modules []string
+	forks   int
+
+	sendMu  sync.Mutex
+	mu      sync.Mutex
+	kids    map[int]*proc // forked, not yet reported ended
+	replies chan parentReply
+	ended   chan struct{} // closed when the socket ends (the parent is gone)
+}
+
+type parentReply struct {
+	proc *proc
+	err  error
+}
+
+// parentMsg is one message of the parent (see zygote.py).
+type parentMsg struct {
+	Ready   bool              `json:"ready"`
+	Modules []string          `json:"modules"`
+	Skipped map[string]string `json:"skipped"`
+	Pid     int               `json:"pid"`
+	Exit    int               `json:"exit"`
+	Status  int               `json:"status"`
+	Error   string            `json:"error"`
+}
+
+// parentReadyTimeout bounds a parent's start with its imports (~2 s on a
+// quiet host): within the agent's bound on a Reset (10 s).
+const parentReadyTimeout = 8 * time.Second
+
+// startParent starts lang's preloaded parent, importing modules, and waits
+// until it is ready. Only in a clean sandbox (see parent).
+func (s *server) startParent(lang language, modules []string) (*parent, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("create socket: %w", err)
+	}
+	child := os.NewFile(uintptr(fds[1]), "parent-socket")
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		child.Close()
+		unix.Close(fds[0])
+		return nil, fmt.Errorf("create pipe: %w", err)
+	}
+	p, err := s.procs.start(spec{argv: lang.Parent, env: s.env(lang), files: []*os.File{nil, nil, errW, child}, parent: true})
+	closeAll(child, errW)
+	if err != nil {
+		errR.Close()
+		unix.Close(fds[0])
+		return nil, err
+	}
+	z := &parent{lang: lang.Name, proc: p, fd: fds[0], kids: make(map[int]*proc), replies: make(chan parentReply, 1), ended: make(chan struct{})}
+	go s.logParent(errR, p.pid)
+	cfg, err := json.Marshal(map[string]any{
+		"uid": s.cfg.uid, "gid": s.cfg.gid, "parent_uid": wire.ParentUID,
+		"workspace": s.cfg.workspace, "modules": modules, "prestart": lang.Prestart[len(lang.Prestart)-1],
+	})
+	if err == nil {
+		err = z.send(cfg, nil)
+	}
+	if err != nil {
+		z.kill()
+		return nil, fmt.Errorf("configure: %w", err)
+	}
+	ready := make(chan parentMsg, 1)
+	go z.read(ready)
+	select {
+	case m := <-ready:
+		z.modules = m.Modules
+		if len(m.Skipped) > 0 {
+			s.cfg.log.Warn("preloaded parent: modules skipped", "lang", lang.Name, "skipped", m.Skipped)
+		}
+		s.cfg.log.Debug("preloaded parent ready", "lang", lang.Name, "pid", p.pid, "modules", m.Modules)
+		return z, nil
+	case <-z.ended:
+		z.kill()
+		return nil, errors.New("preloaded parent ended before it was ready (see its log)")
+	case <-time.After(parentReadyTimeout):
+		z.kill()
+		return nil, fmt.Errorf("preloaded parent not ready after %v", parentReadyTimeout)
+	}
+}
+
+// logParent logs what the parent writes to its standard error (import
+// warnings, or why it failed).
+func (s *server) logParent(r *os.File, pid int) {
+	defer r.Close()
+	b := make([]byte, 4096)
+	for {
+		n, err := r.Read(b)
+		if n > 0 {
+			s.cfg.log.Warn("preloaded parent", "pid", pid, "stderr", strings.TrimSpace(string(b[:n])))
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (z *parent) send(b []byte, files []*os.File) error {
+	z.sendMu.Lock()
+	defer z.sendMu.Unlock()
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	for {
+		err := unix.Sendmsg(z.fd, b, oob, nil, 0)
+		if err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// read serves the parent's messages until its socket ends: the first
+// (ready) to ready, fork replies to replies, and the exit statuses of its
+// children to their waiters. When the parent is gone its children die too
+// (PR_SET_PDEATHSIG); those not reported yet are reported killed.
+func (z *parent) read(ready chan<- parentMsg) {
+	defer func() {
+		z.mu.Lock()
+		for pid, k := range z.kids {
+			k.status = syscall.WaitStatus(syscall.SIGKILL)
+			close(k.done)
+			delete(z.kids, pid)
+		}
+		z.mu.Unlock()
+		close(z.ended)
+	}()
+	b := make([]byte, 64<<10)
+	for {
+		n, err := unix.Read(z.fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n <= 0 {
+			return
+		}
+		var m parentMsg
+		if err := json.Unmarshal(b[:n], &m); err != nil {
+			return
+		}
+		switch {
+		case m.Ready:
+			ready <- m
+		case m.Pid > 0:
+			k := newProcFor(m.Pid)
+			z.mu.Lock()
+			z.kids[m.Pid] = k
+			z.mu.Unlock()
+			z.replies <- parentReply{proc: k}
+		case m.Exit > 0:
+			z.mu.Lock()
+			k := z.kids[m.Exit]
+			delete(z.kids, m.Exit)
+			z.mu.Unlock()
+			if k != nil {
+				k.status = syscall.WaitStatus(m.Status)
+				close(k.done)
+			}
+		case m.Error != "":
+			z.replies <- parentReply{err: errors.New(m.Error)}
+		}
+	}
+}
+
+// fork has the parent fork an interpreter with files as its fds 0-4.
+func (z *parent) fork(files []*os.File) (*proc, error) {
+	z.forks++
+	if err := z.send([]byte("fork"), files); err != nil {
+		return nil, fmt.Errorf("ask preloaded parent to fork: %w", err)
+	}
+	select {
+	case r := <-z.replies:
+		return r.proc, r.err
+	case <-z.ended:
+		return nil, errors.New("preloaded parent ended")
+	case <-time.After(prestartReadyTimeout):
+		return nil, errors.New("preloaded parent did not fork in time")
+	}
+}
+
+// alive reports whether the parent can still fork.
+func (z *parent) alive() bool {
+	select {
+	case <-z.ended:
+		return false
+	default:
+		return z.proc.alive()
+	}
+}
+
+// kill ends the parent (its children die with it) and waits until it is
+// gone.
+func (z *parent) kill() {
+	killGroup(z.proc.pid)
+	select {
+	case <-z.proc.done:
+	case <-time.After(5 * time.Second):
+	}
+	unix.Shutdown(z.fd, unix.SHUT_RDWR)
+	<-z.ended
+	unix.Close(z.fd)
+}
+
+// preloadedParent returns lang's parent, started or replaced if need be, or
+// nil when lang has none or preloading is off. Called with prestartMu held,
+// in a clean sandbox.
+func (s *server) preloadedParent(lang language) *parent {
+	if lang.Parent == nil || lang.Prestart == nil || len(s.cfg.preload) == 0 || s.parentFailures >= maxPrestartFailures {
+		return nil
+	}
+	if z := s.parent; z != nil {
+		if z.lang == lang.Name && z.alive() && z.forks < s.cfg.parentForks {
+			return z
+		}
+		s.dropParent()
+	}
+	z, err := s.startParent(lang, s.cfg.preload)
+	if err != nil {
+		s.parentFailures++
+		s.cfg.log.Warn("start preloaded parent", "lang", lang.Name, "failures", s.parentFailures, "error", err)
+		return nil
+	}
+	s.parentFailures = 0
+	s.parent = z
+	s.procs.sparing.Store(true)
+	return z
+}
+
+// dropParent ends the parent, if there is one. Called with prestartMu held.
+func (s *server) dropParent() {
+	if s.parent == nil {
+		return
+	}
+	s.parent.kill()
+	s.parent = nil
+	s.procs.sparing.Store(false)
+}
+
+// Preloaded returns the modules the parent of lang imported, nil if there
+// is none.
+func (s *server) preloaded(lang string) []string {
+	s.prestartMu.Lock()
+	defer s.prestartMu.Unlock()
+	if s.parent == nil || s.parent.lang != lang {
+		return nil
+	}
+	return s.parent.modules
+}
+
+// preloadList parses the -preload flag: comma-separated module names, or
+// "default" for the Python entry of the languages table.
+func preloadList(v string) []string {
+	if strings.TrimSpace(v) == "default" {
+		l, _ := wire.LookupLanguage(wire.DefaultLanguage)
+		return l.Preload
+	}
+	var out []string
+	for _, m := range strings.Split(v, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			out = append(out, m)
+		}
+	}
+	return out
+}

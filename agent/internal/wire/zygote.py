@@ -1,0 +1,239 @@
+# The preloaded parent of codemode's runner: a Python interpreter that has
+# imported the modules model-written code imports most (numpy, pandas, ...)
+# and forks one prestarted interpreter per stateless run, so that a run finds
+# them imported instead of spending most of its time importing them. It never
+# runs user code itself.
+#
+# The runner starts it as root in the user's group, with no supplementary
+# group, no_new_privs and its own process group, in a sandbox just verified
+# clean, with a SOCK_SEQPACKET socket on fd 3. It reads its settings from the
+# socket (JSON), then before anything else makes its uids (real, effective,
+# saved) (P, U, P): P is a uid of its own, U the user's. Having left uid 0 it
+# holds no capability (checked). The user's processes (all uids U) can
+# neither signal it (that needs their uid to be its real or saved uid) nor
+# trace it or read its memory (that needs all three of its uids to be
+# theirs), and the scrub's kill(-1) as the user does not reach it; its
+# effective uid U is what lets a child become the user without privilege.
+#
+# Each fork request carries the new interpreter's fds 0-4 (standard input,
+# output, error, the code's pipe, the ready pipe). The child makes all its
+# uids U, sets PR_SET_PDEATHSIG, makes itself dumpable again, takes a process
+# group of its own, keeps only fds 0-4, enters the workspace, restores
+# signal handling, reseeds the random generators that import time seeded,
+# and runs the runner's prestart source (prestart.py) in a fresh __main__,
+# which reports ready on fd 4 and runs the code read from fd 3. The parent
+# replies with the child's pid and, when it ends, with its wait status.
+
+
+def _codemode_zygote():
+    import json
+    import os
+    import signal
+    import select
+    import socket
+    import sys
+
+    sock = socket.socket(fileno=3)
+    cfg = json.loads(sock.recv(1 << 20))
+    uid, gid, own = cfg["uid"], cfg["gid"], cfg["parent_uid"]
+    os.setresgid(gid, gid, gid)
+    # While it imports, its real uid is the user's too, so that the modules'
+    # checks of access(2) (matplotlib's of its config directory) see what a
+    # run would; no process of the user exists yet to signal it.
+    os.setresuid(uid, uid, own)
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("CapPrm:", "CapEff:", "CapAmb:")) and int(line.split()[1], 16) != 0:
+                raise SystemExit("preloaded parent still holds capabilities: " + line.strip())
+    if os.getresuid() != (uid, uid, own) or os.getresgid() != (gid, gid, gid) or os.getgroups():
+        raise SystemExit("preloaded parent: unexpected credentials")
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+    # Not dumpable: its /proc files are root's, its memory unreadable.
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+    # Imports resolve from the image only: not from the workspace ('' in
+    # sys.path, the working directory), which the children get back.
+    os.chdir("/")
+    path0 = sys.path.pop(0) if sys.path and sys.path[0] == "" else None
+    loaded, skipped = [], {}
+    for name in cfg["modules"]:
+        try:
+            __import__(name)
+            loaded.append(name)
+        except Exception as e:  # ImportError, or a module broken in the image
+            skipped[name] = "%s: %s" % (type(e).__name__, e)
+    _warm(sys.modules)
+    if path0 is not None:
+        sys.path.insert(0, path0)
+    # Out of the user's reach from here on (see the top of this file).
+    os.setresuid(own, uid, own)
+    if os.getresuid() != (own, uid, own):
+        raise SystemExit("preloaded parent: unexpected credentials")
+    # Everything imported so far is left alone by the collector, so that a
+    # child's collections neither walk it nor copy its pages.
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    prestart = cfg["prestart"]
+    workspace = cfg["workspace"]
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    me = os.getpid()
+    sock.send(json.dumps({"ready": True, "modules": loaded, "skipped": skipped}).encode())
+
+    while True:
+        try:
+            rl, _, _ = select.select([sock, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in rl:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                sock.send(json.dumps({"exit": pid, "status": status}).encode())
+        if sock in rl:
+            msg, fds, _, _ = socket.recv_fds(sock, 64, 8)
+            if not msg:
+                os._exit(0)  # the runner went away
+            if len(fds) != 5:
+                for fd in fds:
+                    os.close(fd)
+                sock.send(json.dumps({"error": "want 5 fds, got %d" % len(fds)}).encode())
+                continue
+            pid = os.fork()
+            if pid == 0:
+                break  # the child, below
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"pid": pid}).encode())
+
+    # The child: nothing of the loop above may run again.
+    try:
+        os.setresuid(uid, uid, uid)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != me:
+            os._exit(1)
+        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # fds 0-4 from what the runner sent; every other fd closed (the
+        # socket, the wake pipe, the received copies).
+        high = [os.dup(fd) for fd in fds]
+        for i, fd in enumerate(high):
+            os.dup2(fd, i)
+        os.closerange(5, os.sysconf("SC_OPEN_MAX"))
+        os.chdir(workspace)
+        _reseed(sys.modules)
+    except BaseException:
+        os._exit(1)
+    main = type(sys)("__main__")
+    main.__dict__.update(__builtins__=__builtins__, __loader__=__loader__, __spec__=None, __annotations__={})
+    sys.modules["__main__"] = main
+    g = main.__dict__
+    try:
+        exec(compile(prestart, "<string>", "exec"), g)
+        code = 0
+    except SystemExit as e:
+        code = _exit_code(e)
+    _finish(code, g)
+
+
+def _exit_code(e):
+    # As the interpreter turns an uncaught SystemExit into an exit status.
+    import sys
+
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code & 0xFF
+    try:
+        print(e.code, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+def _finish(code, g):
+    # What an interpreter does when it ends, less the teardown of every
+    # module, which in a process holding pandas and matplotlib costs a
+    # quarter of a second under gVisor (most of it copying the parent's
+    # pages it touches): wait for the run's threads, call its atexit hooks,
+    # let go of its namespace (so that files it left open are flushed and
+    # closed, and finalisers run), flush the standard streams, exit.
+    import atexit
+    import gc
+    import os
+    import sys
+    import threading
+
+    try:
+        threading._shutdown()
+    except BaseException:
+        pass
+    atexit._run_exitfuncs()
+    try:
+        g.clear()
+        gc.collect()
+    except BaseException:
+        pass
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except BaseException:
+            pass
+    os._exit(code)
+
+
+def _warm(modules):
+    # Lazy initialisation every run of these modules would pay once:
+    # matplotlib's backend and fonts, pandas's groupby machinery.
+    if "matplotlib.pyplot" in modules:
+        try:
+            plt = modules["matplotlib.pyplot"]
+            fig = plt.figure()
+            ax = fig.add_subplot()
+            ax.plot([0, 1], [0, 1])
+            ax.hist([0, 1, 1])
+            ax.set_title("warm")
+            fig.canvas.draw()
+            plt.close("all")
+        except Exception:
+            pass
+    if "pandas" in modules:
+        try:
+            pd = modules["pandas"]
+            pd.DataFrame({"k": [1, 1, 2], "v": [1.0, 2.0, 3.0]}).groupby("k").v.describe()
+        except Exception:
+            pass
+
+
+def _reseed(modules):
+    # random reseeds itself in a forked child (os.register_at_fork); numpy's
+    # global RandomState does not.
+    import random
+
+    random.seed()
+    np = modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+
+
+_codemode_zygote()
