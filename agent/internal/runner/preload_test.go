@@ -1,15 +1,16 @@
 package runner
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 )
 
 // startPreloaded starts a sandbox whose runner forks Python runs from a
 // preloaded parent with the default modules.
-func startPreloaded(t *testing.T) *sandbox {
+func startPreloaded(t *testing.T, flags ...string) *sandbox {
 	t.Helper()
-	return startSandboxOpts(t, buildRunner(t), "1g", "-preload=default")
+	return startSandboxOpts(t, buildRunner(t), "1g", append([]string{"-preload=default"}, flags...)...)
 }
 
 // reset scrubs sb as between two unrelated stateless runs.
@@ -32,3 +33,166 @@ func TestPreloadSmoke(t *testing.T) {
 	}
 	t.Logf("%s", sb.log.String())
 }
+
+// TestPreloadIsolation runs, in one sandbox whose Python runs are forked
+// from a preloaded parent, run A then (after the scrub) run B, as two
+// unrelated callers would: nothing A does to the modules the parent
+// imported, to the interpreter or to the parent reaches B.
+func TestPreloadIsolation(t *testing.T) {
+	t.Parallel()
+	sb := startPreloaded(t, "-parent-forks=1000")
+	// B runs before A too, and must print the same then.
+	ab := func(t *testing.T, a, b, want string) {
+		t.Helper()
+		r := sb.mustRun(t, "python", b)
+		sb.reset(t)
+		if r.stdout != want || r.exit.GetCode() != 0 {
+			t.Fatalf("run B before A: code %d, stdout %q, stderr %q; want %q", r.exit.GetCode(), r.stdout, r.stderr, want)
+		}
+		if r := sb.mustRun(t, "python", a); r.exit.GetCode() != 0 {
+			t.Fatalf("run A: code %d, stdout %q, stderr %q", r.exit.GetCode(), r.stdout, r.stderr)
+		}
+		sb.reset(t)
+		r = sb.mustRun(t, "python", b)
+		if r.stdout != want || r.exit.GetCode() != 0 {
+			t.Errorf("run B: code %d, stdout %q, stderr %q; want %q", r.exit.GetCode(), r.stdout, r.stderr, want)
+		}
+		sb.reset(t)
+	}
+	t.Run("monkeypatches", func(t *testing.T) {
+		ab(t, `
+import pandas, requests, numpy, json
+pandas.DataFrame.sum = lambda *a, **k: "patched"
+requests.get = None
+numpy.random.seed(0)
+json.leftover = 1
+numpy.pi = 3`,
+			`
+import pandas, requests, numpy, json
+print(pandas.DataFrame({"a": [1, 2]}).sum()["a"], callable(requests.get), hasattr(json, "leftover"), numpy.pi > 3.1)`,
+			"3 True False True\n")
+	})
+	t.Run("interpreter state", func(t *testing.T) {
+		ab(t, `
+import sys, atexit, matplotlib, builtins, os
+class Hook:
+    def find_spec(self, *a): raise ImportError("hooked")
+sys.meta_path.insert(0, Hook())
+sys.path.insert(0, "/tmp/evil")
+matplotlib.rcParams["lines.linewidth"] = 42
+builtins.leftover = 1
+os.environ["LEFTOVER"] = "1"
+atexit.register(lambda: None)
+sys.setrecursionlimit(77)`,
+			`
+import sys, atexit, matplotlib, builtins, os
+print(len([h for h in sys.meta_path if type(h).__name__ == "Hook"]), "/tmp/evil" in sys.path, matplotlib.rcParams["lines.linewidth"], hasattr(builtins, "leftover"), "LEFTOVER" in os.environ, atexit._ncallbacks(), sys.getrecursionlimit())`,
+			"0 False 1.5 False False 3 1000\n")
+	})
+	t.Run("threads and processes", func(t *testing.T) {
+		ab(t, `
+import threading, subprocess, time, os
+threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()
+subprocess.Popen(["sleep", "1000"], start_new_session=True)
+if os.fork() == 0:
+    os.setsid(); time.sleep(1000)`,
+			"import threading\nprint(threading.active_count())\n"+countUserProcsButParent,
+			"1\n0\n")
+	})
+	t.Run("memory", func(t *testing.T) {
+		ab(t, "import numpy\nkeep = [bytearray(64 << 20) for _ in range(3)]\nnumpy.leftover = keep",
+			"import numpy\nprint(hasattr(numpy, 'leftover'))",
+			"False\n")
+	})
+	t.Run("random numbers differ", func(t *testing.T) {
+		draw := "import random, numpy\nprint(random.random(), numpy.random.rand(), numpy.random.default_rng().random())"
+		a := sb.mustRun(t, "python", draw)
+		sb.reset(t)
+		b := sb.mustRun(t, "python", draw)
+		sb.reset(t)
+		if a.stdout == "" || a.stdout == b.stdout {
+			t.Errorf("two runs drew %q and %q", a.stdout, b.stdout)
+		}
+		as, bs := strings.Fields(a.stdout), strings.Fields(b.stdout)
+		for i := range min(len(as), len(bs)) {
+			if as[i] == bs[i] {
+				t.Errorf("generator %d gave %s in both runs", i, as[i])
+			}
+		}
+	})
+	t.Run("parent out of reach", func(t *testing.T) {
+		r := sb.mustRun(t, "python", `
+import os, signal, ctypes
+ppid = os.getppid()
+out = []
+for sig in (0, signal.SIGSTOP, signal.SIGKILL):
+    try:
+        os.kill(ppid, sig); out.append("kill %d allowed" % sig)
+    except PermissionError:
+        out.append("kill refused")
+try:
+    open("/proc/%d/mem" % ppid, "rb").read(1); out.append("mem read")
+except OSError as e:
+    out.append("mem refused")
+try:
+    open("/proc/%d/environ" % ppid, "rb").read(); out.append("environ read")
+except OSError:
+    out.append("environ refused")
+libc = ctypes.CDLL(None, use_errno=True)
+PTRACE_ATTACH, PTRACE_SEIZE = 16, 0x4206
+for req in (PTRACE_ATTACH, PTRACE_SEIZE):
+    out.append("ptrace refused" if libc.ptrace(req, ppid, None, None) == -1 else "ptrace allowed")
+st = open("/proc/%d/status" % ppid).read()
+uids = [l for l in st.splitlines() if l.startswith("Uid:")][0].split()[1:]
+out.append("parent uids " + " ".join(uids))
+print(*out, sep="\n")`)
+		want := "kill refused\nkill refused\nkill refused\nmem refused\nenviron refused\nptrace refused\nptrace refused\nparent uids 65533 65534 65533 65534\n"
+		if r.stdout != want {
+			t.Errorf("got stdout %q stderr %q, want %q", r.stdout, r.stderr, want)
+		}
+		sb.reset(t)
+		if r := sb.mustRun(t, "python", "import sys; print('pandas' in sys.modules)"); r.stdout != "True\n" {
+			t.Errorf("after the probe: stdout %q stderr %q", r.stdout, r.stderr)
+		}
+		sb.reset(t)
+	})
+	t.Run("killed parent is replaced", func(t *testing.T) {
+		r := sb.mustRun(t, "python", "import os; print(os.getppid())")
+		ppid := strings.TrimSpace(r.stdout)
+		sb.reset(t)
+		if out, err := exec.Command("docker", "exec", sb.name, "kill", "-9", ppid).CombinedOutput(); err != nil {
+			t.Fatalf("kill parent %s: %v: %s", ppid, err, out)
+		}
+		// The prestarted interpreter died with it: this run starts one
+		// fresh; the Reset after it starts a new parent.
+		if r := sb.mustRun(t, "python", "print(1)"); r.stdout != "1\n" {
+			t.Errorf("run after the parent died: stdout %q stderr %q", r.stdout, r.stderr)
+		}
+		sb.reset(t)
+		r = sb.mustRun(t, "python", "import os, sys; print(os.getppid(), 'pandas' in sys.modules)")
+		if f := strings.Fields(r.stdout); len(f) != 2 || f[0] == ppid || f[1] != "True" {
+			t.Errorf("after the parent died: stdout %q stderr %q (old parent %s)", r.stdout, r.stderr, ppid)
+		}
+	})
+}
+
+// TestPreloadParentReplaced shows that a parent forks at most
+// -parent-forks interpreters.
+func TestPreloadParentReplaced(t *testing.T) {
+	t.Parallel()
+	sb := startPreloaded(t, "-parent-forks=2")
+	var ppids []string
+	for range 3 {
+		r := sb.mustRun(t, "python", "import os, sys; print(os.getppid(), 'numpy' in sys.modules)")
+		ppids = append(ppids, r.stdout)
+		sb.reset(t)
+	}
+	if ppids[0] != ppids[1] || ppids[1] == ppids[2] || !strings.HasSuffix(ppids[2], " True\n") {
+		t.Errorf("parents of three runs with -parent-forks=2: %q", ppids)
+	}
+}
+
+// countUserProcsButParent is countUserProcs less the preloaded parent,
+// whose /proc files gVisor gives its effective uid, the user's (Linux would
+// give them to root: the parent is not dumpable).
+const countUserProcsButParent = "import os; print(sum(1 for p in os.listdir('/proc') if p.isdigit() and int(p) not in (os.getpid(), os.getppid()) and os.stat('/proc/' + p).st_uid == os.getuid()))"
