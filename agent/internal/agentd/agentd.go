@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -138,6 +139,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	}
 	if !cfg.Prestart {
 		command = append(command, "-prestart=false")
+	}
+	if mods := wire.PreloadList(cfg.Preload); cfg.Prestart && len(mods) > 0 {
+		command = append(command, "-preload="+strings.Join(mods, ","))
 	}
 	spec := sandbox.Spec{
 		Image:       cfg.Image,

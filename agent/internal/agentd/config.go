@@ -55,6 +55,11 @@ type Config struct {
 	// Prestart has each sandbox's runner start the interpreter of the next
 	// stateless run ahead of it, when the sandbox is scrubbed.
 	Prestart bool
+	// Preload is what each sandbox's preloaded parent imports before it
+	// forks the prestarted interpreters of stateless Python runs:
+	// comma-separated modules, or "default" (the languages table's list);
+	// "": no parent, each interpreter starts fresh.
+	Preload string
 	// RunSlots bounds the sandboxes that work at once, running (for up to
 	// admit.DefaultHold of each run) or being scrubbed; runs beyond it wait
 	// in arrival order (see package admit). 0: no bound.
@@ -240,6 +245,8 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	f.Env("max-reuse", "MAX_REUSE")
 	f.BoolVar(&cfg.Prestart, "prestart", cfg.Prestart, "start the interpreter of a sandbox's next stateless run when it is scrubbed, so that the run does not wait for it")
 	f.Env("prestart", "PRESTART")
+	f.StringVar(&cfg.Preload, "preload", cfg.Preload, `modules each sandbox imports once, in a parent that forks the interpreter of every stateless Python run, comma-separated, or "default" (numpy, pandas, matplotlib, requests, scipy); empty: none, each run's interpreter starts fresh`)
+	f.Env("preload", "PRELOAD")
 	f.IntVar(&cfg.RunSlots, "run-slots", cfg.RunSlots, "sandboxes working at once (running the start of a program, or being scrubbed); further runs wait their turn; 0: no bound (default: the host's CPUs)")
 	f.Env("run-slots", "RUN_SLOTS")
 	f.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "how long a request waits for a free sandbox and a run slot")

@@ -385,7 +385,7 @@ func (s *Service) WriteFile(ctx context.Context, id, tenant string, f *execution
 func (s *Service) Status() *agentv1.AgentStatus {
 	st := s.pool.Stats()
 	sessions := s.sessions.Len()
-	langs := languages(st.Versions)
+	langs := languages(st.Versions, s.preloaded())
 	return &agentv1.AgentStatus{
 		Name:      s.cfg.Name,
 		Labels:    s.cfg.Labels,
@@ -596,7 +596,7 @@ func shortID(id string) string {
 // the runners found. A language whose program the image lacks is listed
 // without a version (and its runs fail naming the program), so that callers
 // are told what is missing rather than that the language is unknown.
-func languages(versions map[string]string) []*executionv1.Language {
+func languages(versions map[string]string, preload []string) []*executionv1.Language {
 	table := wire.Languages()
 	out := make([]*executionv1.Language, 0, len(table))
 	for _, l := range table {
@@ -609,8 +609,20 @@ func languages(versions map[string]string) []*executionv1.Language {
 			SessionState: l.SessionState(),
 			Prestarted:   l.Prestart != nil,
 		})
+		if l.Parent != nil && l.Prestart != nil {
+			out[len(out)-1].Preloaded = preload
+		}
 	}
 	return out
+}
+
+// preloaded is what the preloaded parents import, none without prestarted
+// interpreters.
+func (s *Service) preloaded() []string {
+	if !s.cfg.Prestart {
+		return nil
+	}
+	return wire.PreloadList(s.cfg.Preload)
 }
 
 // defaults reports what runs get for what their requests leave unset, and

@@ -299,19 +299,3 @@ func (s *server) preloaded(lang string) []string {
 	}
 	return s.parent.modules
 }
-
-// preloadList parses the -preload flag: comma-separated module names, or
-// "default" for the Python entry of the languages table.
-func preloadList(v string) []string {
-	if strings.TrimSpace(v) == "default" {
-		l, _ := wire.LookupLanguage(wire.DefaultLanguage)
-		return l.Preload
-	}
-	var out []string
-	for _, m := range strings.Split(v, ",") {
-		if m = strings.TrimSpace(m); m != "" {
-			out = append(out, m)
-		}
-	}
-	return out
-}

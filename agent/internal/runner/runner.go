@@ -153,7 +153,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg.workspace = *workspace
 	cfg.userProcs = *userProcs
 	cfg.prestart = *prestart
-	cfg.preload = preloadList(*preload)
+	cfg.preload = wire.PreloadList(*preload)
 	cfg.parentForks = max(*parentForks, 1)
 	cfg.versions = *versions
 	cfg.lib = *lib

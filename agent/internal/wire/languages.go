@@ -220,6 +220,37 @@ func LookupLanguage(name string) (Language, bool) {
 	return Language{}, false
 }
 
+// PreloadList parses a list of modules to preload: comma-separated names,
+// or "default" for the Python entry's Preload. Names that are not dotted
+// Python identifiers are dropped.
+func PreloadList(v string) []string {
+	if strings.TrimSpace(v) == "default" {
+		l, _ := LookupLanguage(DefaultLanguage)
+		return slices.Clone(l.Preload)
+	}
+	var out []string
+	for _, m := range strings.Split(v, ",") {
+		if m = strings.TrimSpace(m); m != "" && moduleName(m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func moduleName(m string) bool {
+	for _, part := range strings.Split(m, ".") {
+		if part == "" || (part[0] >= '0' && part[0] <= '9') {
+			return false
+		}
+		for _, c := range part {
+			if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // LanguageNames returns the names of the table, comma-separated, for
 // messages.
 func LanguageNames() string {

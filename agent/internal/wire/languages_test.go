@@ -2,6 +2,7 @@ package wire
 
 import (
 	"regexp"
+	"slices"
 	"testing"
 )
 
@@ -48,5 +49,25 @@ func TestLanguages(t *testing.T) {
 	Languages()[0].Name = "changed"
 	if Languages()[0].Name == "changed" {
 		t.Error("Languages returned the table itself")
+	}
+}
+
+func TestPreloadList(t *testing.T) {
+	py, _ := LookupLanguage("python")
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{"default", py.Preload},
+		{" numpy, pandas ,,matplotlib.pyplot", []string{"numpy", "pandas", "matplotlib.pyplot"}},
+		{"os;print(1),1abc,a..b,json", []string{"json"}},
+	} {
+		if got := PreloadList(tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("PreloadList(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	if !slices.Contains(py.Preload, "pandas") || py.Parent == nil || py.Prestart == nil {
+		t.Errorf("python's entry: Preload %q, Parent set %v", py.Preload, py.Parent != nil)
 	}
 }

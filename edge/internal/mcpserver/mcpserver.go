@@ -357,8 +357,11 @@ func networkOf(egress *tenant.EgressConfig, c *apis.Catalog) network {
 // sandboxText tells a model what the sandbox is, from what the agents
 // report: their languages and their defaults.
 func sandboxText(info *edgev1.ListLanguagesResponse, net network) string {
-	var names, stateful []string
+	var names, stateful, preloaded []string
 	for _, l := range info.GetLanguages() {
+		if p := l.GetPreloaded(); len(p) > 0 && len(preloaded) == 0 {
+			preloaded = append(preloaded, l.GetName()+": "+strings.Join(p, ", "))
+		}
 		var about []string
 		if v := l.GetVersion(); v != "" {
 			about = append(about, v)
@@ -383,6 +386,9 @@ func sandboxText(info *edgev1.ListLanguagesResponse, net network) string {
 		"the shell has curl, git, jq, sqlite3 and the usual tools. ")
 	b.WriteString(net.sandbox)
 	b.WriteString(" The working directory is /workspace (64 MiB); /tmp holds 16 MiB. ")
+	if len(preloaded) > 0 {
+		fmt.Fprintf(&b, "Already imported when a run starts, so importing them costs nothing (%s). ", strings.Join(preloaded, "; "))
+	}
 	if d := info.GetDefaults(); d != nil {
 		fmt.Fprintf(&b, "Each run has by default %s of wall-clock time (timeout_seconds, at most %s), %s of memory, one CPU, "+
 			"256 processes and %s of output; a run over a limit is killed or cut and says so. ",

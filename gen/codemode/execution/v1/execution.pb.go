@@ -1249,7 +1249,10 @@ type Language struct {
 	// variables) or "files" (only /workspace and background processes).
 	SessionState string `protobuf:"bytes,6,opt,name=session_state,json=sessionState,proto3" json:"session_state,omitempty"`
 	// An interpreter is started ahead of the next stateless run.
-	Prestarted    bool `protobuf:"varint,7,opt,name=prestarted,proto3" json:"prestarted,omitempty"`
+	Prestarted bool `protobuf:"varint,7,opt,name=prestarted,proto3" json:"prestarted,omitempty"`
+	// Modules already imported when a stateless run's code starts (forked
+	// from a preloaded parent), so that importing them costs nothing.
+	Preloaded     []string `protobuf:"bytes,8,rep,name=preloaded,proto3" json:"preloaded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1331,6 +1334,13 @@ func (x *Language) GetPrestarted() bool {
 		return x.Prestarted
 	}
 	return false
+}
+
+func (x *Language) GetPreloaded() []string {
+	if x != nil {
+		return x.Preloaded
+	}
+	return nil
 }
 
 // FileInfo describes one entry of a workspace directory.
@@ -1555,7 +1565,7 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\x10max_memory_bytes\x18\x05 \x01(\x04R\x0emaxMemoryBytes\x12!\n" +
 	"\foutput_bytes\x18\x06 \x01(\x04R\voutputBytes\x12(\n" +
 	"\x10max_output_bytes\x18\a \x01(\x04R\x0emaxOutputBytes\x12K\n" +
-	"\x14session_idle_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\x12sessionIdleTimeout\"\xd0\x01\n" +
+	"\x14session_idle_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\x12sessionIdleTimeout\"\xee\x01\n" +
 	"\bLanguage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
@@ -1565,7 +1575,8 @@ const file_codemode_execution_v1_execution_proto_rawDesc = "" +
 	"\rsession_state\x18\x06 \x01(\tR\fsessionState\x12\x1e\n" +
 	"\n" +
 	"prestarted\x18\a \x01(\bR\n" +
-	"prestarted\"X\n" +
+	"prestarted\x12\x1c\n" +
+	"\tpreloaded\x18\b \x03(\tR\tpreloaded\"X\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x10\n" +
