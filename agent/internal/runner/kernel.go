@@ -37,11 +37,16 @@ func (s *server) startKernel(lang language) (*kernel, error) {
 		return nil, fmt.Errorf("create kernel socket: %w", err)
 	}
 	parent, child := os.NewFile(uintptr(fds[0]), "kernel"), os.NewFile(uintptr(fds[1]), "kernel-child")
-	p, err := s.procs.start(spec{
-		argv:  lang.Kernel,
-		env:   s.env(lang),
-		files: []*os.File{nil, nil, nil, child},
-	})
+	// From the preloaded parent when there is one, so that the session's
+	// first cell finds the modules imported.
+	p, ok := s.forkKernel(lang, []*os.File{nil, nil, nil, child})
+	if !ok {
+		p, err = s.procs.start(spec{
+			argv:  lang.Kernel,
+			env:   s.env(lang),
+			files: []*os.File{nil, nil, nil, child},
+		})
+	}
 	child.Close()
 	if err != nil {
 		parent.Close()

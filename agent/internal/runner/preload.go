@@ -100,7 +100,7 @@ func (s *server) startParent(lang language, modules []string) (*parent, error) {
 	go s.logParent(errR, p.pid)
 	cfg, err := json.Marshal(map[string]any{
 		"uid": s.cfg.uid, "gid": s.cfg.gid, "parent_uid": wire.ParentUID,
-		"workspace": s.cfg.workspace, "modules": modules, "prestart": lang.Prestart[len(lang.Prestart)-1],
+		"workspace": s.cfg.workspace, "modules": modules, "prestart": lang.Prestart[len(lang.Prestart)-1], "kernel": kernelSource(lang),
 	})
 	if err == nil {
 		err = z.send(cfg, nil)
@@ -215,10 +215,12 @@ func (z *parent) read(ready chan<- parentMsg) {
 	}
 }
 
-// fork has the parent fork an interpreter with files as its fds 0-4.
-func (z *parent) fork(files []*os.File) (*proc, error) {
+// fork has the parent fork an interpreter with files as its fds: kind
+// "fork" a prestarted interpreter (fds 0-4), "kernel" a session's kernel
+// (fds 0-3).
+func (z *parent) fork(kind string, files []*os.File) (*proc, error) {
 	z.forks++
-	if err := z.send([]byte("fork"), files); err != nil {
+	if err := z.send([]byte(kind), files); err != nil {
 		return nil, fmt.Errorf("ask preloaded parent to fork: %w", err)
 	}
 	select {
@@ -298,4 +300,36 @@ func (s *server) preloaded(lang string) []string {
 		return nil
 	}
 	return s.parent.modules
+}
+
+// kernelSource is the source of lang's session kernel, "" if it has none.
+func kernelSource(lang language) string {
+	if len(lang.Kernel) == 0 {
+		return ""
+	}
+	return lang.Kernel[len(lang.Kernel)-1]
+}
+
+// forkKernel forks a session's kernel from lang's preloaded parent, if
+// there is one that may still fork (a parent is started or replaced only in
+// a clean sandbox, by a Reset), with files as its fds 0-3.
+func (s *server) forkKernel(lang language, files []*os.File) (*proc, bool) {
+	s.prestartMu.Lock()
+	defer s.prestartMu.Unlock()
+	z := s.parent
+	if z == nil || z.lang != lang.Name || !z.alive() || z.forks >= s.cfg.parentForks || kernelSource(lang) == "" {
+		return nil, false
+	}
+	fs, done, err := s.procs.userFiles(files)
+	if err == nil {
+		var p *proc
+		p, err = z.fork("kernel", fs)
+		done()
+		if err == nil {
+			return p, true
+		}
+	}
+	s.cfg.log.Warn("fork kernel from preloaded parent", "lang", lang.Name, "error", err)
+	s.dropParent()
+	return nil, false
 }

@@ -4,6 +4,11 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
 // startPreloaded starts a sandbox whose runner forks Python runs from a
@@ -196,3 +201,77 @@ func TestPreloadParentReplaced(t *testing.T) {
 // whose /proc files gVisor gives its effective uid, the user's (Linux would
 // give them to root: the parent is not dumpable).
 const countUserProcsButParent = "import os; print(sum(1 for p in os.listdir('/proc') if p.isdigit() and int(p) not in (os.getpid(), os.getppid()) and os.stat('/proc/' + p).st_uid == os.getuid()))"
+
+// A run forked from the preloaded parent is indistinguishable from one in
+// an interpreter started for it (python3 -c), as a prestarted one is.
+func TestPreloadedPythonIsLikeCold(t *testing.T) {
+	t.Parallel()
+	cold := startSandboxOpts(t, buildRunner(t), "256m", "-prestart=false")
+	warm := startPreloaded(t)
+	for _, tc := range pythonLikeColdCases {
+		t.Run(tc.name, func(t *testing.T) {
+			run := func(sb *sandbox) result {
+				r := &runnerv1.Run{Language: "python", Code: tc.code, Stdin: []byte(tc.stdin), Timeout: durationpb.New(20 * time.Second)}
+				for name, content := range tc.files {
+					r.Files = append(r.Files, &runnerv1.File{Path: name, Content: []byte(content)})
+				}
+				res := sb.run(t.Context(), r)
+				sb.reset(t)
+				if res.err != nil {
+					t.Fatal(res.err)
+				}
+				return res
+			}
+			want, got := run(cold), run(warm)
+			if got.stdout != want.stdout || got.stderr != want.stderr || got.exit.GetCode() != want.exit.GetCode() {
+				t.Errorf("preloaded: code %d, stdout %q, stderr %q\ncold:      code %d, stdout %q, stderr %q",
+					got.exit.GetCode(), got.stdout, got.stderr, want.exit.GetCode(), want.stdout, want.stderr)
+			}
+		})
+	}
+}
+
+// A session's kernel is forked from the preloaded parent too: its first
+// cell finds the modules imported, and it keeps its state from cell to
+// cell.
+func TestPreloadSession(t *testing.T) {
+	t.Parallel()
+	sb := startPreloaded(t)
+	cell := func(code string) result {
+		t.Helper()
+		r := sb.run(t.Context(), &runnerv1.Run{Language: "python", Code: code, Stateful: true})
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		return r
+	}
+	if r := cell("import sys, os\nx = 41\nprint('pandas' in sys.modules, os.getuid(), os.getcwd())"); r.stdout != "True 65534 /workspace\n" {
+		t.Errorf("first cell: stdout %q stderr %q", r.stdout, r.stderr)
+	}
+	if r := cell("x + 1"); r.stdout != "42\n" {
+		t.Errorf("second cell: stdout %q stderr %q", r.stdout, r.stderr)
+	}
+	sb.reset(t)
+	if r := sb.mustRun(t, "python", "print('x' in globals())"); r.stdout != "False\n" {
+		t.Errorf("stateless run after the session: stdout %q stderr %q", r.stdout, r.stderr)
+	}
+}
+
+// What a run leaves unclosed is flushed when it ends (the forked
+// interpreter skips the teardown of the parent's modules, not of the run's
+// objects), and plt.show() saves through the runner's backend.
+func TestPreloadEndOfRun(t *testing.T) {
+	t.Parallel()
+	sb := startPreloaded(t)
+	r := sb.mustRun(t, "python", "f = open('outputs/left-open.txt', 'w')\nf.write('data')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+	got := map[string]string{}
+	for _, a := range r.exit.GetArtifacts() {
+		got[a.GetName()] = a.GetMediaType()
+		if a.GetName() == "left-open.txt" && string(a.GetContent()) != "data" {
+			t.Errorf("left-open.txt holds %q, want %q", a.GetContent(), "data")
+		}
+	}
+	if _, ok := got["left-open.txt"]; !ok || got["figure-1.png"] != "image/png" {
+		t.Errorf("artifacts %v, stderr %q", got, r.stderr)
+	}
+}

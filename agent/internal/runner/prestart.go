@@ -180,7 +180,7 @@ func (s *server) startPrestarted(lang language, files []*os.File) (*proc, error)
 		fs, done, err := s.procs.userFiles(files)
 		if err == nil {
 			var p *proc
-			p, err = z.fork(fs)
+			p, err = z.fork("fork", fs)
 			done()
 			if err == nil {
 				return p, nil

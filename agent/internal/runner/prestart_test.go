@@ -82,32 +82,37 @@ func gone(pid int) bool {
 // interpreter started for it: same output, errors, exit code, arguments,
 // namespace, standard input and file descriptors.
 func TestPrestartedPythonIsLikeCold(t *testing.T) {
-	testPrestartedLikeCold(t, "python", []prestartCase{
-		{name: "print", code: "print('hi', 6*7)"},
-		{name: "exit code", code: "import sys; sys.exit(3)"},
-		{name: "exit message", code: "import sys; sys.exit('bye')"},
-		{name: "exit none", code: "raise SystemExit"},
-		{name: "exception", code: "def f():\n    return 1/0\n\nf()"},
-		{name: "exception chained", code: "try:\n    {}['k']\nexcept KeyError as e:\n    raise ValueError('v') from e"},
-		{name: "syntax error", code: "x = (1,\nprint(x"},
-		{name: "indentation error", code: "if True:\nprint(1)"},
-		{name: "keyboard interrupt", code: "raise KeyboardInterrupt"},
-		{name: "excepthook", code: "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__)\nraise OSError('x')"},
-		{name: "atexit", code: "import atexit; atexit.register(print, 'at exit'); print('body')"},
-		{name: "argv and path", code: "import sys; print(sys.argv, repr(sys.path[0]), __name__, __file__ if '__file__' in dir() else None)"},
-		{name: "namespace", code: "print(sorted(globals()))"},
-		{name: "main module", code: "import sys; print(sys.modules['__main__'].__dict__ is globals(), __spec__, __doc__)"},
-		{name: "no stdin", code: "import os, stat, sys; print(stat.S_ISCHR(os.fstat(0).st_mode), repr(sys.stdin.read()))"},
-		{name: "stdin", code: "import sys; print(sys.stdin.read().upper())", stdin: "abc\ndef\n"},
-		{name: "descriptors", code: "import os; print(sorted(os.listdir('/proc/self/fd')))"},
-		{name: "environment", code: "import os; print(sorted(os.environ.items()))"},
-		{name: "unicode", code: "print('héllo ✓', '\\u00e9')"},
-		{name: "coding cookie", code: "# -*- coding: latin-1 -*-\nprint('plain')"},
-		{name: "stderr", code: "import sys; print('out'); print('err', file=sys.stderr); sys.stderr.flush()"},
-		{name: "import from workspace", code: "import helper; print(helper.VALUE)", files: map[string]string{"helper.py": "VALUE = 42\n"}},
-		{name: "big code", code: bigCode("python")},
-		{name: "warnings", code: "import warnings; warnings.warn('careful')"},
-	}, nil)
+	testPrestartedLikeCold(t, "python", pythonLikeColdCases, nil)
+}
+
+// pythonLikeColdCases are programs whose output, errors and exit code must
+// be the same whichever way their interpreter was started.
+var pythonLikeColdCases = []prestartCase{
+	{name: "print", code: "print('hi', 6*7)"},
+	{name: "exit code", code: "import sys; sys.exit(3)"},
+	{name: "exit message", code: "import sys; sys.exit('bye')"},
+	{name: "exit none", code: "raise SystemExit"},
+	{name: "exception", code: "def f():\n    return 1/0\n\nf()"},
+	{name: "exception chained", code: "try:\n    {}['k']\nexcept KeyError as e:\n    raise ValueError('v') from e"},
+	{name: "syntax error", code: "x = (1,\nprint(x"},
+	{name: "indentation error", code: "if True:\nprint(1)"},
+	{name: "keyboard interrupt", code: "raise KeyboardInterrupt"},
+	{name: "excepthook", code: "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__)\nraise OSError('x')"},
+	{name: "atexit", code: "import atexit; atexit.register(print, 'at exit'); print('body')"},
+	{name: "argv and path", code: "import sys; print(sys.argv, repr(sys.path[0]), __name__, __file__ if '__file__' in dir() else None)"},
+	{name: "namespace", code: "print(sorted(globals()))"},
+	{name: "main module", code: "import sys; print(sys.modules['__main__'].__dict__ is globals(), __spec__, __doc__)"},
+	{name: "no stdin", code: "import os, stat, sys; print(stat.S_ISCHR(os.fstat(0).st_mode), repr(sys.stdin.read()))"},
+	{name: "stdin", code: "import sys; print(sys.stdin.read().upper())", stdin: "abc\ndef\n"},
+	{name: "descriptors", code: "import os; print(sorted(os.listdir('/proc/self/fd')))"},
+	{name: "environment", code: "import os; print(sorted(os.environ.items()))"},
+	{name: "unicode", code: "print('héllo ✓', '\\u00e9')"},
+	{name: "coding cookie", code: "# -*- coding: latin-1 -*-\nprint('plain')"},
+	{name: "stderr", code: "import sys; print('out'); print('err', file=sys.stderr); sys.stderr.flush()"},
+	{name: "import from workspace", code: "import helper; print(helper.VALUE)", files: map[string]string{"helper.py": "VALUE = 42\n"}},
+	{name: "big code", code: bigCode("python")},
+	{name: "warnings", code: "import warnings; warnings.warn('careful')"},
+	{name: "finaliser", code: "class D:\n    def __del__(self):\n        print('finalised')\nd = D()\nprint('body')"},
 }
 
 // A Node.js run in a prestarted interpreter differs from `node -e` only in

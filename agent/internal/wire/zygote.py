@@ -16,12 +16,14 @@
 # effective uid U is what lets a child become the user without privilege.
 #
 # Each fork request carries the new interpreter's fds 0-4 (standard input,
-# output, error, the code's pipe, the ready pipe). The child makes all its
+# output, error, the code's pipe, the ready pipe), or for a session's kernel
+# (kernel.py) fds 0-3 (the last its socket). The child makes all its
 # uids U, sets PR_SET_PDEATHSIG, makes itself dumpable again, takes a process
 # group of its own, keeps only fds 0-4, enters the workspace, restores
 # signal handling, reseeds the random generators that import time seeded,
 # and runs the runner's prestart source (prestart.py) in a fresh __main__,
-# which reports ready on fd 4 and runs the code read from fd 3. The parent
+# which reports ready on fd 4 and runs the code read from fd 3 (or the
+# kernel's source). The parent
 # replies with the child's pid and, when it ends, with its wait status.
 
 
@@ -78,7 +80,6 @@ def _codemode_zygote():
 
     gc.collect()
     gc.freeze()
-    prestart = cfg["prestart"]
     workspace = cfg["workspace"]
 
     wake_r, wake_w = os.pipe()
@@ -112,10 +113,13 @@ def _codemode_zygote():
             msg, fds, _, _ = socket.recv_fds(sock, 64, 8)
             if not msg:
                 os._exit(0)  # the runner went away
-            if len(fds) != 5:
+            # "fork": a prestarted interpreter (fds 0-4); "kernel": a
+            # session's kernel (fds 0-3).
+            source, want = (cfg["kernel"], 4) if msg == b"kernel" else (cfg["prestart"], 5)
+            if len(fds) != want:
                 for fd in fds:
                     os.close(fd)
-                sock.send(json.dumps({"error": "want 5 fds, got %d" % len(fds)}).encode())
+                sock.send(json.dumps({"error": "want %d fds, got %d" % (want, len(fds))}).encode())
                 continue
             pid = os.fork()
             if pid == 0:
@@ -139,7 +143,7 @@ def _codemode_zygote():
         high = [os.dup(fd) for fd in fds]
         for i, fd in enumerate(high):
             os.dup2(fd, i)
-        os.closerange(5, os.sysconf("SC_OPEN_MAX"))
+        os.closerange(len(high), os.sysconf("SC_OPEN_MAX"))
         os.chdir(workspace)
         _reseed(sys.modules)
     except BaseException:
@@ -149,7 +153,7 @@ def _codemode_zygote():
     sys.modules["__main__"] = main
     g = main.__dict__
     try:
-        exec(compile(prestart, "<string>", "exec"), g)
+        exec(compile(source, "<string>", "exec"), g)
         code = 0
     except SystemExit as e:
         code = _exit_code(e)
