@@ -333,3 +333,37 @@ func (s *server) forkKernel(lang language, files []*os.File) (*proc, bool) {
 	s.dropParent()
 	return nil, false
 }
+
+// parentAlive says whether lang's parent lives and may fork again. Called
+// with prestartMu held.
+func (s *server) parentAlive(lang language) bool {
+	z := s.parent
+	return z != nil && z.lang == lang.Name && z.alive() && z.forks < s.cfg.parentForks
+}
+
+// namesModule says whether code names one of modules' top-level packages as
+// a word ("import pandas as pd", "from matplotlib import pyplot"): a guess,
+// made before the code runs, of whether it imports them. A wrong guess
+// costs time, not isolation.
+func namesModule(code string, modules []string) bool {
+	for _, m := range modules {
+		top, _, _ := strings.Cut(m, ".")
+		for i := 0; ; {
+			j := strings.Index(code[i:], top)
+			if j < 0 {
+				break
+			}
+			j += i
+			end := j + len(top)
+			if (j == 0 || !identByte(code[j-1])) && (end == len(code) || !identByte(code[end])) {
+				return true
+			}
+			i = end
+		}
+	}
+	return false
+}
+
+func identByte(c byte) bool {
+	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}

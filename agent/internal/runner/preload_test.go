@@ -26,17 +26,35 @@ func (sb *sandbox) reset(t *testing.T) {
 	}
 }
 
-func TestPreloadSmoke(t *testing.T) {
+// A stateless run that names a preloaded module runs forked from the
+// parent, whether its interpreter was prestarted that way or not; other
+// code takes the interpreter prestarted, and the next prestart is of the
+// kind the last run wanted.
+func TestPreloadChoosesInterpreter(t *testing.T) {
+	t.Parallel()
 	sb := startPreloaded(t)
-	for i := 0; i < 3; i++ {
-		r := sb.mustRun(t, "python", "import sys, os; print('pandas' in sys.modules, os.getuid(), os.getcwd(), sys.argv, sys.path[0] == '')")
-		t.Logf("%q %q %v", r.stdout, r.stderr, r.exit)
-		if !strings.HasPrefix(r.stdout, "True 65534 /workspace ['-c'] True") {
-			t.Errorf("stdout %q stderr %q", r.stdout, r.stderr)
-		}
+	ppid := func(code string) string {
+		t.Helper()
+		r := sb.mustRun(t, "python", code)
 		sb.reset(t)
+		if r.exit.GetCode() != 0 {
+			t.Fatalf("run %q: %v %q %q", code, r.exit, r.stdout, r.stderr)
+		}
+		return strings.TrimSpace(r.stdout)
 	}
-	t.Logf("%s", sb.log.String())
+	parent := ppid("import os, sys, numpy; print(os.getppid())")
+	if parent == "1" {
+		t.Fatalf("a run naming numpy ran in a fresh interpreter")
+	}
+	for i, tc := range []struct{ code, want string }{
+		{"import os; print(os.getppid())", parent},                                              // prestarted forked
+		{"import os; print(os.getppid())", "1"},                                                 // prestarted fresh
+		{"import os, sys; print(os.getppid() if 'pandas' in sys.modules else 'fresh')", parent}, // forked now
+	} {
+		if got := ppid(tc.code); got != tc.want {
+			t.Errorf("run %d %q: parent %s, want %s", i, tc.code, got, tc.want)
+		}
+	}
 }
 
 // TestPreloadIsolation runs, in one sandbox whose Python runs are forked
@@ -49,11 +67,14 @@ func TestPreloadIsolation(t *testing.T) {
 	// B runs before A too, and must print the same then.
 	ab := func(t *testing.T, a, b, want string) {
 		t.Helper()
-		r := sb.mustRun(t, "python", b)
+		r := sb.mustRun(t, "python", "import numpy\n"+b)
 		sb.reset(t)
 		if r.stdout != want || r.exit.GetCode() != 0 {
 			t.Fatalf("run B before A: code %d, stdout %q, stderr %q; want %q", r.exit.GetCode(), r.stdout, r.stderr, want)
 		}
+		// Naming numpy has the run forked from the parent (see
+		// namesModule).
+		a, b = "import numpy\n"+a, "import numpy\n"+b
 		if r := sb.mustRun(t, "python", a); r.exit.GetCode() != 0 {
 			t.Fatalf("run A: code %d, stdout %q, stderr %q", r.exit.GetCode(), r.stdout, r.stderr)
 		}
@@ -127,7 +148,7 @@ if os.fork() == 0:
 	})
 	t.Run("parent out of reach", func(t *testing.T) {
 		r := sb.mustRun(t, "python", `
-import os, signal, ctypes
+import os, signal, ctypes, numpy
 ppid = os.getppid()
 out = []
 for sig in (0, signal.SIGSTOP, signal.SIGKILL):
@@ -162,7 +183,7 @@ print(*out, sep="\n")`)
 		sb.reset(t)
 	})
 	t.Run("killed parent is replaced", func(t *testing.T) {
-		r := sb.mustRun(t, "python", "import os; print(os.getppid())")
+		r := sb.mustRun(t, "python", "import os, numpy; print(os.getppid())")
 		ppid := strings.TrimSpace(r.stdout)
 		sb.reset(t)
 		if out, err := exec.Command("docker", "exec", sb.name, "kill", "-9", ppid).CombinedOutput(); err != nil {
@@ -174,7 +195,7 @@ print(*out, sep="\n")`)
 			t.Errorf("run after the parent died: stdout %q stderr %q", r.stdout, r.stderr)
 		}
 		sb.reset(t)
-		r = sb.mustRun(t, "python", "import os, sys; print(os.getppid(), 'pandas' in sys.modules)")
+		r = sb.mustRun(t, "python", "import os, sys, numpy; print(os.getppid(), 'pandas' in sys.modules)")
 		if f := strings.Fields(r.stdout); len(f) != 2 || f[0] == ppid || f[1] != "True" {
 			t.Errorf("after the parent died: stdout %q stderr %q (old parent %s)", r.stdout, r.stderr, ppid)
 		}
@@ -211,7 +232,8 @@ func TestPreloadedPythonIsLikeCold(t *testing.T) {
 	for _, tc := range pythonLikeColdCases {
 		t.Run(tc.name, func(t *testing.T) {
 			run := func(sb *sandbox) result {
-				r := &runnerv1.Run{Language: "python", Code: tc.code, Stdin: []byte(tc.stdin), Timeout: durationpb.New(20 * time.Second)}
+				// Naming numpy has the run forked from the parent.
+				r := &runnerv1.Run{Language: "python", Code: "# numpy\n" + tc.code, Stdin: []byte(tc.stdin), Timeout: durationpb.New(20 * time.Second)}
 				for name, content := range tc.files {
 					r.Files = append(r.Files, &runnerv1.File{Path: name, Content: []byte(content)})
 				}
@@ -273,5 +295,85 @@ func TestPreloadEndOfRun(t *testing.T) {
 	}
 	if _, ok := got["left-open.txt"]; !ok || got["figure-1.png"] != "image/png" {
 		t.Errorf("artifacts %v, stderr %q", got, r.stderr)
+	}
+}
+
+// preloadWorkload is the code models send, as the benchmarks run it.
+var preloadWorkload = []struct{ name, lang, code string }{
+	{"print", "python", "print(1)"},
+	{"requests", "python", "import requests\nr = requests.Request('GET', 'http://127.0.0.1/x', params={'q': 1}).prepare()\nprint(r.url)"},
+	{"numpy", "python", "import numpy as np\na = np.random.rand(500, 500)\nb = a @ a\nprint(np.linalg.eigvals(b)[:1].real)"},
+	{"pandas", "python", "import numpy as np, pandas as pd\ndf = pd.DataFrame({'k': np.random.randint(0, 10, 10000), 'v': np.random.rand(10000)})\nprint(df.groupby('k').v.describe().shape)"},
+	{"matplotlib", "python", "import numpy as np, matplotlib.pyplot as plt\nfig, (a, b) = plt.subplots(1, 2)\na.plot(np.arange(100) ** 0.5)\nb.hist(np.random.randn(1000), bins=30)\nfig.savefig('/workspace/outputs/plot.png')"},
+	{"javascript", "javascript", "console.log(1)"},
+}
+
+// BenchmarkSandboxPreload runs the workload through the runner, each run
+// followed by the Reset the agent makes, in a sandbox with a preloaded
+// parent and in one without (fresh prestarted interpreters), in turn:
+//
+//	go test -run '^$' -bench SandboxPreload -benchtime 20x ./agent/internal/runner
+func BenchmarkSandboxPreload(b *testing.B) {
+	off := startSandboxOpts(b, buildRunner(b), "512m")
+	on := startSandboxOpts(b, buildRunner(b), "512m", "-preload=default")
+	ctx := b.Context()
+	for _, w := range preloadWorkload {
+		for _, mode := range []struct {
+			name string
+			sb   *sandbox
+		}{{"fresh", off}, {"preload", on}} {
+			b.Run(w.name+"/"+mode.name, func(b *testing.B) {
+				sb := mode.sb
+				cpu := sb.cpuUsage(b)
+				// One run first, so that the prestart is in the language.
+				if _, err := sb.c.Run(ctx, &runnerv1.Run{Language: w.lang, Code: w.code}, nil); err != nil {
+					b.Fatal(err)
+				}
+				if err := sb.c.Reset(ctx); err != nil {
+					b.Fatal(err)
+				}
+				var lat []time.Duration
+				var runC, resC, resW time.Duration
+				for b.Loop() {
+					c0, start := cpu(), time.Now()
+					exit, err := sb.c.Run(ctx, &runnerv1.Run{Language: w.lang, Code: w.code, Timeout: durationpb.New(60 * time.Second)}, nil)
+					if err != nil || exit.GetCode() != 0 {
+						b.Fatalf("run: %v %v", exit, err)
+					}
+					lat = append(lat, time.Since(start))
+					c1, t1 := cpu(), time.Now()
+					if err := sb.c.Reset(ctx); err != nil {
+						b.Fatal(err)
+					}
+					runC += c1 - c0
+					resC += cpu() - c1
+					resW += time.Since(t1)
+				}
+				n := float64(len(lat))
+				ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / n }
+				b.ReportMetric(ms(runC), "run-cpu-ms")
+				b.ReportMetric(ms(resW), "reset-ms")
+				b.ReportMetric(ms(resC), "reset-cpu-ms")
+				reportPercentiles(b, lat)
+			})
+		}
+	}
+}
+
+func TestNamesModule(t *testing.T) {
+	mods := []string{"numpy", "pandas", "matplotlib.pyplot"}
+	for code, want := range map[string]bool{
+		"print(1)":                          false,
+		"import pandas as pd":               true,
+		"from matplotlib import pyplot":     true,
+		"import numpyx, mynumpy, numpy_ext": false,
+		"x = 1\nimport os, numpy":           true,
+		"pandas":                            true,
+		"print('matplotlib.pyplot')":        true,
+		"":                                  false,
+	} {
+		if got := namesModule(code, mods); got != want {
+			t.Errorf("namesModule(%q) = %v, want %v", code, got, want)
+		}
 	}
 }

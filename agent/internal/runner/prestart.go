@@ -24,10 +24,11 @@ import (
 // until the first one); a run of a language without a prestart form turns it
 // off until a run of one that has it.
 type prestarted struct {
-	lang string
-	proc *proc
-	std  *stdio   // standard input is a pipe
-	code *os.File // the write end of the interpreter's fd 3
+	lang   string
+	forked bool // from the preloaded parent (see parent)
+	proc   *proc
+	std    *stdio   // standard input is a pipe
+	code   *os.File // the write end of the interpreter's fd 3
 }
 
 // give hands the interpreter the run's code and standard input. The caller
@@ -74,6 +75,16 @@ func (s *server) prestart() {
 	if !ok || lang.Prestart == nil {
 		return
 	}
+	// The parent is started (or replaced) here, in a sandbox just
+	// verified clean, whichever kind the next run is likely to want.
+	z := s.preloadedParent(lang)
+	s.prestartOne(lang, z != nil && s.prestartForked)
+}
+
+// prestartOne starts an interpreter of lang, forked from the preloaded
+// parent or fresh, and waits until it is ready. Called with prestartMu
+// held.
+func (s *server) prestartOne(lang language, forked bool) {
 	std, err := newStdio(nil, true)
 	if err != nil {
 		s.cfg.log.Warn("prestart interpreter", "lang", lang.Name, "error", err)
@@ -86,9 +97,9 @@ func (s *server) prestart() {
 	}
 	if err == nil {
 		var p *proc
-		p, err = s.startPrestarted(lang, append(std.child(), codeR, readyW))
+		p, forked, err = s.startPrestarted(lang, forked, append(std.child(), codeR, readyW))
 		if err == nil {
-			s.pre = &prestarted{lang: lang.Name, proc: p, std: std, code: codeW}
+			s.pre = &prestarted{lang: lang.Name, forked: forked, proc: p, std: std, code: codeW}
 		}
 	}
 	std.closeChild()
@@ -130,24 +141,44 @@ func (s *server) prestartFailed(lang string, err error) {
 // takePrestarted returns the prestarted interpreter if a run of lang can
 // use it (only a stateless one can), and discards it otherwise. A stateless
 // run also decides what the next prestart is.
-func (s *server) takePrestarted(lang language, stateless bool) *prestarted {
+//
+// With a preloaded parent, a stateless run whose code names a preloaded
+// module gets an interpreter forked from the parent (the one prestarted, or
+// one forked now in place of a fresh one); other code takes the one
+// prestarted, whichever it is: a forked interpreter costs a fresh one's
+// start when it is forked, but its run and its exit cost more than a fresh
+// one's (its address space is the parent's). The next prestart is of the
+// kind this run wanted.
+func (s *server) takePrestarted(lang language, stateless bool, code string) *prestarted {
 	s.prestartMu.Lock()
 	defer s.prestartMu.Unlock()
+	wantsParent := false
 	if stateless && s.cfg.prestart && s.prestartFailures < maxPrestartFailures {
 		s.prestartLang = ""
 		if lang.Prestart != nil {
 			s.prestartLang = lang.Name
 		}
+		wantsParent = lang.Parent != nil && namesModule(code, s.cfg.preload)
+		s.prestartForked = wantsParent
 	}
 	pre := s.pre
 	s.pre = nil
-	if pre == nil {
-		return nil
+	if pre != nil && stateless && pre.lang == lang.Name && pre.proc.alive() {
+		if pre.forked || !wantsParent || !s.parentAlive(lang) {
+			return pre
+		}
 	}
-	if stateless && pre.lang == lang.Name && pre.proc.alive() {
+	if pre != nil {
+		pre.discard(s.cfg.log)
+	}
+	if wantsParent && s.parentAlive(lang) {
+		// Forked now: tens of milliseconds, against the imports'
+		// hundreds. The parent is not started here (only in a clean
+		// sandbox), only used.
+		s.prestartOne(lang, true)
+		pre, s.pre = s.pre, nil
 		return pre
 	}
-	pre.discard(s.cfg.log)
 	return nil
 }
 
@@ -173,22 +204,23 @@ func (s *server) dropPrestarted() {
 }
 
 // startPrestarted starts a prestarted interpreter with files as its fds
-// 0-4: forked from lang's preloaded parent when there is one (see parent),
-// else a fresh interpreter.
-func (s *server) startPrestarted(lang language, files []*os.File) (*proc, error) {
-	if z := s.preloadedParent(lang); z != nil {
+// 0-4: forked from lang's preloaded parent if forked and the parent lives
+// (see parent), else a fresh interpreter. It says which it started.
+func (s *server) startPrestarted(lang language, forked bool, files []*os.File) (*proc, bool, error) {
+	if z := s.parent; forked && s.parentAlive(lang) {
 		fs, done, err := s.procs.userFiles(files)
 		if err == nil {
 			var p *proc
 			p, err = z.fork("fork", fs)
 			done()
 			if err == nil {
-				return p, nil
+				return p, true, nil
 			}
 		}
 		// A parent that failed to fork is not trusted with the next one.
 		s.cfg.log.Warn("fork from preloaded parent", "lang", lang.Name, "error", err)
 		s.dropParent()
 	}
-	return s.procs.start(spec{argv: lang.Prestart, env: s.env(lang), files: files})
+	p, err := s.procs.start(spec{argv: lang.Prestart, env: s.env(lang), files: files})
+	return p, false, err
 }

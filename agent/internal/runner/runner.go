@@ -247,6 +247,9 @@ type server struct {
 	// that failed in a row.
 	parent         *parent
 	parentFailures int
+	// Whether the next prestarted interpreter is forked from the parent:
+	// whether the last stateless run named a preloaded module.
+	prestartForked bool
 }
 
 func newServer(cfg config, stdout io.Writer) (*server, error) {
@@ -314,6 +317,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	}
 	if cfg.prestart {
 		s.prestartLang = wire.DefaultLanguage
+		s.prestartForked = true
 	}
 	if lib != "" {
 		s.mpl = &mplConfig{dir: mplConfigDir(lib), seed: cfg.mplSeed, uid: cfg.uid, gid: cfg.gid}
