@@ -1,7 +1,9 @@
 package runner
 
 import (
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -354,6 +356,7 @@ func BenchmarkSandboxPreload(b *testing.B) {
 				b.ReportMetric(ms(runC), "run-cpu-ms")
 				b.ReportMetric(ms(resW), "reset-ms")
 				b.ReportMetric(ms(resC), "reset-cpu-ms")
+				b.ReportMetric(float64(sb.memoryUsage(b))/(1<<20), "sandbox-MiB")
 				reportPercentiles(b, lat)
 			})
 		}
@@ -375,5 +378,58 @@ func TestNamesModule(t *testing.T) {
 		if got := namesModule(code, mods); got != want {
 			t.Errorf("namesModule(%q) = %v, want %v", code, got, want)
 		}
+	}
+}
+
+// memoryUsage reads the memory the sandbox uses, from the host's cgroup
+// (v1) of the container.
+func (sb *sandbox) memoryUsage(b *testing.B) int64 {
+	b.Helper()
+	out, err := exec.Command("docker", "inspect", "--format", "{{.Id}}", sb.name).Output()
+	if err != nil {
+		b.Fatalf("docker inspect %s: %v", sb.name, err)
+	}
+	data, err := os.ReadFile("/sys/fs/cgroup/memory/docker/" + strings.TrimSpace(string(out)) + "/memory.usage_in_bytes")
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	return n
+}
+
+// A fork bomb and a memory bomb in a sandbox with a preloaded parent: the
+// scrub kills the bomb and spares the parent, the watchdog ends the memory
+// bomb without the sandbox, and the next runs are forked as before.
+func TestPreloadAbuse(t *testing.T) {
+	t.Parallel()
+	sb := startSandboxOpts(t, buildRunner(t), "512m", "-preload=default")
+	ctx := t.Context()
+	parent := func() string {
+		t.Helper()
+		r := sb.mustRun(t, "python", "import os, numpy; print(os.getppid())")
+		sb.reset(t)
+		if p := strings.TrimSpace(r.stdout); p != "1" && p != "" {
+			return p
+		}
+		t.Fatalf("not forked: %q %q", r.stdout, r.stderr)
+		return ""
+	}
+	before := parent()
+	r := sb.run(ctx, &runnerv1.Run{Language: "bash", Code: "(:(){ :|:& };:) >/dev/null 2>&1 & sleep 0.3; echo left", Stateful: true, Timeout: durationpb.New(10 * time.Second)})
+	if r.err != nil || r.stdout != "left\n" {
+		t.Fatalf("fork bomb: %v %q %q %v", r.exit, r.stdout, r.stderr, r.err)
+	}
+	sb.reset(t)
+	if r := sb.mustRun(t, "python", "import numpy\n"+countUserProcsButParent); r.stdout != "0\n" {
+		t.Fatalf("user processes after Reset: %q %q", r.stdout, r.stderr)
+	}
+	sb.reset(t)
+	r = sb.run(ctx, &runnerv1.Run{Language: "python", Code: "import numpy\nx = []\nwhile True:\n    x.append(bytearray(16 << 20))", Timeout: durationpb.New(30 * time.Second)})
+	if r.err != nil || !r.exit.GetOomKilled() {
+		t.Fatalf("memory bomb: %v %v %q", r.exit, r.err, r.stderr)
+	}
+	sb.reset(t)
+	if after := parent(); after != before {
+		t.Errorf("parent %s before the bombs, %s after", before, after)
 	}
 }
