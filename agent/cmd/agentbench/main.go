@@ -45,6 +45,9 @@ type options struct {
 	image   string
 	runtime string
 	cpus    float64
+	// workload measures only the workload of code that imports
+	// libraries, with and without a preloaded parent (see workload.go).
+	workload bool
 }
 
 func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
@@ -58,6 +61,7 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 	f.StringVar(&o.image, "image", "codemode-sandbox:bookworm", "sandbox image")
 	f.StringVar(&o.runtime, "runtime", "runsc", "OCI runtime")
 	f.Float64Var(&o.cpus, "cpus", agentd.DefaultConfig().CPUs, "CPU limit of the agent's sandboxes and of the baseline container alike (the agent's default; both are pinned to CPUs as the agent pins)")
+	f.BoolVar(&o.workload, "workload", false, "measure only the workload of code that imports libraries (requests, numpy, pandas, matplotlib) on an agent with --preload=default and one without")
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -93,6 +97,9 @@ func (b *bench) logf(format string, args ...any) {
 func (b *bench) run(ctx context.Context) error {
 	if err := b.setup(ctx); err != nil {
 		return err
+	}
+	if b.o.workload {
+		return b.measureWorkload(ctx)
 	}
 	r := &report{o: b.o}
 	for _, phase := range []func(context.Context, *report) error{
