@@ -248,7 +248,8 @@ type server struct {
 	parent         *parent
 	parentFailures int
 	// Whether the next prestarted interpreter is forked from the parent:
-	// whether the last stateless run named a preloaded module.
+	// whether the last stateless run named a preloaded module (none at
+	// first: code that imports nothing is the most common).
 	prestartForked bool
 }
 
@@ -317,7 +318,6 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	}
 	if cfg.prestart {
 		s.prestartLang = wire.DefaultLanguage
-		s.prestartForked = true
 	}
 	if lib != "" {
 		s.mpl = &mplConfig{dir: mplConfigDir(lib), seed: cfg.mplSeed, uid: cfg.uid, gid: cfg.gid}
