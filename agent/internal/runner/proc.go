@@ -50,6 +50,13 @@ type procs struct {
 	// sparing says that a preloaded parent lives, which killing every
 	// process must spare (see parent).
 	sparing atomic.Bool
+	// killFromFileThread runs kill(-1, SIGKILL) on the file thread (see
+	// fileThread), whose effective uid is the user's and real and saved
+	// uids root's: it reaches every process whose real or saved uid is the
+	// user's, and neither the preloaded parent (real and saved uid its own)
+	// nor the runner. nil without the thread; set before the first
+	// request.
+	killFromFileThread func() error
 }
 
 // proc is a started process.
@@ -390,12 +397,19 @@ func (p *procs) killUser(keep []int) error {
 		// there, so kill(-1) reaches every other process in one pass of
 		// the kernel, which forking cannot outrun (a fork bomb at its
 		// process limit refills each slot the scan below frees, and
-		// starves the scan of CPU). With a group to keep, everything is
-		// stopped first, the rest killed from the scan, and the kept
-		// group (or the preloaded parent) continued.
-		if keepPgid == 0 && !p.sparing.Load() {
+		// starves the scan of CPU). Beside a preloaded parent, the
+		// kill(-1) is the file thread's, which reaches only the user's
+		// processes. With a group to keep, everything is stopped first,
+		// the rest killed from the scan, and the kept group continued.
+		switch {
+		case keepPgid == 0 && !p.sparing.Load():
 			_ = syscall.Kill(-1, syscall.SIGKILL)
-		} else {
+		case keepPgid == 0 && p.killFromFileThread != nil:
+			// As one pass of the kernel too, sparing the parent.
+			if err := p.killFromFileThread(); err != nil {
+				return err
+			}
+		default:
 			_ = syscall.Kill(-1, syscall.SIGSTOP)
 			defer syscall.Kill(-1, syscall.SIGCONT)
 		}

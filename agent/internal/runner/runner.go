@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -315,6 +316,18 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 
 		mqueues: mq,
 		mqErr:   mqErr,
+	}
+	if files != nil {
+		s.procs.killFromFileThread = func() error {
+			return files.do(func() error {
+				// EPERM: processes it may not signal (the parent), which
+				// gVisor may report when they come last.
+				if err := killAllOfUser(); !errors.Is(err, syscall.EPERM) {
+					return err
+				}
+				return nil
+			})
+		}
 	}
 	if cfg.prestart {
 		s.prestartLang = wire.DefaultLanguage
