@@ -15,11 +15,11 @@ func TestSandboxTextPreloaded(t *testing.T) {
 		{Name: "python", Preloaded: []string{"numpy", "pandas"}},
 		{Name: "bash"},
 	}}
-	if got := sandboxText(info); !strings.Contains(got, "Already imported when a run starts, so importing them costs nothing (python: numpy, pandas)") {
+	if got := sandboxText(info, network{}); !strings.Contains(got, "Already imported when a run starts, so importing them costs nothing (python: numpy, pandas)") {
 		t.Errorf("description lacks the preloaded modules:\n%s", got)
 	}
 	info.Languages[0].Preloaded = nil
-	if got := sandboxText(info); strings.Contains(got, "Already imported") {
+	if got := sandboxText(info, network{}); strings.Contains(got, "Already imported") {
 		t.Errorf("description claims preloaded modules without any:\n%s", got)
 	}
 }
