@@ -470,16 +470,7 @@ func BenchmarkBrowsersCall(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	var p50 [2]time.Duration
-	for i := range servers {
-		l := servers[i].lat
-		slices.Sort(l)
-		p50[i] = l[(len(l)-1)/2]
-		b.Logf("%-10s n=%d p50=%v p95=%v", servers[i].name, len(l), p50[i], l[(len(l)-1)*95/100])
-	}
-	b.ReportMetric(float64(p50[0].Nanoseconds())/1e3, "p50-checked-us")
-	b.ReportMetric(float64(p50[1].Nanoseconds())/1e3, "p50-unchecked-us")
-	b.ReportMetric(float64(p50[0])/float64(p50[1]), "p50-ratio")
+	reportP50s(b, [2]string{servers[0].name, servers[1].name}, [2]string{"checked", "unchecked"}, [2][]time.Duration{servers[0].lat, servers[1].lat})
 }
 
 // FuzzBrowsers checks, for any Host and Origin header, that a request

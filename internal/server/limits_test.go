@@ -723,14 +723,25 @@ func BenchmarkServerLimits(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	reportP50s(b, [2]string{servers[0].name, servers[1].name}, [2]string{"on", "off"}, [2][]time.Duration{servers[0].lat, servers[1].lat})
+}
+
+// reportP50s logs the p50 and p95 of each side of a paired benchmark (names
+// for the log) and reports their p50s, as "p50-SIDE-us" with sides, and
+// the ratio of the first to the second.
+func reportP50s(b *testing.B, names, sides [2]string, lat [2][]time.Duration) {
+	b.Helper()
 	var p50 [2]time.Duration
-	for i := range servers {
-		l := servers[i].lat
+	for i, l := range lat {
+		if len(l) == 0 {
+			return
+		}
 		slices.Sort(l)
 		p50[i] = l[(len(l)-1)/2]
-		b.Logf("%-10s n=%d p50=%v p95=%v", servers[i].name, len(l), p50[i], l[(len(l)-1)*95/100])
+		b.Logf("%-10s n=%d p50=%v p95=%v", names[i], len(l), p50[i], l[(len(l)-1)*95/100])
 	}
-	b.ReportMetric(float64(p50[0].Nanoseconds())/1e3, "p50-on-us")
-	b.ReportMetric(float64(p50[1].Nanoseconds())/1e3, "p50-off-us")
+	for i := range sides {
+		b.ReportMetric(float64(p50[i].Nanoseconds())/1e3, "p50-"+sides[i]+"-us")
+	}
 	b.ReportMetric(float64(p50[0])/float64(p50[1]), "p50-ratio")
 }
