@@ -234,7 +234,7 @@ func TestBrowsersHosts(t *testing.T) {
 		{host: "localhost:" + bs.port, allowed: true},
 		{host: "LOCALHOST:" + bs.port, allowed: true},
 		{host: "[::1]:" + bs.port, allowed: true},
-		{host: "10.1.2.3:" + bs.port, allowed: true},
+		{host: "[0:0:0:0:0:0:0:1]:" + bs.port, allowed: true},
 		{host: "codemode.example.com", allowed: true},
 		{host: "Codemode.Example.COM:443", allowed: true},
 		{host: "evil.example:" + bs.port},
