@@ -236,6 +236,7 @@ func TestDescriptionsSayTheNetwork(t *testing.T) {
 			t.Parallel()
 			var egress *tenant.EgressConfig
 			if tc.egress != "" {
+				var err error
 				if egress, err = tenant.ParseEgress([]byte(tc.egress)); err != nil {
 					t.Fatal(err)
 				}
