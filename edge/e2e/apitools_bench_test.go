@@ -9,8 +9,8 @@ import (
 
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
-	"github.com/codemode-go/codemode/internal/apis"
-	"github.com/codemode-go/codemode/internal/apis/apistest"
+	"github.com/codemode-go/codemode/internal/apicatalog"
+	"github.com/codemode-go/codemode/internal/apicatalog/apistest"
 )
 
 // BenchmarkAPIRedaction measures what looking for a credential in API
@@ -34,8 +34,8 @@ func BenchmarkAPIRedaction(b *testing.B) {
 		writeJSON(b, p, v)
 		return p
 	}
-	declFile := write("apis.json", apis.Declaration{APIs: []apis.APIDeclaration{
-		{Name: "cred", BaseURL: echo.URL, Credential: &apis.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}},
+	declFile := write("apicatalog.json", apicatalog.Declaration{APIs: []apicatalog.APIDeclaration{
+		{Name: "cred", BaseURL: echo.URL, Credential: &apicatalog.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}},
 		{Name: "plain", BaseURL: echo.URL},
 	}})
 	const key = "k-bench-redact-0123456789"

@@ -14,8 +14,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
-	"github.com/codemode-go/codemode/internal/apis"
-	"github.com/codemode-go/codemode/internal/apis/apistest"
+	"github.com/codemode-go/codemode/internal/apicatalog"
+	"github.com/codemode-go/codemode/internal/apicatalog/apistest"
 )
 
 // keySession connects an MCP client to endpoint as the tenant of key.
@@ -51,13 +51,13 @@ func TestAPITools(t *testing.T) {
 
 	// The shipped declaration, pointed at the fake, its token read from a
 	// file and required.
-	var decl apis.Declaration
-	if err := json.Unmarshal(apis.DefaultDeclaration(), &decl); err != nil {
+	var decl apicatalog.Declaration
+	if err := json.Unmarshal(apicatalog.DefaultDeclaration(), &decl); err != nil {
 		t.Fatal(err)
 	}
 	decl.APIs[0].BaseURL = fake.URL
-	decl.APIs[0].Credential = &apis.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}
-	declFile := filepath.Join(dir, "apis.json")
+	decl.APIs[0].Credential = &apicatalog.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}
+	declFile := filepath.Join(dir, "apicatalog.json")
 	writeJSON(t, declFile, decl)
 
 	mods, err := policytest.BuildInto(dir, "tenantblock")
@@ -207,18 +207,18 @@ const echoToken = "ghp_e2e/echo+0123456789abcdefghijklmnopq"
 // echoToken read from a file: "echo", whose answers are redacted, and
 // "strict", declared with refuse_echo; each with the tool NAME_form whose
 // argument form is the path.
-func echoDeclaration(t *testing.T, dir, baseURL string) apis.Declaration {
+func echoDeclaration(t *testing.T, dir, baseURL string) apicatalog.Declaration {
 	t.Helper()
 	tokenFile := filepath.Join(dir, "echo-token")
 	if err := os.WriteFile(tokenFile, []byte(echoToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var d apis.Declaration
+	var d apicatalog.Declaration
 	for _, name := range []string{"echo", "strict"} {
-		d.APIs = append(d.APIs, apis.APIDeclaration{
+		d.APIs = append(d.APIs, apicatalog.APIDeclaration{
 			Name: name, Description: "echoes its credential", BaseURL: baseURL,
-			Credential: &apis.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile, RefuseEcho: name == "strict"},
-			Tools: []apis.ToolDeclaration{{Name: name + "_form", Description: "Echo the credential in a form.", Path: "/{form}",
+			Credential: &apicatalog.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile, RefuseEcho: name == "strict"},
+			Tools: []apicatalog.ToolDeclaration{{Name: name + "_form", Description: "Echo the credential in a form.", Path: "/{form}",
 				Parameters: json.RawMessage(`{"type": "object", "properties": {"form": {"type": "string"}}, "required": ["form"]}`)}},
 		})
 	}
@@ -238,7 +238,7 @@ func TestAPIToolsEchoedCredential(t *testing.T) {
 	s := shared(t)
 	echo := apistest.NewEcho(t, "Authorization")
 	dir := t.TempDir()
-	declFile := filepath.Join(dir, "apis.json")
+	declFile := filepath.Join(dir, "apicatalog.json")
 	writeJSON(t, declFile, echoDeclaration(t, dir, echo.URL))
 	const key = "k-apis-echo-0123456789"
 	keys := filepath.Join(dir, "keys.json")
@@ -249,7 +249,7 @@ func TestAPIToolsEchoedCredential(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
 	cs := keySession(t, edge.URL()+"/mcp-no-code-execute", key)
-	find := apis.NewRedactor([]byte(echoToken), false)
+	find := apicatalog.NewRedactor([]byte(echoToken), false)
 	for _, form := range apistest.EchoForms {
 		t.Run(form, func(t *testing.T) {
 			res := call(t, cs, "echo_form", map[string]any{"form": form})
@@ -288,7 +288,7 @@ func TestAPIToolsEchoedCredential(t *testing.T) {
 func TestAPIsFlag(t *testing.T) {
 	t.Parallel()
 	s := shared(t)
-	bad := filepath.Join(t.TempDir(), "apis.json")
+	bad := filepath.Join(t.TempDir(), "apicatalog.json")
 	if err := os.WriteFile(bad, []byte(`{"apis": [{"name": "Bad Name", "base_url": "http://127.0.0.1:1"}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/codemode-go/codemode/internal/apis"
-	"github.com/codemode-go/codemode/internal/apis/apistest"
+	"github.com/codemode-go/codemode/internal/apicatalog"
+	"github.com/codemode-go/codemode/internal/apicatalog/apistest"
 )
 
 // TestCodeModeAPIs compares the original's two ways on the same declared
@@ -33,16 +33,16 @@ func TestCodeModeAPIs(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var decl apis.Declaration
-	if err := json.Unmarshal(apis.DefaultDeclaration(), &decl); err != nil {
+	var decl apicatalog.Declaration
+	if err := json.Unmarshal(apicatalog.DefaultDeclaration(), &decl); err != nil {
 		t.Fatal(err)
 	}
 	decl.APIs[0].BaseURL = fake.URL
-	decl.APIs[0].Credential = &apis.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}
+	decl.APIs[0].Credential = &apicatalog.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}
 	// And two APIs that echo their credential (see codeModeEchoes).
 	echo := apistest.NewEcho(t, "Authorization")
 	decl.APIs = append(decl.APIs, echoDeclaration(t, dir, echo.URL).APIs...)
-	declFile := filepath.Join(dir, "apis.json")
+	declFile := filepath.Join(dir, "apicatalog.json")
 	writeJSON(t, declFile, decl)
 	const key = "k-codemode-coder-0123456789"
 	keys := filepath.Join(dir, "keys.json")
@@ -268,7 +268,7 @@ func codeModeEchoes(t *testing.T, cs *mcp.ClientSession) {
 	if res.IsError || len(lines) != 2*(len(apistest.EchoForms)+1) {
 		t.Fatalf("execute_code: %d lines: %s", len(lines), textOf(res))
 	}
-	find := apis.NewRedactor([]byte(echoToken), false)
+	find := apicatalog.NewRedactor([]byte(echoToken), false)
 	for _, line := range lines {
 		var got struct{ API, Form, Raw, Decoded string }
 		if err := json.Unmarshal([]byte(line), &got); err != nil {

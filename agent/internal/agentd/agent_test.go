@@ -5,7 +5,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/codemode-go/codemode/agent/internal/wire"
+	"github.com/codemode-go/codemode/agent/internal/languages"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
@@ -61,7 +61,7 @@ func TestProtocols(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := st.Msg.GetStatus()
-			if !s.GetReady() || s.GetRuntime() != "runsc" || s.GetCapacity() != 12 || len(s.GetLanguages()) != len(wire.Languages()) || s.GetName() != a.cfg.Name {
+			if !s.GetReady() || s.GetRuntime() != "runsc" || s.GetCapacity() != 12 || len(s.GetLanguages()) != len(languages.All()) || s.GetName() != a.cfg.Name {
 				t.Errorf("status = %v", s)
 			}
 			for _, l := range s.GetLanguages() {

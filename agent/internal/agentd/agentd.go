@@ -21,13 +21,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/codemode-go/codemode/agent/internal/admit"
-	"github.com/codemode-go/codemode/agent/internal/egress"
+	"github.com/codemode-go/codemode/agent/internal/cpuslots"
+	"github.com/codemode-go/codemode/agent/internal/egressgate"
+	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/pool"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
-	"github.com/codemode-go/codemode/internal/apis"
+	"github.com/codemode-go/codemode/internal/apicatalog"
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/cpuset"
@@ -82,7 +83,7 @@ type Agent struct {
 	pool     *pool.Pool
 	sessions *pool.Sessions
 	journal  *pool.Journal // nil: none
-	egress   *egress.Gate
+	egress   *egressgate.Gate
 	svc      *Service
 
 	srvMu sync.Mutex
@@ -111,7 +112,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	if err := checkRunner(cfg.Runner); err != nil {
 		return nil, err
 	}
-	catalog, err := apis.FromFlag(cfg.APIs)
+	catalog, err := apicatalog.FromFlag(cfg.APIs)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +141,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	if !cfg.Prestart {
 		command = append(command, "-prestart=false")
 	}
-	if mods := wire.PreloadList(cfg.Preload); cfg.Prestart && len(mods) > 0 {
+	if mods := languages.PreloadList(cfg.Preload); cfg.Prestart && len(mods) > 0 {
 		command = append(command, "-preload="+strings.Join(mods, ","))
 	}
 	spec := sandbox.Spec{
@@ -166,9 +167,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	poolMetrics := pool.NewMetrics()
 	hold := cfg.RunSlotHold
 	if hold <= 0 {
-		hold = admit.DefaultHold
+		hold = cpuslots.DefaultHold
 	}
-	gate := admit.New(cfg.RunSlots, hold)
+	gate := cpuslots.New(cfg.RunSlots, hold)
 	var sets []string
 	if cfg.PinCPUs {
 		cpus, err := cpuset.Host()
@@ -225,10 +226,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		Logger:       logger.With("component", "sessions"),
 	})
 	a.pool, a.sessions, a.journal = p, sessions, journal
-	a.egress = egress.New(egress.Config{
+	a.egress = egressgate.New(egressgate.Config{
 		APIs:     catalog,
-		Defaults: egress.Limits{Connections: cfg.EgressMaxConnections, Bytes: cfg.EgressMaxBytes, ConnectionTime: cfg.EgressMaxConnectionTime},
-		Max:      egress.Limits{Connections: cfg.EgressMaxConnections, Bytes: cfg.EgressMaxBytes, ConnectionTime: cfg.EgressMaxConnectionTime},
+		Defaults: egressgate.Limits{Connections: cfg.EgressMaxConnections, Bytes: cfg.EgressMaxBytes, ConnectionTime: cfg.EgressMaxConnectionTime},
+		Max:      egressgate.Limits{Connections: cfg.EgressMaxConnections, Bytes: cfg.EgressMaxBytes, ConnectionTime: cfg.EgressMaxConnectionTime},
 		Deny:     append(ownAddrs(cfg.Addr), cfg.EgressDeny...),
 		Hosts:    cfg.EgressHosts,
 		Log:      logger.With("component", "egress"),

@@ -116,7 +116,7 @@ type Config struct {
 	// (":8080", "0.0.0.0:8080") means that port on every address of this
 	// host, loopback included.
 	EgressDeny []netip.AddrPort
-	// APIs is the API declaration file (see internal/apis), the same as
+	// APIs is the API declaration file (see internal/apicatalog), the same as
 	// the edge's: code reaches each API at http://<name>.api.codemode/ when
 	// its run's egress allows that name, and the agent forwards the
 	// requests with the API's credential. Empty: the shipped declaration;

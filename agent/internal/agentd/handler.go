@@ -10,7 +10,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/codemode-go/codemode/agent/internal/admit"
+	"github.com/codemode-go/codemode/agent/internal/cpuslots"
 	"github.com/codemode-go/codemode/agent/internal/pool"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
@@ -228,7 +228,7 @@ func classify(err error) (connect.Code, string) {
 		return connect.CodeResourceExhausted, err.Error()
 	case errors.Is(err, pool.ErrExhausted):
 		return connect.CodeResourceExhausted, "every sandbox of this agent is in use; try again later"
-	case errors.Is(err, admit.ErrSaturated):
+	case errors.Is(err, cpuslots.ErrSaturated):
 		return connect.CodeResourceExhausted, "this agent's CPUs are saturated: the run waited its queue timeout for its turn; try again later"
 	case errors.Is(err, sandbox.ErrUnavailable):
 		return connect.CodeUnavailable, "the agent's container engine is unavailable; try again later"

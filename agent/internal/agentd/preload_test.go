@@ -15,7 +15,7 @@ func TestLanguagesPreloaded(t *testing.T) {
 		{nil, nil},
 		{[]string{"numpy", "pandas"}, []string{"numpy", "pandas"}},
 	} {
-		for _, l := range languages(nil, tc.preload) {
+		for _, l := range describeLanguages(nil, tc.preload) {
 			want := tc.want
 			if l.GetName() != "python" {
 				want = nil

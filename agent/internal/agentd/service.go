@@ -12,8 +12,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/codemode-go/codemode/agent/internal/admit"
-	"github.com/codemode-go/codemode/agent/internal/egress"
+	"github.com/codemode-go/codemode/agent/internal/cpuslots"
+	"github.com/codemode-go/codemode/agent/internal/egressgate"
+	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/pool"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
@@ -53,9 +54,9 @@ const minMemory = 64 << 20
 // canonicalLanguage returns the table's name for name (a name or an alias),
 // or an invalid-argument error listing the table's names.
 func canonicalLanguage(name string) (string, error) {
-	l, ok := wire.LookupLanguage(name)
+	l, ok := languages.Lookup(name)
 	if !ok {
-		return "", fmt.Errorf("%w: unknown language %q: valid languages are %s", errInvalid, name, wire.LanguageNames())
+		return "", fmt.Errorf("%w: unknown language %q: valid languages are %s", errInvalid, name, languages.Names())
 	}
 	return l.Name, nil
 }
@@ -66,9 +67,9 @@ type Service struct {
 	cfg      *Config
 	log      *slog.Logger
 	pool     *pool.Pool
-	gate     *admit.Gate // admission of runs to the CPUs
+	gate     *cpuslots.Gate // admission of runs to the CPUs
 	sessions *pool.Sessions
-	egress   *egress.Gate
+	egress   *egressgate.Gate
 	metrics  *telemetry.Metrics
 }
 
@@ -97,7 +98,7 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 	exec := c.Execution
 	lang := exec.GetLanguage()
 	if lang == "" {
-		lang = wire.DefaultLanguage
+		lang = languages.Default
 	}
 	lang, err := canonicalLanguage(lang)
 	if err != nil {
@@ -199,7 +200,7 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 
 // admit waits, up to the queue timeout, for the turn at the CPUs of a run
 // in a session (whose sandbox it already has).
-func (s *Service) admit(ctx context.Context) (*admit.Ticket, error) {
+func (s *Service) admit(ctx context.Context) (*cpuslots.Ticket, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
 	defer cancel()
 	slot, err := s.gate.Enter(qctx)
@@ -210,7 +211,7 @@ func (s *Service) admit(ctx context.Context) (*admit.Ticket, error) {
 }
 
 // run runs one program in sb and says whether sb must be destroyed.
-func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, timeout time.Duration, out *output, eg *egress.Run) (_ *executionv1.Result, broken bool, _ error) {
+func (s *Service) run(ctx context.Context, sb *pool.Sandbox, run *runnerv1.Run, timeout time.Duration, out *output, eg *egressgate.Run) (_ *executionv1.Result, broken bool, _ error) {
 	rctx, cancel := context.WithTimeout(ctx, timeout+runGrace)
 	defer cancel()
 	rctx, span := telemetry.StartSpan(rctx, "runner",
@@ -294,7 +295,7 @@ func fillResult(res *executionv1.Result, exit *runnerv1.Exit) {
 func (s *Service) CreateSession(ctx context.Context, req *agentv1.CreateSessionRequest) (*executionv1.Session, error) {
 	lang := req.GetLanguage()
 	if lang == "" {
-		lang = wire.DefaultLanguage
+		lang = languages.Default
 	}
 	lang, err := canonicalLanguage(lang)
 	if err != nil {
@@ -385,7 +386,7 @@ func (s *Service) WriteFile(ctx context.Context, id, tenant string, f *execution
 func (s *Service) Status() *agentv1.AgentStatus {
 	st := s.pool.Stats()
 	sessions := s.sessions.Len()
-	langs := languages(st.Versions, s.preloaded())
+	langs := describeLanguages(st.Versions, s.preloaded())
 	return &agentv1.AgentStatus{
 		Name:      s.cfg.Name,
 		Labels:    s.cfg.Labels,
@@ -592,12 +593,12 @@ func shortID(id string) string {
 	return id
 }
 
-// languages describes the table's languages for callers, with the versions
+// describeLanguages describes the table's languages for callers, with the versions
 // the runners found. A language whose program the image lacks is listed
 // without a version (and its runs fail naming the program), so that callers
 // are told what is missing rather than that the language is unknown.
-func languages(versions map[string]string, preload []string) []*executionv1.Language {
-	table := wire.Languages()
+func describeLanguages(versions map[string]string, preload []string) []*executionv1.Language {
+	table := languages.All()
 	out := make([]*executionv1.Language, 0, len(table))
 	for _, l := range table {
 		out = append(out, &executionv1.Language{
@@ -622,14 +623,14 @@ func (s *Service) preloaded() []string {
 	if !s.cfg.Prestart {
 		return nil
 	}
-	return wire.PreloadList(s.cfg.Preload)
+	return languages.PreloadList(s.cfg.Preload)
 }
 
 // defaults reports what runs get for what their requests leave unset, and
 // the most they may ask for: the edge checks requests against these.
 func (s *Service) defaults() *executionv1.Defaults {
 	return &executionv1.Defaults{
-		Language:       wire.DefaultLanguage,
+		Language:       languages.Default,
 		Timeout:        durationpb.New(s.cfg.DefaultTimeout),
 		MaxTimeout:     durationpb.New(s.cfg.MaxTimeout),
 		MemoryBytes:    uint64(s.pool.DefaultMemory()),

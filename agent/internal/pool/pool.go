@@ -21,9 +21,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/codemode-go/codemode/agent/internal/admit"
+	"github.com/codemode-go/codemode/agent/internal/cpuslots"
+	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
-	"github.com/codemode-go/codemode/agent/internal/wire"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
@@ -69,7 +69,7 @@ type Config struct {
 	// Gate, if set, is the agent's admission to the CPUs: a scrub takes a
 	// slot of it (without waiting) for as long as it works, so that runs
 	// are admitted beside scrubs only while CPUs are free.
-	Gate *admit.Gate
+	Gate *cpuslots.Gate
 	// CPUSets, if set, are the host CPUs sandboxes are pinned to (see
 	// sandbox.Spec.CPUSet), each sandbox to one set: the pool spreads them
 	// evenly, and a run takes a warm sandbox on the set with the least
@@ -144,7 +144,7 @@ func (p *Pool) setVersions(v map[string]string) {
 	}
 	if p.versions == nil {
 		var missing []string
-		for _, l := range wire.Languages() {
+		for _, l := range languages.All() {
 			if l.Version != nil && v[l.Name] == "" {
 				missing = append(missing, fmt.Sprintf("%s (%s)", l.Name, l.Program()))
 			}

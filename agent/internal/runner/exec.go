@@ -9,7 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/codemode-go/codemode/agent/internal/wire"
+	"github.com/codemode-go/codemode/agent/internal/languages"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
@@ -19,15 +19,15 @@ import (
 const maxArg = 128<<10 - 1
 
 // language says how to run code of one language: its entry in the one
-// table (wire.Languages).
+// table (languages.All).
 type language struct {
-	wire.Language
+	languages.Language
 }
 
 // languageFor returns the language called name (or with name as an alias),
 // as in codemode.execution.v1.Execution.language.
 func languageFor(name string) (language, bool) {
-	l, ok := wire.LookupLanguage(name)
+	l, ok := languages.Lookup(name)
 	return language{l}, ok
 }
 
@@ -55,7 +55,7 @@ func (s *server) env(lang language) []string {
 func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1.Exit, error) {
 	lang, ok := languageFor(r.GetLanguage())
 	if !ok {
-		return nil, &reqError{runnerv1.Error_CODE_INVALID_ARGUMENT, fmt.Sprintf("unknown language %q: valid languages are %s", r.GetLanguage(), wire.LanguageNames())}
+		return nil, &reqError{runnerv1.Error_CODE_INVALID_ARGUMENT, fmt.Sprintf("unknown language %q: valid languages are %s", r.GetLanguage(), languages.Names())}
 	}
 	if lang.Requires != "" {
 		// A compiled language's compiler: missing, it is the image's

@@ -32,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
@@ -154,7 +155,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg.workspace = *workspace
 	cfg.userProcs = *userProcs
 	cfg.prestart = *prestart
-	cfg.preload = wire.PreloadList(*preload)
+	cfg.preload = languages.PreloadList(*preload)
 	cfg.parentForks = max(*parentForks, 1)
 	cfg.versions = *versions
 	cfg.lib = *lib
@@ -330,7 +331,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		}
 	}
 	if cfg.prestart {
-		s.prestartLang = wire.DefaultLanguage
+		s.prestartLang = languages.Default
 	}
 	if lib != "" {
 		s.mpl = &mplConfig{dir: mplConfigDir(lib), seed: cfg.mplSeed, uid: cfg.uid, gid: cfg.gid}

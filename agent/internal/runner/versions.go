@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/codemode-go/codemode/agent/internal/wire"
+	"github.com/codemode-go/codemode/agent/internal/languages"
 )
 
 // versions asks each language's program for its version, all at once, as
@@ -24,7 +24,7 @@ func (s *server) versions(ctx context.Context) map[string]string {
 		wg  sync.WaitGroup
 		out = make(map[string]string)
 	)
-	for _, lang := range wire.Languages() {
+	for _, lang := range languages.All() {
 		if lang.Version == nil {
 			continue
 		}

@@ -2,8 +2,8 @@
 package main
 
 import (
-	"github.com/codemode-go/codemode/controlplane/internal/controlplane"
+	"github.com/codemode-go/codemode/controlplane/internal/controlplaned"
 	"github.com/codemode-go/codemode/internal/cli"
 )
 
-func main() { cli.Main(controlplane.Run) }
+func main() { cli.Main(controlplaned.Run) }

@@ -3,8 +3,8 @@
 package main
 
 import (
-	"github.com/codemode-go/codemode/edge/internal/edge"
+	"github.com/codemode-go/codemode/edge/internal/edged"
 	"github.com/codemode-go/codemode/internal/cli"
 )
 
-func main() { cli.Main(edge.Run) }
+func main() { cli.Main(edged.Run) }

@@ -6,18 +6,18 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/codemode-go/codemode/edge/internal/admission"
+	"github.com/codemode-go/codemode/edge/internal/ratelimit"
 )
 
 // WithAdmission limits each tenant's calls that reach the control plane
 // (runs, sessions, files) with l; nil: no limits.
-func WithAdmission(l *admission.Limiter) Option {
+func WithAdmission(l *ratelimit.Limiter) Option {
 	return func(s *Service) { s.admission = l }
 }
 
 // admit lets a call of tenant in, or refuses it with resource_exhausted
 // when the tenant is over its limits: the message says which limit and when
-// to retry, with a Retry-After hint (see admission.ExceededError.ConnectError).
+// to retry, with a Retry-After hint (see ratelimit.ExceededError.ConnectError).
 // release must be called when the call has ended.
 func (s *Service) admit(_ context.Context, tenant string) (release func(), err error) {
 	if s.admission == nil {
@@ -27,7 +27,7 @@ func (s *Service) admit(_ context.Context, tenant string) (release func(), err e
 	if err == nil {
 		return release, nil
 	}
-	if ex := (*admission.ExceededError)(nil); errors.As(err, &ex) {
+	if ex := (*ratelimit.ExceededError)(nil); errors.As(err, &ex) {
 		return nil, ex.ConnectError()
 	}
 	return nil, connect.NewError(connect.CodeResourceExhausted, err)

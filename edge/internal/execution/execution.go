@@ -22,8 +22,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/codemode-go/codemode/edge/internal/admission"
 	"github.com/codemode-go/codemode/edge/internal/policy"
+	"github.com/codemode-go/codemode/edge/internal/ratelimit"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
@@ -57,7 +57,7 @@ type Service struct {
 	logger     *slog.Logger
 	policies   *policy.Engine // nil: no policies
 	sessionKey []byte
-	admission  *admission.Limiter // nil: no limits
+	admission  *ratelimit.Limiter // nil: no limits
 	languages  *languages
 	egress     *tenant.EgressConfig // nil: runs reach nothing
 	metrics    *telemetry.Metrics   // nil: none

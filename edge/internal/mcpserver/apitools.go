@@ -12,8 +12,8 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/codemode-go/codemode/edge/internal/apicall"
-	"github.com/codemode-go/codemode/internal/apis"
+	"github.com/codemode-go/codemode/edge/internal/directtools"
+	"github.com/codemode-go/codemode/internal/apicatalog"
 )
 
 // maxErrorExcerpt bounds how much of an error answer's body a tool error
@@ -45,7 +45,7 @@ func apiOutputSchema() *jsonschema.Schema {
 // addAPITools adds one tool per tool of c's APIs: the tool's name,
 // description and argument schema as declared; read-only tools are
 // read-only and idempotent; all reach the open world.
-func (t *tools) addAPITools(s *mcp.Server, c *apis.Catalog) {
+func (t *tools) addAPITools(s *mcp.Server, c *apicatalog.Catalog) {
 	out := apiOutputSchema()
 	for _, a := range c.APIs() {
 		for _, tool := range a.Tools {
@@ -69,7 +69,7 @@ func (t *tools) addAPITools(s *mcp.Server, c *apis.Catalog) {
 // result with isError, for the model to read: arguments that do not fit,
 // limits, a policy's denial, an API that cannot be reached, and an answer
 // with an error status (quoting the start of its body).
-func (t *tools) callAPI(tool *apis.Tool) mcp.ToolHandler {
+func (t *tools) callAPI(tool *apicatalog.Tool) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		b, id, err := t.open(ctx, header(req))
 		if err != nil {
@@ -92,7 +92,7 @@ func errorResult(err error) *mcp.CallToolResult {
 // apiResult renders an answer for a model: a JSON body indented, as text
 // and as structured content; other text as it is; a cut body with a note
 // saying so.
-func apiResult(tool *apis.Tool, res *apicall.Response) *mcp.CallToolResult {
+func apiResult(tool *apicatalog.Tool, res *directtools.Response) *mcp.CallToolResult {
 	if res.Status >= 400 {
 		// The API's name and the path below its base URL: its address is
 		// the operator's, not the caller's.
@@ -162,7 +162,7 @@ func cutText(b []byte, n int) []byte {
 }
 
 // apisText tells a model which declared APIs code can reach, and how.
-func apisText(list []*apis.API) string {
+func apisText(list []*apicatalog.API) string {
 	if len(list) == 0 {
 		return ""
 	}

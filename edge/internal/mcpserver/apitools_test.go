@@ -11,11 +11,11 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/codemode-go/codemode/edge/internal/admission"
-	"github.com/codemode-go/codemode/edge/internal/apicall"
+	"github.com/codemode-go/codemode/edge/internal/directtools"
+	"github.com/codemode-go/codemode/edge/internal/ratelimit"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
-	"github.com/codemode-go/codemode/internal/apis"
-	"github.com/codemode-go/codemode/internal/apis/apistest"
+	"github.com/codemode-go/codemode/internal/apicatalog"
+	"github.com/codemode-go/codemode/internal/apicatalog/apistest"
 )
 
 const githubToken = "ghp_mcptest0123456789abcdefghijklmnop"
@@ -25,11 +25,11 @@ var githubTools = []string{"github_list_user_closed_pull_requests", "github_list
 // apiServers serves both MCP endpoints over HTTP on loopback, with the
 // shipped GitHub declaration pointed at a fake GitHub and a token, and
 // returns a client session of each.
-func apiServers(t *testing.T, opts ...apicall.Option) (fake *apistest.GitHub, withCode, withoutCode *mcp.ClientSession) {
+func apiServers(t *testing.T, opts ...directtools.Option) (fake *apistest.GitHub, withCode, withoutCode *mcp.ClientSession) {
 	t.Helper()
 	fake = apistest.NewGitHub(t)
-	catalog, err := apis.Parse(apis.DefaultDeclaration(), apis.WithBaseURL("github", fake.URL),
-		apis.WithGetenv(func(k string) string {
+	catalog, err := apicatalog.Parse(apicatalog.DefaultDeclaration(), apicatalog.WithBaseURL("github", fake.URL),
+		apicatalog.WithGetenv(func(k string) string {
 			if k == "CODEMODE_GITHUB_TOKEN" {
 				return githubToken
 			}
@@ -38,7 +38,7 @@ func apiServers(t *testing.T, opts ...apicall.Option) (fake *apistest.GitHub, wi
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &scripted{calls: apicall.New(nil, opts...)}
+	b := &scripted{calls: directtools.New(nil, opts...)}
 	egress, err := tenant.ParseEgress([]byte(`{"default": {"allow": [{"host": "github.api.codemode"}]}}`))
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ func TestAPIToolsListed(t *testing.T) {
 // got the token; and that no result holds it.
 func TestAPIToolCalls(t *testing.T) {
 	t.Parallel()
-	fake, _, cs := apiServers(t, apicall.WithMaxResponseBytes(32<<10))
+	fake, _, cs := apiServers(t, directtools.WithMaxResponseBytes(32<<10))
 	for _, tc := range []struct {
 		tool, wantText string
 		args           map[string]any
@@ -203,7 +203,7 @@ func TestAPIToolCalls(t *testing.T) {
 // admission limits, as runs do.
 func TestAPIToolLimits(t *testing.T) {
 	t.Parallel()
-	_, _, cs := apiServers(t, apicall.WithAdmission(admission.New(admission.Config{Rate: 0.001, Burst: 1})))
+	_, _, cs := apiServers(t, directtools.WithAdmission(ratelimit.New(ratelimit.Config{Rate: 0.001, Burst: 1})))
 	if res, text := callAPI(t, cs, "github_list_user_repos", map[string]any{"username": "octocat"}); res.IsError {
 		t.Fatalf("first call: %s", text)
 	}
@@ -218,7 +218,7 @@ func TestAPIToolLimits(t *testing.T) {
 // declared API for code only when some tenant's egress allows its host.
 func TestDescriptionsSayTheNetwork(t *testing.T) {
 	t.Parallel()
-	catalog, err := apis.Parse(apis.DefaultDeclaration(), apis.WithBaseURL("github", "http://127.0.0.1:9"))
+	catalog, err := apicatalog.Parse(apicatalog.DefaultDeclaration(), apicatalog.WithBaseURL("github", "http://127.0.0.1:9"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,13 +9,13 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/codemode-go/codemode/edge/internal/apicall"
+	"github.com/codemode-go/codemode/edge/internal/directtools"
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
-	"github.com/codemode-go/codemode/internal/apis"
+	"github.com/codemode-go/codemode/internal/apicatalog"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -37,7 +37,7 @@ type Backend interface {
 	Languages(ctx context.Context) (*edgev1.ListLanguagesResponse, error)
 	// CallAPI calls a declared API tool with arguments (a JSON object) and
 	// returns the API's answer, whatever its status.
-	CallAPI(ctx context.Context, tool *apis.Tool, arguments []byte) (*apicall.Response, error)
+	CallAPI(ctx context.Context, tool *apicatalog.Tool, arguments []byte) (*directtools.Response, error)
 }
 
 // An Opener returns the Backend for one MCP request and the request's id.
@@ -52,7 +52,7 @@ type Opener func(ctx context.Context, h http.Header) (b Backend, requestID strin
 // carries (the edge checked it before MCP read the body). It is read from
 // h, the current request's header, never from ctx, whose tenant is the one
 // of whoever opened the session.
-func Local(svc *execution.Service, calls *apicall.Service, tenants *tenant.Resolver) Opener {
+func Local(svc *execution.Service, calls *directtools.Service, tenants *tenant.Resolver) Opener {
 	return func(_ context.Context, h http.Header) (Backend, string, error) {
 		t, err := tenants.Resolve(h)
 		if err != nil {
@@ -68,7 +68,7 @@ func Local(svc *execution.Service, calls *apicall.Service, tenants *tenant.Resol
 
 type local struct {
 	svc   *execution.Service
-	calls *apicall.Service
+	calls *directtools.Service
 	c     execution.Caller
 }
 
@@ -108,11 +108,11 @@ func (l *local) Languages(ctx context.Context) (*edgev1.ListLanguagesResponse, e
 	return l.svc.Languages(ctx, l.c)
 }
 
-func (l *local) CallAPI(ctx context.Context, tool *apis.Tool, arguments []byte) (*apicall.Response, error) {
+func (l *local) CallAPI(ctx context.Context, tool *apicatalog.Tool, arguments []byte) (*directtools.Response, error) {
 	if l.calls == nil {
 		return nil, errNoAPICalls
 	}
-	return l.calls.Call(ctx, apicall.Call{Tool: tool, Arguments: arguments, Tenant: l.c.Tenant, RequestID: l.c.RequestID})
+	return l.calls.Call(ctx, directtools.Call{Tool: tool, Arguments: arguments, Tenant: l.c.Tenant, RequestID: l.c.RequestID})
 }
 
 // errNoAPICalls is the error of an API tool called where no edge makes
@@ -208,7 +208,7 @@ func (r *remote) WriteFile(ctx context.Context, id string, f *executionv1.File) 
 
 // CallAPI fails: the Connect API has no call for API tools, and over stdio
 // none are offered (see Config.APIs).
-func (r *remote) CallAPI(context.Context, *apis.Tool, []byte) (*apicall.Response, error) {
+func (r *remote) CallAPI(context.Context, *apicatalog.Tool, []byte) (*directtools.Response, error) {
 	return nil, errNoAPICalls
 }
 

@@ -32,7 +32,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
-	"github.com/codemode-go/codemode/internal/apis"
+	"github.com/codemode-go/codemode/internal/apicatalog"
 	"github.com/codemode-go/codemode/internal/egressrule"
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
@@ -151,7 +151,7 @@ type Config struct {
 	// APIs are the declared APIs: their tools are offered without code
 	// execution (called through Backend.CallAPI), and execute_code's
 	// description names them. Nil: none.
-	APIs *apis.Catalog
+	APIs *apicatalog.Catalog
 	// Tracing gives each tool call a span, a child of the HTTP request's
 	// (see telemetry.Tracing.Handler); nil: none.
 	Tracing *telemetry.Tracing
@@ -329,7 +329,7 @@ type network struct {
 }
 
 // networkOf describes egress and the declared APIs of c.
-func networkOf(egress *tenant.EgressConfig, c *apis.Catalog) network {
+func networkOf(egress *tenant.EgressConfig, c *apicatalog.Catalog) network {
 	var rules []egressrule.Rule
 	for _, e := range egress.All() {
 		for _, r := range e.GetAllow() {
@@ -341,7 +341,7 @@ func networkOf(egress *tenant.EgressConfig, c *apis.Catalog) network {
 	if len(rules) == 0 {
 		return network{sandbox: "There is no network: no download, package install or outside service works."}
 	}
-	var reachable []*apis.API
+	var reachable []*apicatalog.API
 	for _, a := range c.APIs() {
 		if slices.ContainsFunc(rules, func(r egressrule.Rule) bool { return r.MatchHost(a.Host(), egressrule.DefaultHTTPPort) }) {
 			reachable = append(reachable, a)

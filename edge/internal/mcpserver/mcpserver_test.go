@@ -15,28 +15,28 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/codemode-go/codemode/edge/internal/apicall"
+	"github.com/codemode-go/codemode/edge/internal/directtools"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
-	"github.com/codemode-go/codemode/internal/apis"
+	"github.com/codemode-go/codemode/internal/apicatalog"
 )
 
 // scripted is a Backend whose runs follow a script: the end-to-end tests
 // in edge/e2e drive the real one; these pin down timing, which a real
 // sandbox cannot hold steady. Its API calls go to calls, a real
-// apicall.Service, as the tenant "t".
+// directtools.Service, as the tenant "t".
 type scripted struct {
 	steps     []step
 	cancelled chan struct{} // closed when a run sees its context end
 	once      sync.Once
-	calls     *apicall.Service
+	calls     *directtools.Service
 }
 
-func (s *scripted) CallAPI(ctx context.Context, tool *apis.Tool, args []byte) (*apicall.Response, error) {
+func (s *scripted) CallAPI(ctx context.Context, tool *apicatalog.Tool, args []byte) (*directtools.Response, error) {
 	if s.calls == nil {
 		return nil, errScripted
 	}
-	return s.calls.Call(ctx, apicall.Call{Tool: tool, Arguments: args, Tenant: "t", RequestID: "req-1"})
+	return s.calls.Call(ctx, directtools.Call{Tool: tool, Arguments: args, Tenant: "t", RequestID: "req-1"})
 }
 
 // step is a pause, then a chunk of output.

@@ -1,0 +1,262 @@
+package languages
+
+import (
+	_ "embed"
+	"slices"
+	"strings"
+)
+
+// Language is one runnable language. The table of them ([All]) is the
+// only list of languages in codemode: the runner reads it for how to run
+// each, the agent for the names it accepts and reports (with aliases,
+// versions and how sessions treat them), and everything upstream (control
+// plane, edge, MCP tools, playground) learns the languages from the agents.
+// Adding a language is one entry here plus its package in the sandbox image
+// (agent/host/sandbox-packages).
+type Language struct {
+	// Name is what requests use (codemode.execution.v1.Execution.language)
+	// and what policies see.
+	Name string
+	// Aliases are other names a request may use, for example "python3"
+	// for "python". The edge turns them into Name before policies run.
+	Aliases []string
+	// Interpreter is the program the runner starts, looked up on the
+	// sandbox's PATH and never started through a shell. For a compiled
+	// language it is sh, running Build.
+	Interpreter string
+	// Requires is the program the language needs on PATH, when it is not
+	// Interpreter (the compiler of a compiled language).
+	Requires string
+	// File is the name the code would have as a file; its extension is the
+	// language's.
+	File string
+	// CodeArgs come between the interpreter and the code when the code is
+	// passed as one argument: Interpreter, CodeArgs..., code. Without them
+	// the code always goes on fd 3.
+	CodeArgs []string
+	// FDArgs follow the interpreter to run code read from fd 3, for code
+	// longer than one argument may be.
+	FDArgs []string
+	// Env is added to the environment of user code.
+	Env []string
+	// Version is the argv whose first line of output is the interpreter's
+	// version (a leading "v" is dropped).
+	Version []string
+	// Compiled says that a run compiles the code first, in the sandbox and
+	// within the run's limits, then runs the program.
+	Compiled bool
+	// Prestart, if set, is the argv of an interpreter that waits for the
+	// code of one stateless run on fd 3 (see the runner's prestart.go).
+	Prestart []string
+	// Preload are the modules a preloaded parent imports before it forks
+	// the prestarted interpreters of stateless runs (see the runner's
+	// preload.go), so that code importing them does not wait for the
+	// imports; an agent flag replaces the list or empties it. Needs
+	// Prestart and Parent.
+	Preload []string
+	// Parent is the argv of that preloaded parent (see zygote.py).
+	Parent []string
+	// Kernel, if set, is the argv of a resident interpreter that runs the
+	// cells of a session in one namespace (see kernel.py).
+	Kernel []string
+	// Shell says that sessions carry the shell's working directory and
+	// exported variables from one run to the next.
+	Shell bool
+}
+
+// SessionState says what a session keeps between runs of l: "interpreter"
+// (variables and imports), "shell" (working directory and exported
+// variables) or "files" (only /workspace and background processes).
+func (l Language) SessionState() string {
+	switch {
+	case l.Kernel != nil:
+		return "interpreter"
+	case l.Shell:
+		return "shell"
+	}
+	return "files"
+}
+
+// Program is what the language needs on PATH.
+func (l Language) Program() string {
+	if l.Requires != "" {
+		return l.Requires
+	}
+	return l.Interpreter
+}
+
+var (
+	//go:embed prestart.py
+	prestartPython string
+	//go:embed prestart.js
+	prestartNode string
+	//go:embed kernel.py
+	kernelPython string
+	//go:embed zygote.py
+	zygotePython string
+)
+
+// build returns the sh arguments that write the code (from $1, or from fd 3
+// with fromFD) to a fresh directory under /tmp as file, run compile there
+// (with "$d" the directory) and, if it succeeds, exec the program with fd 3
+// closed. The directory lives in /tmp, which the reset after an unrelated
+// run empties; the compiler's messages name the file, not the directory.
+func build(file, compile string, fromFD bool) []string {
+	write := `printf '%s' "$1" >` + file
+	if fromFD {
+		write = `cat <&3 >` + file
+	}
+	script := `set -e; d=$(mktemp -d); cd "$d"; ` + write + `; ` + compile + `; cd "$OLDPWD"; exec 3<&-; exec "$d/main"`
+	if fromFD {
+		return []string{"-c", script}
+	}
+	return []string{"-c", script, "sh"}
+}
+
+// Default is the language of a run or session that names none.
+const Default = "python"
+
+// languages is the table, in the order languages are listed to users.
+// Treat its entries as constants.
+var table = []Language{
+	{
+		Name: "python", Aliases: []string{"python3", "py"},
+		Interpreter: "python3", File: "main.py",
+		CodeArgs: []string{"-c"},
+		FDArgs:   []string{"/dev/fd/3"},
+		// Unbuffered, so that output streams as it is printed.
+		Env:      []string{"PYTHONUNBUFFERED=1"},
+		Version:  []string{"python3", "-I", "-S", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"},
+		Prestart: []string{"python3", "-c", prestartPython},
+		// What model-written code imports most; matplotlib.pyplot with the
+		// runner's backend (MPLBACKEND). Modules the image lacks are
+		// skipped, and said so in the log.
+		Preload: []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot", "requests", "scipy"},
+		// -s: no user site directory in a process that starts as root.
+		Parent: []string{"python3", "-s", "-c", zygotePython},
+		Kernel: []string{"python3", "-c", kernelPython},
+	},
+	{
+		Name: "javascript", Aliases: []string{"js", "node", "nodejs"},
+		Interpreter: "node", File: "main.js",
+		CodeArgs: []string{"-e"},
+		// node cannot load a script from a pipe by path; -e evaluates the
+		// code read from fd 3 the way -e evaluates its argument.
+		FDArgs:   []string{"-e", `require("vm").runInThisContext(require("fs").readFileSync(3, "utf8"), {filename: "[eval]"})`},
+		Version:  []string{"node", "--version"},
+		Prestart: []string{"node", "-e", prestartNode},
+	},
+	{
+		Name: "bash", Interpreter: "bash", File: "main.sh",
+		CodeArgs: []string{"-c"},
+		FDArgs:   []string{"/dev/fd/3"},
+		Version:  []string{"bash", "-c", `echo "${BASH_VERSION%%(*}"`},
+		Shell:    true,
+	},
+	{
+		// The version is the shell that sh is (the target of /bin/sh).
+		Name: "sh", Interpreter: "sh", File: "main.sh",
+		CodeArgs: []string{"-c"},
+		FDArgs:   []string{"/dev/fd/3"},
+		Version:  []string{"readlink", "/bin/sh"},
+		Shell:    true,
+	},
+	{
+		Name: "c", Interpreter: "sh", Requires: "gcc", File: "main.c",
+		CodeArgs: build("main.c", "gcc -std=gnu17 -O2 -o main main.c -lm", false),
+		FDArgs:   build("main.c", "gcc -std=gnu17 -O2 -o main main.c -lm", true),
+		Version:  []string{"gcc", "-dumpfullversion"},
+		Compiled: true,
+	},
+	{
+		Name: "cpp", Aliases: []string{"c++"},
+		Interpreter: "sh", Requires: "g++", File: "main.cpp",
+		CodeArgs: build("main.cpp", "g++ -std=gnu++17 -O2 -o main main.cpp", false),
+		FDArgs:   build("main.cpp", "g++ -std=gnu++17 -O2 -o main main.cpp", true),
+		Version:  []string{"g++", "-dumpfullversion"},
+		Compiled: true,
+	},
+	{
+		Name: "ruby", Aliases: []string{"rb"},
+		Interpreter: "ruby", File: "main.rb",
+		CodeArgs: []string{"-e"},
+		FDArgs:   []string{"/dev/fd/3"},
+		Version:  []string{"ruby", "-e", "puts RUBY_VERSION"},
+	},
+	{
+		Name: "perl", Aliases: []string{"pl"},
+		Interpreter: "perl", File: "main.pl",
+		CodeArgs: []string{"-e"},
+		FDArgs:   []string{"/dev/fd/3"},
+		Version:  []string{"perl", "-e", `printf "%vd\n", $^V`},
+	},
+	{
+		Name: "php", Interpreter: "php", File: "main.php",
+		// No CodeArgs: php runs the code as a script file, so that it
+		// starts with "<?php" as users write it (php -r wants it without).
+		FDArgs:  []string{"/dev/fd/3"},
+		Version: []string{"php", "-r", "echo PHP_MAJOR_VERSION, '.', PHP_MINOR_VERSION, '.', PHP_RELEASE_VERSION, PHP_EOL;"},
+	},
+	{
+		Name: "lua", Interpreter: "lua5.4", File: "main.lua",
+		CodeArgs: []string{"-e"},
+		FDArgs:   []string{"/dev/fd/3"},
+		Version:  []string{"lua5.4", "-e", "print((_VERSION:gsub('Lua ', '')))"},
+	},
+}
+
+// Languages returns the table of runnable languages, in the order they are
+// listed to users.
+func All() []Language { return slices.Clone(table) }
+
+// Lookup returns the language called name, or with name as an
+// alias.
+func Lookup(name string) (Language, bool) {
+	for _, l := range table {
+		if l.Name == name || slices.Contains(l.Aliases, name) {
+			return l, true
+		}
+	}
+	return Language{}, false
+}
+
+// PreloadList parses a list of modules to preload: comma-separated names,
+// or "default" for the Python entry's Preload. Names that are not dotted
+// Python identifiers are dropped.
+func PreloadList(v string) []string {
+	if strings.TrimSpace(v) == "default" {
+		l, _ := Lookup(Default)
+		return slices.Clone(l.Preload)
+	}
+	var out []string
+	for _, m := range strings.Split(v, ",") {
+		if m = strings.TrimSpace(m); m != "" && moduleName(m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func moduleName(m string) bool {
+	for _, part := range strings.Split(m, ".") {
+		if part == "" || (part[0] >= '0' && part[0] <= '9') {
+			return false
+		}
+		for _, c := range part {
+			if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Names returns the names of the table, comma-separated, for
+// messages.
+func Names() string {
+	names := make([]string, len(table))
+	for i, l := range table {
+		names[i] = l.Name
+	}
+	return strings.Join(names, ", ")
+}

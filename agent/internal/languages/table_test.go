@@ -1,0 +1,73 @@
+package languages
+
+import (
+	"regexp"
+	"slices"
+	"testing"
+)
+
+// languageName is the form the protos allow for a language name.
+var languageName = regexp.MustCompile(`^[a-z][a-z0-9+_.-]{0,31}$`)
+
+func TestLanguages(t *testing.T) {
+	seen := map[string]string{} // name or alias -> language
+	for _, l := range All() {
+		for _, n := range append([]string{l.Name}, l.Aliases...) {
+			if other, ok := seen[n]; ok {
+				t.Errorf("%q names both %s and %s", n, other, l.Name)
+			}
+			seen[n] = l.Name
+			if !languageName.MatchString(n) {
+				t.Errorf("%q does not match the protos' rule for language names", n)
+			}
+			got, ok := Lookup(n)
+			if !ok || got.Name != l.Name {
+				t.Errorf("Lookup(%q) = %q, %v; want %q", n, got.Name, ok, l.Name)
+			}
+		}
+		if l.Interpreter == "" || l.File == "" || len(l.FDArgs) == 0 || len(l.Version) == 0 {
+			t.Errorf("language %q is incomplete: %+v", l.Name, l)
+		}
+		if l.Kernel != nil && l.Shell {
+			t.Errorf("language %q has both a kernel and a shell session", l.Name)
+		}
+	}
+	for _, name := range []string{"python", "bash", "sh", "javascript", "c", "cpp", "ruby", "perl", "php", "lua"} {
+		if seen[name] != name {
+			t.Errorf("language %q missing", name)
+		}
+	}
+	for _, name := range []string{"", "Python", "cobol", "python4"} {
+		if _, ok := Lookup(name); ok {
+			t.Errorf("Lookup(%q) found a language", name)
+		}
+	}
+	if l, ok := Lookup(Default); !ok || l.Name != Default {
+		t.Errorf("the default language %q is not in the table", Default)
+	}
+	// Callers cannot change the table through what they are given.
+	All()[0].Name = "changed"
+	if All()[0].Name == "changed" {
+		t.Error("Languages returned the table itself")
+	}
+}
+
+func TestPreloadList(t *testing.T) {
+	py, _ := Lookup("python")
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{"default", py.Preload},
+		{" numpy, pandas ,,matplotlib.pyplot", []string{"numpy", "pandas", "matplotlib.pyplot"}},
+		{"os;print(1),1abc,a..b,json", []string{"json"}},
+	} {
+		if got := PreloadList(tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("PreloadList(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	if !slices.Contains(py.Preload, "pandas") || py.Parent == nil || py.Prestart == nil {
+		t.Errorf("python's entry: Preload %q, Parent set %v", py.Preload, py.Parent != nil)
+	}
+}

@@ -1,0 +1,431 @@
+// Package edged is the edge's program: codemode's public door. On one port it
+// serves the ExecutionService (gRPC, gRPC-Web, Connect), MCP at /mcp and,
+// without code execution, at /no-code/mcp and /mcp-no-code-execute, and the
+// web playground, all over one execution path that forwards to the control
+// plane.
+package edged
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/codemode-go/codemode/edge/internal/connectapi"
+	"github.com/codemode-go/codemode/edge/internal/directtools"
+	"github.com/codemode-go/codemode/edge/internal/execution"
+	"github.com/codemode-go/codemode/edge/internal/failover"
+	"github.com/codemode-go/codemode/edge/internal/mcpserver"
+	"github.com/codemode-go/codemode/edge/internal/policy"
+	"github.com/codemode-go/codemode/edge/internal/ratelimit"
+	"github.com/codemode-go/codemode/edge/internal/runapi"
+	"github.com/codemode-go/codemode/edge/internal/tenant"
+	"github.com/codemode-go/codemode/edge/web"
+	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/apicatalog"
+	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/cluster"
+	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/telemetry"
+)
+
+// Version is reported to MCP clients.
+const Version = "0.1.0"
+
+// Config is the edge's configuration.
+type Config struct {
+	// Addr to listen on.
+	Addr string
+	// ControlPlanes are the control planes' base URLs, e.g.
+	// http://127.0.0.1:8080. With several, calls go to the first that
+	// accepts a connection, and move to the next only when one refuses
+	// (see internal/failover).
+	ControlPlanes []string
+	// APIKeys is a JSON file mapping API keys to tenant names; empty: no
+	// authentication, every caller is the tenant "anonymous".
+	APIKeys string
+	// Egress is a JSON file saying what each tenant's runs may reach
+	// outside their sandboxes (see tenant.EgressConfig); empty: nothing.
+	Egress string
+	// PolicyConfig is the Wasm policy configuration file (see policies/ABI.md
+	// and edge/internal/policy.Config); empty: no policies. It is reloaded
+	// when it changes.
+	PolicyConfig string
+	// PolicyCacheDir keeps compiled policy modules across restarts; empty:
+	// in memory only.
+	PolicyCacheDir string
+	// PolicyAdminToken enables the PolicyAdminService for callers that send
+	// it as a bearer token; empty: the admin service refuses every call.
+	PolicyAdminToken string
+	// ClusterSecret is sent with every call to the control plane, and keys
+	// the mapping of session ids; nil: none (a loopback-only deployment).
+	ClusterSecret *cluster.Secret
+	// PublicWithoutKeys lets an edge with no API keys serve on an address
+	// other than loopback: an open door where anyone who reaches it runs
+	// code. Without it, such an edge serves on loopback only.
+	PublicWithoutKeys bool
+	// AllowedOrigins are the origins (scheme://host[:port], as browsers
+	// send them in Origin) whose web pages may call the edge, "*" for all.
+	// Pages the edge serves itself (the playground) always may. Empty: with
+	// APIKeys every origin (a page then needs a key, which browsers never
+	// attach on their own); without, none. A request from any other origin
+	// is refused with 403 on every door, before it is read.
+	AllowedOrigins []string
+	// AllowedHosts are the host names (no port) the edge answers to, "*"
+	// for any, besides IP addresses, localhost and the host name in Addr,
+	// which it always answers to. Empty: with APIKeys any host name; without,
+	// only those. A request to another host name (DNS rebinding) is refused
+	// with 403 on every door.
+	AllowedHosts []string
+	// Limits bound request bodies (size and the time to send them), idle
+	// connections and connections overall; see server.Limits. The zero
+	// value bounds none of them.
+	Limits server.Limits
+	// Admission limits each tenant's calls in flight and per second; see
+	// ratelimit.Config. The zero value limits nothing. API tool calls count
+	// too.
+	Admission ratelimit.Config
+	// APIs is the API declaration file (see internal/apicatalog): its tools are
+	// offered on /mcp-no-code-execute, and execute_code's description names
+	// its APIs. Empty: the shipped declaration (GitHub's public API);
+	// APIsNone: no APIs.
+	APIs string
+	// APITimeout bounds one API tool call; zero: directtools.DefaultTimeout.
+	APITimeout time.Duration
+	// APIMaxResponseBytes is how much of an API's answer a tool returns;
+	// more is cut, saying so. Zero: directtools.DefaultMaxResponseBytes.
+	APIMaxResponseBytes int64
+	// MetricsAddr is the loopback address to serve Prometheus metrics on,
+	// at /metrics; empty: none.
+	MetricsAddr string
+	// Tracing exports the edge's spans (see telemetry.NewTracing); nil:
+	// none.
+	Tracing *telemetry.Tracing
+}
+
+// APIsNone as Config.APIs declares no APIs.
+const APIsNone = apicatalog.None
+
+// Defaults.
+const (
+	DefaultAddr         = ":8000"
+	DefaultControlPlane = "http://127.0.0.1:8080"
+)
+
+// policyWatchInterval is how often the policy configuration file is checked.
+const policyWatchInterval = 2 * time.Second
+
+// Validate reports whether the configuration can be used.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Addr == "" {
+		errs = append(errs, errors.New("addr is empty"))
+	}
+	if len(c.ControlPlanes) == 0 {
+		errs = append(errs, errors.New("no control plane"))
+	}
+	for _, cp := range c.ControlPlanes {
+		u, err := url.Parse(cp)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("control plane URL: %w", err))
+		case u.Scheme != "http" || u.Host == "":
+			errs = append(errs, fmt.Errorf("control plane URL %q: want http://host:port", cp))
+		case u.Path != "" && u.Path != "/" && len(c.ControlPlanes) > 1:
+			errs = append(errs, fmt.Errorf("control plane URL %q: several control planes take no path", cp))
+		}
+	}
+	if err := c.Limits.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.browsers().Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("allowed origins and hosts: %w", err))
+	}
+	if err := c.Admission.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.APITimeout < 0 {
+		errs = append(errs, fmt.Errorf("api timeout %s is negative", c.APITimeout))
+	}
+	if c.APIMaxResponseBytes < 0 {
+		errs = append(errs, fmt.Errorf("api max response bytes %d is negative", c.APIMaxResponseBytes))
+	}
+	return errors.Join(errs...)
+}
+
+// ParseControlPlanes splits a comma-separated list of control planes,
+// taking host:port as http://host:port.
+func ParseControlPlanes(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		if !strings.Contains(f, "://") {
+			f = "http://" + f
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// ParseList splits a comma-separated list, dropping empty items.
+func ParseList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// browsers says which pages may call the edge and under which host names
+// (see Config.AllowedOrigins and Config.AllowedHosts). Without API keys,
+// a page that reaches the edge would run code as the edge's one tenant; with
+// them, it needs a key the browser never sends on its own, so the defaults
+// open up.
+func (c Config) browsers() server.Browsers {
+	b := server.Browsers{Origins: c.AllowedOrigins, Hosts: c.AllowedHosts}
+	if c.APIKeys != "" {
+		if len(b.Origins) == 0 {
+			b.Origins = []string{"*"}
+		}
+		if len(b.Hosts) == 0 {
+			b.Hosts = []string{"*"}
+		}
+	}
+	// An IP address is always answered; a name in Addr is the edge's own.
+	if host, _, err := net.SplitHostPort(c.Addr); err == nil && host != "" && net.ParseIP(host) == nil {
+		b.Hosts = append(slices.Clip(b.Hosts), host)
+	}
+	return b
+}
+
+// controlPlaneClient is the client of the control planes at urls: with
+// several, it dials the first that accepts (see internal/failover), and
+// every URL reaches it.
+func controlPlaneClient(urls []string, logger *slog.Logger) *http.Client {
+	c := server.NewClient()
+	if len(urls) < 2 {
+		return c
+	}
+	t := c.Transport.(*http.Transport)
+	var addrs []string
+	for _, u := range urls {
+		p, _ := url.Parse(u) // validated
+		host := p.Host
+		if p.Port() == "" {
+			host = net.JoinHostPort(p.Hostname(), "80")
+		}
+		addrs = append(addrs, host)
+	}
+	t.DialContext = failover.New(addrs, t.DialContext, logger.With("component", "failover")).DialContext
+	return c
+}
+
+// Run is the edge program. With the first argument mcp-stdio it serves
+// MCP over stdio instead (see RunStdio).
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == StdioCommand {
+		return RunStdio(ctx, args[1:], stdin, stdout, stderr)
+	}
+	fs := cli.NewFlags("edge", stderr)
+	addr := fs.String("addr", DefaultAddr, "address to serve the API, MCP and the web page on")
+	fs.Env("addr", "EDGE_ADDR")
+	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port); several, comma-separated: calls go to the first that accepts a connection and move to the next only when one refuses it (a run is never sent twice)")
+	fs.Env("controlplane", "CODE_EXECUTION_HOST")
+	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names, mode 0600 or 0400 (one its group or others may read or write is refused); empty for no authentication")
+	fs.Env("api-keys", "CODEMODE_API_KEYS")
+	egressConfig := fs.String("egress", "", "JSON file saying what each tenant's runs may reach outside their sandboxes (hosts, ports, limits); empty: nothing")
+	fs.Env("egress", "CODEMODE_EGRESS")
+	policyConfig := fs.String("policy-config", "", "Wasm policy configuration file (JSON), reloaded when it changes; empty for no policies")
+	fs.Env("policy-config", "CODEMODE_POLICY_CONFIG")
+	policyCache := fs.String("policy-cache-dir", "", "directory that keeps compiled policy modules across restarts; empty for memory only")
+	fs.Env("policy-cache-dir", "CODEMODE_POLICY_CACHE_DIR")
+	policyToken := fs.String("policy-admin-token", "", "bearer token of the PolicyAdminService; empty disables it")
+	fs.Env("policy-admin-token", "CODEMODE_POLICY_ADMIN_TOKEN")
+	public := fs.Bool("public-without-keys", false, "serve on addresses other than loopback even with no --api-keys: anyone who reaches the edge runs code")
+	fs.Env("public-without-keys", "CODEMODE_PUBLIC_WITHOUT_KEYS")
+	origins := fs.String("allowed-origins", "", "comma-separated origins (scheme://host[:port]) whose web pages may call the edge, * for all; the edge's own pages always may. Empty: all with --api-keys, none without")
+	fs.Env("allowed-origins", "CODEMODE_ALLOWED_ORIGINS")
+	hosts := fs.String("allowed-hosts", "", "comma-separated host names (no port) the edge answers to besides IP addresses, localhost and the --addr host, * for any; others are refused (DNS rebinding). Empty: any with --api-keys, none without")
+	fs.Env("allowed-hosts", "CODEMODE_ALLOWED_HOSTS")
+	maxBytes := fs.Int64("max-request-bytes", server.DefaultMaxRequestBytes, "largest request body, in bytes, on every door: Connect, gRPC and gRPC-Web answer resource_exhausted, MCP and HTTP 413; 0 for no limit")
+	fs.Env("max-request-bytes", "CODEMODE_MAX_REQUEST_BYTES")
+	bodyTimeout := fs.Duration("body-timeout", server.DefaultBodyTimeout, "time a client has to send a request's body (not to wait for the answer); 0 for no limit")
+	fs.Env("body-timeout", "CODEMODE_BODY_TIMEOUT")
+	idleTimeout := fs.Duration("idle-timeout", server.DefaultIdleTimeout, "close connections with no request in flight for this long; 0 to keep them")
+	fs.Env("idle-timeout", "CODEMODE_IDLE_TIMEOUT")
+	maxConns := fs.Int("max-conns", server.DefaultMaxConns, "connections served at once; more wait to be accepted; 0 for no cap")
+	fs.Env("max-conns", "CODEMODE_MAX_CONNS")
+	largeBodies := fs.Int("large-bodies", server.DefaultLargeBodies, "requests that may read a body over 1 MiB at once, bounding the memory bodies take; others wait their turn within --body-timeout; 0 for no limit")
+	fs.Env("large-bodies", "CODEMODE_LARGE_BODIES")
+	tenantConcurrency := fs.Int("tenant-concurrency", ratelimit.DefaultConcurrency, "calls (runs, sessions, files) of one tenant in flight at once; more are refused with resource_exhausted; 0 for no limit")
+	fs.Env("tenant-concurrency", "CODEMODE_TENANT_CONCURRENCY")
+	tenantRate := fs.Float64("tenant-rate", ratelimit.DefaultRate, "calls of one tenant per second, on average; more are refused with resource_exhausted; 0 for no limit")
+	fs.Env("tenant-rate", "CODEMODE_TENANT_RATE")
+	tenantBurst := fs.Int("tenant-burst", ratelimit.DefaultBurst, "calls of one tenant that may start at once above --tenant-rate, after a quiet spell; at least 1 when --tenant-rate is set")
+	fs.Env("tenant-burst", "CODEMODE_TENANT_BURST")
+	apisFile := fs.String("apis", "", "JSON file declaring the HTTP APIs offered as tools on /mcp-no-code-execute and named to code on /mcp (see internal/apicatalog); empty for the shipped declaration (GitHub's public API, token from CODEMODE_GITHUB_TOKEN if set), \""+APIsNone+"\" for none")
+	fs.Env("apis", "CODEMODE_APIS")
+	apiTimeout := fs.Duration("api-timeout", directtools.DefaultTimeout, "time one API tool call may take, answer included")
+	fs.Env("api-timeout", "CODEMODE_API_TIMEOUT")
+	apiMaxBytes := fs.Int64("api-max-response-bytes", directtools.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
+	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
+	loadSecret := cluster.Flags(fs)
+	logFormat, logLevel := cli.LogFlags(fs)
+	metricsAddr := telemetry.MetricsFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n\nFlags:\n",
+			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args, os.Getenv); err != nil {
+		return err
+	}
+	logger, err := cli.NewLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		return err
+	}
+	secret, err := loadSecret(os.Getenv)
+	if err != nil {
+		return err
+	}
+	cfg := Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, Egress: *egressConfig,
+		PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
+		ClusterSecret: secret, PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
+		Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
+		Admission: ratelimit.Config{Concurrency: *tenantConcurrency, Rate: *tenantRate, Burst: *tenantBurst},
+		APIs:      *apisFile, APITimeout: *apiTimeout, APIMaxResponseBytes: *apiMaxBytes,
+		MetricsAddr: *metricsAddr}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if cfg.Addr, err = bindAddr(cfg); err != nil {
+		return err
+	}
+	if secret == nil {
+		logger.Warn("no cluster secret: calls to the control plane are not authenticated; deploy the internal services on loopback only")
+	}
+	if cfg.Tracing, err = telemetry.NewTracing(ctx, telemetry.ServiceEdge, os.Getenv); err != nil {
+		return err
+	}
+	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
+	if cfg.Tracing.Enabled() {
+		logger.Info("exporting traces over OTLP")
+	}
+	ln, err := server.Listen(ctx, cfg.Addr)
+	if err != nil {
+		return err
+	}
+	return Serve(ctx, cfg, ln, logger.With("component", "edge"))
+}
+
+// bindAddr returns the address the edge may serve on: any address when it
+// has API keys or is told to be public, else loopback only.
+func bindAddr(cfg Config) (string, error) {
+	if cfg.APIKeys != "" || cfg.PublicWithoutKeys {
+		return cfg.Addr, nil
+	}
+	a, err := cluster.LoopbackAddr(cfg.Addr)
+	if errors.Is(err, cluster.ErrNotLoopback) {
+		return "", fmt.Errorf("edge: refusing to serve on %s with no API keys: anyone who reaches it could run code. "+
+			"Give the edge --api-keys FILE (CODEMODE_API_KEYS), serve on a loopback address such as 127.0.0.1:8000, "+
+			"or pass --public-without-keys (CODEMODE_PUBLIC_WITHOUT_KEYS=true) if an open door is what you want", cfg.Addr)
+	}
+	return a, err
+}
+
+// needsKey reports whether a request to path needs an API key: every door
+// that runs code or touches a session does. The web page, health checks,
+// reflection and the policy admin service (which has its own token) do not.
+func needsKey(path string) bool {
+	return strings.HasPrefix(path, "/"+edgev1connect.ExecutionServiceName+"/") ||
+		path == "/mcp" || path == "/no-code/mcp" || path == "/mcp-no-code-execute" || path == "/run" || path == "/status"
+}
+
+// authenticate resolves the tenant of a request to a door, before its body is read.
+func authenticate(tenants *tenant.Resolver) func(*http.Request) (context.Context, error) {
+	return func(r *http.Request) (context.Context, error) {
+		if needsKey(r.URL.Path) {
+			return tenants.Authenticate(r)
+		}
+		return r.Context(), nil
+	}
+}
+
+// Serve serves the edge on ln until ctx is done.
+func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
+	tenants, err := tenant.Load(cfg.APIKeys)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	egress, err := tenant.LoadEgress(cfg.Egress)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	catalog, err := apicatalog.FromFlag(cfg.APIs)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(controlPlaneClient(cfg.ControlPlanes, logger)), strings.TrimRight(cfg.ControlPlanes[0], "/"),
+		cfg.Tracing.ClientOptions()...)
+	var svc *execution.Service // set before anything is served
+	knownLanguage := func(name string) bool { return svc.KnownLanguage(name) }
+	metrics := telemetry.NewMetrics()
+	policyMetrics := policy.NewMetrics()
+	metrics.MustRegister(policyMetrics)
+	policies, err := policy.New(ctx, policy.Options{ConfigPath: cfg.PolicyConfig, CacheDir: cfg.PolicyCacheDir, KnownLanguage: knownLanguage, Logger: logger,
+		Metrics: policyMetrics})
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("load policies: %w", err)
+	}
+	defer policies.Close(context.WithoutCancel(ctx))
+	go policies.Watch(ctx, policyWatchInterval)
+	limits := ratelimit.New(cfg.Admission)
+	if err := metrics.StartMetrics(ctx, cfg.MetricsAddr, logger.With("component", "metrics")); err != nil {
+		ln.Close()
+		return err
+	}
+	svc = execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.ClusterSecret.Key(execution.SessionKeyPurpose)),
+		execution.WithAdmission(limits), execution.WithEgress(egress), execution.WithMetrics(metrics))
+	calls := directtools.New(logger.With("component", "apicall"), directtools.WithPolicies(policies), directtools.WithAdmission(limits),
+		directtools.WithTimeout(cfg.APITimeout), directtools.WithMaxResponseBytes(cfg.APIMaxResponseBytes))
+
+	srv := server.New(logger)
+	srv.Limits = cfg.Limits
+	browsers := cfg.browsers()
+	srv.Browsers = &browsers
+	srv.Authenticate = authenticate(tenants)
+	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
+	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
+	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
+		Version: Version, APIs: catalog, Egress: egress, Tracing: cfg.Tracing}).Handlers()
+	srv.HandleTooLarge("/mcp", cfg.Tracing.Handler("/mcp", withCode), mcpserver.RefuseTooLarge)
+	// The tools without code execution at two paths: /no-code/mcp for
+	// clients that take any URL not ending in /mcp for a mistake and
+	// rewrite it (the MCP Inspector's CLI does), /mcp-no-code-execute as
+	// before. One handler: a session opened at one path goes on at the
+	// other.
+	for _, p := range []string{"/no-code/mcp", "/mcp-no-code-execute"} {
+		srv.HandleTooLarge(p, cfg.Tracing.Handler(p, withoutCode), mcpserver.RefuseTooLarge)
+	}
+	srv.Handle("/run", cfg.Tracing.Handler("/run", runapi.RunHandler(svc)))
+	srv.Handle("/status", runapi.StatusHandler(svc))
+	srv.Handle("/", web.Handler())
+	return srv.Serve(ctx, ln)
+}
