@@ -1,8 +1,10 @@
 package languages
 
 import (
+	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -69,5 +71,43 @@ func TestPreloadList(t *testing.T) {
 	}
 	if !slices.Contains(py.Preload, "pandas") || py.Parent == nil || py.Prestart == nil {
 		t.Errorf("python's entry: Preload %q, Parent set %v", py.Preload, py.Parent != nil)
+	}
+}
+
+// TestDocsNameEveryLanguage keeps the README's first paragraph and the
+// table in docs/sandbox.md in step with the table: a language added here
+// must be named there, with its aliases.
+func TestDocsNameEveryLanguage(t *testing.T) {
+	readme, err := os.ReadFile("../../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	intro, _, _ := strings.Cut(string(readme), "\n\n```")
+	sandbox, err := os.ReadFile("../../../docs/sandbox.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	display := map[string]string{"python": "Python", "javascript": "JavaScript", "bash": "bash", "sh": "sh",
+		"c": "C", "cpp": "C++", "ruby": "Ruby", "perl": "Perl", "php": "PHP", "lua": "Lua"}
+	for _, l := range All() {
+		d, ok := display[l.Name]
+		if !ok {
+			t.Errorf("language %q: add it to the README's first paragraph and to this test", l.Name)
+			continue
+		}
+		if !regexp.MustCompile(`(^|[\s(,])` + regexp.QuoteMeta(d) + `([\s,:)]|$)`).MatchString(intro) {
+			t.Errorf("README's first paragraph does not name %s", d)
+		}
+		row := "| `" + l.Name + "` |"
+		for _, a := range l.Aliases {
+			row += " `" + a + "`,"
+		}
+		row = strings.TrimSuffix(row, ",") + " |"
+		if len(l.Aliases) == 0 {
+			row = "| `" + l.Name + "` | |"
+		}
+		if !strings.Contains(string(sandbox), row) {
+			t.Errorf("docs/sandbox.md's table has no row starting %q", row)
+		}
 	}
 }
