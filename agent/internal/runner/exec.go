@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/agent/internal/languages"
+	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
@@ -55,7 +56,7 @@ func (s *server) env(lang language) []string {
 func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1.Exit, error) {
 	lang, ok := languageFor(r.GetLanguage())
 	if !ok {
-		return nil, &reqError{runnerv1.Error_CODE_INVALID_ARGUMENT, fmt.Sprintf("unknown language %q: valid languages are %s", r.GetLanguage(), languages.Names())}
+		return nil, &wire.RunnerError{Code: runnerv1.Error_CODE_INVALID_ARGUMENT, Message: fmt.Sprintf("unknown language %q: valid languages are %s", r.GetLanguage(), languages.Names())}
 	}
 	if lang.Requires != "" {
 		// A compiled language's compiler: missing, it is the image's

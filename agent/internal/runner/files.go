@@ -40,7 +40,7 @@ import (
 // "" and "." name the workspace itself, which only dirOK allows.
 func cleanPath(p string, dirOK bool) (string, error) {
 	bad := func(why string) error {
-		return &reqError{runnerv1.Error_CODE_INVALID_ARGUMENT, fmt.Sprintf("invalid path %q: %s", p, why)}
+		return &wire.RunnerError{Code: runnerv1.Error_CODE_INVALID_ARGUMENT, Message: fmt.Sprintf("invalid path %q: %s", p, why)}
 	}
 	if strings.ContainsRune(p, 0) {
 		return "", bad("it contains a NUL byte")
@@ -76,13 +76,13 @@ func fileError(op, p string, err error) error {
 	case errors.Is(err, syscall.EXDEV),
 		strings.Contains(err.Error(), "escapes from parent") || strings.Contains(err.Error(), "path escapes"):
 		code = runnerv1.Error_CODE_FAILED_PRECONDITION
-		return &reqError{code, fmt.Sprintf("%s %q: it leads out of the workspace", op, p)}
+		return &wire.RunnerError{Code: code, Message: fmt.Sprintf("%s %q: it leads out of the workspace", op, p)}
 	}
 	var pe *fs.PathError
 	if errors.As(err, &pe) {
 		err = pe.Err // drop the host path
 	}
-	return &reqError{code, fmt.Sprintf("%s %q: %v", op, p, err)}
+	return &wire.RunnerError{Code: code, Message: fmt.Sprintf("%s %q: %v", op, p, err)}
 }
 
 func (s *server) writeFile(f *runnerv1.File) error {
@@ -91,7 +91,7 @@ func (s *server) writeFile(f *runnerv1.File) error {
 		return err
 	}
 	if n := len(f.GetContent()); n > wire.MaxFileSize {
-		return &reqError{runnerv1.Error_CODE_RESOURCE_EXHAUSTED, fmt.Sprintf("file %q has %d bytes, more than the limit of %d", p, n, wire.MaxFileSize)}
+		return &wire.RunnerError{Code: runnerv1.Error_CODE_RESOURCE_EXHAUSTED, Message: fmt.Sprintf("file %q has %d bytes, more than the limit of %d", p, n, wire.MaxFileSize)}
 	}
 	return s.onFileThread(func() error {
 		if err := s.mkdirs(path.Dir(p)); err != nil {
@@ -152,7 +152,7 @@ func (s *server) mkdirs(dir string) error {
 		// There already: a directory, or a link to one in the workspace.
 		d, err = s.open(prefix, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
 		if errors.Is(err, syscall.ENOTDIR) {
-			return &reqError{runnerv1.Error_CODE_FAILED_PRECONDITION, fmt.Sprintf("create directory %q: a file is in the way", prefix)}
+			return &wire.RunnerError{Code: runnerv1.Error_CODE_FAILED_PRECONDITION, Message: fmt.Sprintf("create directory %q: a file is in the way", prefix)}
 		}
 		if err != nil {
 			return fileError("create directory", prefix, err)
@@ -257,10 +257,10 @@ func (s *server) readFileAsUser(p string, max uint64) (*runnerv1.File, error) {
 		return nil, fileError("read file", p, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, &reqError{runnerv1.Error_CODE_FAILED_PRECONDITION, fmt.Sprintf("read file %q: not a regular file", p)}
+		return nil, &wire.RunnerError{Code: runnerv1.Error_CODE_FAILED_PRECONDITION, Message: fmt.Sprintf("read file %q: not a regular file", p)}
 	}
 	tooLarge := func(n int64) error {
-		return &reqError{runnerv1.Error_CODE_RESOURCE_EXHAUSTED, fmt.Sprintf("read file %q: it has %d bytes, more than the limit of %d", p, n, max)}
+		return &wire.RunnerError{Code: runnerv1.Error_CODE_RESOURCE_EXHAUSTED, Message: fmt.Sprintf("read file %q: it has %d bytes, more than the limit of %d", p, n, max)}
 	}
 	if uint64(fi.Size()) > max {
 		return nil, tooLarge(fi.Size())

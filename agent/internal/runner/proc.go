@@ -272,7 +272,7 @@ func (p *procs) lookPath(name string) (string, error) {
 			}
 		}
 		if path == "" {
-			return "", &reqError{runnerv1.Error_CODE_FAILED_PRECONDITION, fmt.Sprintf("program %s is not installed in the sandbox image", name)}
+			return "", &wire.RunnerError{Code: runnerv1.Error_CODE_FAILED_PRECONDITION, Message: fmt.Sprintf("program %s is not installed in the sandbox image", name)}
 		}
 	}
 	p.paths[name] = path

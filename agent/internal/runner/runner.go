@@ -418,7 +418,7 @@ func (s *server) dispatch(ctx context.Context, wg *sync.WaitGroup, req *runnerv1
 	if s.active != 0 {
 		busy := s.active
 		s.mu.Unlock()
-		s.sendError(id, &reqError{runnerv1.Error_CODE_BUSY, fmt.Sprintf("request %d is still being served", busy)})
+		s.sendError(id, &wire.RunnerError{Code: runnerv1.Error_CODE_BUSY, Message: fmt.Sprintf("request %d is still being served", busy)})
 		return
 	}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -482,7 +482,7 @@ func (s *server) handle(ctx context.Context, req *runnerv1.Request) *runnerv1.Ev
 			return &runnerv1.Event{Kind: &runnerv1.Event_FileList{FileList: l}}
 		}
 	default:
-		err = &reqError{runnerv1.Error_CODE_INVALID_ARGUMENT, fmt.Sprintf("unknown request kind %T", k)}
+		err = &wire.RunnerError{Code: runnerv1.Error_CODE_INVALID_ARGUMENT, Message: fmt.Sprintf("unknown request kind %T", k)}
 	}
 	return errorEvent(err)
 }
@@ -529,20 +529,14 @@ func (s *server) shutdown() {
 	}
 }
 
-// reqError is a failure that the runner reports with an Error event of a
-// specific code; any other error is reported as CODE_UNSPECIFIED.
-type reqError struct {
-	code runnerv1.Error_Code
-	msg  string
-}
-
-func (e *reqError) Error() string { return e.msg }
-
+// errorEvent reports err with an Error event: of the code of a
+// [wire.RunnerError] in err's chain, the runner's failures that tell the agent
+// what went wrong, else of CODE_UNSPECIFIED.
 func errorEvent(err error) *runnerv1.Event {
 	e := &runnerv1.Error{Message: err.Error()}
-	var re *reqError
+	var re *wire.RunnerError
 	if errors.As(err, &re) {
-		e.Code = re.code
+		e.Code = re.Code
 	}
 	return &runnerv1.Event{Kind: &runnerv1.Event_Error{Error: e}}
 }
