@@ -30,7 +30,7 @@ import (
 //     an os.Root does it instead; under gVisor an os.Root does not confine
 //     (see RATIONALE.md), so the sandbox needs openat2, which gVisor has.
 //   - Every request runs on a thread that acts as the user towards the file
-//     system (fileThread): a path that got out anyway leads only where the
+//     system (asuser.FileThread): a path that got out anyway leads only where the
 //     user could go, and what the runner creates is the user's from the
 //     start.
 //   - Files are opened non-blocking and must be regular, so a FIFO planted
@@ -163,13 +163,13 @@ func (s *server) mkdirs(dir string) error {
 }
 
 // onFileThread runs a file request's work f as the user, on the file
-// thread (see fileThread), or as the runner itself when the runner is not
+// thread (see asuser.FileThread), or as the runner itself when the runner is not
 // root (tests), which then has no privilege to lend.
 func (s *server) onFileThread(f func() error) error {
 	if s.files == nil {
 		return f()
 	}
-	return s.files.do(f)
+	return s.files.Do(f)
 }
 
 // open opens p, a path cleaned by cleanPath, beneath the workspace (see the

@@ -13,7 +13,7 @@ import (
 // System V IPC objects outlive the processes that made them, so a run could
 // leave data in a shared memory segment, a message queue or a semaphore set
 // for the next one. Reset removes the user's, from a thread with the user's
-// credentials (see asUser), since only their owner may.
+// credentials (see asuser.Do), since only their owner may.
 //
 // Finding them differs between Linux and gVisor:
 //
@@ -86,7 +86,7 @@ var ipcKinds = [3]ipcKind{
 type ipcFloor [3]int
 
 // removeIPC removes every System V IPC object the calling thread may
-// remove. It must run as the user (see asUser). Under gVisor it updates
+// remove. It must run as the user (see asuser.Do). Under gVisor it updates
 // floor.
 func removeIPC(floor *ipcFloor) error {
 	if _, err := os.Stat("/proc/sysvipc"); err == nil {

@@ -51,7 +51,7 @@ type procs struct {
 	// process must spare (see parent).
 	sparing atomic.Bool
 	// killFromFileThread runs kill(-1, SIGKILL) on the file thread (see
-	// fileThread), whose effective uid is the user's and real and saved
+	// asuser.FileThread), whose effective uid is the user's and real and saved
 	// uids root's: it reaches every process whose real or saved uid is the
 	// user's, and neither the preloaded parent (real and saved uid its own)
 	// nor the runner. nil without the thread; set before the first

@@ -33,6 +33,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/agent/internal/languages"
+	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
@@ -213,9 +214,9 @@ type server struct {
 	cfg   config
 	out   *eventWriter
 	procs *procs
-	root  *os.Root    // the workspace, where the kernel has no openat2
-	ws    *os.File    // the workspace, for openat2; nil: none (see open)
-	files *fileThread // runs file requests as the user; nil if the runner is not root
+	root  *os.Root           // the workspace, where the kernel has no openat2
+	ws    *os.File           // the workspace, for openat2; nil: none (see open)
+	files *asuser.FileThread // runs file requests as the user; nil if the runner is not root
 
 	mu     sync.Mutex
 	active uint64             // id of the request being served, 0 if none
@@ -291,9 +292,9 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	if ws == nil {
 		cfg.log.Warn("no openat2: file requests resolve paths with an os.Root, which does not confine them under gVisor")
 	}
-	var files *fileThread
+	var files *asuser.FileThread
 	if os.Geteuid() == 0 {
-		if files, err = startFileThread(cfg.uid, cfg.gid); err != nil {
+		if files, err = asuser.StartFileThread(cfg.uid, cfg.gid); err != nil {
 			root.Close()
 			if ws != nil {
 				ws.Close()
@@ -320,10 +321,10 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	}
 	if files != nil {
 		s.procs.killFromFileThread = func() error {
-			return files.do(func() error {
+			return files.Do(func() error {
 				// EPERM: processes it may not signal (the parent), which
 				// gVisor may report when they come last.
-				if err := killAllOfUser(); !errors.Is(err, syscall.EPERM) {
+				if err := asuser.KillAll(); !errors.Is(err, syscall.EPERM) {
 					return err
 				}
 				return nil
@@ -521,7 +522,7 @@ func (s *server) shutdown() {
 		s.ws.Close()
 	}
 	if s.files != nil {
-		s.files.close()
+		s.files.Close()
 	}
 	s.memory.close()
 	if s.mqueues != nil {

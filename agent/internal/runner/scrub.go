@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
 )
 
 // prepareDirs gives the workspace to the user and makes the scratch
@@ -60,8 +62,8 @@ func (s *server) reset(ctx context.Context) error {
 	// step, which forking cannot outrun; and remove the user's IPC objects,
 	// which only their owner (or CAP_SYS_ADMIN, which the runner lacks) may
 	// do.
-	if err := asUser(s.cfg.uid, s.cfg.gid, func() error {
-		if err := killAllOfUser(); err != nil {
+	if err := asuser.Do(s.cfg.uid, s.cfg.gid, func() error {
+		if err := asuser.KillAll(); err != nil {
 			return err
 		}
 		return removeIPC(&s.ipcFloor)

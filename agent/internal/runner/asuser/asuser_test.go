@@ -1,4 +1,4 @@
-package runner
+package asuser
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,15 +20,24 @@ import (
 	"github.com/codemode-go/codemode/internal/testenv"
 )
 
+// Each test gets uids of its own, far from real accounts and from those of
+// the runner's tests (62000 up), which may run at the same time: killing
+// "every process of the user" must stay within the test.
+var nextUID atomic.Int32
+
+func testUID() int { return 61000 + int(nextUID.Add(1)) }
+
+func isRoot() bool { return os.Geteuid() == 0 }
+
 // TestAsUser checks that f runs with the user's uids and no capability,
 // that no other goroutine ever sees the user's credentials, even while
-// asUser runs concurrently with them, and that the thread is gone
+// Do runs concurrently with them, and that the thread is gone
 // afterwards.
 func TestAsUser(t *testing.T) {
 	if !isRoot() {
 		testenv.Missing(t, "switching a thread to another uid needs root")
 	}
-	uid := 62000 + int(nextUID.Add(1))
+	uid := testUID()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	bad := make(chan string, 1)
@@ -55,7 +65,7 @@ func TestAsUser(t *testing.T) {
 	}
 	for i := range 50 {
 		var got [3]int
-		err := asUser(uid, uid, func() error {
+		err := Do(uid, uid, func() error {
 			got[0], got[1], _ = unix.Getresuid()
 			got[2] = unix.Geteuid()
 			if g := unix.Getgid(); g != uid {
@@ -73,10 +83,10 @@ func TestAsUser(t *testing.T) {
 			return nil
 		})
 		if err != nil {
-			t.Fatalf("asUser #%d: %v", i, err)
+			t.Fatalf("Do #%d: %v", i, err)
 		}
 		if got != [3]int{uid, uid, uid} {
-			t.Fatalf("asUser #%d: uids %v, want %d", i, got, uid)
+			t.Fatalf("Do #%d: uids %v, want %d", i, got, uid)
 		}
 	}
 	close(stop)
@@ -87,7 +97,7 @@ func TestAsUser(t *testing.T) {
 	default:
 	}
 	if r, e, s := unix.Getresuid(); r != 0 || e != 0 || s != 0 {
-		t.Fatalf("after asUser: uids %d %d %d", r, e, s)
+		t.Fatalf("after Do: uids %d %d %d", r, e, s)
 	}
 	// The threads that held the user's credentials end (they are root
 	// again before they do).
@@ -102,8 +112,8 @@ func TestAsUser(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := asUser(os.Getuid(), os.Getgid(), func() error { return nil }); err == nil {
-		t.Fatal("asUser with the runner's own uid succeeded")
+	if err := Do(os.Getuid(), os.Getgid(), func() error { return nil }); err == nil {
+		t.Fatal("Do with the runner's own uid succeeded")
 	}
 }
 
@@ -137,7 +147,7 @@ func TestKillAllOfUser(t *testing.T) {
 		testenv.Missing(t, "switching a thread to another uid needs root")
 	}
 	t.Parallel()
-	uid, other := 62000+int(nextUID.Add(1)), 62000+int(nextUID.Add(1))
+	uid, other := testUID(), testUID()
 	start := func(uid int, setsid bool) *exec.Cmd {
 		cmd := exec.Command("sleep", "3600")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid}
@@ -152,7 +162,7 @@ func TestKillAllOfUser(t *testing.T) {
 	}
 	users := []*exec.Cmd{start(uid, false), start(uid, true)}
 	spared := []*exec.Cmd{start(0, false), start(other, false), start(other, true)}
-	if err := asUser(uid, uid, killAllOfUser); err != nil {
+	if err := Do(uid, uid, KillAll); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range users {
@@ -171,14 +181,14 @@ func TestKillAllOfUser(t *testing.T) {
 // TestFileThread checks that the file thread acts as the user towards the file
 // system (what it creates is the user's, a file only root may read is
 // refused) while the user's processes cannot signal its thread, which they
-// can with asUser: kill(2) of a thread id checks the sender's uids against
+// can with Do: kill(2) of a thread id checks the sender's uids against
 // that thread's real and saved uid.
 func TestFileThread(t *testing.T) {
 	if !isRoot() {
 		t.Skip("switching a thread to another uid needs root")
 	}
 	t.Parallel()
-	uid := 62000 + int(nextUID.Add(1))
+	uid := testUID()
 	dir := t.TempDir()
 	for _, d := range []string{filepath.Dir(dir), dir} {
 		if err := os.Chmod(d, 0o755); err != nil {
@@ -201,15 +211,15 @@ func TestFileThread(t *testing.T) {
 		ruid       int
 		signalable bool
 	}{
-		{"fileThread", func(uid, gid int, f func() error) error {
-			ft, err := startFileThread(uid, gid)
+		{"FileThread", func(uid, gid int, f func() error) error {
+			ft, err := StartFileThread(uid, gid)
 			if err != nil {
 				return err
 			}
-			defer ft.close()
-			return ft.do(f)
+			defer ft.Close()
+			return ft.Do(f)
 		}, 0, false},
-		{"asUser", asUser, uid, true},
+		{"Do", Do, uid, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tids := make(chan int)

@@ -1,4 +1,11 @@
-package runner
+// Package asuser lets the runner, which runs as root, act as the user from
+// threads of its own instead of processes: [Do] for one call on a thread
+// whose real and effective uids are the user's (Reset's kill(-1) and the
+// removal of the user's System V IPC objects), and [FileThread], one thread
+// for good whose effective uid is the user's and real and saved uids root's
+// (the file requests). See the runner's RATIONALE.md for why threads, and
+// why the file thread keeps root as its real uid.
+package asuser
 
 import (
 	"errors"
@@ -11,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// asUser calls f on an OS thread of its own that acts as the user (real
+// Do calls f on an OS thread of its own that acts as the user (real
 // and effective uid, every gid, no supplementary groups, no effective
 // capability), and returns what f returns. This is how the runner acts as
 // the user without starting a process: a process under gVisor costs tens
@@ -32,12 +39,12 @@ import (
 // runtime would keep rather than end, is locked to the main goroutine
 // (see init), so it is never the one.
 //
-// Before calling f, asUser checks that the thread's real and effective uids
+// Before calling f, Do checks that the thread's real and effective uids
 // are the user's and that it holds no effective capability: f may then do
 // only what the user could. Callers make sure no process of the user is
 // alive while f runs: a thread with the user's uid can be signalled by the
 // user's processes.
-func asUser(uid, gid int, f func() error) error {
+func Do(uid, gid int, f func() error) error {
 	if err := notRunnerUID(uid); err != nil {
 		return err
 	}
@@ -51,7 +58,7 @@ func asUser(uid, gid int, f func() error) error {
 
 // init locks the main goroutine to the main thread, for good: the Go runtime
 // does not end the main thread when a goroutine locked to it returns, so
-// asUser must never get that thread.
+// Do must never get that thread.
 func init() { runtime.LockOSThread() }
 
 func notRunnerUID(uid int) error {
@@ -78,14 +85,14 @@ func onUserThread(uid, gid int, f func() error) (err error) {
 	return f()
 }
 
-// fileThread is an OS thread of the runner that acts as the user towards
+// FileThread is an OS thread of the runner that acts as the user towards
 // the file system, for good, and runs the work of file requests (see
-// files.go). Its effective uid, hence its file system uid, and all its gids
+// package files). Its effective uid, hence its file system uid, and all its gids
 // are the user's, it has no supplementary group and no effective
 // capability: every open, mkdir and stat it makes is checked as the user's
 // would be, and what it creates is the user's.
 //
-// Unlike asUser's thread, its real and saved uids stay root's, which is
+// Unlike Do's thread, its real and saved uids stay root's, which is
 // what makes it safe while processes of the user are alive (a session's
 // background processes, during a file request): kill(2) and tgkill(2) need
 // the sender's real or effective uid to be the target's real or saved uid,
@@ -98,24 +105,24 @@ func onUserThread(uid, gid int, f func() error) (err error) {
 // The thread is locked to its goroutine, which never unlocks it and only
 // runs the functions it is given, so no other goroutine ever runs on it;
 // threads the runtime creates meanwhile are cloned from its template thread
-// (see asUser). It is made once: a thread per request cost 1-3 ms more per
+// (see Do). It is made once: a thread per request cost 1-3 ms more per
 // request under gVisor (the runtime ends it and starts another), see
-// RATIONALE.md. Safe for concurrent use; requests are served one at a time.
-type fileThread struct {
+// the runner's RATIONALE.md. Safe for concurrent use; requests are served one at a time.
+type FileThread struct {
 	work chan func()
 	stop chan struct{}
 }
 
-// startFileThread starts the thread and checks its credentials: effective
+// StartFileThread starts the thread and checks its credentials: effective
 // uid the user's, real uid root's, no effective capability.
-func startFileThread(uid, gid int) (*fileThread, error) {
+func StartFileThread(uid, gid int) (*FileThread, error) {
 	if err := notRunnerUID(uid); err != nil {
 		return nil, err
 	}
-	t := &fileThread{work: make(chan func()), stop: make(chan struct{})}
+	t := &FileThread{work: make(chan func()), stop: make(chan struct{})}
 	ready := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked, see fileThread
+		runtime.LockOSThread() // never unlocked, see FileThread
 		if _, err := becomeUser(uid, gid, false); err != nil {
 			// Returning while locked ends the thread, in whatever state
 			// becomeUser left it.
@@ -139,7 +146,7 @@ func startFileThread(uid, gid int) (*fileThread, error) {
 }
 
 // do runs f on the thread and returns what f returns.
-func (t *fileThread) do(f func() error) error {
+func (t *FileThread) Do(f func() error) error {
 	errc := make(chan error, 1)
 	select {
 	case t.work <- func() { errc <- f() }:
@@ -150,7 +157,7 @@ func (t *fileThread) do(f func() error) error {
 }
 
 // close ends the thread.
-func (t *fileThread) close() { close(t.stop) }
+func (t *FileThread) Close() { close(t.stop) }
 
 // becomeUser switches the calling thread, which must be locked, to the
 // user's credentials: effective uid, all gids, no supplementary group, and
@@ -275,7 +282,7 @@ func checkUserThread(ruid, euid int) error {
 	return nil
 }
 
-// killAllOfUser must run as the user (see asUser): kill(-1) then signals
+// KillAll must run as the user (see Do): kill(-1) then signals
 // every process the caller may signal, which for a caller without
 // CAP_KILL is every process whose real or saved uid is the caller's real or
 // effective uid (the user's), except the caller's own process (the runner)
@@ -283,7 +290,7 @@ func checkUserThread(ruid, euid int) error {
 // forking cannot outrun. (Its result does not say whether any process was
 // signalled: Linux fails with ESRCH only when there is no other process at
 // all.)
-func killAllOfUser() error {
+func KillAll() error {
 	if err := syscall.Kill(-1, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("kill user processes: %w", err)
 	}
