@@ -211,7 +211,7 @@ func TestFileThread(t *testing.T) {
 		ruid       int
 		signalable bool
 	}{
-		{"FileThread", func(uid, gid int, f func() error) error {
+		{"fileThread", func(uid, gid int, f func() error) error {
 			ft, err := StartFileThread(uid, gid)
 			if err != nil {
 				return err
@@ -219,7 +219,7 @@ func TestFileThread(t *testing.T) {
 			defer ft.Close()
 			return ft.Do(f)
 		}, 0, false},
-		{"Do", Do, uid, true},
+		{"asUser", Do, uid, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tids := make(chan int)
