@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/agent/internal/languages"
+	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
@@ -61,7 +62,7 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 	if lang.Requires != "" {
 		// A compiled language's compiler: missing, it is the image's
 		// fault, not a result of the user's code.
-		if _, err := s.procs.lookPath(lang.Requires); err != nil {
+		if _, err := s.procs.LookPath(lang.Requires); err != nil {
 			return nil, err
 		}
 	}
@@ -122,7 +123,7 @@ type limits struct {
 func (s *server) runOnce(ctx context.Context, o *output, lang language, pre *prestarted, code string, stdin []byte, lim limits, sweep bool) (*runnerv1.Exit, error) {
 	start, cpu0 := time.Now(), selfCPU()
 	how := "cold"
-	var p *proc
+	var p *proc.Proc
 	var std *stdio
 	if pre != nil {
 		how = "prestarted"
@@ -136,19 +137,19 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, pre *pre
 	}
 	forked := time.Now()
 	std.start(o)
-	st := s.supervise(ctx, p.done, p.pid, p.done, lim, s.keepPgid())
+	st := s.supervise(ctx, p.Done(), p.Pid, p.Done(), lim, s.keepPgid())
 	exited := time.Now()
 	exit := &runnerv1.Exit{
-		Code:      exitCode(p.status),
+		Code:      proc.ExitCode(p.Status()),
 		TimedOut:  st.timedOut,
-		OomKilled: st.oom || st.diedOfMemory(p.status),
+		OomKilled: st.oom || st.diedOfMemory(p.Status()),
 	}
 	if sweep && st.err == nil {
 		var keep []int
 		if k := s.keepPgid(); k != 0 {
 			keep = []int{k}
 		}
-		st.err = s.procs.killUser(keep)
+		st.err = s.procs.KillUser(keep)
 	}
 	swept := time.Now()
 	exit.Truncated = o.finish(s.cfg.drainGrace)
@@ -159,7 +160,7 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, pre *pre
 
 // startCold starts a fresh interpreter for code: as an argument, or on fd 3
 // when it is too long for one.
-func (s *server) startCold(lang language, code string, stdin []byte) (*proc, *stdio, error) {
+func (s *server) startCold(lang language, code string, stdin []byte) (*proc.Proc, *stdio, error) {
 	argv := lang.argv(code)
 	var extra []*os.File
 	var codeW *os.File
@@ -177,7 +178,7 @@ func (s *server) startCold(lang language, code string, stdin []byte) (*proc, *st
 		closeAll(codeW)
 		return nil, nil, err
 	}
-	p, err := s.procs.start(spec{argv: argv, env: s.env(lang), files: append(std.child(), extra...)})
+	p, err := s.procs.Start(proc.Spec{Argv: argv, Env: s.env(lang), Files: append(std.child(), extra...)})
 	std.closeChild()
 	closeAll(extra...)
 	if err != nil {
@@ -290,12 +291,12 @@ func (s *server) supervise(ctx context.Context, done <-chan struct{}, pgid int, 
 		st.interrupted = true
 		return st
 	}
-	killGroup(pgid)
+	proc.KillGroup(pgid)
 	var keep []int
 	if keepPgid != 0 {
 		keep = []int{keepPgid}
 	}
-	if err := s.procs.killUser(keep); err != nil {
+	if err := s.procs.KillUser(keep); err != nil {
 		st.err = err
 	}
 	select {
@@ -310,7 +311,7 @@ func (s *server) supervise(ctx context.Context, done <-chan struct{}, pgid int, 
 // kernel's, which holds the state of a session.
 func (s *server) keepPgid() int {
 	if s.kernel != nil && s.kernel.alive() {
-		return s.kernel.proc.pid
+		return s.kernel.proc.Pid
 	}
 	return 0
 }

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
@@ -18,17 +19,17 @@ import (
 // the cells of stateful Python runs in one namespace (see kernel.py for its
 // side of the protocol).
 type kernel struct {
-	proc *proc
+	proc *proc.Proc
 	sock *os.File // the runner's end of the control socket
 }
 
-func (k *kernel) alive() bool { return k.proc.alive() }
+func (k *kernel) alive() bool { return k.proc.Alive() }
 
 // stop kills the kernel and everything in its process group.
 func (k *kernel) stop() {
-	killGroup(k.proc.pid)
+	proc.KillGroup(k.proc.Pid)
 	k.sock.Close()
-	<-k.proc.done
+	<-k.proc.Done()
 }
 
 func (s *server) startKernel(lang language) (*kernel, error) {
@@ -41,10 +42,10 @@ func (s *server) startKernel(lang language) (*kernel, error) {
 	// first cell finds the modules imported.
 	p, ok := s.forkKernel(lang, []*os.File{nil, nil, nil, child})
 	if !ok {
-		p, err = s.procs.start(spec{
-			argv:  lang.Kernel,
-			env:   s.env(lang),
-			files: []*os.File{nil, nil, nil, child},
+		p, err = s.procs.Start(proc.Spec{
+			Argv:  lang.Kernel,
+			Env:   s.env(lang),
+			Files: []*os.File{nil, nil, nil, child},
 		})
 	}
 	child.Close()
@@ -133,7 +134,7 @@ func (s *server) runKernel(ctx context.Context, o *output, lang language, r *run
 	// leaves are killed. One that does not end when interrupted is killed
 	// with the interpreter.
 	lim.interrupt = func(done <-chan struct{}) bool {
-		if err := syscall.Kill(k.proc.pid, syscall.SIGINT); err != nil {
+		if err := syscall.Kill(k.proc.Pid, syscall.SIGINT); err != nil {
 			return false
 		}
 		select {
@@ -146,12 +147,12 @@ func (s *server) runKernel(ctx context.Context, o *output, lang language, r *run
 		}
 		// The cell ended; the processes it left go, as when a run is
 		// killed, and only the kernel stays.
-		if err := s.procs.killUser([]int{k.proc.pid}); err != nil {
+		if err := s.procs.KillUser([]int{k.proc.Pid}); err != nil {
 			return false
 		}
-		return s.procs.killGroupBut(k.proc.pid, k.proc.pid) == nil
+		return s.procs.KillGroupBut(k.proc.Pid, k.proc.Pid) == nil
 	}
-	st := s.supervise(ctx, cellDone, k.proc.pid, k.proc.done, lim, 0)
+	st := s.supervise(ctx, cellDone, k.proc.Pid, k.proc.Done(), lim, 0)
 	exit := &runnerv1.Exit{TimedOut: st.timedOut, OomKilled: st.oom}
 	if result != nil && (st.interrupted || !st.timedOut && !st.cancelled && !st.oom) {
 		exit.Code = int32(binary.BigEndian.Uint32(result))
@@ -166,8 +167,8 @@ func (s *server) runKernel(ctx context.Context, o *output, lang language, r *run
 		// The kernel is dead or being killed: wait for it to report how it
 		// ended.
 		s.killKernel()
-		exit.Code = exitCode(k.proc.status)
-		exit.OomKilled = exit.OomKilled || st.diedOfMemory(k.proc.status)
+		exit.Code = proc.ExitCode(k.proc.Status())
+		exit.OomKilled = exit.OomKilled || st.diedOfMemory(k.proc.Status())
 		exit.StateLost = true
 	}
 	exit.Truncated = o.finish(s.cfg.drainGrace)

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 )
 
@@ -43,20 +44,20 @@ import (
 // reads any code.
 type parent struct {
 	lang    string
-	proc    *proc
+	proc    *proc.Proc
 	fd      int // the runner's end of the SOCK_SEQPACKET socket
 	modules []string
 	forks   int
 
 	sendMu  sync.Mutex
 	mu      sync.Mutex
-	kids    map[int]*proc // forked, not yet reported ended
+	kids    map[int]*proc.Proc // forked, not yet reported ended
 	replies chan parentReply
 	ended   chan struct{} // closed when the socket ends (the parent is gone)
 }
 
 type parentReply struct {
-	proc *proc
+	proc *proc.Proc
 	err  error
 }
 
@@ -89,15 +90,15 @@ func (s *server) startParent(lang language, modules []string) (*parent, error) {
 		unix.Close(fds[0])
 		return nil, fmt.Errorf("create pipe: %w", err)
 	}
-	p, err := s.procs.start(spec{argv: lang.Parent, env: s.env(lang), files: []*os.File{nil, nil, errW, child}, parent: true})
+	p, err := s.procs.Start(proc.Spec{Argv: lang.Parent, Env: s.env(lang), Files: []*os.File{nil, nil, errW, child}, Parent: true})
 	closeAll(child, errW)
 	if err != nil {
 		errR.Close()
 		unix.Close(fds[0])
 		return nil, err
 	}
-	z := &parent{lang: lang.Name, proc: p, fd: fds[0], kids: make(map[int]*proc), replies: make(chan parentReply, 1), ended: make(chan struct{})}
-	go s.logParent(errR, p.pid)
+	z := &parent{lang: lang.Name, proc: p, fd: fds[0], kids: make(map[int]*proc.Proc), replies: make(chan parentReply, 1), ended: make(chan struct{})}
+	go s.logParent(errR, p.Pid)
 	cfg, err := json.Marshal(map[string]any{
 		"uid": s.cfg.uid, "gid": s.cfg.gid, "parent_uid": wire.ParentUID,
 		"workspace": s.cfg.workspace, "modules": modules, "prestart": lang.Prestart[len(lang.Prestart)-1], "kernel": kernelSource(lang),
@@ -117,7 +118,7 @@ func (s *server) startParent(lang language, modules []string) (*parent, error) {
 		if len(m.Skipped) > 0 {
 			s.cfg.log.Warn("preloaded parent: modules skipped", "lang", lang.Name, "skipped", m.Skipped)
 		}
-		s.cfg.log.Debug("preloaded parent ready", "lang", lang.Name, "pid", p.pid, "modules", m.Modules)
+		s.cfg.log.Debug("preloaded parent ready", "lang", lang.Name, "pid", p.Pid, "modules", m.Modules)
 		return z, nil
 	case <-z.ended:
 		z.kill()
@@ -171,8 +172,7 @@ func (z *parent) read(ready chan<- parentMsg) {
 	defer func() {
 		z.mu.Lock()
 		for pid, k := range z.kids {
-			k.status = syscall.WaitStatus(syscall.SIGKILL)
-			close(k.done)
+			k.Finish(syscall.WaitStatus(syscall.SIGKILL))
 			delete(z.kids, pid)
 		}
 		z.mu.Unlock()
@@ -195,7 +195,7 @@ func (z *parent) read(ready chan<- parentMsg) {
 		case m.Ready:
 			ready <- m
 		case m.Pid > 0:
-			k := newProcFor(m.Pid)
+			k := proc.Forked(m.Pid)
 			z.mu.Lock()
 			z.kids[m.Pid] = k
 			z.mu.Unlock()
@@ -206,8 +206,7 @@ func (z *parent) read(ready chan<- parentMsg) {
 			delete(z.kids, m.Exit)
 			z.mu.Unlock()
 			if k != nil {
-				k.status = syscall.WaitStatus(m.Status)
-				close(k.done)
+				k.Finish(syscall.WaitStatus(m.Status))
 			}
 		case m.Error != "":
 			z.replies <- parentReply{err: errors.New(m.Error)}
@@ -218,7 +217,7 @@ func (z *parent) read(ready chan<- parentMsg) {
 // fork has the parent fork an interpreter with files as its fds: kind
 // "fork" a prestarted interpreter (fds 0-4), "kernel" a session's kernel
 // (fds 0-3).
-func (z *parent) fork(kind string, files []*os.File) (*proc, error) {
+func (z *parent) fork(kind string, files []*os.File) (*proc.Proc, error) {
 	z.forks++
 	if err := z.send([]byte(kind), files); err != nil {
 		return nil, fmt.Errorf("ask preloaded parent to fork: %w", err)
@@ -239,16 +238,16 @@ func (z *parent) alive() bool {
 	case <-z.ended:
 		return false
 	default:
-		return z.proc.alive()
+		return z.proc.Alive()
 	}
 }
 
 // kill ends the parent (its children die with it) and waits until it is
 // gone.
 func (z *parent) kill() {
-	killGroup(z.proc.pid)
+	proc.KillGroup(z.proc.Pid)
 	select {
-	case <-z.proc.done:
+	case <-z.proc.Done():
 	case <-time.After(5 * time.Second):
 	}
 	unix.Shutdown(z.fd, unix.SHUT_RDWR)
@@ -277,7 +276,7 @@ func (s *server) preloadedParent(lang language) *parent {
 	}
 	s.parentFailures = 0
 	s.parent = z
-	s.procs.sparing.Store(true)
+	s.procs.SetSparing(true)
 	return z
 }
 
@@ -288,7 +287,7 @@ func (s *server) dropParent() {
 	}
 	s.parent.kill()
 	s.parent = nil
-	s.procs.sparing.Store(false)
+	s.procs.SetSparing(false)
 }
 
 // Preloaded returns the modules the parent of lang imported, nil if there
@@ -313,16 +312,16 @@ func kernelSource(lang language) string {
 // forkKernel forks a session's kernel from lang's preloaded parent, if
 // there is one that may still fork (a parent is started or replaced only in
 // a clean sandbox, by a Reset), with files as its fds 0-3.
-func (s *server) forkKernel(lang language, files []*os.File) (*proc, bool) {
+func (s *server) forkKernel(lang language, files []*os.File) (*proc.Proc, bool) {
 	s.prestartMu.Lock()
 	defer s.prestartMu.Unlock()
 	z := s.parent
 	if z == nil || z.lang != lang.Name || !z.alive() || z.forks >= s.cfg.parentForks || kernelSource(lang) == "" {
 		return nil, false
 	}
-	fs, done, err := s.procs.userFiles(files)
+	fs, done, err := s.procs.UserFiles(files)
 	if err == nil {
-		var p *proc
+		var p *proc.Proc
 		p, err = z.fork("kernel", fs)
 		done()
 		if err == nil {

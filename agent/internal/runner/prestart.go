@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 )
 
 // A prestarted interpreter is started, as the user, at the end of a Reset
@@ -26,7 +28,7 @@ import (
 type prestarted struct {
 	lang   string
 	forked bool // from the preloaded parent (see parent)
-	proc   *proc
+	proc   *proc.Proc
 	std    *stdio   // standard input is a pipe
 	code   *os.File // the write end of the interpreter's fd 3
 }
@@ -46,14 +48,14 @@ func (p *prestarted) give(code string, stdin []byte) {
 
 // discard kills the interpreter and waits until it is gone.
 func (p *prestarted) discard(log *slog.Logger) {
-	killGroup(p.proc.pid)
+	proc.KillGroup(p.proc.Pid)
 	p.std.closeParent()
 	p.code.Close()
 	select {
-	case <-p.proc.done:
+	case <-p.proc.Done():
 	case <-time.After(5 * time.Second):
 		// The Reset that follows finds it, or fails.
-		log.Warn("prestarted interpreter did not end after SIGKILL", "pid", p.proc.pid)
+		log.Warn("prestarted interpreter did not end after SIGKILL", "pid", p.proc.Pid)
 	}
 }
 
@@ -96,7 +98,7 @@ func (s *server) prestartOne(lang language, forked bool) {
 		readyR, readyW, err = os.Pipe()
 	}
 	if err == nil {
-		var p *proc
+		var p *proc.Proc
 		p, forked, err = s.startPrestarted(lang, forked, append(std.child(), codeR, readyW))
 		if err == nil {
 			s.pre = &prestarted{lang: lang.Name, forked: forked, proc: p, std: std, code: codeW}
@@ -163,7 +165,7 @@ func (s *server) takePrestarted(lang language, stateless bool, code string) *pre
 	}
 	pre := s.pre
 	s.pre = nil
-	if pre != nil && stateless && pre.lang == lang.Name && pre.proc.alive() {
+	if pre != nil && stateless && pre.lang == lang.Name && pre.proc.Alive() {
 		if pre.forked || !wantsParent || !s.parentAlive(lang) {
 			return pre
 		}
@@ -206,11 +208,11 @@ func (s *server) dropPrestarted() {
 // startPrestarted starts a prestarted interpreter with files as its fds
 // 0-4: forked from lang's preloaded parent if forked and the parent lives
 // (see parent), else a fresh interpreter. It says which it started.
-func (s *server) startPrestarted(lang language, forked bool, files []*os.File) (*proc, bool, error) {
+func (s *server) startPrestarted(lang language, forked bool, files []*os.File) (*proc.Proc, bool, error) {
 	if z := s.parent; forked && s.parentAlive(lang) {
-		fs, done, err := s.procs.userFiles(files)
+		fs, done, err := s.procs.UserFiles(files)
 		if err == nil {
-			var p *proc
+			var p *proc.Proc
 			p, err = z.fork("fork", fs)
 			done()
 			if err == nil {
@@ -221,6 +223,6 @@ func (s *server) startPrestarted(lang language, forked bool, files []*os.File) (
 		s.cfg.log.Warn("fork from preloaded parent", "lang", lang.Name, "error", err)
 		s.dropParent()
 	}
-	p, err := s.procs.start(spec{argv: lang.Prestart, env: s.env(lang), files: files})
+	p, err := s.procs.Start(proc.Spec{Argv: lang.Prestart, Env: s.env(lang), Files: files})
 	return p, false, err
 }

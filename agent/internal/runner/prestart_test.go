@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/testenv"
@@ -28,7 +29,7 @@ func (h *harness) prestartedPID() int {
 		pre := h.s.pre
 		h.s.prestartMu.Unlock()
 		if pre != nil {
-			return pre.proc.pid
+			return pre.proc.Pid
 		}
 		if time.Now().After(deadline) {
 			h.t.Fatal("no interpreter was prestarted")
@@ -45,21 +46,21 @@ func (h *harness) noPrestarted() {
 	h.s.prestartMu.Lock()
 	defer h.s.prestartMu.Unlock()
 	if h.s.pre != nil {
-		h.t.Fatalf("an interpreter (pid %d) is prestarted", h.s.pre.proc.pid)
+		h.t.Fatalf("an interpreter (pid %d) is prestarted", h.s.pre.proc.Pid)
 	}
 }
 
 // userProcsBesidesPrestarted lists the user's processes other than the
 // prestarted interpreter.
-func (h *harness) userProcsBesidesPrestarted() []userProc {
+func (h *harness) userProcsBesidesPrestarted() []proc.UserProc {
 	h.t.Helper()
 	h.s.prestartMu.Lock()
 	defer h.s.prestartMu.Unlock()
 	keep := 0
 	if h.s.pre != nil {
-		keep = h.s.pre.proc.pid
+		keep = h.s.pre.proc.Pid
 	}
-	ps, err := h.s.procs.userProcs(keep)
+	ps, err := h.s.procs.UserProcs(keep)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -74,8 +75,8 @@ func (h *harness) reset() {
 }
 
 func gone(pid int) bool {
-	st, ok := readProcStat(pid)
-	return !ok || st.state == 'Z' || st.state == 'X'
+	st, ok := proc.ReadStat(pid)
+	return !ok || st.State == 'Z' || st.State == 'X'
 }
 
 // A run in a prestarted interpreter is indistinguishable from one in an
@@ -264,8 +265,8 @@ func TestPrestartedInterpreter(t *testing.T) {
 	h.s.prestartMu.Lock()
 	pre := h.s.pre
 	h.s.prestartMu.Unlock()
-	killGroup(pre.proc.pid)
-	<-pre.proc.done // as the runner sees it
+	proc.KillGroup(pre.proc.Pid)
+	<-pre.proc.Done() // as the runner sees it
 	if r := h.mustRun("python", "print('after')"); r.stdout != "after\n" {
 		t.Fatalf("run after the prestarted interpreter died: %q %q", r.stdout, r.stderr)
 	}

@@ -34,6 +34,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
+	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
@@ -184,7 +185,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // traceable and its memory not readable even by a process of its own uid), no
 // core files, and a cap on the user's processes below the sandbox's pids
 // limit, so that a fork bomb leaves the runner room to work. (no_new_privs
-// is set on the thread that starts user code: see procs.)
+// is set on the thread that starts user code: see package proc.)
 func harden(cfg config) error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("clear dumpable: %w", err)
@@ -213,7 +214,7 @@ func harden(cfg config) error {
 type server struct {
 	cfg   config
 	out   *eventWriter
-	procs *procs
+	procs *proc.Table
 	root  *os.Root           // the workspace, where the kernel has no openat2
 	ws    *os.File           // the workspace, for openat2; nil: none (see open)
 	files *asuser.FileThread // runs file requests as the user; nil if the runner is not root
@@ -305,22 +306,9 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 			return nil, err
 		}
 	}
-	s := &server{
-		cfg:     cfg,
-		out:     &eventWriter{w: stdout},
-		procs:   newProcs(cfg),
-		root:    root,
-		ws:      ws,
-		files:   files,
-		shells:  make(map[string]*shellState),
-		memory:  openMemoryFiles(cfg.cgroupMemory),
-		userEnv: userEnv,
-
-		mqueues: mq,
-		mqErr:   mqErr,
-	}
+	pcfg := proc.Config{UID: cfg.uid, GID: cfg.gid, Dir: cfg.workspace, Path: cfg.path, ReapAll: cfg.reapAll}
 	if files != nil {
-		s.procs.killFromFileThread = func() error {
+		pcfg.KillFromFileThread = func() error {
 			return files.Do(func() error {
 				// EPERM: processes it may not signal (the parent), which
 				// gVisor may report when they come last.
@@ -330,6 +318,20 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 				return nil
 			})
 		}
+	}
+	s := &server{
+		cfg:     cfg,
+		out:     &eventWriter{w: stdout},
+		procs:   proc.New(pcfg),
+		root:    root,
+		ws:      ws,
+		files:   files,
+		shells:  make(map[string]*shellState),
+		memory:  openMemoryFiles(cfg.cgroupMemory),
+		userEnv: userEnv,
+
+		mqueues: mq,
+		mqErr:   mqErr,
 	}
 	if cfg.prestart {
 		s.prestartLang = languages.Default
@@ -514,7 +516,7 @@ func (s *server) shutdown() {
 	s.prestartMu.Lock()
 	s.dropParent()
 	s.prestartMu.Unlock()
-	if err := s.procs.killUser(nil); err != nil {
+	if err := s.procs.KillUser(nil); err != nil {
 		s.cfg.log.Warn("kill user processes at shutdown", "error", err)
 	}
 	s.root.Close()

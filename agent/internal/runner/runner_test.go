@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/testenv"
@@ -99,7 +100,7 @@ func newHarness(t *testing.T, opts ...func(*config)) *harness {
 		}
 		evW.Close()
 		h.c.Close()
-		if ps, _ := s.procs.userProcs(0); len(ps) > 0 {
+		if ps, _ := s.procs.UserProcs(0); len(ps) > 0 {
 			t.Errorf("user processes left after the runner ended: %v", ps)
 		}
 		os.RemoveAll(base)
@@ -286,7 +287,7 @@ func TestRunTimeout(t *testing.T) {
 				t.Fatalf("took %v", d)
 			}
 			if isRoot() {
-				if ps, _ := h.s.procs.userProcs(0); len(ps) > 0 {
+				if ps, _ := h.s.procs.UserProcs(0); len(ps) > 0 {
 					t.Fatalf("processes left after the timeout: %v", ps)
 				}
 			}
@@ -553,7 +554,7 @@ sleep 0.3
 	if r := h.run(ctx, &runnerv1.Run{Language: "python", Code: "secret = 1", Stateful: true}); r.err != nil {
 		t.Fatal(r.err)
 	}
-	ps, err := h.s.procs.userProcs(0)
+	ps, err := h.s.procs.UserProcs(0)
 	if err != nil || len(ps) < 5 {
 		t.Fatalf("before reset: %d user processes (%v), want at least 5", len(ps), err)
 	}
@@ -589,7 +590,7 @@ func TestRunSweep(t *testing.T) {
 	if r := h.mustRun("bash", code); r.exit.GetCode() != 0 {
 		t.Fatalf("run: %v %s", r.exit, r.stderr)
 	}
-	if ps, _ := h.s.procs.userProcs(0); len(ps) > 0 {
+	if ps, _ := h.s.procs.UserProcs(0); len(ps) > 0 {
 		t.Fatalf("after a stateless run: user processes %v", ps)
 	}
 	if r := h.run(t.Context(), &runnerv1.Run{Language: "bash", Code: code, Stateful: true}); r.err != nil || r.exit.GetCode() != 0 {
@@ -597,9 +598,9 @@ func TestRunSweep(t *testing.T) {
 	}
 	// The run returns while its background shells may still be forking
 	// their sleeps: wait for the three.
-	var ps []userProc
+	var ps []proc.UserProc
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if ps, _ = h.s.procs.userProcs(0); len(ps) == 3 || time.Now().After(deadline) {
+		if ps, _ = h.s.procs.UserProcs(0); len(ps) == 3 || time.Now().After(deadline) {
 			break
 		}
 	}

@@ -53,7 +53,7 @@ func (s *server) reset(ctx context.Context) error {
 	clear(s.shells)
 	// First from outside, until /proc shows no process of the user, so
 	// that none is left to signal the thread that next acts as the user.
-	if err := s.procs.killUser(nil); err != nil {
+	if err := s.procs.KillUser(nil); err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
 	t1 := time.Now()
@@ -72,7 +72,7 @@ func (s *server) reset(ctx context.Context) error {
 	}
 	t2 := time.Now()
 	// Until whatever kill(-1) reached is gone.
-	if err := s.procs.killUser(nil); err != nil {
+	if err := s.procs.KillUser(nil); err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
 	t3 := time.Now()
@@ -106,7 +106,7 @@ func (s *server) reset(ctx context.Context) error {
 	}
 	t4 := time.Now()
 	// Verify.
-	if ps, err := s.procs.userProcs(0); err != nil || len(ps) > 0 {
+	if ps, err := s.procs.UserProcs(0); err != nil || len(ps) > 0 {
 		return fmt.Errorf("reset: user processes left: %v %v", ps, err)
 	}
 	// No process of the user is left to write into a directory found empty.

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
@@ -120,7 +121,7 @@ func (s *server) runShell(ctx context.Context, o *output, lang language, r *runn
 		return nil, err
 	}
 	start := time.Now()
-	p, err := s.procs.start(spec{argv: argv, env: s.env(lang), files: append(std.child(), extra...)})
+	p, err := s.procs.Start(proc.Spec{Argv: argv, Env: s.env(lang), Files: append(std.child(), extra...)})
 	std.closeChild()
 	closeAll(extra...)
 	if err != nil {
@@ -133,8 +134,8 @@ func (s *server) runShell(ctx context.Context, o *output, lang language, r *runn
 	}
 	state := readShellState(stateR)
 	std.start(o)
-	sv := s.supervise(ctx, p.done, p.pid, p.done, lim, s.keepPgid())
-	exit := &runnerv1.Exit{Code: exitCode(p.status), TimedOut: sv.timedOut, OomKilled: sv.oom || sv.diedOfMemory(p.status)}
+	sv := s.supervise(ctx, p.Done(), p.Pid, p.Done(), lim, s.keepPgid())
+	exit := &runnerv1.Exit{Code: proc.ExitCode(p.Status()), TimedOut: sv.timedOut, OomKilled: sv.oom || sv.diedOfMemory(p.Status())}
 	exit.Truncated = o.finish(s.cfg.drainGrace)
 	if next, ok := state.wait(s.cfg.drainGrace); ok {
 		s.shells[lang.Name] = next

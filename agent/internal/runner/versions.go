@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/codemode-go/codemode/agent/internal/languages"
+	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 )
 
 // versions asks each language's program for its version, all at once, as
@@ -46,7 +47,7 @@ func (s *server) probe(ctx context.Context, argv []string) string {
 	if err != nil {
 		return ""
 	}
-	p, err := s.procs.start(spec{argv: argv, env: []string{"PATH=" + s.cfg.path, "LANG=C.UTF-8"}, files: []*os.File{nil, w, nil}})
+	p, err := s.procs.Start(proc.Spec{Argv: argv, Env: []string{"PATH=" + s.cfg.path, "LANG=C.UTF-8"}, Files: []*os.File{nil, w, nil}})
 	w.Close()
 	if err != nil {
 		r.Close()
@@ -60,13 +61,13 @@ func (s *server) probe(ctx context.Context, argv []string) string {
 		r.Close()
 	}()
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-ctx.Done():
-		killGroup(p.pid)
-		<-p.done
+		proc.KillGroup(p.Pid)
+		<-p.Done()
 	}
 	<-read
-	if exitCode(p.status) != 0 {
+	if proc.ExitCode(p.Status()) != 0 {
 		return ""
 	}
 	line, _, _ := strings.Cut(string(b), "\n")

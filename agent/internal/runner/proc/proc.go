@@ -1,4 +1,10 @@
-package runner
+// Package proc starts the user's processes and ends them: every fork on one
+// OS thread of the runner, locked for its lifetime, with no_new_privs set;
+// reaping as the sandbox's init; and killing every process of the user, by
+// process group, by a scan of /proc, and with kill(-1). See the runner's
+// RATIONALE.md ("Forks happen on one locked thread", "Reaping as PID 1",
+// "Killing every process of the user").
+package proc
 
 import (
 	"bytes"
@@ -21,13 +27,30 @@ import (
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
-// procs starts user processes and collects their exit statuses.
+// Config says as whom and where a Table starts processes.
+type Config struct {
+	UID, GID int    // user code runs as these (if the runner is root)
+	Dir      string // working directory of every process: the workspace
+	Path     string // PATH that programs are looked up in
+	// ReapAll makes the Table wait for every child, adopted orphans
+	// included, as an init process must. Off in tests, where the runner
+	// shares its process with the test binary and its other children.
+	ReapAll bool
+	// KillFromFileThread runs kill(-1, SIGKILL) on the file thread (see
+	// asuser.FileThread), whose effective uid is the user's and real and
+	// saved uids root's: it reaches every process whose real or saved uid
+	// is the user's, and neither the preloaded parent (real and saved uid
+	// its own) nor the runner. nil without the thread.
+	KillFromFileThread func() error
+}
+
+// Table starts user processes and collects their exit statuses.
 //
 // As the container's init process the runner adopts every orphan and must
-// reap it, so with reapAll it waits for any child on SIGCHLD and hands the
+// reap it, so with ReapAll it waits for any child on SIGCHLD and hands the
 // statuses of its own children to their waiters. A child is registered while
-// procs.mu is held across its fork, so the reaper (which takes mu after
-// reaping) always finds the waiter. Without reapAll (tests, where the runner
+// Table.mu is held across its fork, so the reaper (which takes mu after
+// reaping) always finds the waiter. Without ReapAll (tests, where the runner
 // shares the process with other code that has children) each child is
 // waited for by pid.
 //
@@ -36,11 +59,11 @@ import (
 // children inherit from the thread that forks them, and Go forks from any
 // thread. The same thread makes Pdeathsig reliable (it fires when the
 // forking thread ends, and this one never does).
-type procs struct {
-	cfg config
+type Table struct {
+	cfg Config
 
 	mu      sync.Mutex
-	waiters map[int]*proc
+	waiters map[int]*Proc
 
 	forks chan forkReq
 
@@ -48,20 +71,13 @@ type procs struct {
 	paths  map[string]string // resolved interpreter paths
 
 	// sparing says that a preloaded parent lives, which killing every
-	// process must spare (see parent).
+	// process must spare (see SetSparing).
 	sparing atomic.Bool
-	// killFromFileThread runs kill(-1, SIGKILL) on the file thread (see
-	// asuser.FileThread), whose effective uid is the user's and real and saved
-	// uids root's: it reaches every process whose real or saved uid is the
-	// user's, and neither the preloaded parent (real and saved uid its own)
-	// nor the runner. nil without the thread; set before the first
-	// request.
-	killFromFileThread func() error
 }
 
-// proc is a started process.
-type proc struct {
-	pid    int
+// Proc is a started process.
+type Proc struct {
+	Pid    int
 	done   chan struct{} // closed when status is set
 	status syscall.WaitStatus
 }
@@ -75,14 +91,15 @@ type forkReq struct {
 
 type forkReply struct {
 	pid  int
-	proc *proc // with reapAll: the registered waiter
+	proc *Proc // with reapAll: the registered waiter
 	err  error
 }
 
-func newProcs(cfg config) *procs {
-	p := &procs{cfg: cfg, waiters: make(map[int]*proc), paths: make(map[string]string), forks: make(chan forkReq)}
+// New starts the Table's fork thread, and with cfg.ReapAll its reaper.
+func New(cfg Config) *Table {
+	p := &Table{cfg: cfg, waiters: make(map[int]*Proc), paths: make(map[string]string), forks: make(chan forkReq)}
 	go p.forkThread()
-	if cfg.reapAll {
+	if cfg.ReapAll {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGCHLD)
 		go func() {
@@ -95,7 +112,7 @@ func newProcs(cfg config) *procs {
 }
 
 // forkThread serves fork requests on a locked OS thread with no_new_privs.
-func (p *procs) forkThread() {
+func (p *Table) forkThread() {
 	runtime.LockOSThread() // never unlocked: the thread ends with the process
 	nnp := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 	for req := range p.forks {
@@ -104,13 +121,13 @@ func (p *procs) forkThread() {
 			continue
 		}
 		var r forkReply
-		if p.cfg.reapAll {
+		if p.cfg.ReapAll {
 			// Registered before mu is released, so that reap finds the
 			// waiter however soon the child ends.
 			p.mu.Lock()
 			r.pid, r.err = syscall.ForkExec(req.path, req.argv, req.attr)
 			if r.err == nil {
-				r.proc = newProcFor(r.pid)
+				r.proc = newProc(r.pid)
 				p.waiters[r.pid] = r.proc
 			}
 			p.mu.Unlock()
@@ -121,10 +138,27 @@ func (p *procs) forkThread() {
 	}
 }
 
-func newProcFor(pid int) *proc { return &proc{pid: pid, done: make(chan struct{})} }
+func newProc(pid int) *Proc { return &Proc{Pid: pid, done: make(chan struct{})} }
 
-// alive reports whether the process has not been reaped yet.
-func (p *proc) alive() bool {
+// Forked is a process that another of the runner's processes forked (a
+// preloaded parent's child); that process reports how it ended, with
+// Finish.
+func Forked(pid int) *Proc { return newProc(pid) }
+
+// Finish records how a Forked process ended and closes Done.
+func (p *Proc) Finish(ws syscall.WaitStatus) {
+	p.status = ws
+	close(p.done)
+}
+
+// Done is closed once the process has ended and its Status is set.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Status is how the process ended; it is set once Done is closed.
+func (p *Proc) Status() syscall.WaitStatus { return p.status }
+
+// Alive reports whether the process has not been reaped yet.
+func (p *Proc) Alive() bool {
 	select {
 	case <-p.done:
 		return false
@@ -134,7 +168,7 @@ func (p *proc) alive() bool {
 }
 
 // reap collects every exited child.
-func (p *procs) reap() {
+func (p *Table) reap() {
 	for {
 		var ws syscall.WaitStatus
 		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
@@ -155,21 +189,22 @@ func (p *procs) reap() {
 	}
 }
 
-// spec describes a process to start as the user.
-type spec struct {
-	argv  []string
-	env   []string
-	files []*os.File // become fds 0, 1, 2, 3...; nil entries become /dev/null
-	// parent starts a preloaded parent (see parent): in the user's group
-	// but as uid 0, which it leaves before it imports anything.
-	parent bool
+// Spec describes a process to start as the user.
+type Spec struct {
+	Argv  []string
+	Env   []string
+	Files []*os.File // become fds 0, 1, 2, 3...; nil entries become /dev/null
+	// Parent starts a preloaded parent (see package preload): in the
+	// user's group but as uid 0, which it leaves before it imports
+	// anything.
+	Parent bool
 }
 
-// userFiles gives the pipes among files to the user, so that user code can
+// UserFiles gives the pipes among files to the user, so that user code can
 // also reach them by name (/dev/stdout, /dev/fd/3), which opens the pipe
 // anew, and returns files with /dev/null for nil entries; the caller calls
 // done once the process has them.
-func (p *procs) userFiles(files []*os.File) (out []*os.File, done func(), err error) {
+func (p *Table) UserFiles(files []*os.File) (out []*os.File, done func(), err error) {
 	var null *os.File
 	done = func() {
 		if null != nil {
@@ -180,7 +215,7 @@ func (p *procs) userFiles(files []*os.File) (out []*os.File, done func(), err er
 	for i, f := range files {
 		if f != nil && os.Geteuid() == 0 {
 			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
-				if err := f.Chown(p.cfg.uid, p.cfg.gid); err != nil {
+				if err := f.Chown(p.cfg.UID, p.cfg.GID); err != nil {
 					done()
 					return nil, nil, fmt.Errorf("give pipe to the user: %w", err)
 				}
@@ -199,14 +234,14 @@ func (p *procs) userFiles(files []*os.File) (out []*os.File, done func(), err er
 	return out, done, nil
 }
 
-// start starts s as the user (when the runner is root) in a new process
+// Start starts s as the user (when the runner is root) in a new process
 // group led by the process, in the workspace.
-func (p *procs) start(s spec) (*proc, error) {
-	path, err := p.lookPath(s.argv[0])
+func (p *Table) Start(s Spec) (*Proc, error) {
+	path, err := p.LookPath(s.Argv[0])
 	if err != nil {
 		return nil, err
 	}
-	files, done, err := p.userFiles(s.files)
+	files, done, err := p.UserFiles(s.Files)
 	if err != nil {
 		return nil, err
 	}
@@ -222,27 +257,27 @@ func (p *procs) start(s spec) (*proc, error) {
 	if os.Geteuid() == 0 {
 		// An empty Groups list drops supplementary groups; changing uid away
 		// from 0 clears the permitted and effective capabilities.
-		uid := uint32(p.cfg.uid)
-		if s.parent {
+		uid := uint32(p.cfg.UID)
+		if s.Parent {
 			uid = 0
 		}
-		sys.Credential = &syscall.Credential{Uid: uid, Gid: uint32(p.cfg.gid), Groups: []uint32{}}
-	} else if s.parent {
+		sys.Credential = &syscall.Credential{Uid: uid, Gid: uint32(p.cfg.GID), Groups: []uint32{}}
+	} else if s.Parent {
 		return nil, errors.New("a preloaded parent needs the runner to be root")
 	}
-	attr := &syscall.ProcAttr{Dir: p.cfg.workspace, Env: s.env, Files: fds, Sys: sys}
+	attr := &syscall.ProcAttr{Dir: p.cfg.Dir, Env: s.Env, Files: fds, Sys: sys}
 
 	reply := make(chan forkReply, 1)
-	p.forks <- forkReq{path: path, argv: s.argv, attr: attr, reply: reply}
+	p.forks <- forkReq{path: path, argv: s.Argv, attr: attr, reply: reply}
 	r := <-reply
 	if r.err != nil {
-		return nil, fmt.Errorf("start %s: %w", s.argv[0], r.err)
+		return nil, fmt.Errorf("start %s: %w", s.Argv[0], r.err)
 	}
 	if r.proc != nil {
 		return r.proc, nil
 	}
 	pid := r.pid
-	pr := newProcFor(pid)
+	pr := newProc(pid)
 	go func() {
 		for {
 			_, err := syscall.Wait4(pid, &pr.status, 0, nil)
@@ -255,7 +290,9 @@ func (p *procs) start(s spec) (*proc, error) {
 	return pr, nil
 }
 
-func (p *procs) lookPath(name string) (string, error) {
+// LookPath finds the program name in Config.Path, once per name; a program
+// missing from the image fails the request with CODE_FAILED_PRECONDITION.
+func (p *Table) LookPath(name string) (string, error) {
 	p.lookMu.Lock()
 	defer p.lookMu.Unlock()
 	if path, ok := p.paths[name]; ok {
@@ -264,7 +301,7 @@ func (p *procs) lookPath(name string) (string, error) {
 	path := name
 	if !strings.Contains(name, "/") {
 		path = ""
-		for _, dir := range filepath.SplitList(p.cfg.path) {
+		for _, dir := range filepath.SplitList(p.cfg.Path) {
 			candidate := filepath.Join(dir, name)
 			if fi, err := os.Stat(candidate); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
 				path = candidate
@@ -279,9 +316,9 @@ func (p *procs) lookPath(name string) (string, error) {
 	return path, nil
 }
 
-// exitCode is the shell's view of a wait status: the exit status, or 128+N
+// ExitCode is the shell's view of a wait status: the exit status, or 128+N
 // for a process killed by signal N.
-func exitCode(ws syscall.WaitStatus) int32 {
+func ExitCode(ws syscall.WaitStatus) int32 {
 	switch {
 	case ws.Exited():
 		return int32(ws.ExitStatus())
@@ -291,15 +328,15 @@ func exitCode(ws syscall.WaitStatus) int32 {
 	return -1
 }
 
-// userProc is a process of the user found in /proc.
-type userProc struct {
-	pid, pgid int
+// UserProc is a process of the user found in /proc.
+type UserProc struct {
+	Pid, Pgid int
 }
 
-// userProcs lists the live (not zombie) processes whose real, effective,
+// UserProcs lists the live (not zombie) processes whose real, effective,
 // saved or filesystem uid is the user's, except those in process group
 // keepPgid (0: none).
-func (p *procs) userProcs(keepPgid int) ([]userProc, error) {
+func (p *Table) UserProcs(keepPgid int) ([]UserProc, error) {
 	d, err := os.Open("/proc")
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
@@ -310,56 +347,56 @@ func (p *procs) userProcs(keepPgid int) ([]userProc, error) {
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
 	self := os.Getpid()
-	var out []userProc
+	var out []UserProc
 	for _, n := range names {
 		pid, err := strconv.Atoi(n)
 		if err != nil || pid == self || pid == 1 {
 			continue
 		}
-		st, ok := readProcStat(pid)
-		if !ok || st.state == 'Z' || st.state == 'X' {
+		st, ok := ReadStat(pid)
+		if !ok || st.State == 'Z' || st.State == 'X' {
 			continue
 		}
 		if !p.ownedByUser(pid) {
 			continue
 		}
-		if keepPgid != 0 && st.pgid == keepPgid {
+		if keepPgid != 0 && st.Pgid == keepPgid {
 			continue
 		}
-		out = append(out, userProc{pid: pid, pgid: st.pgid})
+		out = append(out, UserProc{Pid: pid, Pgid: st.Pgid})
 	}
 	return out, nil
 }
 
-type procStat struct {
-	state byte
-	pgid  int
+type Stat struct {
+	State byte // R, S, D, Z...
+	Pgid  int
 }
 
-// readProcStat parses the state and process group of /proc/pid/stat. The
+// ReadStat parses the state and process group of /proc/pid/stat. The
 // command name may hold spaces and parentheses, so fields are counted after
 // the last ')'.
-func readProcStat(pid int) (procStat, bool) {
+func ReadStat(pid int) (Stat, bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return procStat{}, false
+		return Stat{}, false
 	}
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 || i+2 >= len(b) {
-		return procStat{}, false
+		return Stat{}, false
 	}
 	f := bytes.Fields(b[i+2:]) // state ppid pgrp ...
 	if len(f) < 3 || len(f[0]) != 1 {
-		return procStat{}, false
+		return Stat{}, false
 	}
 	pgid, err := strconv.Atoi(string(f[2]))
 	if err != nil {
-		return procStat{}, false
+		return Stat{}, false
 	}
-	return procStat{state: f[0][0], pgid: pgid}, true
+	return Stat{State: f[0][0], Pgid: pgid}, true
 }
 
-func (p *procs) ownedByUser(pid int) bool {
+func (p *Table) ownedByUser(pid int) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		return false
@@ -371,11 +408,11 @@ func (p *procs) ownedByUser(pid int) bool {
 		}
 		for i, f := range bytes.Fields(rest) {
 			uid, err := strconv.Atoi(string(f))
-			if i == 0 && err == nil && uid == wire.ParentUID && p.cfg.uid != wire.ParentUID {
+			if i == 0 && err == nil && uid == wire.ParentUID && p.cfg.UID != wire.ParentUID {
 				// The preloaded parent (real uid), not the user's.
 				return false
 			}
-			if err == nil && uid == p.cfg.uid {
+			if err == nil && uid == p.cfg.UID {
 				return true
 			}
 		}
@@ -384,15 +421,20 @@ func (p *procs) ownedByUser(pid int) bool {
 	return false
 }
 
-// killUser kills every process of the user, except the process groups in
+// SetSparing says whether a preloaded parent lives, which KillUser must
+// spare: its kill(-1) is then the file thread's (Config.KillFromFileThread),
+// which reaches only the user's processes.
+func (p *Table) SetSparing(on bool) { p.sparing.Store(on) }
+
+// KillUser kills every process of the user, except the process groups in
 // keep, and waits until none is left. Processes that fork while they are
 // being killed are caught by the next round.
-func (p *procs) killUser(keep []int) error {
+func (p *Table) KillUser(keep []int) error {
 	keepPgid := 0
 	if len(keep) > 0 {
 		keepPgid = keep[0]
 	}
-	if p.cfg.reapAll {
+	if p.cfg.ReapAll {
 		// The runner is the sandbox's init and the only process of root
 		// there, so kill(-1) reaches every other process in one pass of
 		// the kernel, which forking cannot outrun (a fork bomb at its
@@ -404,9 +446,9 @@ func (p *procs) killUser(keep []int) error {
 		switch {
 		case keepPgid == 0 && !p.sparing.Load():
 			_ = syscall.Kill(-1, syscall.SIGKILL)
-		case keepPgid == 0 && p.killFromFileThread != nil:
+		case keepPgid == 0 && p.cfg.KillFromFileThread != nil:
 			// As one pass of the kernel too, sparing the parent.
-			if err := p.killFromFileThread(); err != nil {
+			if err := p.cfg.KillFromFileThread(); err != nil {
 				return err
 			}
 		default:
@@ -416,7 +458,7 @@ func (p *procs) killUser(keep []int) error {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for round := 0; ; round++ {
-		ps, err := p.userProcs(keepPgid)
+		ps, err := p.UserProcs(keepPgid)
 		if err != nil {
 			return err
 		}
@@ -427,8 +469,8 @@ func (p *procs) killUser(keep []int) error {
 			return fmt.Errorf("kill user processes: %d still alive after %d rounds", len(ps), round)
 		}
 		for _, up := range ps {
-			if err := syscall.Kill(up.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-				return fmt.Errorf("kill process %d: %w", up.pid, err)
+			if err := syscall.Kill(up.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("kill process %d: %w", up.Pid, err)
 			}
 		}
 		if round > 0 {
@@ -437,23 +479,23 @@ func (p *procs) killUser(keep []int) error {
 	}
 }
 
-// killGroupBut kills every process of the user in process group pgid but
+// KillGroupBut kills every process of the user in process group pgid but
 // process keep, and waits until they are gone.
-func (p *procs) killGroupBut(pgid, keep int) error {
+func (p *Table) KillGroupBut(pgid, keep int) error {
 	deadline := time.Now().Add(5 * time.Second)
 	for round := 0; ; round++ {
-		ps, err := p.userProcs(0)
+		ps, err := p.UserProcs(0)
 		if err != nil {
 			return err
 		}
 		left := 0
 		for _, up := range ps {
-			if up.pgid != pgid || up.pid == keep {
+			if up.Pgid != pgid || up.Pid == keep {
 				continue
 			}
 			left++
-			if err := syscall.Kill(up.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-				return fmt.Errorf("kill process %d: %w", up.pid, err)
+			if err := syscall.Kill(up.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("kill process %d: %w", up.Pid, err)
 			}
 		}
 		if left == 0 {
@@ -466,8 +508,8 @@ func (p *procs) killGroupBut(pgid, keep int) error {
 	}
 }
 
-// killGroup kills process group pgid.
-func killGroup(pgid int) {
+// KillGroup kills process group pgid.
+func KillGroup(pgid int) {
 	if pgid > 1 {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	}
