@@ -56,7 +56,7 @@ type outputFile struct {
 // against. A directory that cannot be made or read gives an empty snapshot:
 // the run goes on, and reports what it can at the end.
 func (s *server) prepareOutputs() map[string]stamp {
-	if err := s.onFileThread(func() error { return s.mkdirs(wire.OutputsDir) }); err != nil {
+	if err := s.files.MakeDir(wire.OutputsDir); err != nil {
 		s.cfg.log.Debug("create outputs directory", "error", err)
 	}
 	snap := make(map[string]stamp)

@@ -69,7 +69,7 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 	// Taken (or discarded) before anything of the run touches the sandbox.
 	pre := s.takePrestarted(lang, !r.GetStateful(), r.GetCode())
 	for _, f := range r.GetFiles() {
-		if err := s.writeFile(f); err != nil {
+		if err := s.files.Write(f); err != nil {
 			if pre != nil {
 				pre.discard(s.cfg.log)
 			}

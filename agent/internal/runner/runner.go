@@ -34,6 +34,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
+	"github.com/codemode-go/codemode/agent/internal/runner/files"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
@@ -45,8 +46,6 @@ const (
 	DefaultTimeout     = 30 * time.Second
 	MaxTimeout         = time.Hour
 	DefaultOutputLimit = 16 << 20
-	// MaxListEntries is the most entries ListFiles returns for one directory.
-	MaxListEntries = 10000
 )
 
 // config is the runner's configuration. Run fills it for the real sandbox;
@@ -215,9 +214,10 @@ type server struct {
 	cfg   config
 	out   *eventWriter
 	procs *proc.Table
-	root  *os.Root           // the workspace, where the kernel has no openat2
-	ws    *os.File           // the workspace, for openat2; nil: none (see open)
-	files *asuser.FileThread // runs file requests as the user; nil if the runner is not root
+	files *files.Workspace
+	// fileThread runs file requests as the user (see files); nil if the
+	// runner is not root.
+	fileThread *asuser.FileThread
 
 	mu     sync.Mutex
 	active uint64             // id of the request being served, 0 if none
@@ -275,41 +275,32 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	} else {
 		cfg.log.Debug("message queues", "via", via, "took", time.Since(t))
 	}
-	root, err := os.OpenRoot(cfg.workspace)
-	if err != nil {
-		if mq != nil {
-			mq.Close()
-		}
-		return nil, fmt.Errorf("open workspace: %w", err)
-	}
-	ws, err := openWorkspace(cfg.workspace)
-	if err != nil {
-		root.Close()
-		if mq != nil {
-			mq.Close()
-		}
-		return nil, fmt.Errorf("open workspace: %w", err)
-	}
-	if ws == nil {
-		cfg.log.Warn("no openat2: file requests resolve paths with an os.Root, which does not confine them under gVisor")
-	}
-	var files *asuser.FileThread
+	var thread *asuser.FileThread
 	if os.Geteuid() == 0 {
-		if files, err = asuser.StartFileThread(cfg.uid, cfg.gid); err != nil {
-			root.Close()
-			if ws != nil {
-				ws.Close()
-			}
+		if thread, err = asuser.StartFileThread(cfg.uid, cfg.gid); err != nil {
 			if mq != nil {
 				mq.Close()
 			}
 			return nil, err
 		}
 	}
+	ws, err := files.Open(cfg.workspace, thread)
+	if err != nil {
+		if thread != nil {
+			thread.Close()
+		}
+		if mq != nil {
+			mq.Close()
+		}
+		return nil, err
+	}
+	if !ws.HasOpenat2() {
+		cfg.log.Warn("no openat2: file requests resolve paths with an os.Root, which does not confine them under gVisor")
+	}
 	pcfg := proc.Config{UID: cfg.uid, GID: cfg.gid, Dir: cfg.workspace, Path: cfg.path, ReapAll: cfg.reapAll}
-	if files != nil {
+	if thread != nil {
 		pcfg.KillFromFileThread = func() error {
-			return files.Do(func() error {
+			return thread.Do(func() error {
 				// EPERM: processes it may not signal (the parent), which
 				// gVisor may report when they come last.
 				if err := asuser.KillAll(); !errors.Is(err, syscall.EPERM) {
@@ -320,15 +311,14 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		}
 	}
 	s := &server{
-		cfg:     cfg,
-		out:     &eventWriter{w: stdout},
-		procs:   proc.New(pcfg),
-		root:    root,
-		ws:      ws,
-		files:   files,
-		shells:  make(map[string]*shellState),
-		memory:  openMemoryFiles(cfg.cgroupMemory),
-		userEnv: userEnv,
+		cfg:        cfg,
+		out:        &eventWriter{w: stdout},
+		procs:      proc.New(pcfg),
+		files:      ws,
+		fileThread: thread,
+		shells:     make(map[string]*shellState),
+		memory:     openMemoryFiles(cfg.cgroupMemory),
+		userEnv:    userEnv,
 
 		mqueues: mq,
 		mqErr:   mqErr,
@@ -471,17 +461,17 @@ func (s *server) handle(ctx context.Context, req *runnerv1.Request) *runnerv1.Ev
 			return &runnerv1.Event{Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{Prestarted: s.prestartedLang()}}}
 		}
 	case *runnerv1.Request_WriteFile:
-		if err = s.writeFile(k.WriteFile.GetFile()); err == nil {
+		if err = s.files.Write(k.WriteFile.GetFile()); err == nil {
 			return &runnerv1.Event{Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{}}}
 		}
 	case *runnerv1.Request_ReadFile:
 		var f *runnerv1.File
-		if f, err = s.readFile(k.ReadFile.GetPath(), k.ReadFile.GetMaxBytes()); err == nil {
+		if f, err = s.files.Read(k.ReadFile.GetPath(), k.ReadFile.GetMaxBytes()); err == nil {
 			return &runnerv1.Event{Kind: &runnerv1.Event_File{File: f}}
 		}
 	case *runnerv1.Request_ListFiles:
 		var l *runnerv1.FileList
-		if l, err = s.listFiles(k.ListFiles.GetPath()); err == nil {
+		if l, err = s.files.List(k.ListFiles.GetPath()); err == nil {
 			return &runnerv1.Event{Kind: &runnerv1.Event_FileList{FileList: l}}
 		}
 	default:
@@ -519,12 +509,9 @@ func (s *server) shutdown() {
 	if err := s.procs.KillUser(nil); err != nil {
 		s.cfg.log.Warn("kill user processes at shutdown", "error", err)
 	}
-	s.root.Close()
-	if s.ws != nil {
-		s.ws.Close()
-	}
-	if s.files != nil {
-		s.files.Close()
+	s.files.Close()
+	if s.fileThread != nil {
+		s.fileThread.Close()
 	}
 	s.memory.close()
 	if s.mqueues != nil {

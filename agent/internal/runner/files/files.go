@@ -1,4 +1,10 @@
-package runner
+// Package files serves the runner's file requests (WriteFile, ReadFile,
+// ListFiles, and the files of a Run) in the workspace, which user code
+// controls: every path resolved beneath it by the kernel, every request run
+// as the user on the file thread (asuser.FileThread). See the runner's
+// RATIONALE.md ("Files: openat2 beneath the workspace, on a thread that is
+// the user's").
+package files
 
 import (
 	"errors"
@@ -13,9 +19,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
+
+// MaxListEntries is the most entries ListFiles returns for one directory.
+const MaxListEntries = 10000
 
 // File requests come from the agent, for a workspace that user code
 // controls and, in a session, while user code may still be running. Three
@@ -28,13 +38,64 @@ import (
 //     directories for links during the request) leads out of it. Links that
 //     stay inside are followed. Where openat2 is missing (Linux before 5.6)
 //     an os.Root does it instead; under gVisor an os.Root does not confine
-//     (see RATIONALE.md), so the sandbox needs openat2, which gVisor has.
+//     (see the runner's RATIONALE.md), so the sandbox needs openat2, which gVisor has.
 //   - Every request runs on a thread that acts as the user towards the file
 //     system (asuser.FileThread): a path that got out anyway leads only where the
 //     user could go, and what the runner creates is the user's from the
 //     start.
 //   - Files are opened non-blocking and must be regular, so a FIFO planted
 //     by user code cannot stall the runner.
+
+// Workspace serves the file requests of the workspace.
+type Workspace struct {
+	root   *os.Root           // the workspace, where the kernel has no openat2
+	ws     *os.File           // the workspace, for openat2; nil: none (see open)
+	thread *asuser.FileThread // runs the requests as the user; nil: the runner is not root
+}
+
+// Open opens the workspace dir, whose requests thread runs (nil: the runner
+// itself, when it is not root and has no privilege to lend).
+func Open(dir string, thread *asuser.FileThread) (*Workspace, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open workspace: %w", err)
+	}
+	ws, err := openWorkspace(dir)
+	if err != nil {
+		root.Close()
+		return nil, fmt.Errorf("open workspace: %w", err)
+	}
+	return &Workspace{root: root, ws: ws, thread: thread}, nil
+}
+
+// HasOpenat2 says whether paths are resolved with openat2. Without it (Linux
+// before 5.6) an os.Root resolves them, which does not confine them under
+// gVisor.
+func (w *Workspace) HasOpenat2() bool { return w.ws != nil }
+
+// ResolveWithRoot makes w resolve paths with its os.Root, as where the
+// kernel has no openat2: for the tests of that path. Call it before any
+// request.
+func (w *Workspace) ResolveWithRoot() {
+	if w.ws != nil {
+		w.ws.Close()
+		w.ws = nil
+	}
+}
+
+// Close closes the workspace's descriptors (not the thread).
+func (w *Workspace) Close() {
+	w.root.Close()
+	if w.ws != nil {
+		w.ws.Close()
+	}
+}
+
+// MakeDir creates dir, a clean path relative to the workspace, and its
+// missing parents, as the user's.
+func (w *Workspace) MakeDir(dir string) error {
+	return w.onFileThread(func() error { return w.mkdirs(dir) })
+}
 
 // cleanPath checks a path relative to the workspace and returns it cleaned.
 // "" and "." name the workspace itself, which only dirOK allows.
@@ -85,7 +146,8 @@ func fileError(op, p string, err error) error {
 	return &wire.RunnerError{Code: code, Message: fmt.Sprintf("%s %q: %v", op, p, err)}
 }
 
-func (s *server) writeFile(f *runnerv1.File) error {
+// Write writes f, making its missing directories.
+func (w *Workspace) Write(f *runnerv1.File) error {
 	p, err := cleanPath(f.GetPath(), false)
 	if err != nil {
 		return err
@@ -93,11 +155,11 @@ func (s *server) writeFile(f *runnerv1.File) error {
 	if n := len(f.GetContent()); n > wire.MaxFileSize {
 		return &wire.RunnerError{Code: runnerv1.Error_CODE_RESOURCE_EXHAUSTED, Message: fmt.Sprintf("file %q has %d bytes, more than the limit of %d", p, n, wire.MaxFileSize)}
 	}
-	return s.onFileThread(func() error {
-		if err := s.mkdirs(path.Dir(p)); err != nil {
+	return w.onFileThread(func() error {
+		if err := w.mkdirs(path.Dir(p)); err != nil {
 			return err
 		}
-		file, err := s.open(p, os.O_WRONLY|os.O_CREATE|syscall.O_NONBLOCK, 0o600)
+		file, err := w.open(p, os.O_WRONLY|os.O_CREATE|syscall.O_NONBLOCK, 0o600)
 		if err != nil {
 			return fileError("write file", p, err)
 		}
@@ -124,19 +186,19 @@ func (s *server) writeFile(f *runnerv1.File) error {
 
 // mkdirs creates dir and its missing parents. It runs on the file thread,
 // so they are the user's.
-func (s *server) mkdirs(dir string) error {
+func (w *Workspace) mkdirs(dir string) error {
 	if dir == "." {
 		return nil
 	}
 	// Most often it is there already: one system call.
-	if d, err := s.open(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0); err == nil {
+	if d, err := w.open(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0); err == nil {
 		d.Close()
 		return nil
 	}
 	parent := "."
 	for _, el := range strings.Split(dir, "/") {
 		prefix := path.Join(parent, el)
-		d, err := s.open(parent, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
+		d, err := w.open(parent, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			return fileError("create directory", parent, err)
 		}
@@ -150,7 +212,7 @@ func (s *server) mkdirs(dir string) error {
 			return fileError("create directory", prefix, err)
 		}
 		// There already: a directory, or a link to one in the workspace.
-		d, err = s.open(prefix, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
+		d, err = w.open(prefix, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
 		if errors.Is(err, syscall.ENOTDIR) {
 			return &wire.RunnerError{Code: runnerv1.Error_CODE_FAILED_PRECONDITION, Message: fmt.Sprintf("create directory %q: a file is in the way", prefix)}
 		}
@@ -165,18 +227,18 @@ func (s *server) mkdirs(dir string) error {
 // onFileThread runs a file request's work f as the user, on the file
 // thread (see asuser.FileThread), or as the runner itself when the runner is not
 // root (tests), which then has no privilege to lend.
-func (s *server) onFileThread(f func() error) error {
-	if s.files == nil {
+func (w *Workspace) onFileThread(f func() error) error {
+	if w.thread == nil {
 		return f()
 	}
-	return s.files.Do(f)
+	return w.thread.Do(f)
 }
 
 // open opens p, a path cleaned by cleanPath, beneath the workspace (see the
 // top of this file). The file is close-on-exec.
-func (s *server) open(p string, flag int, perm uint32) (*os.File, error) {
-	if s.ws == nil {
-		return s.root.OpenFile(p, flag, os.FileMode(perm))
+func (w *Workspace) open(p string, flag int, perm uint32) (*os.File, error) {
+	if w.ws == nil {
+		return w.root.OpenFile(p, flag, os.FileMode(perm))
 	}
 	how := &unix.OpenHow{
 		Flags:   uint64(flag | unix.O_CLOEXEC),
@@ -186,7 +248,7 @@ func (s *server) open(p string, flag int, perm uint32) (*os.File, error) {
 		how.Mode = uint64(perm)
 	}
 	for try := 0; ; try++ {
-		fd, err := unix.Openat2(int(s.ws.Fd()), p, how)
+		fd, err := unix.Openat2(int(w.ws.Fd()), p, how)
 		if err == unix.EINTR || err == unix.EAGAIN && try < 8 {
 			// EAGAIN: the kernel saw a rename or mount during a walk
 			// through "..", and would rather start again.
@@ -230,7 +292,8 @@ func regular(f *os.File) error {
 	return nil
 }
 
-func (s *server) readFile(name string, max uint64) (*runnerv1.File, error) {
+// Read reads the file name, up to max bytes (0: wire.MaxFileSize).
+func (w *Workspace) Read(name string, max uint64) (*runnerv1.File, error) {
 	p, err := cleanPath(name, false)
 	if err != nil {
 		return nil, err
@@ -239,15 +302,15 @@ func (s *server) readFile(name string, max uint64) (*runnerv1.File, error) {
 		max = wire.MaxFileSize
 	}
 	var f *runnerv1.File
-	err = s.onFileThread(func() (err error) {
-		f, err = s.readFileAsUser(p, max)
+	err = w.onFileThread(func() (err error) {
+		f, err = w.readFileAsUser(p, max)
 		return err
 	})
 	return f, err
 }
 
-func (s *server) readFileAsUser(p string, max uint64) (*runnerv1.File, error) {
-	file, err := s.open(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+func (w *Workspace) readFileAsUser(p string, max uint64) (*runnerv1.File, error) {
+	file, err := w.open(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fileError("read file", p, err)
 	}
@@ -276,21 +339,22 @@ func (s *server) readFileAsUser(p string, max uint64) (*runnerv1.File, error) {
 	return &runnerv1.File{Path: p, Content: b, Mode: uint32(fi.Mode().Perm())}, nil
 }
 
-func (s *server) listFiles(name string) (*runnerv1.FileList, error) {
+// List lists the directory name ("" or "." for the workspace itself).
+func (w *Workspace) List(name string) (*runnerv1.FileList, error) {
 	p, err := cleanPath(name, true)
 	if err != nil {
 		return nil, err
 	}
 	var l *runnerv1.FileList
-	err = s.onFileThread(func() (err error) {
-		l, err = s.listFilesAsUser(p)
+	err = w.onFileThread(func() (err error) {
+		l, err = w.listFilesAsUser(p)
 		return err
 	})
 	return l, err
 }
 
-func (s *server) listFilesAsUser(p string) (*runnerv1.FileList, error) {
-	dir, err := s.open(p, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
+func (w *Workspace) listFilesAsUser(p string) (*runnerv1.FileList, error) {
+	dir, err := w.open(p, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fileError("list", p, err)
 	}
