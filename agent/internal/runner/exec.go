@@ -11,6 +11,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
+	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
@@ -85,7 +86,7 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 		lim.output = DefaultOutputLimit
 	}
 	before := s.prepareOutputs()
-	o := newOutput(id, s.out, lim.output)
+	o := stdio.NewOutput(id, s.out, lim.output)
 	var exit *runnerv1.Exit
 	var err error
 	switch {
@@ -120,11 +121,11 @@ type limits struct {
 // processes the run leaves behind are killed when it ends: a run that is not
 // part of a session has nobody to hand them to, and leftovers (the remains
 // of a fork bomb) would only weigh on the next run.
-func (s *server) runOnce(ctx context.Context, o *output, lang language, pre *prestarted, code string, stdin []byte, lim limits, sweep bool) (*runnerv1.Exit, error) {
+func (s *server) runOnce(ctx context.Context, o *stdio.Output, lang language, pre *prestarted, code string, stdin []byte, lim limits, sweep bool) (*runnerv1.Exit, error) {
 	start, cpu0 := time.Now(), selfCPU()
 	how := "cold"
 	var p *proc.Proc
-	var std *stdio
+	var std *stdio.Pipes
 	if pre != nil {
 		how = "prestarted"
 		p, std = pre.proc, pre.std
@@ -136,7 +137,7 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, pre *pre
 		}
 	}
 	forked := time.Now()
-	std.start(o)
+	std.Start(o)
 	st := s.supervise(ctx, p.Done(), p.Pid, p.Done(), lim, s.keepPgid())
 	exited := time.Now()
 	exit := &runnerv1.Exit{
@@ -152,7 +153,7 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, pre *pre
 		st.err = s.procs.KillUser(keep)
 	}
 	swept := time.Now()
-	exit.Truncated = o.finish(s.cfg.drainGrace)
+	exit.Truncated = o.Finish(s.cfg.drainGrace)
 	exit.Duration = durationpb.New(time.Since(start))
 	s.cfg.log.Debug("run", "lang", lang.Name, "interpreter", how, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept), "runner_cpu", selfCPU()-cpu0)
 	return exit, st.err
@@ -160,7 +161,7 @@ func (s *server) runOnce(ctx context.Context, o *output, lang language, pre *pre
 
 // startCold starts a fresh interpreter for code: as an argument, or on fd 3
 // when it is too long for one.
-func (s *server) startCold(lang language, code string, stdin []byte) (*proc.Proc, *stdio, error) {
+func (s *server) startCold(lang language, code string, stdin []byte) (*proc.Proc, *stdio.Pipes, error) {
 	argv := lang.argv(code)
 	var extra []*os.File
 	var codeW *os.File
@@ -172,79 +173,24 @@ func (s *server) startCold(lang language, code string, stdin []byte) (*proc.Proc
 		}
 		extra, codeW = []*os.File{codeR}, w
 	}
-	std, err := newStdio(stdin, false)
+	std, err := stdio.NewPipes(stdin, false)
 	if err != nil {
-		closeAll(extra...)
-		closeAll(codeW)
+		stdio.CloseAll(extra...)
+		stdio.CloseAll(codeW)
 		return nil, nil, err
 	}
-	p, err := s.procs.Start(proc.Spec{Argv: argv, Env: s.env(lang), Files: append(std.child(), extra...)})
-	std.closeChild()
-	closeAll(extra...)
+	p, err := s.procs.Start(proc.Spec{Argv: argv, Env: s.env(lang), Files: append(std.Child(), extra...)})
+	std.CloseChild()
+	stdio.CloseAll(extra...)
 	if err != nil {
-		std.closeParent()
-		closeAll(codeW)
+		std.CloseParent()
+		stdio.CloseAll(codeW)
 		return nil, nil, err
 	}
 	if codeW != nil {
-		feed(codeW, []byte(code))
+		stdio.Feed(codeW, []byte(code))
 	}
 	return p, std, nil
-}
-
-// stdio is the standard input, output and error of a process: pipes whose
-// child ends are passed to the process and whose parent ends the runner uses.
-type stdio struct {
-	inR, inW   *os.File // nil: /dev/null
-	outR, outW *os.File
-	errR, errW *os.File
-	stdin      []byte
-}
-
-// newStdio creates the pipes. Standard input is a pipe if stdin is not empty
-// or inPipe is set (its contents are then set later).
-func newStdio(stdin []byte, inPipe bool) (*stdio, error) {
-	s := &stdio{stdin: stdin}
-	var err error
-	if len(stdin) > 0 || inPipe {
-		if s.inR, s.inW, err = os.Pipe(); err != nil {
-			return nil, fmt.Errorf("create pipe: %w", err)
-		}
-	}
-	if s.outR, s.outW, err = os.Pipe(); err != nil {
-		s.closeChild()
-		s.closeParent()
-		return nil, fmt.Errorf("create pipe: %w", err)
-	}
-	if s.errR, s.errW, err = os.Pipe(); err != nil {
-		s.closeChild()
-		s.closeParent()
-		return nil, fmt.Errorf("create pipe: %w", err)
-	}
-	return s, nil
-}
-
-// child returns the files that become the process's fds 0, 1 and 2.
-func (s *stdio) child() []*os.File { return []*os.File{s.inR, s.outW, s.errW} }
-
-func (s *stdio) closeChild()  { closeAll(s.inR, s.outW, s.errW) }
-func (s *stdio) closeParent() { closeAll(s.inW, s.outR, s.errR) }
-
-// start feeds stdin and pumps stdout and stderr into o.
-func (s *stdio) start(o *output) {
-	if s.inW != nil {
-		feed(s.inW, s.stdin)
-	}
-	o.pump(1, s.outR)
-	o.pump(2, s.errR)
-}
-
-func closeAll(fs ...*os.File) {
-	for _, f := range fs {
-		if f != nil {
-			f.Close()
-		}
-	}
 }
 
 // stopped says why supervise stopped a run, if it did.

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
+	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
@@ -75,7 +76,7 @@ const interruptedNote = "\n[codemode] the run %s and was interrupted (KeyboardIn
 const interruptGrace = 500 * time.Millisecond
 
 // runKernel runs one cell in the Python kernel, starting one if needed.
-func (s *server) runKernel(ctx context.Context, o *output, lang language, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
+func (s *server) runKernel(ctx context.Context, o *stdio.Output, lang language, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
 	start := time.Now()
 	if s.kernel != nil && !s.kernel.alive() {
 		s.killKernel()
@@ -89,15 +90,15 @@ func (s *server) runKernel(ctx context.Context, o *output, lang language, r *run
 	}
 	k := s.kernel
 
-	std, err := newStdio(r.GetStdin(), false)
+	std, err := stdio.NewPipes(r.GetStdin(), false)
 	if err != nil {
 		return nil, err
 	}
-	child := std.child()
+	child := std.Child()
 	if child[0] == nil {
 		if child[0], err = os.Open(os.DevNull); err != nil {
-			std.closeChild()
-			std.closeParent()
+			std.CloseChild()
+			std.CloseParent()
 			return nil, fmt.Errorf("open %s: %w", os.DevNull, err)
 		}
 		defer child[0].Close()
@@ -109,14 +110,14 @@ func (s *server) runKernel(ctx context.Context, o *output, lang language, r *run
 	if err == nil {
 		_, err = k.sock.Write([]byte(code))
 	}
-	std.closeChild()
+	std.CloseChild()
 	if err != nil {
-		std.closeParent()
+		std.CloseParent()
 		s.killKernel()
-		o.note(fmt.Sprintf(stateLostNote, "the interpreter could not take the code"))
+		o.Note(fmt.Sprintf(stateLostNote, "the interpreter could not take the code"))
 		return &runnerv1.Exit{Code: 1, StateLost: true, Duration: durationpb.New(time.Since(start))}, nil
 	}
-	std.start(o)
+	std.Start(o)
 
 	// The cell ends when the kernel reports its exit code, or when the
 	// kernel dies (its end of the socket closes).
@@ -161,7 +162,7 @@ func (s *server) runKernel(ctx context.Context, o *output, lang language, r *run
 			if st.timedOut {
 				why = "reached its timeout"
 			}
-			o.note(fmt.Sprintf(interruptedNote, why))
+			o.Note(fmt.Sprintf(interruptedNote, why))
 		}
 	} else {
 		// The kernel is dead or being killed: wait for it to report how it
@@ -171,7 +172,7 @@ func (s *server) runKernel(ctx context.Context, o *output, lang language, r *run
 		exit.OomKilled = exit.OomKilled || st.diedOfMemory(k.proc.Status())
 		exit.StateLost = true
 	}
-	exit.Truncated = o.finish(s.cfg.drainGrace)
+	exit.Truncated = o.Finish(s.cfg.drainGrace)
 	if exit.StateLost {
 		why := "the interpreter exited"
 		switch {
@@ -182,7 +183,7 @@ func (s *server) runKernel(ctx context.Context, o *output, lang language, r *run
 		case st.cancelled:
 			why = "the run was cancelled"
 		}
-		o.note(fmt.Sprintf(stateLostNote, why))
+		o.Note(fmt.Sprintf(stateLostNote, why))
 	}
 	exit.Duration = durationpb.New(time.Since(start))
 	return exit, st.err

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 )
 
 // memoryPoll is how often the memory watchdog looks at the sandbox's usage
@@ -51,7 +53,7 @@ func openMemoryFiles(dir string) memoryFiles {
 }
 
 func (m memoryFiles) close() {
-	closeAll(m.usage, m.limit)
+	stdio.CloseAll(m.usage, m.limit)
 }
 
 // memWatch is the memory watchdog of one run.

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
+	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 )
 
@@ -91,7 +92,7 @@ func (s *server) startParent(lang language, modules []string) (*parent, error) {
 		return nil, fmt.Errorf("create pipe: %w", err)
 	}
 	p, err := s.procs.Start(proc.Spec{Argv: lang.Parent, Env: s.env(lang), Files: []*os.File{nil, nil, errW, child}, Parent: true})
-	closeAll(child, errW)
+	stdio.CloseAll(child, errW)
 	if err != nil {
 		errR.Close()
 		unix.Close(fds[0])

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
+	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 )
 
 // A prestarted interpreter is started, as the user, at the end of a Reset
@@ -29,8 +30,8 @@ type prestarted struct {
 	lang   string
 	forked bool // from the preloaded parent (see parent)
 	proc   *proc.Proc
-	std    *stdio   // standard input is a pipe
-	code   *os.File // the write end of the interpreter's fd 3
+	std    *stdio.Pipes // standard input is a pipe
+	code   *os.File     // the write end of the interpreter's fd 3
 }
 
 // give hands the interpreter the run's code and standard input. The caller
@@ -40,16 +41,16 @@ func (p *prestarted) give(code string, stdin []byte) {
 	if len(stdin) > 0 {
 		head = '1'
 	}
-	p.std.stdin = stdin
+	p.std.SetStdin(stdin)
 	b := make([]byte, 0, 1+len(code))
 	b = append(b, head)
-	feed(p.code, append(b, code...))
+	stdio.Feed(p.code, append(b, code...))
 }
 
 // discard kills the interpreter and waits until it is gone.
 func (p *prestarted) discard(log *slog.Logger) {
 	proc.KillGroup(p.proc.Pid)
-	p.std.closeParent()
+	p.std.CloseParent()
 	p.code.Close()
 	select {
 	case <-p.proc.Done():
@@ -87,7 +88,7 @@ func (s *server) prestart() {
 // parent or fresh, and waits until it is ready. Called with prestartMu
 // held.
 func (s *server) prestartOne(lang language, forked bool) {
-	std, err := newStdio(nil, true)
+	std, err := stdio.NewPipes(nil, true)
 	if err != nil {
 		s.cfg.log.Warn("prestart interpreter", "lang", lang.Name, "error", err)
 		return
@@ -99,16 +100,16 @@ func (s *server) prestartOne(lang language, forked bool) {
 	}
 	if err == nil {
 		var p *proc.Proc
-		p, forked, err = s.startPrestarted(lang, forked, append(std.child(), codeR, readyW))
+		p, forked, err = s.startPrestarted(lang, forked, append(std.Child(), codeR, readyW))
 		if err == nil {
 			s.pre = &prestarted{lang: lang.Name, forked: forked, proc: p, std: std, code: codeW}
 		}
 	}
-	std.closeChild()
-	closeAll(codeR, readyW)
+	std.CloseChild()
+	stdio.CloseAll(codeR, readyW)
 	if s.pre == nil {
-		std.closeParent()
-		closeAll(codeW, readyR)
+		std.CloseParent()
+		stdio.CloseAll(codeW, readyR)
 		s.prestartFailed(lang.Name, fmt.Errorf("start: %w", err))
 		return
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
 	"github.com/codemode-go/codemode/agent/internal/runner/files"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
+	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
@@ -212,7 +213,7 @@ func harden(cfg config) error {
 // server serves the requests of one stream.
 type server struct {
 	cfg   config
-	out   *eventWriter
+	out   *stdio.Writer
 	procs *proc.Table
 	files *files.Workspace
 	// fileThread runs file requests as the user (see files); nil if the
@@ -312,7 +313,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	}
 	s := &server{
 		cfg:        cfg,
-		out:        &eventWriter{w: stdout},
+		out:        stdio.NewWriter(stdout),
 		procs:      proc.New(pcfg),
 		files:      ws,
 		fileThread: thread,
@@ -334,7 +335,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		}
 	}
 	if len(cfg.proxyAddrs) > 0 {
-		p, err := newProxy(cfg.log, cfg.proxyAddrs, s.out.send, s.egressRefused)
+		p, err := newProxy(cfg.log, cfg.proxyAddrs, s.out.Send, s.egressRefused)
 		if err != nil {
 			s.shutdown()
 			return nil, err
@@ -353,7 +354,7 @@ func (s *server) serve(ctx context.Context, stdin io.Reader) error {
 	if s.cfg.versions {
 		ready.Versions = s.versions(ctx)
 	}
-	if err := s.out.send(&runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: ready}}); err != nil {
+	if err := s.out.Send(&runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: ready}}); err != nil {
 		return err
 	}
 	s.cfg.log.Debug("ready", "versions", ready.GetVersions())
@@ -424,7 +425,7 @@ func (s *server) dispatch(ctx context.Context, wg *sync.WaitGroup, req *runnerv1
 		s.active, s.cancel = 0, nil
 		s.mu.Unlock()
 		ev.Id = id
-		if err := s.out.send(ev); err != nil {
+		if err := s.out.Send(ev); err != nil {
 			s.cfg.log.Error("send answer", "request_id", id, "error", err)
 		}
 	})
@@ -483,7 +484,7 @@ func (s *server) handle(ctx context.Context, req *runnerv1.Request) *runnerv1.Ev
 func (s *server) sendError(id uint64, err error) {
 	ev := errorEvent(err)
 	ev.Id = id
-	if err := s.out.send(ev); err != nil {
+	if err := s.out.Send(ev); err != nil {
 		s.cfg.log.Error("send error", "request_id", id, "error", err)
 	}
 }
@@ -492,7 +493,7 @@ func (s *server) sendError(id uint64, err error) {
 // egress refused, since not every client shows the proxy's answer.
 func (s *server) egressRefused(run uint64, line string) {
 	ev := &runnerv1.Event{Id: run, Kind: &runnerv1.Event_Stderr{Stderr: []byte(line + "\n")}}
-	if err := s.out.send(ev); err != nil {
+	if err := s.out.Send(ev); err != nil {
 		s.cfg.log.Warn("send egress refusal", "error", err)
 	}
 }
@@ -529,18 +530,6 @@ func errorEvent(err error) *runnerv1.Event {
 		e.Code = re.Code
 	}
 	return &runnerv1.Event{Kind: &runnerv1.Event_Error{Error: e}}
-}
-
-// eventWriter writes whole frames to stdout, one at a time.
-type eventWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (w *eventWriter) send(ev *runnerv1.Event) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return wire.WriteFrame(w.w, ev)
 }
 
 func durationOr(d *durationpb.Duration, def, max time.Duration) time.Duration {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
+	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
@@ -91,7 +92,7 @@ func (s *server) shellPrelude(lang language, st *shellState) string {
 
 // runShell runs code in a fresh shell that continues the language's shell
 // session.
-func (s *server) runShell(ctx context.Context, o *output, lang language, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
+func (s *server) runShell(ctx context.Context, o *stdio.Output, lang language, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
 	st := s.shells[lang.Name]
 	if st == nil {
 		st = &shellState{cwd: s.cfg.workspace}
@@ -108,35 +109,35 @@ func (s *server) runShell(ctx context.Context, o *output, lang language, r *runn
 	if len(script) > maxArg {
 		scriptR, w, err := os.Pipe()
 		if err != nil {
-			closeAll(stateR, stateW)
+			stdio.CloseAll(stateR, stateW)
 			return nil, fmt.Errorf("create pipe: %w", err)
 		}
 		extra, scriptW = append(extra, scriptR), w
 		argv = []string{lang.Interpreter, "/dev/fd/4"}
 	}
-	std, err := newStdio(r.GetStdin(), false)
+	std, err := stdio.NewPipes(r.GetStdin(), false)
 	if err != nil {
-		closeAll(stateR, scriptW)
-		closeAll(extra...)
+		stdio.CloseAll(stateR, scriptW)
+		stdio.CloseAll(extra...)
 		return nil, err
 	}
 	start := time.Now()
-	p, err := s.procs.Start(proc.Spec{Argv: argv, Env: s.env(lang), Files: append(std.child(), extra...)})
-	std.closeChild()
-	closeAll(extra...)
+	p, err := s.procs.Start(proc.Spec{Argv: argv, Env: s.env(lang), Files: append(std.Child(), extra...)})
+	std.CloseChild()
+	stdio.CloseAll(extra...)
 	if err != nil {
-		std.closeParent()
-		closeAll(stateR, scriptW)
+		std.CloseParent()
+		stdio.CloseAll(stateR, scriptW)
 		return nil, err
 	}
 	if scriptW != nil {
-		feed(scriptW, []byte(script))
+		stdio.Feed(scriptW, []byte(script))
 	}
 	state := readShellState(stateR)
-	std.start(o)
+	std.Start(o)
 	sv := s.supervise(ctx, p.Done(), p.Pid, p.Done(), lim, s.keepPgid())
 	exit := &runnerv1.Exit{Code: proc.ExitCode(p.Status()), TimedOut: sv.timedOut, OomKilled: sv.oom || sv.diedOfMemory(p.Status())}
-	exit.Truncated = o.finish(s.cfg.drainGrace)
+	exit.Truncated = o.Finish(s.cfg.drainGrace)
 	if next, ok := state.wait(s.cfg.drainGrace); ok {
 		s.shells[lang.Name] = next
 	} else {

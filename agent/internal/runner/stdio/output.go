@@ -1,7 +1,12 @@
-package runner
+// Package stdio is the standard input, output and error of the user's
+// processes: pipes, standard input fed to them, and their output passed to
+// the agent as events as it is read, within the run's output limit. See the
+// runner's RATIONALE.md ("Output: read and drop past the limit").
+package stdio
 
 import (
 	"errors"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -9,21 +14,38 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
 const chunkSize = 32 << 10
 
-// output passes a run's stdout and stderr to the agent as events, chunk by
+// Writer writes whole event frames to the runner's stdout, one at a time.
+type Writer struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+// NewWriter writes frames to w.
+func NewWriter(w io.Writer) *Writer { return &Writer{w: w} }
+
+// Send writes ev as one frame.
+func (w *Writer) Send(ev *runnerv1.Event) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return wire.WriteFrame(w.w, ev)
+}
+
+// Output passes a run's stdout and stderr to the agent as events, chunk by
 // chunk as they are read, up to a limit on both together. Past the limit it
 // keeps reading and drops the bytes, so the program is never blocked on a
 // full pipe and ends (or times out) as it would have; the Exit says
 // truncated. Once the run has ended, what its processes wrote before that
 // is still delivered in full, and anything written later (by a background
 // process holding a pipe) is dropped.
-type output struct {
+type Output struct {
 	id  uint64
-	out *eventWriter
+	out *Writer
 
 	mu        sync.Mutex
 	left      uint64
@@ -41,18 +63,19 @@ type pipe struct {
 	draining atomic.Bool // the run has ended: read only what the pipe holds
 }
 
-func newOutput(id uint64, out *eventWriter, limit uint64) *output {
-	return &output{id: id, out: out, left: limit, flushT: flushTimeout}
+// NewOutput passes the output of run id to out, up to limit bytes.
+func NewOutput(id uint64, out *Writer, limit uint64) *Output {
+	return &Output{id: id, out: out, left: limit, flushT: flushTimeout}
 }
 
 // flushTimeout bounds how long output written before a run ended may take
 // to reach the agent. Only an agent that stopped reading makes it matter.
 const flushTimeout = 30 * time.Second
 
-// pump reads r until EOF in its own goroutine and closes it. Once finish
+// Pump reads r until EOF in its own goroutine and closes it. Once Finish
 // has started draining, the pump reads only the bytes the pipe holds when it
 // notices, then stops.
-func (o *output) pump(stream int, r *os.File) {
+func (o *Output) Pump(stream int, r *os.File) {
 	p := &pipe{r: r}
 	o.pipes = append(o.pipes, p)
 	o.wg.Add(1)
@@ -71,7 +94,7 @@ func (o *output) pump(stream int, r *os.File) {
 					return
 				}
 				// The bytes are there, so this read does not block; clear the
-				// deadline finish set to wake a reader blocked on no data.
+				// deadline Finish set to wake a reader blocked on no data.
 				_ = r.SetReadDeadline(time.Time{})
 				want = buf[:min(int64(len(buf)), owed)]
 			}
@@ -85,7 +108,7 @@ func (o *output) pump(stream int, r *os.File) {
 			switch {
 			case err == nil:
 			case errors.Is(err, os.ErrDeadlineExceeded):
-				// Woken by finish; the loop decides whether anything is owed.
+				// Woken by Finish; the loop decides whether anything is owed.
 			default: // EOF: every writer is gone
 				return
 			}
@@ -94,7 +117,7 @@ func (o *output) pump(stream int, r *os.File) {
 }
 
 // write sends p (or the part of it within the limit) as one event.
-func (o *output) write(stream int, p []byte) {
+func (o *Output) write(stream int, p []byte) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
@@ -111,15 +134,15 @@ func (o *output) write(stream int, p []byte) {
 	o.send(stream, p)
 }
 
-// note sends a message of the runner to the program's stderr stream,
+// Note sends a message of the runner to the program's stderr stream,
 // outside the limit.
-func (o *output) note(msg string) {
+func (o *Output) Note(msg string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.send(2, []byte(msg))
 }
 
-func (o *output) send(stream int, p []byte) {
+func (o *Output) send(stream int, p []byte) {
 	ev := &runnerv1.Event{Id: o.id}
 	if stream == 1 {
 		ev.Kind = &runnerv1.Event_Stdout{Stdout: p}
@@ -128,16 +151,16 @@ func (o *output) send(stream int, p []byte) {
 	}
 	// WriteFrame marshals p before it returns, so the caller may reuse it.
 	// A failed write means the agent is gone; the runner notices on stdin.
-	_ = o.out.send(ev)
+	_ = o.out.Send(ev)
 }
 
-// finish is called once the run has ended. It waits up to grace for every
+// Finish is called once the run has ended. It waits up to grace for every
 // pump to reach EOF; pumps still going then (a background process holds a
 // pipe, or the agent reads slowly) deliver exactly the bytes that were in
 // their pipe at that moment and stop. Anything written later is dropped.
-// finish reports whether output was truncated, which includes output lost
+// Finish reports whether output was truncated, which includes output lost
 // because it could not be delivered within flushTimeout.
-func (o *output) finish(grace time.Duration) bool {
+func (o *Output) Finish(grace time.Duration) bool {
 	done := make(chan struct{})
 	go func() {
 		o.wg.Wait()
@@ -183,10 +206,10 @@ func pipeBuffered(r *os.File) int64 {
 	return int64(n)
 }
 
-// feed writes b to w in its own goroutine and closes w. A program that
+// Feed writes b to w in its own goroutine and closes w. A program that
 // exits without reading all of its stdin makes the write fail; that is
 // fine.
-func feed(w *os.File, b []byte) {
+func Feed(w *os.File, b []byte) {
 	go func() {
 		defer w.Close()
 		_, _ = w.Write(b)

@@ -1,4 +1,4 @@
-package runner
+package stdio
 
 import (
 	"bytes"
@@ -57,8 +57,8 @@ func TestFinishDeliversWhatWasWrittenBeforeTheEnd(t *testing.T) {
 	defer w.Close() // the "background process" holding the pipe
 
 	agent := &slowAgent{delay: 2 * time.Millisecond}
-	o := newOutput(1, &eventWriter{w: agent}, 64<<20)
-	o.pump(1, r)
+	o := NewOutput(1, NewWriter(agent), 64<<20)
+	o.Pump(1, r)
 
 	const before = 256 << 10 // more than a pipe holds, so the pump is mid-send at the end
 	written := make(chan struct{})
@@ -71,7 +71,7 @@ func TestFinishDeliversWhatWasWrittenBeforeTheEnd(t *testing.T) {
 	<-written // the program has written everything and "exited"
 
 	start := time.Now()
-	truncated := o.finish(10 * time.Millisecond)
+	truncated := o.Finish(10 * time.Millisecond)
 	elapsed := time.Since(start)
 	if truncated {
 		t.Fatal("finish reports truncated output")
