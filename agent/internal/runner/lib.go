@@ -68,3 +68,19 @@ func prepareLib(cfg config) (env []string, dir string, err error) {
 
 // mplConfigDir is matplotlib's directory in lib (see mplConfig).
 func mplConfigDir(lib string) string { return filepath.Join(lib, "matplotlib") }
+
+// proxyEnv is the environment that points user code at the proxy on addr.
+func proxyEnv(addr string, lib string) []string {
+	u := "http://" + addr
+	noProxy := "localhost,127.0.0.1,::1"
+	env := []string{
+		"HTTP_PROXY=" + u, "http_proxy=" + u,
+		"HTTPS_PROXY=" + u, "https_proxy=" + u,
+		"NO_PROXY=" + noProxy, "no_proxy=" + noProxy,
+	}
+	if lib != "" {
+		// Node's fetch does not read HTTP_PROXY; the preload makes it.
+		env = append(env, "NODE_OPTIONS=--require "+lib+"/"+nodeEgressModule)
+	}
+	return env
+}

@@ -152,7 +152,7 @@ except OSError as e:
 			t.Fatalf("got %+v", r)
 		}
 	})
-	if n := h.s.proxy.tunnels.Len(); n != 0 {
+	if n := h.s.proxy.Conns(); n != 0 {
 		t.Errorf("%d tunnels left open after the runs", n)
 	}
 }

@@ -34,6 +34,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
+	"github.com/codemode-go/codemode/agent/internal/runner/egressproxy"
 	"github.com/codemode-go/codemode/agent/internal/runner/files"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
@@ -95,7 +96,7 @@ type config struct {
 	// mplSeed is where the image keeps matplotlib's font list (see
 	// mplConfig); missing: none.
 	mplSeed string
-	// proxyAddrs are where the egress proxy listens (see proxy); none: no
+	// proxyAddrs are where the egress proxy listens (see package egressproxy); none: no
 	// proxy, and user code has no way out at all.
 	proxyAddrs []string
 }
@@ -232,7 +233,7 @@ type server struct {
 	// prepareLib and proxyEnv).
 	userEnv []string
 	// proxy serves the runs' egress; nil if there is none.
-	proxy *proxy
+	proxy *egressproxy.Proxy
 
 	mpl      *mplConfig  // nil without a lib directory; touched only by Reset
 	ipcFloor ipcFloor    // touched only by Reset
@@ -335,7 +336,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		}
 	}
 	if len(cfg.proxyAddrs) > 0 {
-		p, err := newProxy(cfg.log, cfg.proxyAddrs, s.out.Send, s.egressRefused)
+		p, err := egressproxy.New(cfg.log, cfg.proxyAddrs, s.out.Send, s.egressRefused)
 		if err != nil {
 			s.shutdown()
 			return nil, err
@@ -396,7 +397,7 @@ func (s *server) serve(ctx context.Context, stdin io.Reader) error {
 }
 
 func (s *server) dispatch(ctx context.Context, wg *sync.WaitGroup, req *runnerv1.Request) {
-	if s.proxy != nil && s.proxy.handle(req) {
+	if s.proxy != nil && s.proxy.Handle(req) {
 		return
 	}
 	id := req.GetId()
@@ -450,8 +451,8 @@ func (s *server) handle(ctx context.Context, req *runnerv1.Request) *runnerv1.Ev
 	switch k := req.GetKind().(type) {
 	case *runnerv1.Request_Run:
 		if s.proxy != nil {
-			s.proxy.begin(req.GetId())
-			defer s.proxy.end(req.GetId())
+			s.proxy.Begin(req.GetId())
+			defer s.proxy.End(req.GetId())
 		}
 		var exit *runnerv1.Exit
 		if exit, err = s.run(ctx, req.GetId(), k.Run); err == nil {
@@ -501,7 +502,7 @@ func (s *server) egressRefused(run uint64, line string) {
 // shutdown kills every user process; the sandbox is going away.
 func (s *server) shutdown() {
 	if s.proxy != nil {
-		s.proxy.close()
+		s.proxy.Close()
 	}
 	s.dropPrestarted()
 	s.prestartMu.Lock()

@@ -1,4 +1,9 @@
-package runner
+// Package egressproxy is the HTTP proxy the runner serves on the sandbox's
+// loopback, the only way out of a sandbox without a network interface: each
+// connection a program opens through it is asked of the agent, which
+// decides, resolves and dials, and its bytes travel over the runner's
+// stream.
+package egressproxy
 
 import (
 	"bufio"
@@ -20,7 +25,7 @@ import (
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
 
-// proxy is the HTTP proxy the runner serves on the sandbox's loopback: the
+// Proxy is the HTTP proxy the runner serves on the sandbox's loopback: the
 // only way out of a sandbox without a network interface. User code finds it
 // in HTTP_PROXY and HTTPS_PROXY. A CONNECT request becomes one egress
 // connection; a plain-HTTP request with an absolute URL is forwarded over
@@ -28,7 +33,7 @@ import (
 // decides, resolves and dials; the bytes then travel in EgressData frames
 // over the runner's stream (see wire.Tunnels). Connections may be opened
 // only while a run goes on, belong to it, and are closed when it ends.
-type proxy struct {
+type Proxy struct {
 	log     *slog.Logger
 	send    func(*runnerv1.Event) error
 	tunnels *wire.Tunnels
@@ -61,27 +66,13 @@ type egressError struct {
 
 func (e *egressError) Error() string { return e.reason }
 
-// proxyEnv is the environment that points user code at the proxy on addr.
-func proxyEnv(addr string, lib string) []string {
-	u := "http://" + addr
-	noProxy := "localhost,127.0.0.1,::1"
-	env := []string{
-		"HTTP_PROXY=" + u, "http_proxy=" + u,
-		"HTTPS_PROXY=" + u, "https_proxy=" + u,
-		"NO_PROXY=" + noProxy, "no_proxy=" + noProxy,
-	}
-	if lib != "" {
-		// Node's fetch does not read HTTP_PROXY; the preload makes it.
-		env = append(env, "NODE_OPTIONS=--require "+lib+"/"+nodeEgressModule)
-	}
-	return env
-}
-
-// newProxy listens on addrs (host:port on the sandbox's loopback); an
+// New listens on addrs (host:port on the sandbox's loopback); an
 // address that cannot be listened on is skipped (a sandbox without IPv6
 // loopback), but not all of them.
-func newProxy(log *slog.Logger, addrs []string, send func(*runnerv1.Event) error, refused func(uint64, string)) (*proxy, error) {
-	p := &proxy{
+// send sends the proxy's events on the runner's stream; refused tells a run
+// (on its stderr) about a connection the egress refused.
+func New(log *slog.Logger, addrs []string, send func(*runnerv1.Event) error, refused func(uint64, string)) (*Proxy, error) {
+	p := &Proxy{
 		log:     log,
 		send:    send,
 		refused: refused,
@@ -139,24 +130,25 @@ func newProxy(log *slog.Logger, addrs []string, send func(*runnerv1.Event) error
 }
 
 // Addr is the address of the proxy's first listener.
-func (p *proxy) Addr() string { return p.ln[0].Addr().String() }
+func (p *Proxy) Addr() string { return p.ln[0].Addr().String() }
 
-func (p *proxy) close() {
-	p.end(0)
+// Close ends the current run's connections and stops serving.
+func (p *Proxy) Close() {
+	p.End(0)
 	p.srv.Close()
 }
 
-// begin lets run open connections.
-func (p *proxy) begin(run uint64) {
+// Begin lets run open connections.
+func (p *Proxy) Begin(run uint64) {
 	p.refusals.Store(0)
 	p.mu.Lock()
 	p.run = run
 	p.mu.Unlock()
 }
 
-// end closes the connections of the run that is ending and refuses new
-// ones until the next begin.
-func (p *proxy) end(run uint64) {
+// End closes the connections of the run that is ending and refuses new
+// ones until the next Begin.
+func (p *Proxy) End(run uint64) {
 	p.mu.Lock()
 	if run != 0 && p.run != run {
 		p.mu.Unlock()
@@ -172,9 +164,9 @@ func (p *proxy) end(run uint64) {
 	p.tr.CloseIdleConnections()
 }
 
-// handle takes an egress request from the agent; it reports whether req was
+// Handle takes an egress request from the agent; it reports whether req was
 // one. It never blocks.
-func (p *proxy) handle(req *runnerv1.Request) bool {
+func (p *Proxy) Handle(req *runnerv1.Request) bool {
 	switch k := req.GetKind().(type) {
 	case *runnerv1.Request_EgressAnswer:
 		p.mu.Lock()
@@ -195,7 +187,7 @@ func (p *proxy) handle(req *runnerv1.Request) bool {
 }
 
 // open asks the agent for a connection to host:port for the current run.
-func (p *proxy) open(ctx context.Context, host string, port uint32) (*wire.Tunnel, error) {
+func (p *Proxy) open(ctx context.Context, host string, port uint32) (*wire.Tunnel, error) {
 	id := p.nextConn.Add(1)
 	remote := wire.EgressAddr{Host: host, Port: port}
 	ch := make(chan *runnerv1.EgressAnswer, 1)
@@ -240,7 +232,10 @@ func (p *proxy) open(ctx context.Context, host string, port uint32) (*wire.Tunne
 	}
 }
 
-func (p *proxy) forget(id uint64) {
+// Conns is how many connections are open.
+func (p *Proxy) Conns() int { return p.tunnels.Len() }
+
+func (p *Proxy) forget(id uint64) {
 	p.mu.Lock()
 	delete(p.pending, id)
 	p.mu.Unlock()
@@ -248,7 +243,7 @@ func (p *proxy) forget(id uint64) {
 
 // ServeHTTP serves one request of a program: CONNECT, or a plain-HTTP
 // request with an absolute URL.
-func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
 		p.connect(w, r)
 		return
@@ -260,7 +255,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.fwd.ServeHTTP(w, r)
 }
 
-func (p *proxy) connect(w http.ResponseWriter, r *http.Request) {
+func (p *Proxy) connect(w http.ResponseWriter, r *http.Request) {
 	host, port, err := splitHostPort(r.Host, 443)
 	if err != nil {
 		http.Error(w, "codemode egress proxy: "+err.Error(), http.StatusBadRequest)
@@ -295,7 +290,7 @@ func (p *proxy) connect(w http.ResponseWriter, r *http.Request) {
 }
 
 // forwardError answers a plain-HTTP request the proxy could not forward.
-func (p *proxy) forwardError(w http.ResponseWriter, r *http.Request, err error) {
+func (p *Proxy) forwardError(w http.ResponseWriter, r *http.Request, err error) {
 	if conn, _, herr := http.NewResponseController(w).Hijack(); herr == nil {
 		defer conn.Close()
 		writeRefusal(conn, err)
