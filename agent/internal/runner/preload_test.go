@@ -75,7 +75,7 @@ func TestPreloadIsolation(t *testing.T) {
 			t.Fatalf("run B before A: code %d, stdout %q, stderr %q; want %q", r.exit.GetCode(), r.stdout, r.stderr, want)
 		}
 		// Naming numpy has the run forked from the parent (see
-		// namesModule).
+		// preload.NamesModule).
 		a, b = "import numpy\n"+a, "import numpy\n"+b
 		if r := sb.mustRun(t, "python", a); r.exit.GetCode() != 0 {
 			t.Fatalf("run A: code %d, stdout %q, stderr %q", r.exit.GetCode(), r.stdout, r.stderr)
@@ -359,24 +359,6 @@ func BenchmarkSandboxPreload(b *testing.B) {
 				b.ReportMetric(float64(sb.memoryUsage(b))/(1<<20), "sandbox-MiB")
 				reportPercentiles(b, lat)
 			})
-		}
-	}
-}
-
-func TestNamesModule(t *testing.T) {
-	mods := []string{"numpy", "pandas", "matplotlib.pyplot"}
-	for code, want := range map[string]bool{
-		"print(1)":                          false,
-		"import pandas as pd":               true,
-		"from matplotlib import pyplot":     true,
-		"import numpyx, mynumpy, numpy_ext": false,
-		"x = 1\nimport os, numpy":           true,
-		"pandas":                            true,
-		"print('matplotlib.pyplot')":        true,
-		"":                                  false,
-	} {
-		if got := namesModule(code, mods); got != want {
-			t.Errorf("namesModule(%q) = %v, want %v", code, got, want)
 		}
 	}
 }

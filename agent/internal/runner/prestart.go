@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/codemode-go/codemode/agent/internal/runner/preload"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 )
@@ -28,7 +29,7 @@ import (
 // off until a run of one that has it.
 type prestarted struct {
 	lang   string
-	forked bool // from the preloaded parent (see parent)
+	forked bool // from the preloaded parent (see package preload)
 	proc   *proc.Proc
 	std    *stdio.Pipes // standard input is a pipe
 	code   *os.File     // the write end of the interpreter's fd 3
@@ -161,7 +162,7 @@ func (s *server) takePrestarted(lang language, stateless bool, code string) *pre
 		if lang.Prestart != nil {
 			s.prestartLang = lang.Name
 		}
-		wantsParent = lang.Parent != nil && namesModule(code, s.cfg.preload)
+		wantsParent = lang.Parent != nil && preload.NamesModule(code, s.cfg.preload)
 		s.prestartForked = wantsParent
 	}
 	pre := s.pre
@@ -208,13 +209,13 @@ func (s *server) dropPrestarted() {
 
 // startPrestarted starts a prestarted interpreter with files as its fds
 // 0-4: forked from lang's preloaded parent if forked and the parent lives
-// (see parent), else a fresh interpreter. It says which it started.
+// (see package preload), else a fresh interpreter. It says which it started.
 func (s *server) startPrestarted(lang language, forked bool, files []*os.File) (*proc.Proc, bool, error) {
 	if z := s.parent; forked && s.parentAlive(lang) {
 		fs, done, err := s.procs.UserFiles(files)
 		if err == nil {
 			var p *proc.Proc
-			p, err = z.fork("fork", fs)
+			p, err = z.ForkInterpreter(fs)
 			done()
 			if err == nil {
 				return p, true, nil

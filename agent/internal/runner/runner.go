@@ -36,6 +36,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
 	"github.com/codemode-go/codemode/agent/internal/runner/egressproxy"
 	"github.com/codemode-go/codemode/agent/internal/runner/files"
+	"github.com/codemode-go/codemode/agent/internal/runner/preload"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 	"github.com/codemode-go/codemode/agent/internal/wire"
@@ -251,7 +252,7 @@ type server struct {
 	prestartFailures int
 	// The preloaded parent (see parent), under prestartMu; parent starts
 	// that failed in a row.
-	parent         *parent
+	parent         *preload.Parent
 	parentFailures int
 	// Whether the next prestarted interpreter is forked from the parent:
 	// whether the last stateless run named a preloaded module (none at

@@ -1,9 +1,15 @@
-package runner
+// Package preload is the preloaded parent of a sandbox: a Python
+// interpreter that imports the libraries model-written code mostly uses and
+// forks, on the runner's request, the prestarted interpreters of stateless
+// runs and the kernels of sessions. See the runner's RATIONALE.md ("A
+// preloaded parent for code that imports libraries").
+package preload
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -12,16 +18,18 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 )
 
-// A preloaded parent is a Python interpreter, one per sandbox, that has
-// imported the language's Preload modules (numpy, pandas, matplotlib,
+// Parent is a preloaded parent: a Python interpreter, one per sandbox, that
+// has imported the language's Preload modules (numpy, pandas, matplotlib,
 // requests, scipy) and forks the prestarted interpreter of each stateless
-// run (see prestarted), so that code importing them finds them imported:
-// under gVisor `import pandas` alone costs about a second.
+// run (see the runner's prestarted interpreters), so that code importing
+// them finds them imported: under gVisor `import pandas` alone costs about a
+// second.
 //
 // What keeps runs apart is what keeps prestarted interpreters apart, plus:
 //
@@ -39,16 +47,19 @@ import (
 //     read its memory (it is also not dumpable); the scrub spares it (its
 //     kill(-1) as root stops every process instead of killing them all, and
 //     processes whose real uid is the parent's are not the user's).
-//   - It is replaced when it dies, and after cfg.parentForks forks.
+//   - It is replaced when it dies, and after the runner's -parent-forks
+//     forks.
 //
 // See zygote.py for the parent's side and what the child does before it
 // reads any code.
-type parent struct {
-	lang    string
-	proc    *proc.Proc
-	fd      int // the runner's end of the SOCK_SEQPACKET socket
-	modules []string
-	forks   int
+type Parent struct {
+	lang        string
+	log         *slog.Logger
+	forkTimeout time.Duration
+	proc        *proc.Proc
+	fd          int // the runner's end of the SOCK_SEQPACKET socket
+	modules     []string
+	forks       int
 
 	sendMu  sync.Mutex
 	mu      sync.Mutex
@@ -77,9 +88,19 @@ type parentMsg struct {
 // quiet host): within the agent's bound on a Reset (10 s).
 const parentReadyTimeout = 8 * time.Second
 
-// startParent starts lang's preloaded parent, importing modules, and waits
-// until it is ready. Only in a clean sandbox (see parent).
-func (s *server) startParent(lang language, modules []string) (*parent, error) {
+// Config says how a parent is started.
+type Config struct {
+	UID, GID  int    // the user's
+	Workspace string // the children's working directory
+	Env       []string
+	// ForkTimeout bounds the wait for the parent's answer to a fork.
+	ForkTimeout time.Duration
+	Log         *slog.Logger
+}
+
+// Start starts lang's preloaded parent with procs, importing modules, and
+// waits until it is ready. Only in a clean sandbox (see Parent).
+func Start(procs *proc.Table, lang languages.Language, modules []string, c Config) (*Parent, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("create socket: %w", err)
@@ -91,24 +112,24 @@ func (s *server) startParent(lang language, modules []string) (*parent, error) {
 		unix.Close(fds[0])
 		return nil, fmt.Errorf("create pipe: %w", err)
 	}
-	p, err := s.procs.Start(proc.Spec{Argv: lang.Parent, Env: s.env(lang), Files: []*os.File{nil, nil, errW, child}, Parent: true})
+	p, err := procs.Start(proc.Spec{Argv: lang.Parent, Env: c.Env, Files: []*os.File{nil, nil, errW, child}, Parent: true})
 	stdio.CloseAll(child, errW)
 	if err != nil {
 		errR.Close()
 		unix.Close(fds[0])
 		return nil, err
 	}
-	z := &parent{lang: lang.Name, proc: p, fd: fds[0], kids: make(map[int]*proc.Proc), replies: make(chan parentReply, 1), ended: make(chan struct{})}
-	go s.logParent(errR, p.Pid)
+	z := &Parent{lang: lang.Name, log: c.Log, forkTimeout: c.ForkTimeout, proc: p, fd: fds[0], kids: make(map[int]*proc.Proc), replies: make(chan parentReply, 1), ended: make(chan struct{})}
+	go z.logStderr(errR)
 	cfg, err := json.Marshal(map[string]any{
-		"uid": s.cfg.uid, "gid": s.cfg.gid, "parent_uid": wire.ParentUID,
-		"workspace": s.cfg.workspace, "modules": modules, "prestart": lang.Prestart[len(lang.Prestart)-1], "kernel": kernelSource(lang),
+		"uid": c.UID, "gid": c.GID, "parent_uid": wire.ParentUID,
+		"workspace": c.Workspace, "modules": modules, "prestart": lang.Prestart[len(lang.Prestart)-1], "kernel": KernelSource(lang),
 	})
 	if err == nil {
 		err = z.send(cfg, nil)
 	}
 	if err != nil {
-		z.kill()
+		z.Kill()
 		return nil, fmt.Errorf("configure: %w", err)
 	}
 	ready := make(chan parentMsg, 1)
@@ -117,28 +138,28 @@ func (s *server) startParent(lang language, modules []string) (*parent, error) {
 	case m := <-ready:
 		z.modules = m.Modules
 		if len(m.Skipped) > 0 {
-			s.cfg.log.Warn("preloaded parent: modules skipped", "lang", lang.Name, "skipped", m.Skipped)
+			c.Log.Warn("preloaded parent: modules skipped", "lang", lang.Name, "skipped", m.Skipped)
 		}
-		s.cfg.log.Debug("preloaded parent ready", "lang", lang.Name, "pid", p.Pid, "modules", m.Modules)
+		c.Log.Debug("preloaded parent ready", "lang", lang.Name, "pid", p.Pid, "modules", m.Modules)
 		return z, nil
 	case <-z.ended:
-		z.kill()
+		z.Kill()
 		return nil, errors.New("preloaded parent ended before it was ready (see its log)")
 	case <-time.After(parentReadyTimeout):
-		z.kill()
+		z.Kill()
 		return nil, fmt.Errorf("preloaded parent not ready after %v", parentReadyTimeout)
 	}
 }
 
-// logParent logs what the parent writes to its standard error (import
+// logStderr logs what the parent writes to its standard error (import
 // warnings, or why it failed).
-func (s *server) logParent(r *os.File, pid int) {
+func (z *Parent) logStderr(r *os.File) {
 	defer r.Close()
 	b := make([]byte, 4096)
 	for {
 		n, err := r.Read(b)
 		if n > 0 {
-			s.cfg.log.Warn("preloaded parent", "pid", pid, "stderr", strings.TrimSpace(string(b[:n])))
+			z.log.Warn("preloaded parent", "pid", z.proc.Pid, "stderr", strings.TrimSpace(string(b[:n])))
 		}
 		if err != nil {
 			return
@@ -146,7 +167,7 @@ func (s *server) logParent(r *os.File, pid int) {
 	}
 }
 
-func (z *parent) send(b []byte, files []*os.File) error {
+func (z *Parent) send(b []byte, files []*os.File) error {
 	z.sendMu.Lock()
 	defer z.sendMu.Unlock()
 	var oob []byte
@@ -169,7 +190,7 @@ func (z *parent) send(b []byte, files []*os.File) error {
 // (ready) to ready, fork replies to replies, and the exit statuses of its
 // children to their waiters. When the parent is gone its children die too
 // (PR_SET_PDEATHSIG); those not reported yet are reported killed.
-func (z *parent) read(ready chan<- parentMsg) {
+func (z *Parent) read(ready chan<- parentMsg) {
 	defer func() {
 		z.mu.Lock()
 		for pid, k := range z.kids {
@@ -215,10 +236,22 @@ func (z *parent) read(ready chan<- parentMsg) {
 	}
 }
 
+// ForkInterpreter has the parent fork a prestarted interpreter with files
+// as its fds 0-4.
+func (z *Parent) ForkInterpreter(files []*os.File) (*proc.Proc, error) {
+	return z.fork("fork", files)
+}
+
+// ForkKernel has the parent fork a session's kernel with files as its fds
+// 0-3.
+func (z *Parent) ForkKernel(files []*os.File) (*proc.Proc, error) {
+	return z.fork("kernel", files)
+}
+
 // fork has the parent fork an interpreter with files as its fds: kind
 // "fork" a prestarted interpreter (fds 0-4), "kernel" a session's kernel
 // (fds 0-3).
-func (z *parent) fork(kind string, files []*os.File) (*proc.Proc, error) {
+func (z *Parent) fork(kind string, files []*os.File) (*proc.Proc, error) {
 	z.forks++
 	if err := z.send([]byte(kind), files); err != nil {
 		return nil, fmt.Errorf("ask preloaded parent to fork: %w", err)
@@ -228,13 +261,22 @@ func (z *parent) fork(kind string, files []*os.File) (*proc.Proc, error) {
 		return r.proc, r.err
 	case <-z.ended:
 		return nil, errors.New("preloaded parent ended")
-	case <-time.After(prestartReadyTimeout):
+	case <-time.After(z.forkTimeout):
 		return nil, errors.New("preloaded parent did not fork in time")
 	}
 }
 
-// alive reports whether the parent can still fork.
-func (z *parent) alive() bool {
+// Lang is the language of the parent.
+func (z *Parent) Lang() string { return z.lang }
+
+// Modules are the modules the parent imported.
+func (z *Parent) Modules() []string { return z.modules }
+
+// Forks is how many interpreters the parent was asked to fork.
+func (z *Parent) Forks() int { return z.forks }
+
+// Alive reports whether the parent can still fork.
+func (z *Parent) Alive() bool {
 	select {
 	case <-z.ended:
 		return false
@@ -243,9 +285,9 @@ func (z *parent) alive() bool {
 	}
 }
 
-// kill ends the parent (its children die with it) and waits until it is
+// Kill ends the parent (its children die with it) and waits until it is
 // gone.
-func (z *parent) kill() {
+func (z *Parent) Kill() {
 	proc.KillGroup(z.proc.Pid)
 	select {
 	case <-z.proc.Done():
@@ -256,96 +298,19 @@ func (z *parent) kill() {
 	unix.Close(z.fd)
 }
 
-// preloadedParent returns lang's parent, started or replaced if need be, or
-// nil when lang has none or preloading is off. Called with prestartMu held,
-// in a clean sandbox.
-func (s *server) preloadedParent(lang language) *parent {
-	if lang.Parent == nil || lang.Prestart == nil || len(s.cfg.preload) == 0 || s.parentFailures >= maxPrestartFailures {
-		return nil
-	}
-	if z := s.parent; z != nil {
-		if z.lang == lang.Name && z.alive() && z.forks < s.cfg.parentForks {
-			return z
-		}
-		s.dropParent()
-	}
-	z, err := s.startParent(lang, s.cfg.preload)
-	if err != nil {
-		s.parentFailures++
-		s.cfg.log.Warn("start preloaded parent", "lang", lang.Name, "failures", s.parentFailures, "error", err)
-		return nil
-	}
-	s.parentFailures = 0
-	s.parent = z
-	s.procs.SetSparing(true)
-	return z
-}
-
-// dropParent ends the parent, if there is one. Called with prestartMu held.
-func (s *server) dropParent() {
-	if s.parent == nil {
-		return
-	}
-	s.parent.kill()
-	s.parent = nil
-	s.procs.SetSparing(false)
-}
-
-// Preloaded returns the modules the parent of lang imported, nil if there
-// is none.
-func (s *server) preloaded(lang string) []string {
-	s.prestartMu.Lock()
-	defer s.prestartMu.Unlock()
-	if s.parent == nil || s.parent.lang != lang {
-		return nil
-	}
-	return s.parent.modules
-}
-
-// kernelSource is the source of lang's session kernel, "" if it has none.
-func kernelSource(lang language) string {
+// KernelSource is the source of lang's session kernel, "" if it has none.
+func KernelSource(lang languages.Language) string {
 	if len(lang.Kernel) == 0 {
 		return ""
 	}
 	return lang.Kernel[len(lang.Kernel)-1]
 }
 
-// forkKernel forks a session's kernel from lang's preloaded parent, if
-// there is one that may still fork (a parent is started or replaced only in
-// a clean sandbox, by a Reset), with files as its fds 0-3.
-func (s *server) forkKernel(lang language, files []*os.File) (*proc.Proc, bool) {
-	s.prestartMu.Lock()
-	defer s.prestartMu.Unlock()
-	z := s.parent
-	if z == nil || z.lang != lang.Name || !z.alive() || z.forks >= s.cfg.parentForks || kernelSource(lang) == "" {
-		return nil, false
-	}
-	fs, done, err := s.procs.UserFiles(files)
-	if err == nil {
-		var p *proc.Proc
-		p, err = z.fork("kernel", fs)
-		done()
-		if err == nil {
-			return p, true
-		}
-	}
-	s.cfg.log.Warn("fork kernel from preloaded parent", "lang", lang.Name, "error", err)
-	s.dropParent()
-	return nil, false
-}
-
-// parentAlive says whether lang's parent lives and may fork again. Called
-// with prestartMu held.
-func (s *server) parentAlive(lang language) bool {
-	z := s.parent
-	return z != nil && z.lang == lang.Name && z.alive() && z.forks < s.cfg.parentForks
-}
-
-// namesModule says whether code names one of modules' top-level packages as
+// NamesModule says whether code names one of modules' top-level packages as
 // a word ("import pandas as pd", "from matplotlib import pyplot"): a guess,
 // made before the code runs, of whether it imports them. A wrong guess
 // costs time, not isolation.
-func namesModule(code string, modules []string) bool {
+func NamesModule(code string, modules []string) bool {
 	for _, m := range modules {
 		top, _, _ := strings.Cut(m, ".")
 		for i := 0; ; {
