@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/codemode-go/codemode/agent/internal/runner/ipc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/dockertest"
@@ -498,8 +499,8 @@ func TestSandboxResetTooManyQueues(t *testing.T) {
 import ctypes, os
 libc = ctypes.CDLL(None)
 print(sum(libc.mq_open(b"/q%%d" %% i, os.O_CREAT | os.O_RDWR, ctypes.c_uint(0o600), None) >= 0 for i in range(%d)))
-`, maxMqueues+1)
-	if r := sb.mustRun(t, "python", code); r.stdout != fmt.Sprintf("%d\n", maxMqueues+1) {
+`, ipc.MaxMqueues+1)
+	if r := sb.mustRun(t, "python", code); r.stdout != fmt.Sprintf("%d\n", ipc.MaxMqueues+1) {
 		t.Fatalf("create queues: %q %q", r.stdout, r.stderr)
 	}
 	err := sb.c.Reset(t.Context())

@@ -36,6 +36,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
 	"github.com/codemode-go/codemode/agent/internal/runner/egressproxy"
 	"github.com/codemode-go/codemode/agent/internal/runner/files"
+	"github.com/codemode-go/codemode/agent/internal/runner/ipc"
 	"github.com/codemode-go/codemode/agent/internal/runner/preload"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
@@ -88,7 +89,7 @@ type config struct {
 	// it says it is ready (see versions).
 	versions bool
 	// self is the runner's binary, started as the helper that opens the
-	// message queues (see openMqueues); "": no helper (tests, where the
+	// message queues (see ipc.OpenMqueues); "": no helper (tests, where the
 	// binary is the test's).
 	self string
 	// lib is the directory for the modules the runner lends user code
@@ -125,10 +126,10 @@ func defaultConfig(log *slog.Logger) config {
 // Run is the runner's main: it serves requests from stdin until stdin ends
 // or ctx is done, then kills every user process. args are the command-line
 // flags (see -help); the single argument "mount-mqueue" makes the process
-// the runner's own helper instead (see openMqueues).
+// the runner's own helper instead (see ipc.OpenMqueues).
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	if len(args) == 1 && args[0] == mqueueHelperArg {
-		return runMqueueHelper()
+	if len(args) == 1 && args[0] == ipc.MqueueHelperArg {
+		return ipc.RunMqueueHelper()
 	}
 	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -237,8 +238,8 @@ type server struct {
 	proxy *egressproxy.Proxy
 
 	mpl      *mplConfig  // nil without a lib directory; touched only by Reset
-	ipcFloor ipcFloor    // touched only by Reset
-	mqueues  *os.File    // see openMqueues; nil if it failed, and then Reset fails
+	ipcFloor ipc.Floor   // touched only by Reset
+	mqueues  *os.File    // see ipc.OpenMqueues; nil if it failed, and then Reset fails
 	mqErr    error       // why mqueues is nil
 	memory   memoryFiles // for the memory watchdog
 
@@ -271,7 +272,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	// Before newProcs starts the reaper, which would take the exit status
 	// of the helper this may start.
 	t := time.Now()
-	mq, via, mqErr := openMqueues(cfg.self, cfg.uid, cfg.gid)
+	mq, via, mqErr := ipc.OpenMqueues(cfg.self, cfg.uid, cfg.gid)
 	if mqErr != nil {
 		// Not fatal here (tests run unprivileged), but no Reset will pass.
 		cfg.log.Warn("cannot remove POSIX message queues on reset", "error", mqErr)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
+	"github.com/codemode-go/codemode/agent/internal/runner/ipc"
 )
 
 // prepareDirs gives the workspace to the user and makes the scratch
@@ -66,7 +67,7 @@ func (s *server) reset(ctx context.Context) error {
 		if err := asuser.KillAll(); err != nil {
 			return err
 		}
-		return removeIPC(&s.ipcFloor)
+		return ipc.RemoveSysV(&s.ipcFloor)
 	}); err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
@@ -76,12 +77,12 @@ func (s *server) reset(ctx context.Context) error {
 		return fmt.Errorf("reset: %w", err)
 	}
 	t3 := time.Now()
-	// POSIX message queues, as root (see openMqueues). No process of the
+	// POSIX message queues, as root (see ipc.OpenMqueues). No process of the
 	// user is left to open or make one.
 	if s.mqueues == nil {
 		return fmt.Errorf("reset: %w", s.mqErr)
 	}
-	queues, err := removeMqueues(s.mqueues, s.cfg.uid)
+	queues, err := ipc.RemoveMqueues(s.mqueues, s.cfg.uid)
 	if err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
@@ -121,7 +122,7 @@ func (s *server) reset(ctx context.Context) error {
 	}
 	// Like the directories: read again only if it was not empty.
 	if queues > 0 {
-		left, err := userMqueues(s.mqueues, s.cfg.uid)
+		left, err := ipc.UserMqueues(s.mqueues, s.cfg.uid)
 		if err != nil {
 			return fmt.Errorf("reset: %w", err)
 		}

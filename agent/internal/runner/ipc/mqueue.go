@@ -1,4 +1,4 @@
-package runner
+package ipc
 
 import (
 	"errors"
@@ -23,7 +23,7 @@ import (
 // container's spec, so there is no /dev/mqueue, and the runner may not mount
 // one (it has no CAP_SYS_ADMIN). Reset reaches them through a directory of
 // the mqueue file system of the sandbox's IPC namespace, opened once when
-// the runner starts (openMqueues), from the first of:
+// the runner starts (OpenMqueues), from the first of:
 //
 //   - /dev/mqueue, where the runtime mounted it (runc);
 //   - a detached mount the runner makes itself (fsopen, fsmount), which
@@ -44,24 +44,24 @@ import (
 // mqueueMagic is the file system magic number of mqueue (statfs f_type).
 const mqueueMagic = 0x19800202
 
-// mqueueHelperArg, as the only argument, makes the runner's binary the
-// helper of openMqueues (see Run).
-const mqueueHelperArg = "mount-mqueue"
+// MqueueHelperArg, as the only argument, makes the runner's binary the
+// helper of OpenMqueues (see the runner's Run).
+const MqueueHelperArg = "mount-mqueue"
 
-// maxMqueues bounds the queues Reset removes one by one. gVisor sets no
+// MaxMqueues bounds the queues Reset removes one by one. gVisor sets no
 // limit on the number of queues (Linux: 256 by default); more than this
 // make the reset fail (the agent then replaces the sandbox) rather than
 // take seconds.
-const maxMqueues = 1024
+const MaxMqueues = 1024
 
 // mqueueHelperTimeout bounds the wait for the helper's answer.
 const mqueueHelperTimeout = 10 * time.Second
 
-// openMqueues opens a directory of the mqueue file system of the runner's
+// OpenMqueues opens a directory of the mqueue file system of the runner's
 // IPC namespace. helper is the runner's binary, "" to start no helper;
 // the helper runs as uid and gid in the parent namespace (see
 // mqueueFromHelper). It returns the directory and how it got it.
-func openMqueues(helper string, uid, gid int) (*os.File, string, error) {
+func OpenMqueues(helper string, uid, gid int) (*os.File, string, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs("/dev/mqueue", &st); err == nil && st.Type == mqueueMagic {
 		f, err := os.OpenFile("/dev/mqueue", os.O_RDONLY|unix.O_DIRECTORY, 0)
@@ -108,7 +108,7 @@ func mountMqueue() (int, error) {
 }
 
 // mqueueFromHelper starts the runner's binary (exe) as the helper
-// (runMqueueHelper) in a new user and mount namespace and returns the
+// (RunMqueueHelper) in a new user and mount namespace and returns the
 // directory it sends back. The helper is root in its user namespace,
 // which maps that root to uid and gid: mapping the runner's own uid 0
 // would take CAP_SETFCAP. Callers start no process of the user before the
@@ -143,7 +143,7 @@ func mqueueFromHelper(exe string, uid, gid int) (int, error) {
 	// helper is done.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	pid, err := syscall.ForkExec(exe, []string{exe, mqueueHelperArg}, attr)
+	pid, err := syscall.ForkExec(exe, []string{exe, MqueueHelperArg}, attr)
 	unix.Close(sp[1])
 	if err != nil {
 		return -1, fmt.Errorf("start mqueue helper: %w", err)
@@ -204,10 +204,10 @@ func describeStatus(ws unix.WaitStatus) string {
 	return fmt.Sprintf("exit code %d", ws.ExitStatus())
 }
 
-// runMqueueHelper is the helper's main (see mqueueFromHelper): it mounts
+// RunMqueueHelper is the helper's main (see mqueueFromHelper): it mounts
 // the mqueue file system and sends its root directory over the socket on
 // fd 3, or what failed.
-func runMqueueHelper() error {
+func RunMqueueHelper() error {
 	var msg, rights []byte
 	if dir, err := mountMqueue(); err != nil {
 		msg = []byte(err.Error())
@@ -220,23 +220,23 @@ func runMqueueHelper() error {
 	return nil
 }
 
-// userMqueues lists the queues in dir (see openMqueues) that uid owns.
+// UserMqueues lists the queues in dir (see OpenMqueues) that uid owns.
 // In a sandbox every queue is the user's: a queue belongs to its
 // creator's effective uid, and user code can map no other uid into a
 // user namespace of its own. On a test host, others' queues stay.
-func userMqueues(dir *os.File, uid int) ([]string, error) {
+func UserMqueues(dir *os.File, uid int) ([]string, error) {
 	if _, err := dir.Seek(0, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("list message queues: %w", err)
 	}
-	names, err := dir.Readdirnames(maxMqueues + 1)
+	names, err := dir.Readdirnames(MaxMqueues + 1)
 	if errors.Is(err, io.EOF) || (err == nil && len(names) == 0) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list message queues: %w", err)
 	}
-	if len(names) > maxMqueues {
-		return nil, fmt.Errorf("more than %d message queues", maxMqueues)
+	if len(names) > MaxMqueues {
+		return nil, fmt.Errorf("more than %d message queues", MaxMqueues)
 	}
 	fd := int(dir.Fd())
 	var mine []string
@@ -255,11 +255,11 @@ func userMqueues(dir *os.File, uid int) ([]string, error) {
 	return mine, nil
 }
 
-// removeMqueues unlinks every queue of uid in dir and returns how many
+// RemoveMqueues unlinks every queue of uid in dir and returns how many
 // there were. A queue goes when its last open descriptor closes: callers
 // make sure no process of the user is left.
-func removeMqueues(dir *os.File, uid int) (int, error) {
-	names, err := userMqueues(dir, uid)
+func RemoveMqueues(dir *os.File, uid int) (int, error) {
+	names, err := UserMqueues(dir, uid)
 	if err != nil {
 		return 0, err
 	}

@@ -1,4 +1,9 @@
-package runner
+// Package ipc removes the user's IPC objects, which outlive the processes
+// that made them: System V shared memory, message queues and semaphore sets
+// (from a thread acting as the user), and POSIX message queues (as root,
+// through a directory of the mqueue file system). Reset calls it once no
+// process of the user is left.
+package ipc
 
 import (
 	"bufio"
@@ -81,14 +86,14 @@ var ipcKinds = [3]ipcKind{
 	},
 }
 
-// ipcFloor is, per kind, the id of the probe of the last reset under
+// Floor is, per kind, the id of the probe of the last reset under
 // gVisor: every object with an id up to it was removed then.
-type ipcFloor [3]int
+type Floor [3]int
 
-// removeIPC removes every System V IPC object the calling thread may
+// RemoveSysV removes every System V IPC object the calling thread may
 // remove. It must run as the user (see asuser.Do). Under gVisor it updates
 // floor.
-func removeIPC(floor *ipcFloor) error {
+func RemoveSysV(floor *Floor) error {
 	if _, err := os.Stat("/proc/sysvipc"); err == nil {
 		return removeListedIPC()
 	}
