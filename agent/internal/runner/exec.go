@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/agent/internal/languages"
+	"github.com/codemode-go/codemode/agent/internal/runner/artifacts"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 	"github.com/codemode-go/codemode/agent/internal/wire"
@@ -102,8 +103,23 @@ func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1
 	if err != nil {
 		return nil, err
 	}
-	s.collectArtifacts(exit, before)
+	s.outputs().Collect(exit, before)
 	return exit, nil
+}
+
+// prepareOutputs creates the outputs directory if it is missing (as the
+// user's) and returns what it holds now (see artifacts.Dir.Snapshot). A
+// directory that cannot be made gives an empty snapshot.
+func (s *server) prepareOutputs() artifacts.Snapshot {
+	if err := s.files.MakeDir(wire.OutputsDir); err != nil {
+		s.cfg.log.Debug("create outputs directory", "error", err)
+	}
+	return s.outputs().Snapshot()
+}
+
+// outputs is the outputs directory, where runs leave their artifacts.
+func (s *server) outputs() artifacts.Dir {
+	return artifacts.Dir{Workspace: s.cfg.workspace, UID: s.cfg.uid, GID: s.cfg.gid, Log: s.cfg.log}
 }
 
 type limits struct {

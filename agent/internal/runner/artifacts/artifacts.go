@@ -1,9 +1,15 @@
-package runner
+// Package artifacts finds a run's artifacts: the regular files of the
+// workspace's outputs directory that are new or changed since the run
+// began, read without following a link and without lending user code the
+// runner's privileges. See the runner's RATIONALE.md ("Artifacts: a walk
+// before and after each run, no link followed").
+package artifacts
 
 import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"os"
@@ -51,40 +57,46 @@ type outputFile struct {
 	stat  unix.Stat_t
 }
 
-// prepareOutputs creates the outputs directory if it is missing (as the
-// user's) and returns what it holds now, for collectArtifacts to compare
-// against. A directory that cannot be made or read gives an empty snapshot:
-// the run goes on, and reports what it can at the end.
-func (s *server) prepareOutputs() map[string]stamp {
-	if err := s.files.MakeDir(wire.OutputsDir); err != nil {
-		s.cfg.log.Debug("create outputs directory", "error", err)
-	}
-	snap := make(map[string]stamp)
-	if err := s.walkOutputs(func(f *outputFile) bool {
+// Dir is the outputs directory of a workspace, as the user sees it.
+type Dir struct {
+	Workspace string
+	UID, GID  int // the user's
+	Log       *slog.Logger
+}
+
+// Snapshot is what the outputs directory held before a run.
+type Snapshot map[string]stamp
+
+// Snapshot returns what the outputs directory holds now, for Collect to
+// compare against. A directory that cannot be read gives an empty
+// snapshot: the run goes on, and reports what it can at the end.
+func (d Dir) Snapshot() Snapshot {
+	snap := make(Snapshot)
+	if err := d.walk(func(f *outputFile) bool {
 		snap[f.name] = f.stamp
 		return true
 	}); err != nil {
-		s.cfg.log.Debug("list outputs before the run", "error", err)
+		d.Log.Debug("list outputs before the run", "error", err)
 	}
 	return snap
 }
 
-// collectArtifacts fills exit with the files that are new or changed since
-// before (see prepareOutputs), in name order, within wire.MaxArtifacts and
+// Collect fills exit with the files that are new or changed since before
+// (see Snapshot), in name order, within wire.MaxArtifacts and
 // wire.MaxArtifactBytes; it marks exit.ArtifactsTruncated when it leaves any
 // out. It runs once the run's processes have ended (a stateless run) or
 // stopped writing as far as the run is concerned (a session's background
 // processes may still write; a file that changes while it is read is read
 // as it then is).
-func (s *server) collectArtifacts(exit *runnerv1.Exit, before map[string]stamp) {
+func (d Dir) Collect(exit *runnerv1.Exit, before Snapshot) {
 	var found []*runnerv1.Artifact
 	var total int
 	truncated := false
-	err := s.walkOutputs(func(f *outputFile) bool {
+	err := d.walk(func(f *outputFile) bool {
 		if old, ok := before[f.name]; ok && old == f.stamp {
 			return true
 		}
-		if !s.userMayRead(&f.stat) {
+		if !d.userMayRead(&f.stat) {
 			return true
 		}
 		if len(found) == wire.MaxArtifacts || total+int(f.stamp.size) > wire.MaxArtifactBytes {
@@ -97,7 +109,7 @@ func (s *server) collectArtifacts(exit *runnerv1.Exit, before map[string]stamp) 
 			truncated = true
 			return true
 		case err != nil:
-			s.cfg.log.Debug("read output file", "error", err)
+			d.Log.Debug("read output file", "error", err)
 			return true
 		}
 		total += len(b)
@@ -107,7 +119,7 @@ func (s *server) collectArtifacts(exit *runnerv1.Exit, before map[string]stamp) 
 	if errors.Is(err, errTooMany) {
 		truncated = true
 	} else if err != nil {
-		s.cfg.log.Debug("collect artifacts", "error", err)
+		d.Log.Debug("collect artifacts", "error", err)
 	}
 	exit.Artifacts, exit.ArtifactsTruncated = found, truncated
 }
@@ -146,22 +158,22 @@ func readOutput(f *outputFile, max int) ([]byte, error) {
 
 // userMayRead says whether user code could read a file of these owner and
 // mode bits (the user holds no capabilities and no supplementary groups).
-func (s *server) userMayRead(st *unix.Stat_t) bool {
+func (d Dir) userMayRead(st *unix.Stat_t) bool {
 	switch {
-	case int(st.Uid) == s.cfg.uid:
+	case int(st.Uid) == d.UID:
 		return st.Mode&0o400 != 0
-	case int(st.Gid) == s.cfg.gid:
+	case int(st.Gid) == d.GID:
 		return st.Mode&0o040 != 0
 	}
 	return st.Mode&0o004 != 0
 }
 
-// walkOutputs calls fn for every regular file below the outputs directory,
+// walk calls fn for every regular file below the outputs directory,
 // in name order, without following symbolic links, until fn returns false.
 // A missing outputs directory (or one that is not a directory) holds no
 // files.
-func (s *server) walkOutputs(fn func(*outputFile) bool) error {
-	ws, err := unix.Open(s.cfg.workspace, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+func (d Dir) walk(fn func(*outputFile) bool) error {
+	ws, err := unix.Open(d.Workspace, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open workspace: %w", err)
 	}
@@ -186,7 +198,7 @@ var errStopWalk = errors.New("walk stopped")
 // openDirNoFollow opens the directory name in dirfd, and fails if name is a
 // symbolic link (ELOOP) or not a directory (ENOTDIR). It does not use
 // O_NOFOLLOW|O_DIRECTORY: gVisor follows a final link when O_DIRECTORY is
-// given, O_NOFOLLOW or not (see RATIONALE.md). Without O_DIRECTORY,
+// given, O_NOFOLLOW or not (see the runner's RATIONALE.md). Without O_DIRECTORY,
 // O_NOFOLLOW refuses a link there too, and fstat tells a directory; opened
 // non-blocking, a FIFO does not stall the open.
 func openDirNoFollow(dirfd int, name string) (int, error) {
