@@ -78,6 +78,33 @@ const interruptGrace = 500 * time.Millisecond
 // runKernel runs one cell in the Python kernel, starting one if needed.
 func (s *server) runKernel(ctx context.Context, o *stdio.Output, lang language, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
 	start := time.Now()
+	k, err := s.liveKernel(lang)
+	if err != nil {
+		return nil, err
+	}
+	std, err := stdio.NewPipes(r.GetStdin(), false)
+	if err != nil {
+		return nil, err
+	}
+	if sent, err := k.send(std, r.GetCode()); err != nil {
+		return nil, err
+	} else if !sent {
+		s.killKernel()
+		o.Note(fmt.Sprintf(stateLostNote, "the interpreter could not take the code"))
+		return &runnerv1.Exit{Code: 1, StateLost: true, Duration: durationpb.New(time.Since(start))}, nil
+	}
+	std.Start(o)
+	c := k.await()
+	lim.interrupt = s.interruptCell(k, c)
+	st := s.supervise(ctx, c.done, k.proc.Pid, k.proc.Done(), lim, 0)
+	exit := s.cellExit(o, k, c, st)
+	exit.Duration = durationpb.New(time.Since(start))
+	return exit, st.err
+}
+
+// liveKernel returns the session's kernel, started (again) if there is none
+// or it died.
+func (s *server) liveKernel(lang language) (*kernel, error) {
 	if s.kernel != nil && !s.kernel.alive() {
 		s.killKernel()
 	}
@@ -88,22 +115,23 @@ func (s *server) runKernel(ctx context.Context, o *stdio.Output, lang language, 
 		}
 		s.kernel = k
 	}
-	k := s.kernel
+	return s.kernel, nil
+}
 
-	std, err := stdio.NewPipes(r.GetStdin(), false)
-	if err != nil {
-		return nil, err
-	}
+// send hands the kernel a cell: its standard streams (std's child ends,
+// which it closes) as file descriptors, then its code. sent is false if
+// the kernel could not take it; std's parent ends are then closed, as on
+// an error.
+func (k *kernel) send(std *stdio.Pipes, code string) (sent bool, err error) {
 	child := std.Child()
 	if child[0] == nil {
 		if child[0], err = os.Open(os.DevNull); err != nil {
 			std.CloseChild()
 			std.CloseParent()
-			return nil, fmt.Errorf("open %s: %w", os.DevNull, err)
+			return false, fmt.Errorf("open %s: %w", os.DevNull, err)
 		}
 		defer child[0].Close()
 	}
-	code := r.GetCode()
 	head := binary.BigEndian.AppendUint32(nil, uint32(len(code)))
 	rights := syscall.UnixRights(int(child[0].Fd()), int(child[1].Fd()), int(child[2].Fd()))
 	err = syscall.Sendmsg(int(k.sock.Fd()), head, rights, nil, 0)
@@ -113,28 +141,40 @@ func (s *server) runKernel(ctx context.Context, o *stdio.Output, lang language, 
 	std.CloseChild()
 	if err != nil {
 		std.CloseParent()
-		s.killKernel()
-		o.Note(fmt.Sprintf(stateLostNote, "the interpreter could not take the code"))
-		return &runnerv1.Exit{Code: 1, StateLost: true, Duration: durationpb.New(time.Since(start))}, nil
+		return false, nil
 	}
-	std.Start(o)
+	return true, nil
+}
 
-	// The cell ends when the kernel reports its exit code, or when the
-	// kernel dies (its end of the socket closes).
-	cellDone := make(chan struct{})
-	var result []byte
+// cell is a cell the kernel runs.
+type cell struct {
+	// done is closed when the kernel reports the cell's exit code, or
+	// when the kernel dies (its end of the socket closes).
+	done chan struct{}
+	// result is the exit code the kernel reported, big-endian; nil: none.
+	// Set before done is closed.
+	result []byte
+}
+
+// await waits, in its own goroutine, for the end of the cell just sent.
+func (k *kernel) await() *cell {
+	c := &cell{done: make(chan struct{})}
 	go func() {
-		defer close(cellDone)
+		defer close(c.done)
 		b := make([]byte, 4)
 		if _, err := io.ReadFull(k.sock, b); err == nil {
-			result = b
+			c.result = b
 		}
 	}()
-	// A cell that times out or is cancelled is interrupted first, as in a
-	// notebook, so that the session keeps its state; the processes it
-	// leaves are killed. One that does not end when interrupted is killed
-	// with the interpreter.
-	lim.interrupt = func(done <-chan struct{}) bool {
+	return c
+}
+
+// interruptCell is how a cell that times out or is cancelled is interrupted
+// first, as in a notebook, so that the session keeps its state; the
+// processes it leaves are killed. One that does not end when interrupted is
+// killed with the interpreter.
+func (s *server) interruptCell(k *kernel, c *cell) func(done <-chan struct{}) bool {
+	return func(done <-chan struct{}) bool {
 		if err := syscall.Kill(k.proc.Pid, syscall.SIGINT); err != nil {
 			return false
 		}
@@ -143,7 +183,7 @@ func (s *server) runKernel(ctx context.Context, o *stdio.Output, lang language, 
 		case <-time.After(interruptGrace):
 			return false
 		}
-		if result == nil {
+		if c.result == nil {
 			return false
 		}
 		// The cell ended; the processes it left go, as when a run is
@@ -153,10 +193,15 @@ func (s *server) runKernel(ctx context.Context, o *stdio.Output, lang language, 
 		}
 		return s.procs.KillGroupBut(k.proc.Pid, k.proc.Pid) == nil
 	}
-	st := s.supervise(ctx, cellDone, k.proc.Pid, k.proc.Done(), lim, 0)
+}
+
+// cellExit is the Exit of cell c, which st stopped or not, once its output
+// is delivered, with a note on stderr if it was interrupted or the session's
+// state was lost.
+func (s *server) cellExit(o *stdio.Output, k *kernel, c *cell, st stopped) *runnerv1.Exit {
 	exit := &runnerv1.Exit{TimedOut: st.timedOut, OomKilled: st.oom}
-	if result != nil && (st.interrupted || !st.timedOut && !st.cancelled && !st.oom) {
-		exit.Code = int32(binary.BigEndian.Uint32(result))
+	if c.result != nil && (st.interrupted || !st.timedOut && !st.cancelled && !st.oom) {
+		exit.Code = int32(binary.BigEndian.Uint32(c.result))
 		if st.interrupted {
 			why := "was cancelled"
 			if st.timedOut {
@@ -185,6 +230,5 @@ func (s *server) runKernel(ctx context.Context, o *stdio.Output, lang language, 
 		}
 		o.Note(fmt.Sprintf(stateLostNote, why))
 	}
-	exit.Duration = durationpb.New(time.Since(start))
-	return exit, st.err
+	return exit
 }

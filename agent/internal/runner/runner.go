@@ -269,23 +269,61 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Before newProcs starts the reaper, which would take the exit status
+	// Before proc.New starts the reaper, which would take the exit status
 	// of the helper this may start.
+	mq, mqErr := openMqueues(cfg)
+	thread, ws, err := openFiles(cfg)
+	if err != nil {
+		if mq != nil {
+			mq.Close()
+		}
+		return nil, err
+	}
+	s := &server{
+		cfg:        cfg,
+		out:        stdio.NewWriter(stdout),
+		procs:      proc.New(procConfig(cfg, thread)),
+		files:      ws,
+		fileThread: thread,
+		shells:     make(map[string]*shellState),
+		memory:     openMemoryFiles(cfg.cgroupMemory),
+		userEnv:    userEnv,
+
+		mqueues: mq,
+		mqErr:   mqErr,
+	}
+	if cfg.prestart {
+		s.prestartLang = languages.Default
+	}
+	if err := s.lend(lib); err != nil {
+		s.shutdown()
+		return nil, err
+	}
+	return s, nil
+}
+
+// openMqueues opens the directory of the POSIX message queues (see
+// ipc.OpenMqueues), or says why it cannot.
+func openMqueues(cfg config) (*os.File, error) {
 	t := time.Now()
-	mq, via, mqErr := ipc.OpenMqueues(cfg.self, cfg.uid, cfg.gid)
-	if mqErr != nil {
+	mq, via, err := ipc.OpenMqueues(cfg.self, cfg.uid, cfg.gid)
+	if err != nil {
 		// Not fatal here (tests run unprivileged), but no Reset will pass.
-		cfg.log.Warn("cannot remove POSIX message queues on reset", "error", mqErr)
+		cfg.log.Warn("cannot remove POSIX message queues on reset", "error", err)
 	} else {
 		cfg.log.Debug("message queues", "via", via, "took", time.Since(t))
 	}
+	return mq, err
+}
+
+// openFiles starts the file thread (if the runner is root) and opens the
+// workspace for the file requests.
+func openFiles(cfg config) (*asuser.FileThread, *files.Workspace, error) {
 	var thread *asuser.FileThread
 	if os.Geteuid() == 0 {
+		var err error
 		if thread, err = asuser.StartFileThread(cfg.uid, cfg.gid); err != nil {
-			if mq != nil {
-				mq.Close()
-			}
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	ws, err := files.Open(cfg.workspace, thread)
@@ -293,14 +331,17 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		if thread != nil {
 			thread.Close()
 		}
-		if mq != nil {
-			mq.Close()
-		}
-		return nil, err
+		return nil, nil, err
 	}
 	if !ws.HasOpenat2() {
 		cfg.log.Warn("no openat2: file requests resolve paths with an os.Root, which does not confine them under gVisor")
 	}
+	return thread, ws, nil
+}
+
+// procConfig is the configuration of the process table; beside a preloaded
+// parent its kill(-1) is made from thread (see proc.Config).
+func procConfig(cfg config, thread *asuser.FileThread) proc.Config {
 	pcfg := proc.Config{UID: cfg.uid, GID: cfg.gid, Dir: cfg.workspace, Path: cfg.path, ReapAll: cfg.reapAll}
 	if thread != nil {
 		pcfg.KillFromFileThread = func() error {
@@ -314,39 +355,27 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 			})
 		}
 	}
-	s := &server{
-		cfg:        cfg,
-		out:        stdio.NewWriter(stdout),
-		procs:      proc.New(pcfg),
-		files:      ws,
-		fileThread: thread,
-		shells:     make(map[string]*shellState),
-		memory:     openMemoryFiles(cfg.cgroupMemory),
-		userEnv:    userEnv,
+	return pcfg
+}
 
-		mqueues: mq,
-		mqErr:   mqErr,
-	}
-	if cfg.prestart {
-		s.prestartLang = languages.Default
-	}
+// lend sets up what the runner lends user code besides the modules in lib
+// (see prepareLib): matplotlib's directory there, and the egress proxy.
+func (s *server) lend(lib string) error {
 	if lib != "" {
-		s.mpl = &mplConfig{dir: mplConfigDir(lib), seed: cfg.mplSeed, uid: cfg.uid, gid: cfg.gid}
+		s.mpl = &mplConfig{dir: mplConfigDir(lib), seed: s.cfg.mplSeed, uid: s.cfg.uid, gid: s.cfg.gid}
 		if err := s.mpl.reset(); err != nil {
-			s.shutdown()
-			return nil, err
+			return err
 		}
 	}
-	if len(cfg.proxyAddrs) > 0 {
-		p, err := egressproxy.New(cfg.log, cfg.proxyAddrs, s.out.Send, s.egressRefused)
+	if len(s.cfg.proxyAddrs) > 0 {
+		p, err := egressproxy.New(s.cfg.log, s.cfg.proxyAddrs, s.out.Send, s.egressRefused)
 		if err != nil {
-			s.shutdown()
-			return nil, err
+			return err
 		}
 		s.proxy = p
 		s.userEnv = append(s.userEnv, proxyEnv(p.Addr(), lib)...)
 	}
-	return s, nil
+	return nil
 }
 
 // serve reads requests until stdin ends or ctx is done.

@@ -52,12 +52,36 @@ func (s *server) reset(ctx context.Context) error {
 	t0 := time.Now()
 	s.killKernel()
 	clear(s.shells)
+	queues, at, err := s.killAndRemoveIPC()
+	if err != nil {
+		return fmt.Errorf("reset: %w", err)
+	}
+	t3q := time.Now()
+	changed, err := s.wipe()
+	if err != nil {
+		return fmt.Errorf("reset: %w", err)
+	}
+	t4 := time.Now()
+	if err := s.verifyClean(changed, queues); err != nil {
+		return fmt.Errorf("reset: %w", err)
+	}
+	t5 := time.Now()
+	// The sandbox is clean: get the next run's interpreter ready.
+	s.prestart()
+	s.cfg.log.Debug("reset", "kill", at[0].Sub(t0), "as_user", at[1].Sub(at[0]), "kill_again", at[2].Sub(at[1]), "mqueues", t3q.Sub(at[2]), "wipe", t4.Sub(t3q), "verify", t5.Sub(t4), "prestart", time.Since(t5))
+	return nil
+}
+
+// killAndRemoveIPC kills every process of the user and removes the user's
+// IPC objects. It returns how many message queues it removed, and when
+// each of its first three steps ended (for the debug log).
+func (s *server) killAndRemoveIPC() (queues int, at [3]time.Time, err error) {
 	// First from outside, until /proc shows no process of the user, so
 	// that none is left to signal the thread that next acts as the user.
 	if err := s.procs.KillUser(nil); err != nil {
-		return fmt.Errorf("reset: %w", err)
+		return 0, at, err
 	}
-	t1 := time.Now()
+	at[0] = time.Now()
 	// Then from a thread with the user's credentials (no process to
 	// start): kill(-1) reaches every process the user can signal in one
 	// step, which forking cannot outrun; and remove the user's IPC objects,
@@ -69,71 +93,74 @@ func (s *server) reset(ctx context.Context) error {
 		}
 		return ipc.RemoveSysV(&s.ipcFloor)
 	}); err != nil {
-		return fmt.Errorf("reset: %w", err)
+		return 0, at, err
 	}
-	t2 := time.Now()
+	at[1] = time.Now()
 	// Until whatever kill(-1) reached is gone.
 	if err := s.procs.KillUser(nil); err != nil {
-		return fmt.Errorf("reset: %w", err)
+		return 0, at, err
 	}
-	t3 := time.Now()
+	at[2] = time.Now()
 	// POSIX message queues, as root (see ipc.OpenMqueues). No process of the
 	// user is left to open or make one.
 	if s.mqueues == nil {
-		return fmt.Errorf("reset: %w", s.mqErr)
+		return 0, at, s.mqErr
 	}
-	queues, err := ipc.RemoveMqueues(s.mqueues, s.cfg.uid)
-	if err != nil {
-		return fmt.Errorf("reset: %w", err)
-	}
-	t3q := time.Now()
-	var changed []string // directories that were not empty
+	queues, err = ipc.RemoveMqueues(s.mqueues, s.cfg.uid)
+	return queues, at, err
+}
+
+// wipe empties the workspace and the scratch directories, and makes them
+// and matplotlib's directory again. It returns the directories that were
+// not empty.
+func (s *server) wipe() (changed []string, err error) {
 	for _, d := range append([]string{s.cfg.workspace}, s.cfg.scratch...) {
 		n, err := emptyDir(d)
 		if err != nil {
-			return fmt.Errorf("reset: %w", err)
+			return nil, err
 		}
 		if n > 0 {
 			changed = append(changed, d)
 		}
 	}
 	if err := prepareDirs(s.cfg); err != nil {
-		return fmt.Errorf("reset: %w", err)
+		return nil, err
 	}
 	if s.mpl != nil {
 		if err := s.mpl.reset(); err != nil {
-			return fmt.Errorf("reset: %w", err)
+			return nil, err
 		}
 	}
-	t4 := time.Now()
-	// Verify.
+	return changed, nil
+}
+
+// verifyClean checks that no process of the user is left, that the
+// directories that were not empty (changed) are, and that no message queue
+// is left if there were any (queues).
+func (s *server) verifyClean(changed []string, queues int) error {
 	if ps, err := s.procs.UserProcs(0); err != nil || len(ps) > 0 {
-		return fmt.Errorf("reset: user processes left: %v %v", ps, err)
+		return fmt.Errorf("user processes left: %v %v", ps, err)
 	}
 	// No process of the user is left to write into a directory found empty.
 	for _, d := range changed {
 		names, err := readNames(d)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("reset: %w", err)
+			return err
 		}
 		if len(names) > 0 {
-			return fmt.Errorf("reset: %s is not empty: %d entries left", filepath.Base(d), len(names))
+			return fmt.Errorf("%s is not empty: %d entries left", filepath.Base(d), len(names))
 		}
 	}
 	// Like the directories: read again only if it was not empty.
 	if queues > 0 {
 		left, err := ipc.UserMqueues(s.mqueues, s.cfg.uid)
 		if err != nil {
-			return fmt.Errorf("reset: %w", err)
+			return err
 		}
 		if len(left) > 0 {
-			return fmt.Errorf("reset: %d message queues left", len(left))
+			return fmt.Errorf("%d message queues left", len(left))
 		}
 	}
-	t5 := time.Now()
-	// The sandbox is clean: get the next run's interpreter ready.
-	s.prestart()
-	s.cfg.log.Debug("reset", "kill", t1.Sub(t0), "as_user", t2.Sub(t1), "kill_again", t3.Sub(t2), "mqueues", t3q.Sub(t3), "wipe", t4.Sub(t3q), "verify", t5.Sub(t4), "prestart", time.Since(t5))
 	return nil
 }
 
