@@ -12,6 +12,13 @@
 // (a Python kernel, a shell's working directory, variables and functions)
 // for sessions, serves file requests confined to /workspace, and scrubs the
 // sandbox for reuse (Reset). See RATIONALE.md for the decisions behind it.
+//
+// The pieces with names of their own are packages below this one: proc
+// (starting and killing the user's processes), asuser (acting as the user
+// from the runner's threads), files (the file requests), artifacts, ipc
+// (removing IPC objects at Reset), stdio (pipes and output), egressproxy and
+// preload (the preloaded parent). This package serves the requests and
+// keeps the sandbox's state between them.
 package runner
 
 import (
