@@ -368,6 +368,7 @@ func (p *Table) UserProcs(keepPgid int) ([]UserProc, error) {
 	return out, nil
 }
 
+// Stat is the part of /proc/PID/stat the runner reads.
 type Stat struct {
 	State byte // R, S, D, Z...
 	Pgid  int
