@@ -87,8 +87,8 @@ type config struct {
 	// prestarted).
 	prestart bool
 	// preload are the modules a preloaded parent imports for the
-	// prestarted interpreters of its language (see parent); none: no
-	// parent. parentForks is how many interpreters a parent forks before
+	// prestarted interpreters of its language (see package preload);
+	// none: no parent. parentForks is how many interpreters a parent forks before
 	// it is replaced.
 	preload     []string
 	parentForks int
@@ -105,8 +105,8 @@ type config struct {
 	// mplSeed is where the image keeps matplotlib's font list (see
 	// mplConfig); missing: none.
 	mplSeed string
-	// proxyAddrs are where the egress proxy listens (see package egressproxy); none: no
-	// proxy, and user code has no way out at all.
+	// proxyAddrs are where the egress proxy listens (see package
+	// egressproxy); none: no proxy, and user code has no way out at all.
 	proxyAddrs []string
 }
 
@@ -258,8 +258,8 @@ type server struct {
 	// Prestarts that failed in a row; at maxPrestartFailures prestarting
 	// is off for good.
 	prestartFailures int
-	// The preloaded parent (see parent), under prestartMu; parent starts
-	// that failed in a row.
+	// The preloaded parent (see package preload), under prestartMu;
+	// parent starts that failed in a row.
 	parent         *preload.Parent
 	parentFailures int
 	// Whether the next prestarted interpreter is forked from the parent:
