@@ -175,34 +175,6 @@ func isRPCPath(path string) bool {
 	return ok && strings.Contains(svc, ".") && method != "" && !strings.Contains(method, "/")
 }
 
-// HTTPStatus maps a Connect code to the HTTP status the Connect protocol
-// uses for it.
-func HTTPStatus(code connect.Code) int {
-	switch code {
-	case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeOutOfRange:
-		return http.StatusBadRequest
-	case connect.CodeNotFound:
-		return http.StatusNotFound
-	case connect.CodeAlreadyExists, connect.CodeAborted:
-		return http.StatusConflict
-	case connect.CodePermissionDenied:
-		return http.StatusForbidden
-	case connect.CodeUnauthenticated:
-		return http.StatusUnauthorized
-	case connect.CodeResourceExhausted:
-		return http.StatusTooManyRequests
-	case connect.CodeDeadlineExceeded:
-		return http.StatusGatewayTimeout
-	case connect.CodeUnavailable:
-		return http.StatusServiceUnavailable
-	case connect.CodeUnimplemented:
-		return http.StatusNotImplemented
-	case connect.CodeCanceled:
-		return 499
-	}
-	return http.StatusInternalServerError
-}
-
 // RequestIDHeader carries a request's id, in requests and responses.
 const RequestIDHeader = "X-Request-Id"
 
