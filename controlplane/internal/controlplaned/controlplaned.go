@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -20,13 +19,14 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
+	"github.com/codemode-go/codemode/internal/runhttp"
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // Config is the control plane's configuration.
 type Config struct {
-	// Addr to listen on for gRPC, gRPC-Web, Connect and the seed endpoints.
+	// Addr to listen on for gRPC, gRPC-Web, Connect and the original's POST /run and GET /status.
 	Addr string
 	// Agents are the agents' addresses, host:port. A name is resolved
 	// again every ResolveInterval, each of its addresses an agent. Agents
@@ -192,7 +192,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	}
 	srv.Browsers = cfg.Secret.Browsers()
 	srv.HandleService(controlplanev1connect.NewControlPlaneServiceHandler(svc, srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
-	srv.Handle("/run", cfg.Tracing.Handler("/run", http.HandlerFunc(svc.handleRun)))
-	srv.Handle("/status", http.HandlerFunc(svc.handleStatus))
+	srv.Handle("/run", cfg.Tracing.Handler("/run", runhttp.RunHandler(svc.runHTTP, runhttp.AnyContentType())))
+	srv.Handle("/status", runhttp.StatusHandler(svc.statusHTTP))
 	return srv.Serve(ctx, ln)
 }

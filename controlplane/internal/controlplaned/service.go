@@ -32,7 +32,7 @@ import (
 const maxAttempts = 3
 
 // Service implements ControlPlaneService over a Router. It is the one code
-// path behind both the Connect API and the seed-compatible HTTP endpoints.
+// path behind both the Connect API and the original's POST /run.
 type Service struct {
 	router  *router.Router
 	logger  *slog.Logger

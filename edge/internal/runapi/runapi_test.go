@@ -20,6 +20,7 @@ import (
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/runhttp"
 	"github.com/codemode-go/codemode/internal/server"
 )
 
@@ -133,14 +134,14 @@ func TestRunHandler(t *testing.T) {
 		body     string
 		noTenant bool
 		status   int
-		want     RunResponse
+		want     runhttp.RunResponse
 		header   map[string]string
 		lang     string // the language the control plane must get
 	}{
 		{
 			name: "result", cp: &controlPlane{result: &executionv1.Result{Stdout: "42\n"}},
 			body:   `{"code":"print(6*7)","language":"python","sessionId":""}`,
-			status: http.StatusOK, want: RunResponse{Output: "42\n"}, lang: "python",
+			status: http.StatusOK, want: runhttp.RunResponse{Output: "42\n"}, lang: "python",
 		},
 		{
 			name: "language defaults to python", cp: &controlPlane{result: &executionv1.Result{}},
@@ -153,16 +154,16 @@ func TestRunHandler(t *testing.T) {
 		{
 			name: "failing program is a result", cp: &controlPlane{result: &executionv1.Result{Stderr: "boom", ExitCode: 3, Truncated: true}},
 			body: `{"code":"x","language":"python"}`, status: http.StatusOK,
-			want: RunResponse{Error: "boom\nexit status 3\noutput truncated", ExitCode: 3, Truncated: true}, lang: "python",
+			want: runhttp.RunResponse{Error: "boom\nexit status 3\noutput truncated", ExitCode: 3, Truncated: true}, lang: "python",
 		},
 		{
 			name: "policy denial is 403", cp: &controlPlane{err: connect.NewError(connect.CodePermissionDenied, errors.New(`denied by policy "x": no`))},
-			body: `{"code":"x"}`, status: http.StatusForbidden, want: RunResponse{Error: `denied by policy "x": no`, ExitCode: -1},
+			body: `{"code":"x"}`, status: http.StatusForbidden, want: runhttp.RunResponse{Error: `denied by policy "x": no`, ExitCode: -1},
 		},
 		{
 			name: "rate refusal is 429 with Retry-After", cp: &controlPlane{err: retry},
 			body: `{"code":"x"}`, status: http.StatusTooManyRequests,
-			want:   RunResponse{Error: "tenant team-a is over its limit of 4 runs at once", ExitCode: -1},
+			want:   runhttp.RunResponse{Error: "tenant team-a is over its limit of 4 runs at once", ExitCode: -1},
 			header: map[string]string{"Retry-After": "2"},
 		},
 		{
@@ -175,7 +176,7 @@ func TestRunHandler(t *testing.T) {
 		},
 		{
 			name: "oversized body is 413", cp: &controlPlane{},
-			body: `{"code":"` + strings.Repeat("x", MaxRunBody) + `"}`, status: http.StatusRequestEntityTooLarge,
+			body: `{"code":"` + strings.Repeat("x", runhttp.MaxRunBody) + `"}`, status: http.StatusRequestEntityTooLarge,
 		},
 		{
 			name: "GET is 405", cp: &controlPlane{}, method: http.MethodGet,
@@ -206,11 +207,11 @@ func TestRunHandler(t *testing.T) {
 			if ct := w.Header().Get("Content-Type"); ct != "application/json" {
 				t.Errorf("Content-Type %q", ct)
 			}
-			got := decode[RunResponse](t, w)
+			got := decode[runhttp.RunResponse](t, w)
 			switch {
 			case tc.status != http.StatusOK && (got.ExitCode != -1 || got.Output != "" || got.Error == ""):
 				t.Errorf("refusal %+v, want empty output, an error and exit code -1", got)
-			case tc.want != (RunResponse{}) && got != tc.want:
+			case tc.want != (runhttp.RunResponse{}) && got != tc.want:
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 			for k, v := range tc.header {
@@ -265,7 +266,7 @@ func TestRunHandlerWantsJSON(t *testing.T) {
 			if want := tc.status == http.StatusOK; (ran > 0) != want {
 				t.Fatalf("Content-Type %q: the control plane got %d runs, want a run %v", tc.contentType, ran, want)
 			}
-			if got := decode[RunResponse](t, w); tc.status != http.StatusOK && (got.ExitCode != -1 || got.Error == "") {
+			if got := decode[runhttp.RunResponse](t, w); tc.status != http.StatusOK && (got.ExitCode != -1 || got.Error == "") {
 				t.Errorf("refusal %+v, want an error and exit code -1", got)
 			}
 		})
