@@ -278,9 +278,6 @@ func checkRunner(path string) error {
 	return nil
 }
 
-// Service returns the agent's internal service.
-func (a *Agent) Service() *Service { return a.svc }
-
 // Pool returns the agent's sandbox pool.
 func (a *Agent) Pool() *pool.Pool { return a.pool }
 

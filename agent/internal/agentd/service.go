@@ -586,13 +586,6 @@ func (o *output) close() {
 	}
 }
 
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
-}
-
 // describeLanguages describes the table's languages for callers, with the versions
 // the runners found. A language whose program the image lacks is listed
 // without a version (and its runs fail naming the program), so that callers

@@ -347,7 +347,7 @@ func (p *Pool) takeWarmLocked(language string) *Sandbox {
 		if sb.dead() {
 			// It died while it waited (killed from outside, or the
 			// engine went away): replace it.
-			p.log.Warn("warm sandbox died", "sandbox_id", shortID(sb.ID()))
+			p.log.Warn("warm sandbox died", "sandbox_id", sandbox.ShortID(sb.ID()))
 			p.endLocked(warm)
 			p.destroyLocked(sb, destroyDied)
 			p.checkEngine()
@@ -428,7 +428,7 @@ func (p *Pool) Release(ctx context.Context, sb *Sandbox, reusable bool) {
 		defer p.mu.Unlock()
 		switch {
 		case err != nil:
-			p.log.Warn("scrub sandbox; destroying it", "sandbox_id", shortID(sb.ID()), "error", err)
+			p.log.Warn("scrub sandbox; destroying it", "sandbox_id", sandbox.ShortID(sb.ID()), "error", err)
 			p.endLocked(recycling)
 			p.destroyLocked(sb, destroyScrubFailed)
 		case p.closed || !p.ready:

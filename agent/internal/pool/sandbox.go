@@ -113,12 +113,12 @@ func (p *Pool) died(ctx context.Context, sb *Sandbox, err error) error {
 	switch {
 	case serr != nil:
 		p.NoteError(serr)
-		return &DiedError{Err: fmt.Errorf("sandbox %s lost: %w", shortID(sb.ID()), serr)}
+		return &DiedError{Err: fmt.Errorf("sandbox %s lost: %w", sandbox.ShortID(sb.ID()), serr)}
 	case st.OOMKilled:
 		return &DiedError{OOMKilled: true, ExitCode: st.ExitCode, Err: err}
 	}
 	if ctx.Err() == nil {
-		p.log.Warn("sandbox died during a run", "sandbox_id", shortID(sb.ID()), "error", err, "exit_code", st.ExitCode)
+		p.log.Warn("sandbox died during a run", "sandbox_id", sandbox.ShortID(sb.ID()), "error", err, "exit_code", st.ExitCode)
 	}
 	p.checkEngine()
 	return &DiedError{ExitCode: st.ExitCode, Err: err}
@@ -183,14 +183,14 @@ func (p *Pool) open(ctx context.Context, memory int64) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
-	id.Store(shortID(c.ID()))
+	id.Store(sandbox.ShortID(c.ID()))
 	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now(), lane: lane, p: p}
 	sb.ready, err = sb.rc.Ready(ctx)
 	if err != nil {
 		p.destroyNow(sb)
-		return nil, fmt.Errorf("wait for runner of sandbox %s: %w", shortID(c.ID()), err)
+		return nil, fmt.Errorf("wait for runner of sandbox %s: %w", sandbox.ShortID(c.ID()), err)
 	}
-	p.log.Debug("sandbox started", "sandbox_id", shortID(c.ID()), "took", time.Since(t0).Round(time.Millisecond))
+	p.log.Debug("sandbox started", "sandbox_id", sandbox.ShortID(c.ID()), "took", time.Since(t0).Round(time.Millisecond))
 	return sb, nil
 }
 
@@ -201,14 +201,7 @@ func (p *Pool) destroyNow(sb *Sandbox) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := sb.c.Remove(ctx); err != nil {
-		p.log.Warn("remove sandbox", "sandbox_id", shortID(sb.ID()), "error", err)
+		p.log.Warn("remove sandbox", "sandbox_id", sandbox.ShortID(sb.ID()), "error", err)
 		p.NoteError(err)
 	}
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }

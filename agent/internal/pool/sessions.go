@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 )
 
@@ -401,7 +402,7 @@ func (s *Sessions) open(ctx context.Context, id, tenant, language string, idle t
 		return nil, false, ss.err
 	}
 	s.pool.cfg.Metrics.sessionOpened()
-	s.log.Info("session opened", "session_id", id, "tenant", tenant, "language", language, "sandbox_id", shortID(sb.ID()))
+	s.log.Info("session opened", "session_id", id, "tenant", tenant, "language", language, "sandbox_id", sandbox.ShortID(sb.ID()))
 	return ss, true, nil
 }
 

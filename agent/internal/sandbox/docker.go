@@ -113,7 +113,7 @@ func (d *Docker) Start(ctx context.Context, spec Spec) (Container, error) {
 		Stream: true, Stdin: true, Stdout: true, Stderr: true,
 	})
 	if err != nil {
-		err = fmt.Errorf("attach container %s: %w", shortID(c.id), classify(err))
+		err = fmt.Errorf("attach container %s: %w", ShortID(c.id), classify(err))
 		return nil, errors.Join(err, c.remove())
 	}
 	c.conn = hj.Conn
@@ -129,7 +129,7 @@ func (d *Docker) Start(ctx context.Context, spec Spec) (Container, error) {
 		close(c.done)
 	}()
 	if err := d.cli.ContainerStart(ctx, c.id, container.StartOptions{}); err != nil {
-		err = fmt.Errorf("start container %s: %w", shortID(c.id), classify(err))
+		err = fmt.Errorf("start container %s: %w", ShortID(c.id), classify(err))
 		return nil, errors.Join(err, c.remove())
 	}
 	return c, nil
@@ -221,7 +221,7 @@ func (d *Docker) RemoveAll(ctx context.Context, labels map[string]string, keep m
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil && !client.IsErrNotFound(err) {
-				errs = append(errs, fmt.Errorf("remove container %s: %w", shortID(c.ID), classify(err)))
+				errs = append(errs, fmt.Errorf("remove container %s: %w", ShortID(c.ID), classify(err)))
 				return
 			}
 			n++
@@ -250,7 +250,7 @@ func (c *dockerContainer) Done() <-chan struct{} { return c.done }
 func (c *dockerContainer) Inspect(ctx context.Context) (State, error) {
 	info, err := c.d.cli.ContainerInspect(ctx, c.id)
 	if err != nil {
-		return State{}, fmt.Errorf("inspect container %s: %w", shortID(c.id), classify(err))
+		return State{}, fmt.Errorf("inspect container %s: %w", ShortID(c.id), classify(err))
 	}
 	var st State
 	if info.State != nil {
@@ -271,7 +271,7 @@ func (c *dockerContainer) Wait(ctx context.Context) (State, error) {
 	case <-okc:
 	case err := <-errc:
 		if !client.IsErrNotFound(err) {
-			return State{}, fmt.Errorf("wait for container %s: %w", shortID(c.id), classify(err))
+			return State{}, fmt.Errorf("wait for container %s: %w", ShortID(c.id), classify(err))
 		}
 	}
 	return c.Inspect(ctx)
@@ -295,7 +295,7 @@ func (c *dockerContainer) removeCtx(ctx context.Context) error {
 	}
 	err := c.d.cli.ContainerRemove(ctx, c.id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	if err != nil && !client.IsErrNotFound(err) {
-		return fmt.Errorf("remove container %s: %w", shortID(c.id), classify(err))
+		return fmt.Errorf("remove container %s: %w", ShortID(c.id), classify(err))
 	}
 	return nil
 }
@@ -354,7 +354,9 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func shortID(id string) string {
+// ShortID is a container id's first 12 characters, as docker ps shows it:
+// the form logs and errors name containers by.
+func ShortID(id string) string {
 	if len(id) > 12 {
 		return id[:12]
 	}
