@@ -68,155 +68,194 @@ var methods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.Met
 func newTool(a *API, d ToolDeclaration) (*Tool, error) {
 	t := &Tool{API: a, Name: d.Name, Title: strings.TrimSpace(d.Title), Description: strings.TrimSpace(d.Description),
 		Method: strings.ToUpper(d.Method), Path: d.Path}
-	var errs []error
-	fail := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("api %s: tool %s: "+format, append([]any{a.Name, d.Name}, args...)...))
+	c := &toolCheck{api: a.Name, tool: d.Name}
+	c.describe(t, d)
+	if !c.parameters(t, d.Parameters) {
+		return nil, errors.Join(c.errs...)
 	}
-	if !toolNamePattern.MatchString(d.Name) || !strings.HasPrefix(d.Name, a.Name+"_") || len(d.Name) == len(a.Name)+1 {
-		fail("the name must start with %q and then match %s", a.Name+"_", toolNamePattern)
+	c.path(t, d.Path)
+	c.query(t, d.Query)
+	c.body(t, d.Body)
+	if err := errors.Join(c.errs...); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// toolCheck reads one tool's declaration into its Tool, gathering every
+// problem it finds, each named with the API and the tool.
+type toolCheck struct {
+	api, tool string
+	// schema is the tool's parameters, once read.
+	schema jsonschema.Schema
+	errs   []error
+}
+
+func (c *toolCheck) fail(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("api %s: tool %s: "+format, append([]any{c.api, c.tool}, args...)...))
+}
+
+// describe checks the tool's name, description and method, and sets
+// whether it is read-only.
+func (c *toolCheck) describe(t *Tool, d ToolDeclaration) {
+	if !toolNamePattern.MatchString(d.Name) || !strings.HasPrefix(d.Name, c.api+"_") || len(d.Name) == len(c.api)+1 {
+		c.fail("the name must start with %q and then match %s", c.api+"_", toolNamePattern)
 	}
 	if t.Description == "" {
-		fail("no description: a model reads it to choose the tool")
+		c.fail("no description: a model reads it to choose the tool")
 	}
 	if t.Method == "" {
 		t.Method = http.MethodGet
 	}
 	if !slices.Contains(methods, t.Method) {
-		fail("method %q: want one of %s", d.Method, strings.Join(methods, ", "))
+		c.fail("method %q: want one of %s", d.Method, strings.Join(methods, ", "))
 	}
 	t.ReadOnly = t.Method == http.MethodGet
 	if d.ReadOnly != nil {
 		t.ReadOnly = *d.ReadOnly
 	}
+}
 
-	// Parameters.
-	t.parameters = d.Parameters
+// parameters reads the parameters' JSON Schema (none: no parameters) and
+// reports whether it could be decoded at all; the other checks need it.
+func (c *toolCheck) parameters(t *Tool, parameters json.RawMessage) bool {
+	t.parameters = parameters
 	if len(bytes.TrimSpace(t.parameters)) == 0 {
 		t.parameters = json.RawMessage(`{"type":"object","properties":{},"additionalProperties":false}`)
 	}
-	var schema jsonschema.Schema
-	if err := json.Unmarshal(t.parameters, &schema); err != nil {
-		fail("parameters: %v", err)
-		return nil, errors.Join(errs...)
+	if err := json.Unmarshal(t.parameters, &c.schema); err != nil {
+		c.fail("parameters: %v", err)
+		return false
 	}
-	if schema.Type != "object" {
-		fail(`parameters: the schema's type must be "object"`)
+	if c.schema.Type != "object" {
+		c.fail(`parameters: the schema's type must be "object"`)
 	}
 	var err error
-	if t.schema, err = schema.Resolve(&jsonschema.ResolveOptions{ValidateDefaults: true}); err != nil {
-		fail("parameters: %v", err)
+	if t.schema, err = c.schema.Resolve(&jsonschema.ResolveOptions{ValidateDefaults: true}); err != nil {
+		c.fail("parameters: %v", err)
 	}
-	// scalar says whether the argument name is declared, and with a type
-	// that a template can write as text.
-	scalar := func(where, name string, needScalar bool) {
-		p, ok := schema.Properties[name]
-		if !ok {
-			fail("%s names {%s}, which is not among the parameters' properties", where, name)
-			return
-		}
-		if !needScalar {
-			return
-		}
-		types := p.Types
-		if p.Type != "" {
-			types = []string{p.Type}
-		}
-		if len(types) == 0 {
-			fail("%s names {%s}, whose schema has no type: give it string, integer, number or boolean", where, name)
-		}
-		for _, ty := range types {
-			if !slices.Contains([]string{"string", "integer", "number", "boolean", "null"}, ty) {
-				fail("%s names {%s} of type %s: only string, integer, number and boolean can be written into it", where, name, ty)
-			}
-		}
-	}
+	return true
+}
 
-	// Path.
+// argument checks that a template's argument name is declared, and, if
+// needScalar, with a type that a template can write as text.
+func (c *toolCheck) argument(where, name string, needScalar bool) {
+	p, ok := c.schema.Properties[name]
+	if !ok {
+		c.fail("%s names {%s}, which is not among the parameters' properties", where, name)
+		return
+	}
+	if !needScalar {
+		return
+	}
+	types := p.Types
+	if p.Type != "" {
+		types = []string{p.Type}
+	}
+	if len(types) == 0 {
+		c.fail("%s names {%s}, whose schema has no type: give it string, integer, number or boolean", where, name)
+	}
+	for _, ty := range types {
+		if !slices.Contains([]string{"string", "integer", "number", "boolean", "null"}, ty) {
+			c.fail("%s names {%s} of type %s: only string, integer, number and boolean can be written into it", where, name, ty)
+		}
+	}
+}
+
+// path reads the path template: an escaped URL path without dot segments,
+// whose arguments are required or have a default.
+func (c *toolCheck) path(t *Tool, path string) {
 	switch {
-	case !strings.HasPrefix(d.Path, "/"):
-		fail("path %q does not start with /", d.Path)
-	case strings.ContainsAny(d.Path, "?#"):
-		fail("path %q: put the query in \"query\"", d.Path)
-	default:
-		if t.path, err = parseTemplate(d.Path); err != nil {
-			fail("path: %v", err)
-			break
+	case !strings.HasPrefix(path, "/"):
+		c.fail("path %q does not start with /", path)
+		return
+	case strings.ContainsAny(path, "?#"):
+		c.fail("path %q: put the query in \"query\"", path)
+		return
+	}
+	var err error
+	if t.path, err = parseTemplate(path); err != nil {
+		c.fail("path: %v", err)
+		return
+	}
+	for _, p := range t.path {
+		if p.name == "" {
+			continue
 		}
-		for _, p := range t.path {
-			if p.name == "" {
-				continue
-			}
-			scalar("the path", p.name, true)
-			if prop := schema.Properties[p.name]; !slices.Contains(schema.Required, p.name) && prop != nil && prop.Default == nil {
-				fail("the path names {%s}, which the parameters neither require nor give a default", p.name)
-			}
-		}
-		var lit strings.Builder
-		for _, p := range t.path {
-			if p.name != "" {
-				lit.WriteString("x")
-			}
-			lit.WriteString(p.lit)
-		}
-		u, err := url.Parse(lit.String())
-		if err != nil || u.Host != "" || u.EscapedPath() != lit.String() {
-			fail("path %q is not an escaped URL path", d.Path)
-			break
-		}
-		if hasDotSegment(u) {
-			fail("path %q has dot segments", d.Path)
+		c.argument("the path", p.name, true)
+		if prop := c.schema.Properties[p.name]; !slices.Contains(c.schema.Required, p.name) && prop != nil && prop.Default == nil {
+			c.fail("the path names {%s}, which the parameters neither require nor give a default", p.name)
 		}
 	}
+	var lit strings.Builder
+	for _, p := range t.path {
+		if p.name != "" {
+			lit.WriteString("x")
+		}
+		lit.WriteString(p.lit)
+	}
+	u, err := url.Parse(lit.String())
+	if err != nil || u.Host != "" || u.EscapedPath() != lit.String() {
+		c.fail("path %q is not an escaped URL path", path)
+		return
+	}
+	if hasDotSegment(u) {
+		c.fail("path %q has dot segments", path)
+	}
+}
 
-	// Query.
-	for name, v := range d.Query {
+// query reads the query parameters' templates, sorted by name.
+func (c *toolCheck) query(t *Tool, query map[string]string) {
+	for name, v := range query {
 		if name == "" {
-			fail("query: a parameter with no name")
+			c.fail("query: a parameter with no name")
 			continue
 		}
 		tpl, err := parseTemplate(v)
 		if err != nil {
-			fail("query parameter %s: %v", name, err)
+			c.fail("query parameter %s: %v", name, err)
 			continue
 		}
 		for _, p := range tpl {
 			if p.name != "" {
-				scalar("query parameter "+name, p.name, true)
+				c.argument("query parameter "+name, p.name, true)
 			}
 		}
 		t.query = append(t.query, queryParam{name: name, value: tpl})
 	}
 	slices.SortFunc(t.query, func(a, b queryParam) int { return strings.Compare(a.name, b.name) })
+}
 
-	// Body.
-	if len(bytes.TrimSpace(d.Body)) > 0 {
-		switch t.Method {
-		case http.MethodPost, http.MethodPut, http.MethodPatch:
-		default:
-			fail("a %s request has no body", t.Method)
-		}
-		dec := json.NewDecoder(bytes.NewReader(d.Body))
-		dec.UseNumber()
-		if err := dec.Decode(&t.body); err != nil {
-			fail("body: %v", err)
-		} else if err := walkBody(t.body, func(tpl template) {
-			if name, ok := tpl.single(); ok {
-				scalar("the body", name, false)
-				return
-			}
-			for _, p := range tpl {
-				if p.name != "" {
-					scalar("the body", p.name, true)
-				}
-			}
-		}); err != nil {
-			fail("body: %v", err)
-		}
+// body reads the body's JSON template, for a method that has a body.
+func (c *toolCheck) body(t *Tool, body json.RawMessage) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	switch t.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+	default:
+		c.fail("a %s request has no body", t.Method)
 	}
-	return t, nil
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if err := dec.Decode(&t.body); err != nil {
+		c.fail("body: %v", err)
+		return
+	}
+	err := walkBody(t.body, func(tpl template) {
+		if name, ok := tpl.single(); ok {
+			c.argument("the body", name, false)
+			return
+		}
+		for _, p := range tpl {
+			if p.name != "" {
+				c.argument("the body", p.name, true)
+			}
+		}
+	})
+	if err != nil {
+		c.fail("body: %v", err)
+	}
 }
 
 // InputSchema returns the JSON Schema of the tool's arguments, as declared.
