@@ -91,12 +91,27 @@ func Instrument(wasm []byte) ([]byte, error) {
 	if len(wasm) < 8 || string(wasm[:4]) != magic || string(wasm[4:8]) != version {
 		return nil, fmt.Errorf("%w: not a WebAssembly 1.0 binary", ErrUninstrumentable)
 	}
-	type section struct {
-		id   byte
-		body []byte
+	sections, err := readSections(wasm[8:])
+	if err != nil {
+		return nil, err
 	}
+	l, err := survey(sections)
+	if err != nil {
+		return nil, err
+	}
+	return rewrite(wasm[:8], sections, l, newAdditions(l.globals))
+}
+
+// section is one section of a module: its id and its body.
+type section struct {
+	id   byte
+	body []byte
+}
+
+// readSections splits a module's sections, after its magic and version.
+func readSections(b []byte) ([]section, error) {
 	var sections []section
-	r := reader{b: wasm[8:]}
+	r := reader{b: b}
 	for !r.done() {
 		id := r.byte()
 		size := r.u32()
@@ -106,65 +121,99 @@ func Instrument(wasm []byte) ([]byte, error) {
 		}
 		sections = append(sections, section{id, body})
 	}
+	return sections, nil
+}
+
+// layout is what the rewrite needs to know of a module's sections.
+type layout struct {
+	// globals counts the module's globals, imported and defined: the
+	// index of the first added one.
+	globals uint32
+	// hasGlobal and hasExport say whether the module has a global and an
+	// export section, which the added entries then join.
+	hasGlobal, hasExport bool
+}
+
+// survey reads a module's layout, and refuses a module that has a start
+// section, lacks code or memory, or already exports an added name.
+func survey(sections []section) (layout, error) {
+	var l layout
 	var importedGlobals, definedGlobals uint32
-	hasGlobal, hasExport, hasCode, hasMemory := false, false, false, false
+	hasCode, hasMemory := false, false
 	for _, s := range sections {
 		switch s.id {
 		case sectionImport:
 			n, mem, err := countImports(s.body)
 			if err != nil {
-				return nil, err
+				return layout{}, err
 			}
 			importedGlobals, hasMemory = n, hasMemory || mem
 		case sectionMemory:
 			sr := reader{b: s.body}
 			hasMemory = hasMemory || sr.u32() > 0
 		case sectionGlobal:
-			hasGlobal = true
+			l.hasGlobal = true
 			sr := reader{b: s.body}
 			definedGlobals = sr.u32()
 			if sr.err != nil {
-				return nil, sr.err
+				return layout{}, sr.err
 			}
 		case sectionExport:
-			hasExport = true
+			l.hasExport = true
 		case sectionStart:
 			// The start function runs inside instantiation, before the host
 			// holds the flag: leave such modules to wazero's mechanism.
-			return nil, fmt.Errorf("%w: start section", ErrUninstrumentable)
+			return layout{}, fmt.Errorf("%w: start section", ErrUninstrumentable)
 		case sectionCode:
 			hasCode = true
 		}
 	}
-	globals := importedGlobals + definedGlobals
+	l.globals = importedGlobals + definedGlobals
 	for _, s := range sections {
 		if s.id == sectionExport {
-			if err := checkExports(s.body, globals); err != nil {
-				return nil, err
+			if err := checkExports(s.body, l.globals); err != nil {
+				return layout{}, err
 			}
 		}
 	}
 	if !hasCode || !hasMemory {
-		return nil, fmt.Errorf("%w: no code or no memory", ErrUninstrumentable)
+		return layout{}, fmt.Errorf("%w: no code or no memory", ErrUninstrumentable)
 	}
+	return l, nil
+}
+
+// additions are what the rewrite adds to a module: three globals' entries
+// (flag, slice, fuel), their three exports' entries, and the check it
+// inserts into the code.
+type additions struct {
+	globals, exports, check []byte
+}
+
+// newAdditions returns the additions to a module of globals globals.
+func newAdditions(globals uint32) additions {
 	flag := uleb(uint64(globals))
 	slice := uleb(uint64(globals + 1))
 	fuel := uleb(uint64(globals + 2))
-	check := fuelCheck(flag, slice, fuel)
-	var newGlobals []byte
-	newGlobals = append(newGlobals, newGlobal(typeI32, 0)...)             // flag
-	newGlobals = append(newGlobals, newGlobal(typeI32, 0)...)             // slice
-	newGlobals = append(newGlobals, newGlobal(typeI64, math.MaxInt64)...) // fuel
-	var newExports []byte
+	var add additions
+	add.check = fuelCheck(flag, slice, fuel)
+	add.globals = append(add.globals, newGlobal(typeI32, 0)...)             // flag
+	add.globals = append(add.globals, newGlobal(typeI32, 0)...)             // slice
+	add.globals = append(add.globals, newGlobal(typeI64, math.MaxInt64)...) // fuel
 	for _, e := range []struct {
 		name  string
 		index []byte
 	}{{FlagExport, flag}, {SliceExport, slice}, {FuelExport, fuel}} {
-		newExports = append(newExports, uleb(uint64(len(e.name)))...)
-		newExports = append(append(append(newExports, e.name...), externGlobal), e.index...)
+		add.exports = append(add.exports, uleb(uint64(len(e.name)))...)
+		add.exports = append(append(append(add.exports, e.name...), externGlobal), e.index...)
 	}
+	return add
+}
 
-	out := append([]byte(nil), wasm[:8]...)
+// rewrite writes the module of header and sections with add: the globals
+// and exports joined to the module's sections of those (or in sections of
+// their own), the check in the code, and DWARF dropped.
+func rewrite(header []byte, sections []section, l layout, add additions) ([]byte, error) {
+	out := append([]byte(nil), header...)
 	emit := func(id byte, body []byte) {
 		out = append(out, id)
 		out = append(out, uleb(uint64(len(body)))...)
@@ -172,15 +221,16 @@ func Instrument(wasm []byte) ([]byte, error) {
 	}
 	// Sections must keep their order: global and export come after memory
 	// and before start, element, data count, code and data.
+	hasGlobal, hasExport := l.hasGlobal, l.hasExport
 	placeGlobal := func() {
 		if !hasGlobal {
-			emit(sectionGlobal, append(uleb(3), newGlobals...))
+			emit(sectionGlobal, append(uleb(3), add.globals...))
 			hasGlobal = true
 		}
 	}
 	placeExport := func() {
 		if !hasExport {
-			emit(sectionExport, append(uleb(3), newExports...))
+			emit(sectionExport, append(uleb(3), add.exports...))
 			hasExport = true
 		}
 	}
@@ -191,7 +241,7 @@ func Instrument(wasm []byte) ([]byte, error) {
 				continue
 			}
 		case sectionGlobal:
-			body, err := appendEntries(s.body, 3, newGlobals)
+			body, err := appendEntries(s.body, 3, add.globals)
 			if err != nil {
 				return nil, err
 			}
@@ -199,7 +249,7 @@ func Instrument(wasm []byte) ([]byte, error) {
 			continue
 		case sectionExport:
 			placeGlobal()
-			body, err := appendEntries(s.body, 3, newExports)
+			body, err := appendEntries(s.body, 3, add.exports)
 			if err != nil {
 				return nil, err
 			}
@@ -209,7 +259,7 @@ func Instrument(wasm []byte) ([]byte, error) {
 			placeGlobal()
 			placeExport()
 			if s.id == sectionCode {
-				body, err := instrumentCode(s.body, check, globals)
+				body, err := instrumentCode(s.body, add.check, l.globals)
 				if err != nil {
 					return nil, err
 				}
@@ -402,76 +452,11 @@ func instrumentFunction(fn, check []byte, globals uint32) ([]byte, error) {
 	for !r.done() && r.err == nil {
 		start := len(fn) - len(r.b)
 		op := r.byte()
-		loop := false
-		switch {
-		case op == opBlock || op == opIf:
-			r.blockType()
-		case op == opLoop:
-			r.blockType()
-			loop = true
-		case op == opGlobalGet || op == opGlobalSet:
-			if r.u32() >= globals {
-				return nil, fmt.Errorf("%w: global index out of range", ErrUninstrumentable)
-			}
-		case op == opBr || op == opBrIf || op == opCall ||
-			op >= opLocalGet && op <= opTableSet || op == opRefFunc:
-			r.u32() // label, function, local or table index
-		case op == opBrTable:
-			for k := r.u32(); k > 0 && r.err == nil; k-- {
-				r.u32()
-			}
-			r.u32()
-		case op == opCallIndirect:
-			r.u32() // type index
-			r.u32() // table index
-		case op == opSelectTyped:
-			for k := r.u32(); k > 0 && r.err == nil; k-- {
-				r.byte()
-			}
-		case op >= opI32Load && op <= opI64Store32: // memarg
-			if align := r.u32(); align&memargMultiMemory != 0 {
-				return nil, fmt.Errorf("%w: multiple memories", ErrUninstrumentable)
-			}
-			r.u64() // offset
-		case op == opMemorySize || op == opMemoryGrow:
-			if r.byte() != 0 {
-				return nil, fmt.Errorf("%w: multiple memories", ErrUninstrumentable)
-			}
-		case op == opI32Const || op == opI64Const:
-			r.u64()
-		case op == opF32Const:
-			r.take(4)
-		case op == opF64Const:
-			r.take(8)
-		case op == opRefNull:
-			r.byte() // reference type
-		case op == opUnreachable || op == opNop || op == opElse || op == opEnd || op == opReturn ||
-			op == opDrop || op == opSelect || op >= opI32Eqz && op <= opI64Extend32S || op == opRefIsNull:
-			// no immediates
-		case op == opPrefixFC:
-			switch sub := r.u32(); {
-			case sub <= fcI64TruncSatF64U:
-			case sub == fcMemoryInit:
-				r.u32() // data index
-				r.byte()
-			case sub == fcDataDrop || sub == fcElemDrop || sub >= fcTableGrow && sub <= fcTableFill:
-				r.u32() // data, element or table index
-			case sub == fcMemoryCopy:
-				r.byte()
-				r.byte()
-			case sub == fcMemoryFill:
-				r.byte()
-			case sub == fcTableInit || sub == fcTableCopy:
-				r.u32()
-				r.u32()
-			default:
-				return nil, fmt.Errorf("%w: opcode 0xfc %d", ErrUninstrumentable, sub)
-			}
-		default:
-			return nil, fmt.Errorf("%w: opcode %#x", ErrUninstrumentable, op)
+		if err := skipImmediates(&r, op, globals); err != nil {
+			return nil, err
 		}
 		out = append(out, fn[start:len(fn)-len(r.b)]...)
-		if loop {
+		if op == opLoop {
 			out = append(out, check...)
 		}
 	}
@@ -479,4 +464,84 @@ func instrumentFunction(fn, check []byte, globals uint32) ([]byte, error) {
 		return nil, r.err
 	}
 	return out, nil
+}
+
+// skipImmediates reads past the immediates of the instruction op, checking
+// the global and memory indexes it names: globals must be the module's own
+// (fewer than globals), and memory the first. An opcode it does not know
+// is refused.
+func skipImmediates(r *reader, op byte, globals uint32) error {
+	switch {
+	case op == opBlock || op == opIf || op == opLoop:
+		r.blockType()
+	case op == opGlobalGet || op == opGlobalSet:
+		if r.u32() >= globals {
+			return fmt.Errorf("%w: global index out of range", ErrUninstrumentable)
+		}
+	case op == opBr || op == opBrIf || op == opCall ||
+		op >= opLocalGet && op <= opTableSet || op == opRefFunc:
+		r.u32() // label, function, local or table index
+	case op == opBrTable:
+		for k := r.u32(); k > 0 && r.err == nil; k-- {
+			r.u32()
+		}
+		r.u32()
+	case op == opCallIndirect:
+		r.u32() // type index
+		r.u32() // table index
+	case op == opSelectTyped:
+		for k := r.u32(); k > 0 && r.err == nil; k-- {
+			r.byte()
+		}
+	case op >= opI32Load && op <= opI64Store32: // memarg
+		if align := r.u32(); align&memargMultiMemory != 0 {
+			return fmt.Errorf("%w: multiple memories", ErrUninstrumentable)
+		}
+		r.u64() // offset
+	case op == opMemorySize || op == opMemoryGrow:
+		if r.byte() != 0 {
+			return fmt.Errorf("%w: multiple memories", ErrUninstrumentable)
+		}
+	case op == opI32Const || op == opI64Const:
+		r.u64()
+	case op == opF32Const:
+		r.take(4)
+	case op == opF64Const:
+		r.take(8)
+	case op == opRefNull:
+		r.byte() // reference type
+	case op == opUnreachable || op == opNop || op == opElse || op == opEnd || op == opReturn ||
+		op == opDrop || op == opSelect || op >= opI32Eqz && op <= opI64Extend32S || op == opRefIsNull:
+		// no immediates
+	case op == opPrefixFC:
+		return skipPrefixFC(r)
+	default:
+		return fmt.Errorf("%w: opcode %#x", ErrUninstrumentable, op)
+	}
+	return nil
+}
+
+// skipPrefixFC reads past an instruction of prefix 0xfc (saturating
+// truncations, bulk memory and table operations): its sub-opcode and
+// immediates.
+func skipPrefixFC(r *reader) error {
+	switch sub := r.u32(); {
+	case sub <= fcI64TruncSatF64U:
+	case sub == fcMemoryInit:
+		r.u32() // data index
+		r.byte()
+	case sub == fcDataDrop || sub == fcElemDrop || sub >= fcTableGrow && sub <= fcTableFill:
+		r.u32() // data, element or table index
+	case sub == fcMemoryCopy:
+		r.byte()
+		r.byte()
+	case sub == fcMemoryFill:
+		r.byte()
+	case sub == fcTableInit || sub == fcTableCopy:
+		r.u32()
+		r.u32()
+	default:
+		return fmt.Errorf("%w: opcode 0xfc %d", ErrUninstrumentable, sub)
+	}
+	return nil
 }
