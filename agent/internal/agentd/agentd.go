@@ -116,52 +116,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	driver, err := sandbox.NewDocker(cfg.DockerHost, logger.With("component", "docker"))
+	driver, err := openDocker(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
-	}
-	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	ok, err := driver.HasImage(ictx, cfg.Image)
-	cancel()
-	switch {
-	case err != nil:
-		// The engine may come later; the pool waits for it.
-		logger.Warn("cannot check the sandbox image yet", "image", cfg.Image, "error", err)
-	case !ok:
-		driver.Close()
-		return nil, fmt.Errorf("sandbox image %s is not present locally: build it with `make setup` (agent/host/setup.sh), or pull it where a registry is reachable", cfg.Image)
-	}
-	labels := map[string]string{sandbox.LabelAgent: cfg.Name}
-	command := []string{wire.RunnerPath}
-	if logger.Enabled(ctx, slog.LevelDebug) {
-		// The runner's log lines reach this log at debug level (see
-		// pool.open); at debug it says what each run spent its time on.
-		command = append(command, "-log-level=debug")
-	}
-	if !cfg.Prestart {
-		command = append(command, "-prestart=false")
-	}
-	if mods := languages.PreloadList(cfg.Preload); cfg.Prestart && len(mods) > 0 {
-		command = append(command, "-preload="+strings.Join(mods, ","))
-	}
-	spec := sandbox.Spec{
-		Image:       cfg.Image,
-		Runtime:     cfg.Runtime,
-		Command:     command,
-		Binds:       map[string]string{cfg.Runner: wire.RunnerPath},
-		CapAdd:      wire.RunnerCapabilities,
-		User:        "0:0",
-		MemoryBytes: cfg.Memory,
-		NanoCPUs:    int64(cfg.CPUs * 1e9),
-		PidsLimit:   cfg.PidsLimit,
-		Tmpfs: map[string]string{
-			wire.Workspace: fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=0755,uid=%d,gid=%d", cfg.WorkspaceSize, wire.UserUID, wire.UserGID),
-			"/tmp":         fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", cfg.TmpSize),
-			// The runner's Python modules (see wire.UserLib); it makes
-			// the directory root's before user code runs.
-			wire.UserLib: "rw,noexec,nosuid,nodev,size=1m,mode=0755",
-		},
-		ShmBytes: cfg.ShmSize,
 	}
 	a := &Agent{cfg: cfg, log: logger, driver: driver}
 	poolMetrics := pool.NewMetrics()
@@ -170,32 +127,20 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		hold = cpuslots.DefaultHold
 	}
 	gate := cpuslots.New(cfg.RunSlots, hold)
-	var sets []string
-	if cfg.PinCPUs {
-		cpus, err := cpuset.Host()
-		if err != nil {
-			driver.Close()
-			return nil, err
-		}
-		sets = cpuset.Split(cpus, cfg.CPUs)
-		if sets != nil {
-			// Pinning is worth having, not worth failing every sandbox
-			// start for.
-			if err := driver.PrepareCPUSets(ctx); err != nil {
-				logger.Warn("sandboxes not pinned to CPUs: cannot prepare the engine's cgroups", "error", err)
-				sets = nil
-			}
-		}
+	sets, err := cpuSets(ctx, cfg, driver, logger)
+	if err != nil {
+		driver.Close()
+		return nil, err
 	}
 	p, err := pool.New(pool.Config{
 		OnReady:  a.setHealth,
 		Driver:   driver,
-		Spec:     spec,
+		Spec:     sandboxSpec(ctx, cfg, logger),
 		MinWarm:  cfg.MinActive,
 		Max:      cfg.MaxSandboxes,
 		MaxReuse: cfg.MaxReuse,
 		WarmIdle: cfg.WarmIdle,
-		Labels:   labels,
+		Labels:   map[string]string{sandbox.LabelAgent: cfg.Name},
 		Logger:   logger.With("component", "pool"),
 		Metrics:  poolMetrics,
 		Gate:     gate,
@@ -206,16 +151,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	p.Start(ctx)
-	var journal *pool.Journal
-	if cfg.StateDir != "" {
-		if journal, err = pool.OpenJournal(cfg.StateDir); err != nil {
-			p.Close(context.WithoutCancel(ctx))
-			driver.Close()
-			return nil, err
-		}
-		if n := journal.Lost(); n > 0 {
-			logger.Warn("sessions lost when the agent last stopped", "sessions", n)
-		}
+	journal, err := openJournal(cfg.StateDir, logger)
+	if err != nil {
+		p.Close(context.WithoutCancel(ctx))
+		driver.Close()
+		return nil, err
 	}
 	sessions := pool.NewSessions(p, pool.SessionsConfig{
 		Max:          cfg.MaxSessions,
@@ -239,6 +179,104 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	logger.Info("agent started", "name", cfg.Name, "labels", labelString(cfg.Labels), "image", cfg.Image,
 		"runtime", cfg.Runtime, "min_active", cfg.MinActive, "max_sandboxes", cfg.MaxSandboxes, "run_slots", cfg.RunSlots, "cpu_sets", len(sets))
 	return a, nil
+}
+
+// openDocker connects to the Docker Engine and checks that it has the
+// sandbox image. An engine that does not answer yet is not an error: the
+// pool waits for it.
+func openDocker(ctx context.Context, cfg Config, logger *slog.Logger) (*sandbox.Docker, error) {
+	driver, err := sandbox.NewDocker(cfg.DockerHost, logger.With("component", "docker"))
+	if err != nil {
+		return nil, err
+	}
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ok, err := driver.HasImage(ictx, cfg.Image)
+	cancel()
+	switch {
+	case err != nil:
+		// The engine may come later; the pool waits for it.
+		logger.Warn("cannot check the sandbox image yet", "image", cfg.Image, "error", err)
+	case !ok:
+		driver.Close()
+		return nil, fmt.Errorf("sandbox image %s is not present locally: build it with `make setup` (agent/host/setup.sh), or pull it where a registry is reachable", cfg.Image)
+	}
+	return driver, nil
+}
+
+// sandboxSpec is the container every sandbox is: the image with the
+// runner bound in and started as its command, the resource limits, and
+// the tmpfs mounts.
+func sandboxSpec(ctx context.Context, cfg Config, logger *slog.Logger) sandbox.Spec {
+	command := []string{wire.RunnerPath}
+	if logger.Enabled(ctx, slog.LevelDebug) {
+		// The runner's log lines reach this log at debug level (see
+		// pool.open); at debug it says what each run spent its time on.
+		command = append(command, "-log-level=debug")
+	}
+	if !cfg.Prestart {
+		command = append(command, "-prestart=false")
+	}
+	if mods := languages.PreloadList(cfg.Preload); cfg.Prestart && len(mods) > 0 {
+		command = append(command, "-preload="+strings.Join(mods, ","))
+	}
+	return sandbox.Spec{
+		Image:       cfg.Image,
+		Runtime:     cfg.Runtime,
+		Command:     command,
+		Binds:       map[string]string{cfg.Runner: wire.RunnerPath},
+		CapAdd:      wire.RunnerCapabilities,
+		User:        "0:0",
+		MemoryBytes: cfg.Memory,
+		NanoCPUs:    int64(cfg.CPUs * 1e9),
+		PidsLimit:   cfg.PidsLimit,
+		Tmpfs: map[string]string{
+			wire.Workspace: fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=0755,uid=%d,gid=%d", cfg.WorkspaceSize, wire.UserUID, wire.UserGID),
+			"/tmp":         fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", cfg.TmpSize),
+			// The runner's Python modules (see wire.UserLib); it makes
+			// the directory root's before user code runs.
+			wire.UserLib: "rw,noexec,nosuid,nodev,size=1m,mode=0755",
+		},
+		ShmBytes: cfg.ShmSize,
+	}
+}
+
+// cpuSets returns the host's CPUs split into sets of cfg.CPUs for the
+// sandboxes to be pinned to, or nil: not pinned (cfg.PinCPUs is off, the
+// host has too few CPUs, or the engine's cgroups cannot be prepared).
+func cpuSets(ctx context.Context, cfg Config, driver *sandbox.Docker, logger *slog.Logger) ([]string, error) {
+	if !cfg.PinCPUs {
+		return nil, nil
+	}
+	cpus, err := cpuset.Host()
+	if err != nil {
+		return nil, err
+	}
+	sets := cpuset.Split(cpus, cfg.CPUs)
+	if sets != nil {
+		// Pinning is worth having, not worth failing every sandbox
+		// start for.
+		if err := driver.PrepareCPUSets(ctx); err != nil {
+			logger.Warn("sandboxes not pinned to CPUs: cannot prepare the engine's cgroups", "error", err)
+			return nil, nil
+		}
+	}
+	return sets, nil
+}
+
+// openJournal opens the sessions' journal in dir; nil with an empty dir:
+// no journal.
+func openJournal(dir string, logger *slog.Logger) (*pool.Journal, error) {
+	if dir == "" {
+		return nil, nil
+	}
+	journal, err := pool.OpenJournal(dir)
+	if err != nil {
+		return nil, err
+	}
+	if n := journal.Lost(); n > 0 {
+		logger.Warn("sessions lost when the agent last stopped", "sessions", n)
+	}
+	return journal, nil
 }
 
 // ownAddrs are the addresses of the agent's listener that no egress rule
