@@ -240,6 +240,55 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return RunStdio(ctx, args[1:], stdin, stdout, stderr)
 	}
 	fs := cli.NewFlags("edge", stderr)
+	readConfig := configFlags(fs)
+	loadSecret := cluster.Flags(fs)
+	logFormat, logLevel := cli.LogFlags(fs)
+	metricsAddr := telemetry.MetricsFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n\nFlags:\n",
+			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args, os.Getenv); err != nil {
+		return err
+	}
+	logger, err := cli.NewLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		return err
+	}
+	secret, err := loadSecret(os.Getenv)
+	if err != nil {
+		return err
+	}
+	cfg := readConfig()
+	cfg.ClusterSecret, cfg.MetricsAddr = secret, *metricsAddr
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if cfg.Addr, err = bindAddr(cfg); err != nil {
+		return err
+	}
+	if secret == nil {
+		logger.Warn("no cluster secret: calls to the control plane are not authenticated; deploy the internal services on loopback only")
+	}
+	if cfg.Tracing, err = telemetry.NewTracing(ctx, telemetry.ServiceEdge, os.Getenv); err != nil {
+		return err
+	}
+	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
+	if cfg.Tracing.Enabled() {
+		logger.Info("exporting traces over OTLP")
+	}
+	ln, err := server.Listen(ctx, cfg.Addr)
+	if err != nil {
+		return err
+	}
+	return Serve(ctx, cfg, ln, logger.With("component", "edge"))
+}
+
+// configFlags declares the edge's flags but those of the cluster secret,
+// the log and the metrics, each with its environment variable, and
+// returns what reads them into a Config once they are parsed.
+func configFlags(fs *cli.Flags) func() Config {
 	addr := fs.String("addr", DefaultAddr, "address to serve the API, MCP and the web page on")
 	fs.Env("addr", "EDGE_ADDR")
 	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port); several, comma-separated: calls go to the first that accepts a connection and move to the next only when one refuses it (a run is never sent twice)")
@@ -282,53 +331,14 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.Env("api-timeout", "CODEMODE_API_TIMEOUT")
 	apiMaxBytes := fs.Int64("api-max-response-bytes", directtools.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
-	loadSecret := cluster.Flags(fs)
-	logFormat, logLevel := cli.LogFlags(fs)
-	metricsAddr := telemetry.MetricsFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n\nFlags:\n",
-			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand)
-		fs.PrintDefaults()
+	return func() Config {
+		return Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, Egress: *egressConfig,
+			PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
+			PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
+			Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
+			Admission: ratelimit.Config{Concurrency: *tenantConcurrency, Rate: *tenantRate, Burst: *tenantBurst},
+			APIs:      *apisFile, APITimeout: *apiTimeout, APIMaxResponseBytes: *apiMaxBytes}
 	}
-	if err := fs.Parse(args, os.Getenv); err != nil {
-		return err
-	}
-	logger, err := cli.NewLogger(stderr, *logFormat, *logLevel)
-	if err != nil {
-		return err
-	}
-	secret, err := loadSecret(os.Getenv)
-	if err != nil {
-		return err
-	}
-	cfg := Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, Egress: *egressConfig,
-		PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
-		ClusterSecret: secret, PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
-		Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
-		Admission: ratelimit.Config{Concurrency: *tenantConcurrency, Rate: *tenantRate, Burst: *tenantBurst},
-		APIs:      *apisFile, APITimeout: *apiTimeout, APIMaxResponseBytes: *apiMaxBytes,
-		MetricsAddr: *metricsAddr}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	if cfg.Addr, err = bindAddr(cfg); err != nil {
-		return err
-	}
-	if secret == nil {
-		logger.Warn("no cluster secret: calls to the control plane are not authenticated; deploy the internal services on loopback only")
-	}
-	if cfg.Tracing, err = telemetry.NewTracing(ctx, telemetry.ServiceEdge, os.Getenv); err != nil {
-		return err
-	}
-	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
-	if cfg.Tracing.Enabled() {
-		logger.Info("exporting traces over OTLP")
-	}
-	ln, err := server.Listen(ctx, cfg.Addr)
-	if err != nil {
-		return err
-	}
-	return Serve(ctx, cfg, ln, logger.With("component", "edge"))
 }
 
 // bindAddr returns the address the edge may serve on: any address when it
