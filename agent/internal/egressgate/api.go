@@ -66,72 +66,8 @@ type apiConnKey struct{}
 func (g *Gate) serveAPI(c *apiConn) {
 	g.apiOnce.Do(func() {
 		g.apiLn = newChanListener()
-		tr := &http.Transport{
-			Proxy:                 nil,
-			DialContext:           (&net.Dialer{Timeout: g.cfg.DialTimeout}).DialContext,
-			ForceAttemptHTTP2:     true,
-			MaxIdleConnsPerHost:   8,
-			IdleConnTimeout:       90 * time.Second,
-			TLSHandshakeTimeout:   10 * time.Second,
-			ExpectContinueTimeout: time.Second,
-		}
-		rp := &httputil.ReverseProxy{
-			Rewrite: func(pr *httputil.ProxyRequest) {
-				f := pr.In.Context().Value(apiForwardKey{}).(*apiForward)
-				pr.Out.URL, pr.Out.Host = f.url, ""
-				for k, vs := range f.header {
-					pr.Out.Header[k] = vs
-				}
-				// An answer must come whole, in one piece, for the
-				// credential to be looked for in it: no ranges (an API
-				// may ignore them, and so does the gate), no protocol
-				// switch, no trailers either way.
-				for _, k := range []string{"Range", "If-Range", "Upgrade", "Connection", "Te", "Trailer"} {
-					pr.Out.Header.Del(k)
-				}
-				pr.Out.Trailer = nil
-			},
-			// An API that echoes what it was sent must not hand the
-			// credential to the program (see apicatalog.Redactor).
-			ModifyResponse: func(res *http.Response) error {
-				f := res.Request.Context().Value(apiForwardKey{}).(*apiForward)
-				return f.redactor.Response(res)
-			},
-			Transport: no1xx{tr},
-			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				c := r.Context().Value(apiConnKey{}).(*apiConn)
-				g.cfg.Log.Info("egress api call failed", "tenant", c.run.tenant, "request_id", c.run.requestID, "api", c.api.Name, "error", err)
-				msg := "cannot reach the API"
-				switch {
-				case errors.Is(err, errByteLimit):
-					msg = "the run's egress byte limit is reached"
-				case errors.Is(err, apicatalog.ErrEcho):
-					msg = "the answer echoes the API's credential and is withheld"
-				case errors.Is(err, apicatalog.ErrUnchecked):
-					msg = err.Error()
-				}
-				http.Error(w, fmt.Sprintf("codemode egress: %s: %s", c.api.Name, msg), http.StatusBadGateway)
-			},
-		}
 		g.apiSrv = &http.Server{
-			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				c := r.Context().Value(apiConnKey{}).(*apiConn)
-				h, err := c.api.Header(r.Context())
-				if err != nil {
-					// The error may name a file; the program gets none of it.
-					g.cfg.Log.Warn("egress api credential", "api", c.api.Name, "error", err)
-					http.Error(w, fmt.Sprintf("codemode egress: the credential of API %s is not available", c.api.Name), http.StatusBadGateway)
-					return
-				}
-				u, err := c.api.URL(r.URL.EscapedPath(), r.URL.RawQuery)
-				if err != nil {
-					http.Error(w, fmt.Sprintf("codemode egress: %s: %v", c.api.Name, err), http.StatusBadRequest)
-					return
-				}
-				g.cfg.Log.Info("egress api call", "tenant", c.run.tenant, "request_id", c.run.requestID, "api", c.api.Name, "method", r.Method, "path", r.URL.Path)
-				f := &apiForward{url: u, header: h, redactor: c.api.Redactor(h)}
-				rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), apiForwardKey{}, f)))
-			}),
+			Handler: g.apiHandler(g.apiProxy()),
 			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 				return context.WithValue(ctx, apiConnKey{}, c)
 			},
@@ -145,6 +81,88 @@ func (g *Gate) serveAPI(c *apiConn) {
 		return
 	}
 	g.apiLn.push(c)
+}
+
+// apiHandler serves a program's request to its connection's API: with
+// the API's credential, at the API's URL for the request's path, through
+// rp.
+func (g *Gate) apiHandler(rp *httputil.ReverseProxy) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := r.Context().Value(apiConnKey{}).(*apiConn)
+		h, err := c.api.Header(r.Context())
+		if err != nil {
+			// The error may name a file; the program gets none of it.
+			g.cfg.Log.Warn("egress api credential", "api", c.api.Name, "error", err)
+			http.Error(w, fmt.Sprintf("codemode egress: the credential of API %s is not available", c.api.Name), http.StatusBadGateway)
+			return
+		}
+		u, err := c.api.URL(r.URL.EscapedPath(), r.URL.RawQuery)
+		if err != nil {
+			http.Error(w, fmt.Sprintf("codemode egress: %s: %v", c.api.Name, err), http.StatusBadRequest)
+			return
+		}
+		g.cfg.Log.Info("egress api call", "tenant", c.run.tenant, "request_id", c.run.requestID, "api", c.api.Name, "method", r.Method, "path", r.URL.Path)
+		f := &apiForward{url: u, header: h, redactor: c.api.Redactor(h)}
+		rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), apiForwardKey{}, f)))
+	})
+}
+
+// apiProxy is the reverse proxy to the APIs: each request goes where its
+// apiForward in the context says, with its header, and its answer whole
+// and redacted.
+func (g *Gate) apiProxy() *httputil.ReverseProxy {
+	tr := &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: g.cfg.DialTimeout}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConnsPerHost:   8,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			f := pr.In.Context().Value(apiForwardKey{}).(*apiForward)
+			pr.Out.URL, pr.Out.Host = f.url, ""
+			for k, vs := range f.header {
+				pr.Out.Header[k] = vs
+			}
+			// An answer must come whole, in one piece, for the
+			// credential to be looked for in it: no ranges (an API
+			// may ignore them, and so does the gate), no protocol
+			// switch, no trailers either way.
+			for _, k := range []string{"Range", "If-Range", "Upgrade", "Connection", "Te", "Trailer"} {
+				pr.Out.Header.Del(k)
+			}
+			pr.Out.Trailer = nil
+		},
+		// An API that echoes what it was sent must not hand the
+		// credential to the program (see apicatalog.Redactor).
+		ModifyResponse: func(res *http.Response) error {
+			f := res.Request.Context().Value(apiForwardKey{}).(*apiForward)
+			return f.redactor.Response(res)
+		},
+		Transport:    no1xx{tr},
+		ErrorHandler: g.apiProxyError,
+	}
+}
+
+// apiProxyError answers the program when its request could not be
+// forwarded or its answer was withheld: 502, saying why in words that
+// name no file or credential.
+func (g *Gate) apiProxyError(w http.ResponseWriter, r *http.Request, err error) {
+	c := r.Context().Value(apiConnKey{}).(*apiConn)
+	g.cfg.Log.Info("egress api call failed", "tenant", c.run.tenant, "request_id", c.run.requestID, "api", c.api.Name, "error", err)
+	msg := "cannot reach the API"
+	switch {
+	case errors.Is(err, errByteLimit):
+		msg = "the run's egress byte limit is reached"
+	case errors.Is(err, apicatalog.ErrEcho):
+		msg = "the answer echoes the API's credential and is withheld"
+	case errors.Is(err, apicatalog.ErrUnchecked):
+		msg = err.Error()
+	}
+	http.Error(w, fmt.Sprintf("codemode egress: %s: %s", c.api.Name, msg), http.StatusBadGateway)
 }
 
 // apiForward is where one request to an API goes, and with what.

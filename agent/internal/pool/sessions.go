@@ -323,15 +323,43 @@ func (s *Sessions) open(ctx context.Context, id, tenant, language string, idle t
 	}
 	idle = min(idle, s.cfg.MaxIdleTTL)
 	s.mu.Lock()
+	ss, isNew, err := s.claimLocked(id, tenant, language, idle, memory, mode)
+	s.mu.Unlock()
+	if err != nil {
+		return nil, false, err
+	}
+	if !isNew {
+		select {
+		case <-ss.ready:
+		case <-ctx.Done():
+			return nil, false, fmt.Errorf("wait for session %s to start: %w", ss.ID, ctx.Err())
+		}
+		if ss.err != nil {
+			return nil, false, ss.err
+		}
+		return ss, false, nil
+	}
+	sb, err := s.pool.Hold(ctx, memory)
+	s.start(ss, sb, err)
+	if ss.err != nil {
+		return nil, false, ss.err
+	}
+	s.pool.cfg.Metrics.sessionOpened()
+	s.log.Info("session opened", "session_id", ss.ID, "tenant", tenant, "language", language, "sandbox_id", sandbox.ShortID(sb.ID()))
+	return ss, true, nil
+}
+
+// claimLocked returns tenant's session id as open finds it, or a new
+// session under that id (a new id when it is empty), reserved in s.m and
+// not ready until start; isNew says which. s.mu must be held.
+func (s *Sessions) claimLocked(id, tenant, language string, idle time.Duration, memory int64, mode openMode) (ss *Session, isNew bool, err error) {
 	if s.closed {
-		s.mu.Unlock()
 		return nil, false, ErrClosed
 	}
 	if id == "" {
 		id = newSessionID()
 	}
 	if e, ok := s.ended[id]; ok {
-		s.mu.Unlock()
 		if mode == createNew {
 			return nil, false, fmt.Errorf("%w: the id belonged to a session that ended; ids are not used again", ErrSessionExists)
 		}
@@ -341,69 +369,57 @@ func (s *Sessions) open(ctx context.Context, id, tenant, language string, idle t
 		return nil, false, &EndedError{Reason: e.reason, Ended: e.at}
 	}
 	if ss, ok := s.m[id]; ok {
-		s.mu.Unlock()
 		if mode == createNew {
 			return nil, false, ErrSessionExists
 		}
 		if ss.Tenant != tenant {
 			return nil, false, ErrSessionNotFound
 		}
-		select {
-		case <-ss.ready:
-		case <-ctx.Done():
-			return nil, false, fmt.Errorf("wait for session %s to start: %w", id, ctx.Err())
-		}
-		if ss.err != nil {
-			return nil, false, ss.err
-		}
 		return ss, false, nil
 	}
 	if mode == existing {
-		s.mu.Unlock()
 		return nil, false, ErrSessionNotFound
 	}
 	if n := s.cfg.MaxPerTenant; n > 0 && s.tenantLenLocked(tenant) >= n {
-		s.mu.Unlock()
 		return nil, false, &TenantLimitError{Open: n}
 	}
 	if len(s.m) >= s.cfg.Max {
-		s.mu.Unlock()
 		return nil, false, fmt.Errorf("%w: all %d sessions are open", ErrTooManySessions, s.cfg.Max)
 	}
 	now := time.Now()
-	ss := &Session{
+	ss = &Session{
 		ID: id, Tenant: tenant, Language: language, Created: now, idle: idle, memory: memory,
 		ready: make(chan struct{}), turn: make(chan struct{}, 1), last: now,
 	}
 	s.m[id] = ss
-	s.mu.Unlock()
+	return ss, true, nil
+}
 
-	sb, err := s.pool.Hold(ctx, memory)
+// start gives the new session ss its sandbox sb, or its failure err to
+// hold one, and makes it ready. A session dropped or closed while it
+// waited gets no sandbox: sb goes back to the pool, and the session's
+// error says it is not found.
+func (s *Sessions) start(ss *Session, sb *Sandbox, err error) {
 	s.mu.Lock()
-	if err != nil {
+	defer s.mu.Unlock()
+	switch {
+	case err != nil:
 		ss.err = err
-		delete(s.m, id)
-	} else if ss.dropped || s.closed {
-		ss.err = s.notFoundLocked(id, tenant)
+		delete(s.m, ss.ID)
+	case ss.dropped || s.closed:
+		ss.err = s.notFoundLocked(ss.ID, ss.Tenant)
 		s.pool.Drop(sb)
-	} else {
+	default:
 		ss.sb = sb
 		ss.last = time.Now()
 		// Recorded under the lock, so that its end is always recorded after it.
 		if j := s.cfg.Journal; j != nil {
-			if err := j.Opened(id, tenant, ss.Created); err != nil {
-				s.log.Warn("record a session", "session_id", id, "error", err)
+			if err := j.Opened(ss.ID, ss.Tenant, ss.Created); err != nil {
+				s.log.Warn("record a session", "session_id", ss.ID, "error", err)
 			}
 		}
 	}
 	close(ss.ready)
-	s.mu.Unlock()
-	if ss.err != nil {
-		return nil, false, ss.err
-	}
-	s.pool.cfg.Metrics.sessionOpened()
-	s.log.Info("session opened", "session_id", id, "tenant", tenant, "language", language, "sandbox_id", sandbox.ShortID(sb.ID()))
-	return ss, true, nil
 }
 
 // Close closes tenant's session id and destroys its sandbox, also under a
