@@ -28,6 +28,7 @@ import (
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/codemode-go/codemode/internal/cpuset"
+	"github.com/codemode-go/codemode/internal/limits"
 )
 
 // Baseline is one container from the sandbox image, with a long sleep as
@@ -59,7 +60,7 @@ func (b *Baseline) Start(ctx context.Context) error {
 	if b.ID != "" {
 		return errors.New("start baseline: already started")
 	}
-	res := container.Resources{Memory: 512 << 20, NanoCPUs: int64(b.CPUs * 1e9)}
+	res := container.Resources{Memory: limits.DefaultMemoryBytes, NanoCPUs: int64(b.CPUs * 1e9)}
 	if b.Pin {
 		cpus, err := cpuset.Host()
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/docker/docker/client"
 
+	"github.com/codemode-go/codemode/internal/limits"
 	"github.com/codemode-go/codemode/internal/testenv"
 )
 
@@ -20,7 +21,7 @@ func Image() string {
 	if img := os.Getenv("DOCKER_IMAGE_NAME"); img != "" {
 		return img
 	}
-	return "codemode-sandbox:bookworm"
+	return limits.SandboxImage
 }
 
 // Require skips t unless the engine of cli answers and holds [Image].

@@ -34,7 +34,17 @@
 // the instance, which the host may discard and replace at any time.
 package sdk
 
-import "time"
+import (
+	"time"
+
+	"github.com/codemode-go/codemode/internal/limits"
+)
+
+// DefaultTimeout is the timeout of a run whose request sets none, unless
+// the agents are configured with another. The edge fills in the agents'
+// default before policies run, so a policy sees a zero timeout only while
+// no agent has reported one.
+const DefaultTimeout = limits.DefaultTimeout
 
 // Verdict is a policy's answer; see codemode.policy.v1.Verdict.
 type Verdict int32

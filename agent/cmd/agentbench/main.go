@@ -33,6 +33,7 @@ import (
 	"github.com/codemode-go/codemode/internal/benchbase"
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/launch"
+	"github.com/codemode-go/codemode/internal/limits"
 )
 
 func main() { cli.Main(run) }
@@ -58,7 +59,7 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 	f.IntVar(&o.execN, "exec-n", 30, "docker exec runs for the baseline")
 	f.IntVar(&o.loopN, "loop-n", 20, "interpreter starts per loop inside the sandbox")
 	f.IntVar(&o.warm, "warm", 8, "warm sandboxes of the agent (its memory is measured with them)")
-	f.StringVar(&o.image, "image", "codemode-sandbox:bookworm", "sandbox image")
+	f.StringVar(&o.image, "image", limits.SandboxImage, "sandbox image")
 	f.StringVar(&o.runtime, "runtime", "runsc", "OCI runtime")
 	f.Float64Var(&o.cpus, "cpus", agentd.DefaultConfig().CPUs, "CPU limit of the agent's sandboxes and of the baseline container alike (the agent's default; both are pinned to CPUs as the agent pins)")
 	f.BoolVar(&o.workload, "workload", false, "measure only the workload of code that imports libraries (requests, numpy, pandas, matplotlib) on an agent with --preload=default and one without")

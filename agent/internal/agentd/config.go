@@ -18,6 +18,7 @@ import (
 
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
+	"github.com/codemode-go/codemode/internal/limits"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
@@ -175,7 +176,7 @@ func DefaultConfig() Config {
 	return Config{
 		Addr:              ":30031",
 		Name:              host,
-		Image:             "codemode-sandbox:bookworm",
+		Image:             limits.SandboxImage,
 		Runtime:           "runsc",
 		Runner:            runner,
 		MinActive:         2,
@@ -185,20 +186,20 @@ func DefaultConfig() Config {
 		RunSlots:          runtime.NumCPU(),
 		QueueTimeout:      30 * time.Second,
 		WarmIdle:          5 * time.Minute,
-		DefaultTimeout:    30 * time.Second,
-		MaxTimeout:        300 * time.Second,
-		Memory:            512 << 20,
-		MaxMemory:         2 << 30,
+		DefaultTimeout:    limits.DefaultTimeout,
+		MaxTimeout:        limits.MaxTimeout,
+		Memory:            limits.DefaultMemoryBytes,
+		MaxMemory:         limits.MaxMemoryBytes,
 		CPUs:              1,
 		PinCPUs:           true,
 		PidsLimit:         256,
 		WorkspaceSize:     64 << 20,
 		TmpSize:           16 << 20,
 		ShmSize:           16 << 20,
-		DefaultOutput:     1 << 20,
-		MaxOutput:         16 << 20,
-		SessionIdleTTL:    10 * time.Minute,
-		MaxSessionIdleTTL: 24 * time.Hour,
+		DefaultOutput:     limits.DefaultOutputBytes,
+		MaxOutput:         limits.MaxOutputBytes,
+		SessionIdleTTL:    limits.DefaultSessionIdle,
+		MaxSessionIdleTTL: limits.MaxSessionIdle,
 		MaxSessions:       8,
 		// Half of MaxSessions: a tenant alone cannot take them all.
 		MaxSessionsPerTenant: 4,
@@ -387,12 +388,16 @@ func (c *Config) Validate() error {
 	check(c.QueueTimeout > 0, "queue-timeout must be positive")
 	check(c.WarmIdle > 0, "warm-idle must be positive")
 	check(c.DefaultTimeout > 0 && c.DefaultTimeout <= c.MaxTimeout, "default-timeout %v: want positive and at most max-timeout (%v)", c.DefaultTimeout, c.MaxTimeout)
-	check(c.Memory >= minMemory && c.Memory <= c.MaxMemory, "memory %d: want %d to max-memory (%d)", c.Memory, minMemory, c.MaxMemory)
+	check(c.MaxTimeout <= limits.TimeoutCeiling, "max-timeout %v: want at most %v", c.MaxTimeout, limits.TimeoutCeiling)
+	check(c.Memory >= limits.MinMemoryBytes && c.Memory <= c.MaxMemory, "memory %d: want %d to max-memory (%d)", c.Memory, limits.MinMemoryBytes, c.MaxMemory)
+	check(c.MaxMemory <= limits.MemoryCeiling, "max-memory %d: want at most %d", c.MaxMemory, limits.MemoryCeiling)
 	check(c.CPUs > 0, "cpus must be positive")
 	check(c.PidsLimit >= 128, "pids-limit %d: runsc needs at least 128", c.PidsLimit)
 	check(c.WorkspaceSize > 0 && c.TmpSize > 0 && c.ShmSize > 0, "tmpfs sizes must be positive")
 	check(c.DefaultOutput > 0 && c.DefaultOutput <= c.MaxOutput, "default-output %d: want positive and at most max-output (%d)", c.DefaultOutput, c.MaxOutput)
+	check(c.MaxOutput <= limits.OutputCeiling, "max-output %d: want at most %d", c.MaxOutput, limits.OutputCeiling)
 	check(c.SessionIdleTTL > 0 && c.SessionIdleTTL <= c.MaxSessionIdleTTL, "session-idle-ttl %v: want positive and at most max-session-idle-ttl", c.SessionIdleTTL)
+	check(c.MaxSessionIdleTTL <= limits.MaxSessionIdle, "max-session-idle-ttl %v: want at most %v", c.MaxSessionIdleTTL, limits.MaxSessionIdle)
 	check(c.MaxSessions >= 0 && c.MaxSessions <= c.MaxSandboxes, "max-sessions %d: want 0 to max-sandboxes (%d)", c.MaxSessions, c.MaxSandboxes)
 	check(c.MaxSessionsPerTenant >= 1, "max-sessions-per-tenant %d: want at least 1", c.MaxSessionsPerTenant)
 	check(!strings.ContainsAny(c.Name, "=,\n"), "name %q: no '=', ',' or newline", c.Name)

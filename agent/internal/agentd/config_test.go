@@ -96,3 +96,29 @@ func TestCheckRunner(t *testing.T) {
 		t.Errorf("missing binary: %v", err)
 	}
 }
+
+// TestConfigCeilings checks that no configuration allows runs more than a
+// request may carry (the protos' rules, package limits' ceilings), and that
+// the ceilings themselves are allowed.
+func TestConfigCeilings(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		flag, over, at string
+	}{
+		{"max-timeout", "25h", "24h"},
+		{"max-output", "65m", "64m"},
+		{"max-memory", "5g", "4g"},
+		{"max-session-idle-ttl", "25h", "24h"},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			t.Parallel()
+			getenv := func(string) string { return "" }
+			if _, err := ParseConfig([]string{"--" + tc.flag, tc.over}, getenv, io.Discard); err == nil || !strings.Contains(err.Error(), tc.flag) {
+				t.Errorf("--%s=%s: %v, want an error naming the flag", tc.flag, tc.over, err)
+			}
+			if _, err := ParseConfig([]string{"--" + tc.flag, tc.at}, getenv, io.Discard); err != nil {
+				t.Errorf("--%s=%s: %v", tc.flag, tc.at, err)
+			}
+		})
+	}
+}

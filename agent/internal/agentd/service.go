@@ -20,6 +20,7 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/limits"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
@@ -47,16 +48,12 @@ func isNotStarted(err error) bool {
 // runner's own report before it cancels the run itself.
 const runGrace = 2 * time.Second
 
-// minMemory is the least memory a sandbox is given: below it, runsc and the
-// runner do not start.
-const minMemory = 64 << 20
-
 // canonicalLanguage returns the table's name for name (a name or an alias),
 // or an invalid-argument error listing the table's names.
 func canonicalLanguage(name string) (string, error) {
 	l, ok := languages.Lookup(name)
 	if !ok {
-		return "", fmt.Errorf("%w: unknown language %q: valid languages are %s", errInvalid, name, languages.Names())
+		return "", fmt.Errorf("%w: %w", errInvalid, limits.UnknownLanguage(name, languages.Names()))
 	}
 	return l.Name, nil
 }
@@ -125,7 +122,7 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 	// runner in a warm sandbox; a larger one needs a sandbox of its own.
 	var memory, runMemory int64 // 0: the pool's default
 	if b := exec.GetLimits().GetMemoryBytes(); b > 0 {
-		runMemory = max(int64(min(b, uint64(s.cfg.MaxMemory))), minMemory)
+		runMemory = max(int64(min(b, uint64(s.cfg.MaxMemory))), limits.MinMemoryBytes)
 		if runMemory > s.pool.DefaultMemory() {
 			memory = runMemory
 		}

@@ -251,12 +251,12 @@ func moduleName(m string) bool {
 	return true
 }
 
-// Names returns the names of the table, comma-separated, for
-// messages.
-func Names() string {
+// Names returns the names of the table, in its order, for messages (see
+// limits.UnknownLanguage).
+func Names() []string {
 	names := make([]string, len(table))
 	for i, l := range table {
 		names[i] = l.Name
 	}
-	return strings.Join(names, ", ")
+	return names
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	runlimits "github.com/codemode-go/codemode/internal/limits"
 )
 
 // maxArg is the longest single argument the kernel (Linux and gVisor alike)
@@ -59,7 +60,7 @@ func (s *server) env(lang language) []string {
 func (s *server) run(ctx context.Context, id uint64, r *runnerv1.Run) (*runnerv1.Exit, error) {
 	lang, ok := languageFor(r.GetLanguage())
 	if !ok {
-		return nil, &wire.RunnerError{Code: runnerv1.Error_CODE_INVALID_ARGUMENT, Message: fmt.Sprintf("unknown language %q: valid languages are %s", r.GetLanguage(), languages.Names())}
+		return nil, &wire.RunnerError{Code: runnerv1.Error_CODE_INVALID_ARGUMENT, Message: runlimits.UnknownLanguage(r.GetLanguage(), languages.Names()).Error()}
 	}
 	if lang.Requires != "" {
 		// A compiled language's compiler: missing, it is the image's

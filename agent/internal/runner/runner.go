@@ -49,14 +49,16 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	runlimits "github.com/codemode-go/codemode/internal/limits"
 )
 
-// Defaults for a Run that leaves a limit at zero, and the ceilings a Run
-// cannot raise.
+// Defaults for a Run that leaves a limit at zero, and the ceiling a Run
+// cannot raise, from the system's one source (package limits). The agent
+// sets every limit of a Run; these bound what the runner is asked for.
 const (
-	DefaultTimeout     = 30 * time.Second
-	MaxTimeout         = time.Hour
-	DefaultOutputLimit = 16 << 20
+	DefaultTimeout     = runlimits.DefaultTimeout
+	MaxTimeout         = runlimits.TimeoutCeiling
+	DefaultOutputLimit = runlimits.DefaultOutputBytes
 )
 
 // config is the runner's configuration. Run fills it for the real sandbox;

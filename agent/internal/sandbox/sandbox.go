@@ -39,7 +39,7 @@ var ErrUnavailable = errors.New("container engine unavailable")
 // Spec describes a sandbox. Every field is required unless it says otherwise;
 // Validate reports what is missing.
 type Spec struct {
-	// Image to run, e.g. "codemode-sandbox:bookworm". It must be present
+	// Image to run, e.g. limits.SandboxImage. It must be present
 	// locally: drivers never pull.
 	Image string
 	// Runtime is the OCI runtime, e.g. "runsc".

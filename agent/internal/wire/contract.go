@@ -56,6 +56,8 @@
 //     background processes running between runs.
 package wire
 
+import "github.com/codemode-go/codemode/internal/limits"
+
 // RunnerPath is where the agent bind-mounts the runner binary (read-only)
 // inside every sandbox, and the sandbox's entrypoint.
 const RunnerPath = "/opt/codemode/runner"
@@ -96,7 +98,7 @@ const Workspace = "/workspace"
 
 // MaxFileSize is the largest file content that WriteFile takes, that a Run
 // may carry per file, and that ReadFile returns.
-const MaxFileSize = 4 << 20
+const MaxFileSize = limits.MaxFileBytes
 
 // OutputsDir is the directory of the workspace (relative to [Workspace])
 // whose files a run returns as artifacts: the runner creates it, owned by

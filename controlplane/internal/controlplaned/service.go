@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -24,6 +23,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/cluster"
+	"github.com/codemode-go/codemode/internal/limits"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
@@ -561,7 +561,7 @@ func (s *Service) checkLanguage(name string) error {
 	if len(names) == 0 {
 		return nil
 	}
-	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown language %q: valid languages are %s", name, strings.Join(names, ", ")))
+	return connect.NewError(connect.CodeInvalidArgument, limits.UnknownLanguage(name, names))
 }
 
 // ListLanguages implements ControlPlaneService.

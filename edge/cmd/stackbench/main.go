@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/limits"
 )
 
 func main() { cli.Main(run) }
@@ -61,7 +62,7 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 	f.IntVar(&o.execN, "exec-n", 30, "docker exec runs for the baseline")
 	f.IntVar(&o.loopN, "loop-n", 20, "interpreter starts per loop inside the sandbox")
 	f.IntVar(&o.warm, "warm", 4, "warm sandboxes of the agent (its --min-active)")
-	f.StringVar(&o.image, "image", "codemode-sandbox:bookworm", "sandbox image")
+	f.StringVar(&o.image, "image", limits.SandboxImage, "sandbox image")
 	f.StringVar(&o.runtime, "runtime", "runsc", "OCI runtime")
 	f.DurationVar(&o.queue, "queue-timeout", 30*time.Second, "the agent's --queue-timeout, the bound of p99 at concurrency 16")
 	f.StringVar(&o.markdown, "markdown", "", "write the report to this Markdown file (BENCHMARKS.md)")

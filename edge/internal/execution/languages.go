@@ -2,8 +2,6 @@ package execution
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/limits"
 )
 
 // The edge knows no language of its own: it learns the agents' table from
@@ -139,7 +138,7 @@ func (l *languages) canonical(ctx context.Context, name string) (string, error) 
 	if len(list) == 0 {
 		return name, nil
 	}
-	return "", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown language %q: valid languages are %s", name, languageNames(list)))
+	return "", connect.NewError(connect.CodeInvalidArgument, limits.UnknownLanguage(name, languageNames(list)))
 }
 
 // known reports whether name is a name or alias in the cached table, or
@@ -154,10 +153,10 @@ func (l *languages) known(name string) bool {
 	return ok
 }
 
-func languageNames(list []*executionv1.Language) string {
+func languageNames(list []*executionv1.Language) []string {
 	names := make([]string, len(list))
 	for i, lang := range list {
 		names[i] = lang.GetName()
 	}
-	return strings.Join(names, ", ")
+	return names
 }

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"time"
+
+	"github.com/codemode-go/codemode/internal/limits"
 )
 
 // Config is the policy configuration file, in JSON. Durations are strings
@@ -119,7 +121,7 @@ const (
 	DefaultFuel             = 10_000_000
 	DefaultFuelPerInputByte = 64
 	DefaultDeadline         = 10 * time.Second
-	DefaultRunTimeout       = 30 * time.Second
+	DefaultRunTimeout       = limits.DefaultTimeout
 	DefaultMemoryLimitPages = 512
 	DefaultMaxInputBytes    = 8 << 20
 	maxPoolSize             = 64

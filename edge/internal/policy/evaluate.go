@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
+	"github.com/codemode-go/codemode/internal/limits"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
@@ -27,8 +28,8 @@ const (
 	maxAnnotations     = 16
 	maxAnnotationKey   = 63
 	maxAnnotationValue = 256
-	maxCodeBytes       = 262144
-	maxStdinBytes      = 1 << 20
+	maxCodeBytes       = limits.MaxCodeBytes
+	maxStdinBytes      = limits.MaxStdinBytes
 )
 
 // ErrClosed is returned by evaluations after [Engine.Close].

@@ -9,6 +9,7 @@ import (
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 	"github.com/codemode-go/codemode/internal/egressrule"
+	"github.com/codemode-go/codemode/internal/limits"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -271,4 +272,4 @@ func (e *Engine) knownLanguage(name string) bool {
 }
 
 // languageName is the form of a language name in the protos' rules.
-var languageName = regexp.MustCompile(`^[a-z][a-z0-9+_.-]{0,31}$`)
+var languageName = regexp.MustCompile(limits.LanguagePattern)

@@ -27,9 +27,6 @@ type max struct {
 
 var maxima map[string]max
 
-// defaultTimeout is the edge's default when a request sets none (30 s).
-const defaultTimeout = 30 * time.Second
-
 func init() {
 	sdk.HandleInit(func(config []byte) error {
 		maxima = make(map[string]max)
@@ -67,7 +64,7 @@ func init() {
 		d := sdk.Allow()
 		asked := in.Execution.Timeout
 		if asked == 0 {
-			asked = defaultTimeout
+			asked = sdk.DefaultTimeout
 		}
 		if asked > m.timeout {
 			d.Limits.Timeout = m.timeout
