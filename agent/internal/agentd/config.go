@@ -218,127 +218,13 @@ func DefaultConfig() Config {
 func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config, error) {
 	cfg := DefaultConfig()
 	f := cli.NewFlags("agent", w)
-	f.Func("addr", "address to serve gRPC, gRPC-Web and Connect on; a bare port means all interfaces with a cluster secret, 127.0.0.1 without one (default \":30031\")", func(s string) error {
-		cfg.Addr = normalizeAddr(s)
-		return nil
-	})
-	f.Env("addr", "WORKER_PORT")
-	f.StringVar(&cfg.Name, "name", cfg.Name, "name of the agent, in results, status and sandbox labels (default: host name)")
-	f.Env("name", "AGENT_NAME")
-	f.Func("labels", "labels for routing, k=v,k=v", func(s string) error {
-		l, err := parseLabels(s)
-		cfg.Labels = l
-		return err
-	})
-	f.Env("labels", "AGENT_LABELS")
-	f.StringVar(&cfg.Image, "image", cfg.Image, "sandbox image (must be present locally)")
-	f.Env("image", "DOCKER_IMAGE_NAME")
-	f.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI runtime of the sandboxes")
-	f.Env("runtime", "SANDBOX_RUNTIME")
-	f.StringVar(&cfg.Runner, "runner", cfg.Runner, "host path of the static runner binary mounted into every sandbox (default: runner next to this binary)")
-	f.Env("runner", "RUNNER_PATH")
-	f.StringVar(&cfg.DockerHost, "docker-host", "", "Docker Engine address (default: DOCKER_HOST or the local socket)")
-	f.IntVar(&cfg.MinActive, "min-active", cfg.MinActive, "warm sandboxes kept ready")
-	f.Env("min-active", "MIN_ACTIVE")
-	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", cfg.MaxSandboxes, "most sandboxes held at once (warm, busy and sessions)")
-	f.Env("max-sandboxes", "MAX_SANDBOXES")
-	f.IntVar(&cfg.MaxReuse, "max-reuse", cfg.MaxReuse, "stateless runs one sandbox serves, scrubbed between runs, before it is destroyed")
-	f.Env("max-reuse", "MAX_REUSE")
-	f.BoolVar(&cfg.Prestart, "prestart", cfg.Prestart, "start the interpreter of a sandbox's next stateless run when it is scrubbed, so that the run does not wait for it")
-	f.Env("prestart", "PRESTART")
-	f.StringVar(&cfg.Preload, "preload", cfg.Preload, `modules each sandbox imports once, in a parent that forks the interpreter of every stateless Python run, comma-separated, or "default" (numpy, pandas, matplotlib, requests, scipy); empty: none, each run's interpreter starts fresh`)
-	f.Env("preload", "PRELOAD")
-	f.IntVar(&cfg.RunSlots, "run-slots", cfg.RunSlots, "sandboxes working at once (running the start of a program, or being scrubbed); further runs wait their turn; 0: no bound (default: the host's CPUs)")
-	f.Env("run-slots", "RUN_SLOTS")
-	f.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "how long a request waits for a free sandbox and a run slot")
-	f.Env("queue-timeout", "QUEUE_TIMEOUT")
-	f.DurationVar(&cfg.WarmIdle, "warm-idle", cfg.WarmIdle, "warm sandboxes beyond --min-active unused this long are destroyed")
-	f.Env("warm-idle", "WARM_IDLE")
-	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", cfg.DefaultTimeout, "run timeout when the request sets none")
-	f.Env("default-timeout", "DEFAULT_TIMEOUT")
-	f.DurationVar(&cfg.MaxTimeout, "max-timeout", cfg.MaxTimeout, "longest run timeout a request may ask for")
-	f.Env("max-timeout", "MAX_TIMEOUT")
-	bytesFlag(f, &cfg.Memory, "memory", "SANDBOX_MEMORY", "default memory limit of a sandbox (e.g. 512m)")
-	bytesFlag(f, &cfg.MaxMemory, "max-memory", "MAX_MEMORY", "largest memory limit a request may ask for")
-	f.Float64Var(&cfg.CPUs, "cpus", cfg.CPUs, "CPU limit of a sandbox")
-	f.Env("cpus", "SANDBOX_CPUS")
-	f.BoolVar(&cfg.PinCPUs, "pin-cpus", cfg.PinCPUs, "pin each sandbox to as many of the host's CPUs as --cpus rounds up to, spreading sandboxes over them (nothing is pinned when the host has fewer than twice that many)")
-	f.Env("pin-cpus", "SANDBOX_PIN_CPUS")
-	f.Int64Var(&cfg.PidsLimit, "pids-limit", cfg.PidsLimit, "pids limit of a sandbox (under runsc it counts the sandbox kernel's threads too)")
-	f.Env("pids-limit", "SANDBOX_PIDS_LIMIT")
-	bytesFlag(f, &cfg.WorkspaceSize, "workspace-size", "WORKSPACE_SIZE", "size of the /workspace tmpfs")
-	bytesFlag(f, &cfg.TmpSize, "tmp-size", "TMP_SIZE", "size of the /tmp tmpfs")
-	bytesFlag(f, &cfg.ShmSize, "shm-size", "SHM_SIZE", "size of /dev/shm")
-	bytesFlag(f, &cfg.DefaultOutput, "default-output", "DEFAULT_OUTPUT", "bytes of stdout plus stderr kept when the request sets no limit")
-	bytesFlag(f, &cfg.MaxOutput, "max-output", "MAX_OUTPUT", "most bytes of stdout plus stderr a request may ask to keep")
-	f.DurationVar(&cfg.SessionIdleTTL, "session-idle-ttl", cfg.SessionIdleTTL, "a session is closed after this long without a run")
-	f.Env("session-idle-ttl", "SESSION_IDLE_TTL")
-	f.DurationVar(&cfg.MaxSessionIdleTTL, "max-session-idle-ttl", cfg.MaxSessionIdleTTL, "longest idle timeout a session may ask for")
-	f.Env("max-session-idle-ttl", "MAX_SESSION_IDLE_TTL")
-	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "most open sessions")
-	f.Env("max-sessions", "MAX_SESSIONS")
-	f.IntVar(&cfg.MaxSessionsPerTenant, "max-sessions-per-tenant", cfg.MaxSessionsPerTenant, "most open sessions of one tenant, so that one tenant cannot hold them all (at or above --max-sessions: no bound of its own)")
-	f.Env("max-sessions-per-tenant", "MAX_SESSIONS_PER_TENANT")
-	f.IntVar(&cfg.EgressMaxConnections, "egress-max-connections", cfg.EgressMaxConnections, "most egress connections one run may open (0: no limit)")
-	f.Env("egress-max-connections", "EGRESS_MAX_CONNECTIONS")
-	bytesFlag(f, &cfg.EgressMaxBytes, "egress-max-bytes", "EGRESS_MAX_BYTES", "most bytes one run may send and receive through its egress (0: no limit)")
-	f.DurationVar(&cfg.EgressMaxConnectionTime, "egress-max-connection-time", cfg.EgressMaxConnectionTime, "longest an egress connection may stay open (0: until the run ends)")
-	f.Env("egress-max-connection-time", "EGRESS_MAX_CONNECTION_TIME")
-	f.Func("egress-deny", "comma-separated addresses (IP:PORT, or :PORT for every address of this host) no egress rule opens, such as the control plane's and the edge's; the agent's own is always denied", func(v string) error {
-		cfg.EgressDeny = nil
-		for _, a := range strings.Split(v, ",") {
-			if a = strings.TrimSpace(a); a == "" {
-				continue
-			}
-			if strings.HasPrefix(a, ":") {
-				a = "[::]" + a
-			}
-			ap, err := netip.ParseAddrPort(a)
-			if err != nil {
-				return fmt.Errorf("egress-deny %q: want IP:PORT or :PORT", a)
-			}
-			cfg.EgressDeny = append(cfg.EgressDeny, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
-		}
-		return nil
-	})
-	f.Env("egress-deny", "EGRESS_DENY")
-	f.StringVar(&cfg.APIs, "apis", "", "API declaration file (JSON; see docs/code-mode.md): code reaches each API at http://NAME.api.codemode/ when its egress allows it, with the API's credential added by the agent; empty: the shipped declaration (GitHub's public API); \"none\": no APIs")
-	f.Env("apis", "CODEMODE_APIS")
-	f.Func("egress-hosts", "comma-separated NAME=IP entries the agent resolves for egress without DNS, like a hosts file; the addresses still need rules when they are not public", func(v string) error {
-		cfg.EgressHosts = make(map[string][]netip.Addr)
-		for _, e := range strings.Split(v, ",") {
-			if e = strings.TrimSpace(e); e == "" {
-				continue
-			}
-			name, ip, ok := strings.Cut(e, "=")
-			a, err := netip.ParseAddr(strings.TrimSpace(ip))
-			if !ok || err != nil || strings.TrimSpace(name) == "" {
-				return fmt.Errorf("egress-hosts %q: want NAME=IP", e)
-			}
-			name = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
-			cfg.EgressHosts[name] = append(cfg.EgressHosts[name], a.Unmap())
-		}
-		return nil
-	})
-	f.Env("egress-hosts", "EGRESS_HOSTS")
-	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long shutdown waits for requests in flight")
-	f.Env("shutdown-timeout", "SHUTDOWN_TIMEOUT")
-	f.StringVar(&cfg.StateDir, "state-dir", "", "directory for the agent's state across restarts (its session journal); \"none\" keeps nothing (default: $CODEMODE_STATE_DIR/agents/NAME, CODEMODE_STATE_DIR defaulting to /var/lib/codemode)")
-	f.Env("state-dir", "AGENT_STATE_DIR")
-	f.Func("controlplanes", "control planes to join by heartbeat, URL or host:port, comma-separated; empty: wait to be listed in a control plane's --agents", func(v string) error {
-		cfg.ControlPlanes = nil
-		for _, u := range strings.Split(v, ",") {
-			if u = strings.TrimSpace(u); u != "" {
-				cfg.ControlPlanes = append(cfg.ControlPlanes, u)
-			}
-		}
-		return nil
-	})
-	f.Env("controlplanes", "CONTROLPLANES")
-	f.StringVar(&cfg.AdvertiseAddr, "advertise-addr", "", "host:port the control planes reach this agent at (default: the listen address, or the host name and port when it listens on every address)")
-	f.Env("advertise-addr", "ADVERTISE_ADDR")
-	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "how often to send the control planes a heartbeat; they stop routing to the agent after three missed")
-	f.Env("heartbeat-interval", "HEARTBEAT_INTERVAL")
+	cfg.identityFlags(f)
+	cfg.sandboxFlags(f)
+	cfg.poolFlags(f)
+	cfg.runLimitFlags(f)
+	cfg.sessionFlags(f)
+	cfg.egressFlags(f)
+	cfg.clusterFlags(f)
 	loadSecret := cluster.Flags(f)
 	format, level := cli.LogFlags(f)
 	metricsAddr := telemetry.MetricsFlags(f)
@@ -366,6 +252,169 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 		cfg.DockerHost = getenv("DOCKER_HOST")
 	}
 	return cfg, cfg.Validate()
+}
+
+// identityFlags defines the flags of where the agent serves and what it is called.
+func (cfg *Config) identityFlags(f *cli.Flags) {
+	f.Func("addr", "address to serve gRPC, gRPC-Web and Connect on; a bare port means all interfaces with a cluster secret, 127.0.0.1 without one (default \":30031\")", func(s string) error {
+		cfg.Addr = normalizeAddr(s)
+		return nil
+	})
+	f.Env("addr", "WORKER_PORT")
+	f.StringVar(&cfg.Name, "name", cfg.Name, "name of the agent, in results, status and sandbox labels (default: host name)")
+	f.Env("name", "AGENT_NAME")
+	f.Func("labels", "labels for routing, k=v,k=v", func(s string) error {
+		l, err := parseLabels(s)
+		cfg.Labels = l
+		return err
+	})
+	f.Env("labels", "AGENT_LABELS")
+}
+
+// sandboxFlags defines the flags of what the sandboxes run on.
+func (cfg *Config) sandboxFlags(f *cli.Flags) {
+	f.StringVar(&cfg.Image, "image", cfg.Image, "sandbox image (must be present locally)")
+	f.Env("image", "DOCKER_IMAGE_NAME")
+	f.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "OCI runtime of the sandboxes")
+	f.Env("runtime", "SANDBOX_RUNTIME")
+	f.StringVar(&cfg.Runner, "runner", cfg.Runner, "host path of the static runner binary mounted into every sandbox (default: runner next to this binary)")
+	f.Env("runner", "RUNNER_PATH")
+	f.StringVar(&cfg.DockerHost, "docker-host", "", "Docker Engine address (default: DOCKER_HOST or the local socket)")
+}
+
+// poolFlags defines the flags of the pool of sandboxes and the queue for them.
+func (cfg *Config) poolFlags(f *cli.Flags) {
+	f.IntVar(&cfg.MinActive, "min-active", cfg.MinActive, "warm sandboxes kept ready")
+	f.Env("min-active", "MIN_ACTIVE")
+	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", cfg.MaxSandboxes, "most sandboxes held at once (warm, busy and sessions)")
+	f.Env("max-sandboxes", "MAX_SANDBOXES")
+	f.IntVar(&cfg.MaxReuse, "max-reuse", cfg.MaxReuse, "stateless runs one sandbox serves, scrubbed between runs, before it is destroyed")
+	f.Env("max-reuse", "MAX_REUSE")
+	f.BoolVar(&cfg.Prestart, "prestart", cfg.Prestart, "start the interpreter of a sandbox's next stateless run when it is scrubbed, so that the run does not wait for it")
+	f.Env("prestart", "PRESTART")
+	f.StringVar(&cfg.Preload, "preload", cfg.Preload, `modules each sandbox imports once, in a parent that forks the interpreter of every stateless Python run, comma-separated, or "default" (numpy, pandas, matplotlib, requests, scipy); empty: none, each run's interpreter starts fresh`)
+	f.Env("preload", "PRELOAD")
+	f.IntVar(&cfg.RunSlots, "run-slots", cfg.RunSlots, "sandboxes working at once (running the start of a program, or being scrubbed); further runs wait their turn; 0: no bound (default: the host's CPUs)")
+	f.Env("run-slots", "RUN_SLOTS")
+	f.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "how long a request waits for a free sandbox and a run slot")
+	f.Env("queue-timeout", "QUEUE_TIMEOUT")
+	f.DurationVar(&cfg.WarmIdle, "warm-idle", cfg.WarmIdle, "warm sandboxes beyond --min-active unused this long are destroyed")
+	f.Env("warm-idle", "WARM_IDLE")
+}
+
+// runLimitFlags defines the flags of a run's limits: what a request gets when it sets none, and the most it may ask for.
+func (cfg *Config) runLimitFlags(f *cli.Flags) {
+	f.DurationVar(&cfg.DefaultTimeout, "default-timeout", cfg.DefaultTimeout, "run timeout when the request sets none")
+	f.Env("default-timeout", "DEFAULT_TIMEOUT")
+	f.DurationVar(&cfg.MaxTimeout, "max-timeout", cfg.MaxTimeout, "longest run timeout a request may ask for")
+	f.Env("max-timeout", "MAX_TIMEOUT")
+	bytesFlag(f, &cfg.Memory, "memory", "SANDBOX_MEMORY", "default memory limit of a sandbox (e.g. 512m)")
+	bytesFlag(f, &cfg.MaxMemory, "max-memory", "MAX_MEMORY", "largest memory limit a request may ask for")
+	f.Float64Var(&cfg.CPUs, "cpus", cfg.CPUs, "CPU limit of a sandbox")
+	f.Env("cpus", "SANDBOX_CPUS")
+	f.BoolVar(&cfg.PinCPUs, "pin-cpus", cfg.PinCPUs, "pin each sandbox to as many of the host's CPUs as --cpus rounds up to, spreading sandboxes over them (nothing is pinned when the host has fewer than twice that many)")
+	f.Env("pin-cpus", "SANDBOX_PIN_CPUS")
+	f.Int64Var(&cfg.PidsLimit, "pids-limit", cfg.PidsLimit, "pids limit of a sandbox (under runsc it counts the sandbox kernel's threads too)")
+	f.Env("pids-limit", "SANDBOX_PIDS_LIMIT")
+	bytesFlag(f, &cfg.WorkspaceSize, "workspace-size", "WORKSPACE_SIZE", "size of the /workspace tmpfs")
+	bytesFlag(f, &cfg.TmpSize, "tmp-size", "TMP_SIZE", "size of the /tmp tmpfs")
+	bytesFlag(f, &cfg.ShmSize, "shm-size", "SHM_SIZE", "size of /dev/shm")
+	bytesFlag(f, &cfg.DefaultOutput, "default-output", "DEFAULT_OUTPUT", "bytes of stdout plus stderr kept when the request sets no limit")
+	bytesFlag(f, &cfg.MaxOutput, "max-output", "MAX_OUTPUT", "most bytes of stdout plus stderr a request may ask to keep")
+}
+
+// sessionFlags defines the flags of sessions.
+func (cfg *Config) sessionFlags(f *cli.Flags) {
+	f.DurationVar(&cfg.SessionIdleTTL, "session-idle-ttl", cfg.SessionIdleTTL, "a session is closed after this long without a run")
+	f.Env("session-idle-ttl", "SESSION_IDLE_TTL")
+	f.DurationVar(&cfg.MaxSessionIdleTTL, "max-session-idle-ttl", cfg.MaxSessionIdleTTL, "longest idle timeout a session may ask for")
+	f.Env("max-session-idle-ttl", "MAX_SESSION_IDLE_TTL")
+	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "most open sessions")
+	f.Env("max-sessions", "MAX_SESSIONS")
+	f.IntVar(&cfg.MaxSessionsPerTenant, "max-sessions-per-tenant", cfg.MaxSessionsPerTenant, "most open sessions of one tenant, so that one tenant cannot hold them all (at or above --max-sessions: no bound of its own)")
+	f.Env("max-sessions-per-tenant", "MAX_SESSIONS_PER_TENANT")
+}
+
+// egressFlags defines the flags of what runs may reach outside their sandboxes.
+func (cfg *Config) egressFlags(f *cli.Flags) {
+	f.IntVar(&cfg.EgressMaxConnections, "egress-max-connections", cfg.EgressMaxConnections, "most egress connections one run may open (0: no limit)")
+	f.Env("egress-max-connections", "EGRESS_MAX_CONNECTIONS")
+	bytesFlag(f, &cfg.EgressMaxBytes, "egress-max-bytes", "EGRESS_MAX_BYTES", "most bytes one run may send and receive through its egress (0: no limit)")
+	f.DurationVar(&cfg.EgressMaxConnectionTime, "egress-max-connection-time", cfg.EgressMaxConnectionTime, "longest an egress connection may stay open (0: until the run ends)")
+	f.Env("egress-max-connection-time", "EGRESS_MAX_CONNECTION_TIME")
+	f.Func("egress-deny", "comma-separated addresses (IP:PORT, or :PORT for every address of this host) no egress rule opens, such as the control plane's and the edge's; the agent's own is always denied", func(v string) error {
+		d, err := parseEgressDeny(v)
+		cfg.EgressDeny = d
+		return err
+	})
+	f.Env("egress-deny", "EGRESS_DENY")
+	f.StringVar(&cfg.APIs, "apis", "", "API declaration file (JSON; see docs/code-mode.md): code reaches each API at http://NAME.api.codemode/ when its egress allows it, with the API's credential added by the agent; empty: the shipped declaration (GitHub's public API); \"none\": no APIs")
+	f.Env("apis", "CODEMODE_APIS")
+	f.Func("egress-hosts", "comma-separated NAME=IP entries the agent resolves for egress without DNS, like a hosts file; the addresses still need rules when they are not public", func(v string) error {
+		h, err := parseEgressHosts(v)
+		cfg.EgressHosts = h
+		return err
+	})
+	f.Env("egress-hosts", "EGRESS_HOSTS")
+}
+
+// clusterFlags defines the flags of the agent's life in a cluster: shutdown, state, control planes.
+func (cfg *Config) clusterFlags(f *cli.Flags) {
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long shutdown waits for requests in flight")
+	f.Env("shutdown-timeout", "SHUTDOWN_TIMEOUT")
+	f.StringVar(&cfg.StateDir, "state-dir", "", "directory for the agent's state across restarts (its session journal); \"none\" keeps nothing (default: $CODEMODE_STATE_DIR/agents/NAME, CODEMODE_STATE_DIR defaulting to /var/lib/codemode)")
+	f.Env("state-dir", "AGENT_STATE_DIR")
+	f.Func("controlplanes", "control planes to join by heartbeat, URL or host:port, comma-separated; empty: wait to be listed in a control plane's --agents", func(v string) error {
+		cfg.ControlPlanes = nil
+		for _, u := range strings.Split(v, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				cfg.ControlPlanes = append(cfg.ControlPlanes, u)
+			}
+		}
+		return nil
+	})
+	f.Env("controlplanes", "CONTROLPLANES")
+	f.StringVar(&cfg.AdvertiseAddr, "advertise-addr", "", "host:port the control planes reach this agent at (default: the listen address, or the host name and port when it listens on every address)")
+	f.Env("advertise-addr", "ADVERTISE_ADDR")
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "how often to send the control planes a heartbeat; they stop routing to the agent after three missed")
+	f.Env("heartbeat-interval", "HEARTBEAT_INTERVAL")
+}
+
+// parseEgressDeny parses --egress-deny: comma-separated IP:PORT or :PORT.
+func parseEgressDeny(v string) ([]netip.AddrPort, error) {
+	var deny []netip.AddrPort
+	for _, a := range strings.Split(v, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		if strings.HasPrefix(a, ":") {
+			a = "[::]" + a
+		}
+		ap, err := netip.ParseAddrPort(a)
+		if err != nil {
+			return nil, fmt.Errorf("egress-deny %q: want IP:PORT or :PORT", a)
+		}
+		deny = append(deny, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+	}
+	return deny, nil
+}
+
+// parseEgressHosts parses --egress-hosts: comma-separated NAME=IP.
+func parseEgressHosts(v string) (map[string][]netip.Addr, error) {
+	hosts := make(map[string][]netip.Addr)
+	for _, e := range strings.Split(v, ",") {
+		if e = strings.TrimSpace(e); e == "" {
+			continue
+		}
+		name, ip, ok := strings.Cut(e, "=")
+		a, err := netip.ParseAddr(strings.TrimSpace(ip))
+		if !ok || err != nil || strings.TrimSpace(name) == "" {
+			return nil, fmt.Errorf("egress-hosts %q: want NAME=IP", e)
+		}
+		name = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
+		hosts[name] = append(hosts[name], a.Unmap())
+	}
+	return hosts, nil
 }
 
 // Validate reports the first problem with c.

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -92,21 +91,48 @@ type Call struct {
 //
 // The result reports what the run did through its egress, if anything.
 func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Event) error) (*executionv1.Result, error) {
-	exec := c.Execution
+	p, err := s.plan(c.Execution)
+	if err != nil {
+		return nil, err
+	}
+	eg := s.egress.Begin(c.Egress, c.Tenant, c.RequestID)
+	out := newOutput(emit)
+	// However the run ends, emit is not called once Execute has returned:
+	// it sends on the caller's stream, which ends with the handler.
+	defer out.stop()
+	if p.session != "" {
+		return s.executeInSession(ctx, c, p, out, eg)
+	}
+	return s.executeStateless(ctx, p, out, eg)
+}
+
+// runPlan is what the agent makes of an execution: the runner's request,
+// with every limit set.
+type runPlan struct {
+	run     *runnerv1.Run
+	timeout time.Duration
+	// memory is the memory of a sandbox of the run's own; 0: the pool's.
+	memory  int64
+	session string // "" for a stateless run
+}
+
+// plan checks exec and fills in what it leaves to the agent: the language
+// (canonical), the timeout and the output and memory limits, each within
+// the agent's maxima. Requests from the edge come with the language and
+// timeout already set from the agent's reported defaults (see
+// docs/design.md, "Request path"); these are the same defaults, for
+// requests made to the agent directly.
+func (s *Service) plan(exec *executionv1.Execution) (runPlan, error) {
 	lang := exec.GetLanguage()
 	if lang == "" {
 		lang = languages.Default
 	}
 	lang, err := canonicalLanguage(lang)
 	if err != nil {
-		return nil, err
-	}
-	if lang != exec.GetLanguage() {
-		exec = proto.CloneOf(exec)
-		exec.Language = lang
+		return runPlan{}, err
 	}
 	if exec.GetCode() == "" {
-		return nil, fmt.Errorf("%w: no code", errInvalid)
+		return runPlan{}, fmt.Errorf("%w: no code", errInvalid)
 	}
 	timeout := s.cfg.DefaultTimeout
 	if d := exec.GetTimeout(); d != nil && d.AsDuration() > 0 {
@@ -128,7 +154,7 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 		}
 	}
 	run := &runnerv1.Run{
-		Language:    exec.GetLanguage(),
+		Language:    lang,
 		Code:        exec.GetCode(),
 		Stdin:       exec.GetStdin(),
 		Timeout:     durationpb.New(timeout),
@@ -139,43 +165,44 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 	for _, f := range exec.GetFiles() {
 		run.Files = append(run.Files, &runnerv1.File{Path: f.GetPath(), Content: f.GetContent()})
 	}
+	return runPlan{run: run, timeout: timeout, memory: memory, session: exec.GetSessionId()}, nil
+}
 
-	eg := s.egress.Begin(c.Egress, c.Tenant, c.RequestID)
-	out := newOutput(emit)
-	// However the run ends, emit is not called once Execute has returned:
-	// it sends on the caller's stream, which ends with the handler.
-	defer out.stop()
-	if id := exec.GetSessionId(); id != "" {
-		var res *executionv1.Result
-		_, err := s.sessions.Use(ctx, id, c.Tenant, exec.GetLanguage(), memory, c.AllowNewSession, func(sb *pool.Sandbox) (bool, error) {
-			// The session's sandbox is the caller's alone; its turn for
-			// the CPUs is waited for like any other run's.
-			slot, err := s.admit(ctx)
-			if err != nil {
-				return false, err
-			}
-			defer slot.Leave()
-			var broken bool
-			res, broken, err = s.run(ctx, sb, run, timeout, out, eg)
-			return broken, err
-		})
+// executeInSession runs p in the sandbox of its session.
+func (s *Service) executeInSession(ctx context.Context, c Call, p runPlan, out *output, eg *egressgate.Run) (*executionv1.Result, error) {
+	var res *executionv1.Result
+	_, err := s.sessions.Use(ctx, p.session, c.Tenant, p.run.GetLanguage(), p.memory, c.AllowNewSession, func(sb *pool.Sandbox) (bool, error) {
+		// The session's sandbox is the caller's alone; its turn for
+		// the CPUs is waited for like any other run's.
+		slot, err := s.admit(ctx)
 		if err != nil {
-			return nil, err
+			return false, err
 		}
-		res.SessionId = id
-		return res, out.wait()
+		defer slot.Leave()
+		var broken bool
+		res, broken, err = s.run(ctx, sb, p.run, p.timeout, out, eg)
+		return broken, err
+	})
+	if err != nil {
+		return nil, err
 	}
+	res.SessionId = p.session
+	return res, out.wait()
+}
 
+// executeStateless runs p in a sandbox of the pool.
+func (s *Service) executeStateless(ctx context.Context, p runPlan, out *output, eg *egressgate.Run) (*executionv1.Result, error) {
 	// A run waits for its turn at the CPUs before it takes a sandbox, so
 	// that runs waiting for it hold no sandbox, and the pool starts none
 	// for them.
+	lang := p.run.GetLanguage()
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
-	qctx, span := telemetry.StartSpan(qctx, "sandbox.acquire", telemetry.AttrLanguage.String(exec.GetLanguage()))
+	qctx, span := telemetry.StartSpan(qctx, "sandbox.acquire", telemetry.AttrLanguage.String(lang))
 	queued := time.Now()
 	slot, err := s.gate.Enter(qctx)
 	var sb *pool.Sandbox
 	if err == nil {
-		sb, err = s.pool.AcquireFor(qctx, memory, exec.GetLanguage())
+		sb, err = s.pool.AcquireFor(qctx, p.memory, lang)
 	}
 	cancel()
 	s.metrics.ObserveQueueWait(time.Since(queued))
@@ -184,7 +211,7 @@ func (s *Service) Execute(ctx context.Context, c Call, emit func(*executionv1.Ev
 		slot.Leave()
 		return nil, notStarted{err}
 	}
-	res, broken, err := s.run(ctx, sb, run, timeout, out, eg)
+	res, broken, err := s.run(ctx, sb, p.run, p.timeout, out, eg)
 	// The scrub that Release starts takes a slot before this run's is
 	// given back.
 	s.pool.Release(ctx, sb, !broken)
