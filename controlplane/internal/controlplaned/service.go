@@ -296,7 +296,7 @@ func requestID(id string) string {
 // Execute implements ControlPlaneService.
 func (s *Service) Execute(ctx context.Context, req *connect.Request[cpv1.ExecuteRequest]) (*connect.Response[cpv1.ExecuteResponse], error) {
 	start, reqID := time.Now(), requestID(req.Msg.GetRequestId())
-	res, err := s.execute(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetEgress(), req.Msg.GetRoute().GetLabels(), reqID)
+	res, err := s.forward(ctx, req.Msg.GetTenant(), req.Msg.GetExecution(), req.Msg.GetEgress(), req.Msg.GetRoute().GetLabels(), reqID)
 	s.logExecution(ctx, "rpc", reqID, req.Msg.GetTenant(), req.Msg.GetExecution(), res, err, start)
 	if err != nil {
 		return nil, err
@@ -304,10 +304,20 @@ func (s *Service) Execute(ctx context.Context, req *connect.Request[cpv1.Execute
 	return connect.NewResponse(&cpv1.ExecuteResponse{Result: res}), nil
 }
 
+// execute runs ex for the seed door, which, being a door, checks the
+// language itself (see docs/design.md, "Request path").
 func (s *Service) execute(ctx context.Context, tenant string, ex *executionv1.Execution, eg *executionv1.Egress, labels map[string]string, reqID string) (*executionv1.Result, error) {
 	if err := s.checkLanguage(ex.GetLanguage()); err != nil {
 		return nil, err
 	}
+	return s.forward(ctx, tenant, ex, eg, labels, reqID)
+}
+
+// forward routes ex to an agent and returns its result. The edge has
+// validated ex, canonicalised its language and set its timeout; the agent
+// checks them again as invariants. The control plane decides only where the
+// run goes.
+func (s *Service) forward(ctx context.Context, tenant string, ex *executionv1.Execution, eg *executionv1.Egress, labels map[string]string, reqID string) (*executionv1.Result, error) {
 	var out *executionv1.Result
 	err := s.offer(ctx, call{what: "execute", tenant: tenant, sessionID: ex.GetSessionId(), labels: labels, requestID: reqID},
 		func(a *router.Agent, allowNew bool) (bool, error) {
@@ -455,11 +465,6 @@ func (s *Service) streamFrom(ctx context.Context, a *router.Agent, req *agentv1.
 // CreateSession implements ControlPlaneService.
 func (s *Service) CreateSession(ctx context.Context, req *connect.Request[cpv1.CreateSessionRequest]) (*connect.Response[cpv1.CreateSessionResponse], error) {
 	m := req.Msg
-	if m.GetLanguage() != "" {
-		if err := s.checkLanguage(m.GetLanguage()); err != nil {
-			return nil, err
-		}
-	}
 	var out *executionv1.Session
 	err := s.offer(ctx, call{what: "create session", tenant: m.GetTenant(), sessionID: m.GetSessionId(), labels: m.GetRoute().GetLabels()},
 		func(a *router.Agent, _ bool) (bool, error) {
@@ -542,7 +547,8 @@ const DefaultHeartbeatInterval = time.Second
 
 // checkLanguage fails with invalid_argument, naming the valid languages,
 // when no healthy agent lists name as a language or alias. With no healthy
-// agent reporting languages nothing can be said, and the agent checks.
+// agent reporting languages nothing can be said, and the agent checks. Only
+// the seed door asks: calls from the edge come checked.
 func (s *Service) checkLanguage(name string) error {
 	var names []string
 	for _, snap := range s.router.Agents() {

@@ -62,7 +62,8 @@ func (s *Service) ReadFile(ctx context.Context, c Caller, id, path string, max u
 }
 
 // WriteFile writes f into the caller's session id. Like Execute, it opens
-// the session (for Python, placed by the request policies) if no session of
+// the session (for the agents' default language, placed by the request
+// policies) if no session of
 // that id ever existed, so files can be put in place before the first run;
 // a session that ended is not_found.
 func (s *Service) WriteFile(ctx context.Context, c Caller, id string, f *executionv1.File) (err error) {
@@ -81,11 +82,14 @@ func (s *Service) WriteFile(ctx context.Context, c Caller, id string, f *executi
 	if connect.CodeOf(err) != connect.CodeNotFound || SessionNotFoundReason(err) != executionv1.SessionNotFound_REASON_UNKNOWN {
 		return err
 	}
-	route, err := s.placeSession(ctx, c, "python", req.GetSessionId())
+	// The session is the agents' default language's, as one opened
+	// without naming a language is.
+	lang := s.languages.currentDefaults(ctx).GetLanguage()
+	route, err := s.placeSession(ctx, c, lang, req.GetSessionId())
 	if err != nil {
 		return err
 	}
-	open := &cpv1.CreateSessionRequest{Language: "python", SessionId: req.GetSessionId(), Route: route, Tenant: c.Tenant}
+	open := &cpv1.CreateSessionRequest{Language: lang, SessionId: req.GetSessionId(), Route: route, Tenant: c.Tenant}
 	if _, err := s.cp.CreateSession(ctx, connect.NewRequest(open)); err != nil && connect.CodeOf(err) != connect.CodeAlreadyExists {
 		return err
 	}
