@@ -329,3 +329,32 @@ func TestUnknownLanguage(t *testing.T) {
 		t.Errorf("got %q, want %q", got, want)
 	}
 }
+
+// TestNoDefaultLanguageOutsideTheAgents checks that the edge, the control
+// plane and the shared packages do not name the default language in code:
+// it is the agents' to say (Defaults.language), and they ask for it.
+func TestNoDefaultLanguageOutsideTheAgents(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	for _, dir := range []string{"edge/internal", "controlplane/internal", "internal"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for n, line := range strings.Split(string(b), "\n") {
+				if code, _, _ := strings.Cut(line, "//"); strings.Contains(code, `"python"`) {
+					rel, _ := filepath.Rel(root, path)
+					t.Errorf("%s:%d names the default language; use the agents' default: %s", rel, n+1, strings.TrimSpace(line))
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
