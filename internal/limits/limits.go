@@ -67,6 +67,10 @@ const (
 	// MaxSessionIdle is the longest idle timeout a session may ask for
 	// (--max-session-idle-ttl); it is also the protos' ceiling.
 	MaxSessionIdle = 24 * time.Hour
+
+	// QueueTimeout bounds how long a request waits at an agent for a
+	// sandbox and a turn at the CPUs (--queue-timeout).
+	QueueTimeout = 30 * time.Second
 )
 
 // Ceilings: the protos' validation rules. No request carries more and no

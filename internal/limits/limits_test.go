@@ -58,6 +58,7 @@ var literals = []struct {
 	{"a sandbox's memory", regexp.MustCompile(`(?i)\b(default|max|min)?memory(bytes)?\s*(=|:)\s*[0-9]+ ?<<`)},
 	{"a session's idle timeout", regexp.MustCompile(`(?i)\b(default|max)?session\w*idle\w*\s*(=|:)\s*[0-9]`)},
 	{"the file size", regexp.MustCompile(`(?i)\bmax\w*file\w*(size|bytes)\s*(=|:)\s*[0-9]`)},
+	{"the queue timeout", regexp.MustCompile(`(?i)(\bqueue\w*timeout\s*(=|:)|"queue-timeout",)\s*[0-9]`)},
 }
 
 // otherFacts are lines that match a spelling above but state another fact.
@@ -158,6 +159,8 @@ func TestLiteralScanFindsCopies(t *testing.T) {
 		`const minMemory = 64 << 20`,
 		`		MaxSessionIdleTTL: 24 * time.Hour,`,
 		`const MaxFileSize = 4 << 20`,
+		`		QueueTimeout:      30 * time.Second,`,
+		`	f.DurationVar(&o.queue, "queue-timeout", 30*time.Second, "the agent's --queue-timeout")`,
 	}
 	for _, c := range copies {
 		matched := false

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/codemode-go/codemode/agent/internal/pool"
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/limits"
@@ -184,8 +185,8 @@ func DefaultConfig() Config {
 		MaxReuse:          100,
 		Prestart:          true,
 		RunSlots:          runtime.NumCPU(),
-		QueueTimeout:      30 * time.Second,
-		WarmIdle:          5 * time.Minute,
+		QueueTimeout:      limits.QueueTimeout,
+		WarmIdle:          pool.DefaultWarmIdle,
 		DefaultTimeout:    limits.DefaultTimeout,
 		MaxTimeout:        limits.MaxTimeout,
 		Memory:            limits.DefaultMemoryBytes,

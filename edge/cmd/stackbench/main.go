@@ -64,7 +64,7 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 	f.IntVar(&o.warm, "warm", 4, "warm sandboxes of the agent (its --min-active)")
 	f.StringVar(&o.image, "image", limits.SandboxImage, "sandbox image")
 	f.StringVar(&o.runtime, "runtime", "runsc", "OCI runtime")
-	f.DurationVar(&o.queue, "queue-timeout", 30*time.Second, "the agent's --queue-timeout, the bound of p99 at concurrency 16")
+	f.DurationVar(&o.queue, "queue-timeout", limits.QueueTimeout, "the agent's --queue-timeout, the bound of p99 at concurrency 16")
 	f.StringVar(&o.markdown, "markdown", "", "write the report to this Markdown file (BENCHMARKS.md)")
 	f.StringVar(&o.png, "png", "", "draw latency against concurrency into this PNG file")
 	f.Int64Var(&o.seed, "seed", 1, "seed of the mixed workload's order")

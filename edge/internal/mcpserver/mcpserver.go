@@ -41,7 +41,7 @@ import (
 // ExecuteInput is execute_code's input.
 type ExecuteInput struct {
 	Code           string  `json:"code" jsonschema:"source code to run"`
-	Language       string  `json:"language,omitempty" jsonschema:"language of code; the agents' default (python) when omitted"`
+	Language       string  `json:"language,omitempty" jsonschema:"language of code; the agents' default (the schema's default) when omitted"`
 	SessionID      string  `json:"session_id,omitempty" jsonschema:"run in this session (from create_session, or any new id to open one): files in /workspace, the working directory and, for python and bash, variables and functions persist between calls; omit for a fresh sandbox used once"`
 	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"wall-clock limit in seconds; the agents' default when omitted (the tool description says the default and the most allowed)"`
 	Stdin          string  `json:"stdin,omitempty" jsonschema:"text given to the program's standard input"`
@@ -100,7 +100,7 @@ type Artifact struct {
 
 // SessionInput is create_session's input.
 type SessionInput struct {
-	Language string `json:"language,omitempty" jsonschema:"language the session runs; the agents' default (python) when omitted"`
+	Language string `json:"language,omitempty" jsonschema:"language the session runs; the agents' default (the schema's default) when omitted"`
 }
 
 // SessionOutput is create_session's structured result.
