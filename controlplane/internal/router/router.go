@@ -38,6 +38,7 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/limits"
 )
 
 // ErrNoAgent is returned by Pick when no healthy agent matches the route.
@@ -196,9 +197,9 @@ func (a *Agent) MarkDown(err error) {
 }
 
 // SessionTTL is how long the router remembers a session no run has used.
-// It is longer than any session's idle timeout, after which the agent has
-// closed the session anyway.
-const SessionTTL = 25 * time.Hour
+// It is longer than any session's idle timeout (at most the protos'
+// ceiling), after which the agent has closed the session anyway.
+const SessionTTL = limits.MaxSessionIdle + time.Hour
 
 // Config configures a Router.
 type Config struct {
