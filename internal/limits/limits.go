@@ -19,14 +19,15 @@
 //
 // # Notes
 //
-//   - The longest run is the agents' --max-timeout, MaxTimeout (300 s) unless
-//     configured otherwise; an operator may raise it up to TimeoutCeiling
-//     (24 h), the protos' bound, which the runner enforces too. (The runner
-//     once capped runs at 1 h on its own, silently cutting an agent
-//     configured for longer.)
+//   - The longest run is the agents' --max-timeout: MaxTimeout (300 s) unless
+//     configured otherwise. An operator may raise it up to TimeoutCeiling
+//     (24 h), the protos' bound, and no further: the agent refuses a longer
+//     one at start-up, and the runner cuts a Run's timeout to the same
+//     ceiling rather than to a shorter one of its own, which would cut runs
+//     an agent was configured to allow.
 //   - A run keeps DefaultOutputBytes (1 MiB) of output unless it asks for
-//     more, up to MaxOutputBytes (16 MiB). The runner's own fallback, for a
-//     run that names no limit, is the same 1 MiB (it was once 16 MiB).
+//     more, up to MaxOutputBytes (16 MiB). The runner, for a Run that names
+//     no limit (the agent always names one), keeps the same 1 MiB.
 package limits
 
 import (
