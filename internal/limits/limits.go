@@ -10,12 +10,14 @@
 //
 //   - Defaults. An agent's flags default to them (--default-timeout,
 //     --max-timeout, --default-output, --max-output, --memory, --max-memory,
-//     --session-idle-ttl, --max-session-idle-ttl), and the agents report
-//     what they are configured with (codemode.execution.v1.Defaults): the
-//     edge applies those to each request. An operator may change them.
+//     --session-idle-ttl, --max-session-idle-ttl, --queue-timeout), and the
+//     agents report what they are configured with
+//     (codemode.execution.v1.Defaults): the edge fills in the default
+//     timeout and refuses a longer one than the maximum, the agent applies
+//     the rest (docs/design.md, "Request path"). An operator may change them.
 //   - Ceilings. The protos' buf.validate rules: no request carries more, and
-//     no configuration may allow more. The runner bounds what it is asked to
-//     do by the same ceilings.
+//     no configuration may allow more. The runner cuts a timeout to the same
+//     ceiling.
 //
 // # Notes
 //
