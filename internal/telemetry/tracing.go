@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -144,6 +145,20 @@ func NewTracing(ctx context.Context, service string, getenv func(string) string,
 		o(t)
 	}
 	return t, nil
+}
+
+// StartTracing is how a service's Run starts tracing: NewTracing from the
+// process's environment, a log line when spans are exported, and the stop
+// that Run defers (ShutdownTracing).
+func StartTracing(ctx context.Context, service string, log *slog.Logger, opts ...TracingOption) (*Tracing, func(), error) {
+	t, err := NewTracing(ctx, service, os.Getenv, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	if t.Enabled() {
+		log.Info("exporting traces over OTLP")
+	}
+	return t, func() { ShutdownTracing(t, log) }, nil
 }
 
 // shutdownTimeout bounds the last export when a service stops.

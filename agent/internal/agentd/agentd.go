@@ -52,13 +52,11 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	}
 	// The control planes hold the cluster secret: their trace context is
 	// trusted.
-	if cfg.Tracing, err = telemetry.NewTracing(ctx, telemetry.ServiceAgent, os.Getenv, telemetry.TrustRemote()); err != nil {
+	var stopTracing func()
+	if cfg.Tracing, stopTracing, err = telemetry.StartTracing(ctx, telemetry.ServiceAgent, logger, telemetry.TrustRemote()); err != nil {
 		return err
 	}
-	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
-	if cfg.Tracing.Enabled() {
-		logger.Info("exporting traces over OTLP")
-	}
+	defer stopTracing()
 	a, err := New(ctx, cfg, logger)
 	if err != nil {
 		return err

@@ -134,13 +134,11 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 		return err
 	}
 	// The edges hold the cluster secret: their trace context is trusted.
-	if cfg.Tracing, err = telemetry.NewTracing(ctx, telemetry.ServiceControlPlane, os.Getenv, telemetry.TrustRemote()); err != nil {
+	var stopTracing func()
+	if cfg.Tracing, stopTracing, err = telemetry.StartTracing(ctx, telemetry.ServiceControlPlane, logger, telemetry.TrustRemote()); err != nil {
 		return err
 	}
-	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
-	if cfg.Tracing.Enabled() {
-		logger.Info("exporting traces over OTLP")
-	}
+	defer stopTracing()
 	ln, err := server.Listen(ctx, cfg.Addr)
 	if err != nil {
 		return err

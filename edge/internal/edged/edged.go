@@ -271,13 +271,11 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if secret == nil {
 		logger.Warn("no cluster secret: calls to the control plane are not authenticated; deploy the internal services on loopback only")
 	}
-	if cfg.Tracing, err = telemetry.NewTracing(ctx, telemetry.ServiceEdge, os.Getenv); err != nil {
+	var stopTracing func()
+	if cfg.Tracing, stopTracing, err = telemetry.StartTracing(ctx, telemetry.ServiceEdge, logger); err != nil {
 		return err
 	}
-	defer telemetry.ShutdownTracing(cfg.Tracing, logger)
-	if cfg.Tracing.Enabled() {
-		logger.Info("exporting traces over OTLP")
-	}
+	defer stopTracing()
 	ln, err := server.Listen(ctx, cfg.Addr)
 	if err != nil {
 		return err
