@@ -15,7 +15,7 @@ import (
 
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	"github.com/codemode-go/codemode/internal/apicatalog"
-	"github.com/codemode-go/codemode/internal/apicatalog/apistest"
+	"github.com/codemode-go/codemode/internal/testkit/apistest"
 )
 
 // keySession connects an MCP client to endpoint as the tenant of key.

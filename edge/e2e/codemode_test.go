@@ -13,7 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/codemode-go/codemode/internal/apicatalog"
-	"github.com/codemode-go/codemode/internal/apicatalog/apistest"
+	"github.com/codemode-go/codemode/internal/testkit/apistest"
 )
 
 // TestCodeModeAPIs compares the original's two ways on the same declared

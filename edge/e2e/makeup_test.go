@@ -23,7 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/codemode-go/codemode/internal/testenv"
+	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
 // makeUpServices are the binaries `make up` starts, by executable name.

@@ -14,8 +14,8 @@ import (
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
-	"github.com/codemode-go/codemode/internal/redistest"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/redistest"
 )
 
 // BenchmarkExecuteRedis measures what keeping sessions in Redis costs a

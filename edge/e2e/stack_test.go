@@ -22,9 +22,9 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
-	"github.com/codemode-go/codemode/internal/launch"
 	"github.com/codemode-go/codemode/internal/server"
-	"github.com/codemode-go/codemode/internal/testenv"
+	"github.com/codemode-go/codemode/internal/testkit/launch"
+	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
 // binDir holds the binaries built once for the whole test run.

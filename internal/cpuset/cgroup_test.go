@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/codemode-go/codemode/internal/testenv"
+	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
 // TestFillV1 fills a new two-level cgroup under the host's cpuset

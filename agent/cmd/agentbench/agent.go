@@ -17,8 +17,8 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
-	"github.com/codemode-go/codemode/internal/launch"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
 
 // warmAgent starts the agent measured, waits for its warm sandboxes and

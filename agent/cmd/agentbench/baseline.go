@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 
-	"github.com/codemode-go/codemode/internal/benchbase"
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 )
 
 // baselines measures, in one warm runsc container from the agent's image,

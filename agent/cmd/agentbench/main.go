@@ -30,10 +30,10 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/agentd"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
-	"github.com/codemode-go/codemode/internal/benchbase"
 	"github.com/codemode-go/codemode/internal/cli"
-	"github.com/codemode-go/codemode/internal/launch"
 	"github.com/codemode-go/codemode/internal/limits"
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
+	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
 
 func main() { cli.Main(run) }

@@ -6,7 +6,7 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/codemode-go/codemode/internal/benchbase"
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 )
 
 // runs is what a series of runs measured: the latency of each, and the wall

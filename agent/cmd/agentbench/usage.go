@@ -15,7 +15,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/agentd"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
-	"github.com/codemode-go/codemode/internal/benchbase"
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 )
 
 // measureSplit measures the runner's split (see runnerSplit).

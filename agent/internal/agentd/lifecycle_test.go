@@ -27,7 +27,7 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
-	"github.com/codemode-go/codemode/internal/testlog"
+	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
 
 // TestShutdownRemovesSandboxes stops an agent with warm sandboxes, a

@@ -18,7 +18,7 @@ import (
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/apicatalog"
-	"github.com/codemode-go/codemode/internal/apicatalog/apistest"
+	"github.com/codemode-go/codemode/internal/testkit/apistest"
 	"google.golang.org/protobuf/proto"
 )
 

@@ -21,9 +21,9 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/ipc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
-	"github.com/codemode-go/codemode/internal/dockertest"
-	"github.com/codemode-go/codemode/internal/testenv"
-	"github.com/codemode-go/codemode/internal/testlog"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
+	"github.com/codemode-go/codemode/internal/testkit/testenv"
+	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
 
 // The tests in this file start the real runner binary (static, as the agent

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/codemode-go/codemode/internal/testenv"
+	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
 // mqOpen calls mq_open (name without the leading slash, as the system call

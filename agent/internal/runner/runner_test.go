@@ -21,7 +21,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
-	"github.com/codemode-go/codemode/internal/testenv"
+	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
 // The tests in this file run the runner inside the test process, on the

@@ -14,7 +14,7 @@ import (
 
 	"github.com/docker/docker/client"
 
-	"github.com/codemode-go/codemode/internal/dockertest"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // testDocker returns a driver for the local engine, or skips the test when no

@@ -23,8 +23,8 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/cluster"
-	"github.com/codemode-go/codemode/internal/redistest"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/redistest"
 )
 
 // stubAgent stands in for an agent in routing tests: routing depends only on

@@ -18,7 +18,7 @@ import (
 	"github.com/codemode-go/codemode/controlplane/internal/router"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
-	"github.com/codemode-go/codemode/internal/redistest"
+	"github.com/codemode-go/codemode/internal/testkit/redistest"
 )
 
 // testKey seals the records of the tests' stores, as one cluster secret

@@ -11,8 +11,8 @@ import (
 
 	"github.com/docker/docker/client"
 
-	"github.com/codemode-go/codemode/internal/benchbase"
-	"github.com/codemode-go/codemode/internal/launch"
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
+	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
 
 type bench struct {

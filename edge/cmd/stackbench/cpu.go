@@ -3,8 +3,8 @@ package main
 import (
 	"time"
 
-	"github.com/codemode-go/codemode/internal/benchbase"
-	"github.com/codemode-go/codemode/internal/launch"
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
+	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
 
 // cpuUse is CPU time: the whole host's busy time (every CPU, everything

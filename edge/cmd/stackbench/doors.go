@@ -19,8 +19,8 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/cluster"
-	"github.com/codemode-go/codemode/internal/launch"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
 
 // caller runs programs through one door. A worker of a measurement has a

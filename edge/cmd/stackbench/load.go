@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/codemode-go/codemode/internal/benchbase"
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 )
 
 // pace is the gap before each run of a paced measurement: a caller that

@@ -14,7 +14,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/codemode-go/codemode/internal/launch"
+	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
 
 // Bounds of a service's life: how long it may take to listen, and to exit

@@ -25,7 +25,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/ratelimit"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 	"github.com/codemode-go/codemode/internal/apicatalog"
-	"github.com/codemode-go/codemode/internal/apicatalog/apistest"
+	"github.com/codemode-go/codemode/internal/testkit/apistest"
 )
 
 const token = "ghp_test0123456789abcdefghijklmnopqrstuv"

@@ -15,7 +15,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/ratelimit"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	"github.com/codemode-go/codemode/internal/apicatalog"
-	"github.com/codemode-go/codemode/internal/apicatalog/apistest"
+	"github.com/codemode-go/codemode/internal/testkit/apistest"
 )
 
 const githubToken = "ghp_mcptest0123456789abcdefghijklmnop"

@@ -14,7 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/codemode-go/codemode/internal/testlog"
+	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
 
 // TestLogsNameSessionsByHash runs an MCP session over HTTP, logging at

@@ -19,7 +19,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
-	"github.com/codemode-go/codemode/internal/testlog"
+	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
 
 // fuelUsed loads p alone (one instance, the default fuel) and returns the

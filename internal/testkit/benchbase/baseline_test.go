@@ -10,7 +10,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 
 	"github.com/codemode-go/codemode/internal/cpuset"
-	"github.com/codemode-go/codemode/internal/dockertest"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 func TestBaseline(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/codemode-go/codemode/internal/limits"
-	"github.com/codemode-go/codemode/internal/testenv"
+	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
 // Image is the sandbox image tests run: $DOCKER_IMAGE_NAME, or else the
