@@ -11,6 +11,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/apicatalog"
 	"github.com/codemode-go/codemode/internal/testkit/apistest"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // BenchmarkAPIRedaction measures what looking for a credential in API
@@ -22,7 +23,7 @@ import (
 //
 //	go test -run '^$' -bench APIRedaction -benchtime 40x ./edge/e2e/
 func BenchmarkAPIRedaction(b *testing.B) {
-	needDocker(b)
+	dockertest.Need(b)
 	echo := apistest.NewEcho(b, "Authorization")
 	dir := b.TempDir()
 	tokenFile := filepath.Join(dir, "token")

@@ -18,6 +18,8 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // pageRequest is one request a web page could make the browser send to the
@@ -106,7 +108,7 @@ func (pr pageRequest) send(t *testing.T, addr, host, origin string) (*http.Respo
 	for k, v := range pr.header {
 		req.Header.Set(k, v)
 	}
-	c := http1Client()
+	c := testkit.HTTP1Client()
 	if pr.h2c {
 		c = server.NewClient()
 	}
@@ -344,7 +346,7 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 //
 //	go test -run '^$' -bench BrowserChecks -benchtime 100x ./edge/e2e/
 func BenchmarkBrowserChecks(b *testing.B) {
-	needDocker(b)
+	dockertest.Need(b)
 	s, err := StartStack("e2e-bench-browsers", "--min-active", "4")
 	if err != nil {
 		b.Fatal(err)

@@ -16,6 +16,7 @@ import (
 
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // cluster is a control plane with no configured agents and agents that
@@ -111,7 +112,7 @@ func (w *witness) count(path string) int {
 // start takes seconds, and holds the run waiting for it.
 func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 	t.Helper()
-	needDocker(t)
+	dockertest.Need(t)
 	c := &cluster{Stack: &Stack{Secret: newSecret()}, agents: map[string]*Process{}, args: map[string][]string{}, witness: startWitness(t)}
 	var err error
 	c.ControlPlane, err = start("controlplane", c.ClusterEnv(), "--addr", "127.0.0.1:0", "--agents=")

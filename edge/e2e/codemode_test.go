@@ -14,6 +14,7 @@ import (
 
 	"github.com/codemode-go/codemode/internal/apicatalog"
 	"github.com/codemode-go/codemode/internal/testkit/apistest"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // TestCodeModeAPIs compares the original's two ways on the same declared
@@ -25,7 +26,7 @@ import (
 // or command line, not in a writable file, not in the run's output.
 func TestCodeModeAPIs(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	fake := apistest.NewGitHub(t)
 	dir := t.TempDir()
 	const token = "ghp_codemode0123456789abcdefghijklmnopq"

@@ -29,6 +29,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // Keys of the egress stack's tenants.
@@ -70,7 +71,7 @@ type egressStack struct {
 // name below .test and of every address, which must widen nobody's egress.
 func startEgressStack(t testing.TB) *egressStack {
 	t.Helper()
-	needDocker(t)
+	dockertest.Need(t)
 	es := &egressStack{}
 	big := strings.Repeat("x", 200_000)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -24,6 +24,8 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // API keys of the hostile-client tests' tenants.
@@ -54,17 +56,6 @@ func keyClient(key string) *http.Client {
 	c := server.NewClient()
 	c.Transport = bearerTransport{secret: key, base: c.Transport}
 	return c
-}
-
-// http1Client returns a client that speaks HTTP/1.1 only, on connections
-// of its own. It keeps them alive: a request that says "Connection: close"
-// makes net/http's server close the connection without waiting when it
-// refuses the body unread, and the client sees a reset instead of the
-// answer.
-func http1Client() *http.Client {
-	var p http.Protocols
-	p.SetHTTP1(true)
-	return &http.Client{Transport: &http.Transport{Protocols: &p}}
 }
 
 // procStatusKiB reads a field such as VmRSS or VmHWM of p's
@@ -215,7 +206,7 @@ func TestHostileLargeBodies(t *testing.T) {
 						if key != "" {
 							req.Header.Set("Authorization", "Bearer "+key)
 						}
-						client := http1Client()
+						client := testkit.HTTP1Client()
 						if d.h2 {
 							req.Header.Set("Te", "trailers")
 							client = server.NewClient()
@@ -532,7 +523,7 @@ func TestHostileTenantLimits(t *testing.T) {
 //
 //	go test -run '^$' -bench EdgeLimits -benchtime 200x ./edge/e2e/
 func BenchmarkEdgeLimits(b *testing.B) {
-	needDocker(b)
+	dockertest.Need(b)
 	s, err := StartStack("e2e-bench-limits", "--min-active", "4")
 	if err != nil {
 		b.Fatal(err)

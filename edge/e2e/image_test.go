@@ -12,6 +12,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // TestImageContract runs, through the edge, what docs/sandbox.md promises the
@@ -56,7 +57,7 @@ func TestImageContract(t *testing.T) {
 // by CODEMODE_BASELINE_IMAGE (for example the previous build, kept with
 // docker tag), in turns, and reports both p50s and their ratio.
 func BenchmarkImageAgainstBaseline(b *testing.B) {
-	needDocker(b)
+	dockertest.Need(b)
 	baseline := os.Getenv("CODEMODE_BASELINE_IMAGE")
 	if baseline == "" {
 		b.Skip("set CODEMODE_BASELINE_IMAGE to a local image to compare the sandbox image with")

@@ -15,6 +15,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // languagePrograms are, for every language of the agents' table, a hello
@@ -158,7 +159,7 @@ func TestCompiledLanguageWithinLimits(t *testing.T) {
 // built without it and unchanged, lists it and runs it.
 func TestLanguageFromATestOnlyTableEntry(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	dir := filepath.Join(binDir, "testlanguage")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -212,7 +213,7 @@ func listLanguages(t *testing.T, c edgev1connect.ExecutionServiceClient) []*exec
 // them: the defaults are defined once, in the agent.
 func TestAgentsDefaults(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	s, err := StartStack("e2e-defaults", "--min-active", "1", "--max-sandboxes", "2", "--max-sessions", "1",
 		"--default-timeout", "3s", "--max-timeout", "20s", "--default-output", "64k")
 	if err != nil {

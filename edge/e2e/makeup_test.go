@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
@@ -44,7 +45,7 @@ var makeUpServices = []string{"agent", "controlplane", "edge"}
 func TestMakeUp(t *testing.T) {
 	t.Parallel()
 	testenv.NeedRoot(t, "make up, which prepares the host,")
-	needDocker(t)
+	dockertest.Need(t)
 	for _, tool := range []string{"make", "bash", "curl", "docker"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			testenv.Missing(t, "make up needs %s: %v", tool, err)

@@ -20,6 +20,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
@@ -32,7 +33,7 @@ import (
 func TestMakeUpCluster(t *testing.T) {
 	t.Parallel()
 	testenv.NeedRoot(t, "make up-cluster, which prepares the host,")
-	needDocker(t)
+	dockertest.Need(t)
 	for _, tool := range []string{"make", "bash", "curl", "redis-server"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("make up-cluster needs %s (make setup installs it): %v", tool, err)

@@ -16,6 +16,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // stdioSession launches `edge mcp-stdio` against edgeURL with key, as a
@@ -229,7 +230,7 @@ func TestDefaultLanguageOnEveryDoor(t *testing.T) {
 // MCP's execute_code (one client session, streamable HTTP) and Connect's
 // Execute, in turns, and reports both p50s and their ratio.
 func BenchmarkMCPvsConnect(b *testing.B) {
-	needDocker(b)
+	dockertest.Need(b)
 	s, err := StartStack("e2e-bench-mcp", "--min-active", "4")
 	if err != nil {
 		b.Fatal(err)

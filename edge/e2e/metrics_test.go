@@ -17,6 +17,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // metricsAddr returns where p serves /metrics, from its "serving metrics"
@@ -87,7 +88,7 @@ next:
 // Python) and redact (result phase).
 func startMetricsStack(t *testing.T) *Stack {
 	t.Helper()
-	needDocker(t)
+	dockertest.Need(t)
 	name := fmt.Sprintf("e2e-metrics-%d", os.Getpid())
 	s := &Stack{AgentName: name, Secret: newSecret()}
 	t.Cleanup(s.Stop)

@@ -22,6 +22,7 @@ import (
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 	"github.com/codemode-go/codemode/gen/codemode/policy/v1/policyv1connect"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // API keys of the policy stack's tenants.
@@ -44,7 +45,7 @@ const (
 //   - redact removes AWS access key ids from output.
 func policyStack(t testing.TB) (s *Stack, keys string) {
 	t.Helper()
-	needDocker(t)
+	dockertest.Need(t)
 	dir := t.TempDir()
 	mods, err := policytest.BuildInto(dir, "tenantblock", "languages", "patterns", "prelude", "limits", "routes", "redact")
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/redistest"
 )
 
@@ -26,7 +27,7 @@ import (
 //
 //	go test -run '^$' -bench ExecuteRedis -benchtime 100x -count 3 ./edge/e2e/
 func BenchmarkExecuteRedis(b *testing.B) {
-	needDocker(b)
+	dockertest.Need(b)
 	rds := redistest.Start(b)
 	secret := newSecret()
 	env := []string{"CODEMODE_CLUSTER_SECRET=" + secret}

@@ -20,6 +20,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/redistest"
 )
 
@@ -38,7 +39,7 @@ type replicas struct {
 
 func startReplicas(t *testing.T) *replicas {
 	t.Helper()
-	needDocker(t)
+	dockertest.Need(t)
 	r := &replicas{secret: newSecret(), redis: redistest.Start(t)}
 	t.Cleanup(func() {
 		for _, p := range append(r.edges[:], append(r.cps[:], r.agent)...) {

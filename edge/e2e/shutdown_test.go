@@ -5,13 +5,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // TestShutdownLeavesNoSandbox stops a stack with SIGTERM and looks for any
 // container its agent made.
 func TestShutdownLeavesNoSandbox(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	s, err := StartStack("e2e-shutdown", "--min-active", "2")
 	if err != nil {
 		t.Fatal(err)

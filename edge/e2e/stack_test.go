@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,12 +18,12 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/launch"
-	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
 // binDir holds the binaries built once for the whole test run.
@@ -39,10 +38,12 @@ var (
 
 func TestMain(m *testing.M) {
 	code := func() int {
-		if err := dockerReachable(); err != nil {
-			dockerErr = err
-			fmt.Fprintf(os.Stderr, "e2e: no Docker daemon reachable (%v); run 'make setup'\n", err)
-			return m.Run() // tests that need it skip, or fail in CI (needDocker)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err := dockertest.Check(ctx)
+		cancel()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+			return m.Run() // tests that need it skip, or fail in CI (dockertest.Need)
 		}
 		dir, err := os.MkdirTemp("", "codemode-e2e-")
 		if err != nil {
@@ -64,33 +65,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// dockerErr is why the engine could not be reached, when binDir is "".
-var dockerErr error
-
-// needDocker ends tb unless the engine with runsc was reached and the
-// binaries were built: a skip, or in CI a failure (see testenv.Missing).
-func needDocker(tb testing.TB) {
-	tb.Helper()
-	if binDir == "" {
-		testenv.Missing(tb, "no Docker daemon with runsc reachable (%v); run 'make setup'", dockerErr)
-	}
-}
-
-func dockerReachable() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "docker", "info", "--format", "{{json .Runtimes}}").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("docker info: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	if !strings.Contains(string(out), "runsc") {
-		return errors.New("docker has no runsc runtime")
-	}
-	return nil
-}
-
 func moduleRoot() string {
-	dir, err := policytest.ModuleRoot()
+	dir, err := testkit.ModuleRoot()
 	if err != nil {
 		panic(err)
 	}
@@ -254,7 +230,7 @@ func (s *Stack) Logs() string {
 // there is no Docker daemon.
 func shared(t *testing.T) *Stack {
 	t.Helper()
-	needDocker(t)
+	dockertest.Need(t)
 	sharedOnce.Do(func() {
 		// Tests side by side share its tenants: each may hold every session.
 		sharedStack, sharedErr = StartStack("e2e-shared", "--min-active", "2", "--max-sessions-per-tenant", "8")

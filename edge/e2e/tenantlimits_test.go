@@ -18,6 +18,7 @@ import (
 
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // TestTenantSessionLimits: through the edge, a tenant that holds
@@ -27,7 +28,7 @@ import (
 // shows each tenant its own sessions and no load.
 func TestTenantSessionLimits(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	s, err := StartStack("e2e-tenant-limits", "--min-active", "1", "--max-sandboxes", "4",
 		"--max-sessions", "3", "--max-sessions-per-tenant", "2", "--max-session-idle-ttl", "1h")
 	if err != nil {
@@ -131,7 +132,7 @@ func TestTenantSessionLimits(t *testing.T) {
 // open through another edge of the cluster.
 func TestAnonymousTenantIsReserved(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	keys := filepath.Join(t.TempDir(), "keys.json")
 	if err := os.WriteFile(keys, []byte(`{"k-0123456789abcdef01": "anonymous"}`), 0o600); err != nil {
 		t.Fatal(err)

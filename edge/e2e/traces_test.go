@@ -22,6 +22,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // receivedSpan is a span an OTLP receiver was sent, with the service.name
@@ -232,7 +233,7 @@ func parentIs(t *testing.T, tr []receivedSpan, child, parent receivedSpan) {
 // the root of its trace.
 func TestTraces(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	rec := newOTLPReceiver(t)
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rec.URL, "OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"}
 	s, err := startStackEnv("", env, "e2e-traces", "--min-active", "1")
@@ -456,7 +457,7 @@ func TestTraces(t *testing.T) {
 //
 //	go test -run '^$' -bench Tracing -benchtime 200x ./edge/e2e/
 func BenchmarkTracing(b *testing.B) {
-	needDocker(b)
+	dockertest.Need(b)
 	rec := newOTLPReceiver(b)
 	on, err := startStackEnv("", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rec.URL}, "e2e-bench-traced", "--min-active", "2")
 	if err != nil {

@@ -31,6 +31,8 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // TestInternalServicesRefuseOpenAddresses starts an agent and a control
@@ -38,7 +40,7 @@ import (
 // non-zero, saying how to configure one, before it binds anything.
 func TestInternalServicesRefuseOpenAddresses(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	for _, tt := range []struct {
 		name string
 		args []string
@@ -506,7 +508,7 @@ func postJSONWith(t *testing.T, url, key, body string, out any) int {
 // MCP, quoting the caller's id, and are never reborn empty.
 func TestEndedSessionsAreNotFound(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	s, err := StartStack("e2e-ended", "--min-active", "1")
 	if err != nil {
 		t.Fatal(err)
@@ -619,7 +621,7 @@ func restart(p *Process, env []string, args ...string) (*Process, error) {
 // response header) and no internal address; the log has the detail.
 func TestErrorsHideInternals(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -661,19 +663,8 @@ func TestErrorsHideInternals(t *testing.T) {
 		t.Errorf("MCP: %s, want an error with a request id and no address", textOf(res2))
 	}
 	// The log has the detail, under the request id.
-	waitFor(t, "the log to name the request id and the cause", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the log to name the request id and the cause", func() bool {
 		logs := edge.Logs()
 		return strings.Contains(logs, rid) && strings.Contains(logs, port)
 	})
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

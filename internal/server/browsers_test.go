@@ -18,6 +18,7 @@ import (
 
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // countingService counts the calls that reached it.
@@ -248,7 +249,7 @@ func TestBrowsersHosts(t *testing.T) {
 				t.Run(tc.host+"/"+origin+"/"+rname, func(t *testing.T) {
 					br.host = tc.host
 					before := bs.calls.Load()
-					res := bs.do(t, http1Client(), br)
+					res := bs.do(t, testkit.HTTP1Client(), br)
 					reached := bs.calls.Load() > before
 					if tc.allowed != (res.StatusCode != http.StatusForbidden) {
 						t.Fatalf("host %q: %s, want allowed %v", tc.host, res.Status, tc.allowed)
@@ -262,7 +263,7 @@ func TestBrowsersHosts(t *testing.T) {
 	}
 	t.Run("any", func(t *testing.T) {
 		all := serveBrowsers(t, &Browsers{Hosts: []string{"*"}})
-		res := all.do(t, http1Client(), browserRequest{method: "GET", path: "/page", host: "evil.example"})
+		res := all.do(t, testkit.HTTP1Client(), browserRequest{method: "GET", path: "/page", host: "evil.example"})
 		if res.StatusCode != http.StatusOK {
 			t.Fatalf("hosts *: %s", res.Status)
 		}

@@ -25,6 +25,7 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // waitFor is how long the handlers below keep a call open after its body
@@ -128,15 +129,8 @@ func serveLimited(t *testing.T, l Limits) *limitedServer {
 	return ls
 }
 
-// http1Client speaks HTTP/1.1 only.
-func http1Client() *http.Client {
-	var p http.Protocols
-	p.SetHTTP1(true)
-	return &http.Client{Transport: &http.Transport{Protocols: &p}}
-}
-
 // clients are the two transports a server must hold for.
-var clients = map[string]func() *http.Client{"http1": http1Client, "h2c": NewClient}
+var clients = map[string]func() *http.Client{"http1": testkit.HTTP1Client, "h2c": NewClient}
 
 // generator is an endless (or n-byte) body that counts what was read of it.
 type generator struct {
@@ -219,7 +213,7 @@ func TestMessageSizeLimitUndeclared(t *testing.T) {
 		g := &generator{n: -1}
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, path, g)
 		req.Header.Set("Content-Type", "application/proto")
-		res, err := http1Client().Do(req)
+		res, err := testkit.HTTP1Client().Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,7 @@ import (
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // heartbeats records the heartbeats a control plane receives.
@@ -59,7 +60,7 @@ func serveHeartbeats(t *testing.T, h *heartbeats) string {
 
 func TestHeartbeat(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	h := &heartbeats{}
 	cp := serveHeartbeats(t, h)
 	a := startAgent(t, func(c *Config) {

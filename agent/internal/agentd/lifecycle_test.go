@@ -27,6 +27,8 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
 
@@ -45,7 +47,7 @@ func TestShutdownRemovesSandboxes(t *testing.T) {
 		_, err := a.client("connect").Execute(context.Background(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "bash", Code: "sleep 120"}}))
 		done <- err
 	}()
-	waitFor(t, 30*time.Second, "the long run to start", func() bool { return a.pool.Stats().Busy == 1 })
+	testkit.WaitFor(t, 30*time.Second, "the long run to start", func() bool { return a.pool.Stats().Busy == 1 })
 	if len(a.containerIDs(t)) < 2 {
 		t.Fatalf("containers before shutdown: %v", a.containerIDs(t))
 	}
@@ -71,7 +73,7 @@ func (a *testAgent) ShutdownTimeoutForTest(d time.Duration) { a.cfg.ShutdownTime
 // name was left behind, and finds it removed.
 func TestLeftoversReaped(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	name := randomName("test-reap")
 	d, err := sandbox.NewDocker("", slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -137,7 +139,7 @@ func TestSandboxDeath(t *testing.T) {
 	if err := a.Driver().Client().ContainerKill(t.Context(), ids[0], "KILL"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the killed sandbox to stop", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the killed sandbox to stop", func() bool {
 		info, err := a.Driver().Client().ContainerInspect(t.Context(), ids[0])
 		return err != nil || !info.State.Running
 	})
@@ -154,7 +156,7 @@ func TestSandboxDeath(t *testing.T) {
 // it lost and fills its pool again.
 func TestEngineAway(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	target := "/var/run/docker.sock"
 	if h := os.Getenv("DOCKER_HOST"); h != "" {
 		if !strings.HasPrefix(h, "unix://") {
@@ -184,8 +186,8 @@ func TestEngineAway(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Errorf("run with the engine away: %v, want unavailable", err)
 	}
-	waitFor(t, 10*time.Second, "status not ready", func() bool { return !a.status(t).GetReady() })
-	waitFor(t, 10*time.Second, "health NOT_SERVING", func() bool { return a.health(t) == "SERVING_STATUS_NOT_SERVING" })
+	testkit.WaitFor(t, 10*time.Second, "status not ready", func() bool { return !a.status(t).GetReady() })
+	testkit.WaitFor(t, 10*time.Second, "health NOT_SERVING", func() bool { return a.health(t) == "SERVING_STATUS_NOT_SERVING" })
 	_, err = a.client("connect").Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "print(1)"}}))
 	if connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Errorf("run while not ready: %v, want unavailable", err)
@@ -194,8 +196,8 @@ func TestEngineAway(t *testing.T) {
 	if err := p.start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "status ready again", func() bool { return a.status(t).GetReady() })
-	waitFor(t, 10*time.Second, "health SERVING", func() bool { return a.health(t) == "SERVING_STATUS_SERVING" })
+	testkit.WaitFor(t, 30*time.Second, "status ready again", func() bool { return a.status(t).GetReady() })
+	testkit.WaitFor(t, 10*time.Second, "health SERVING", func() bool { return a.health(t) == "SERVING_STATUS_SERVING" })
 	a.waitWarm(t, 1)
 	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(2)"}); r.GetStdout() != "2\n" {
 		t.Errorf("run after reconnecting: %v", r)
@@ -236,17 +238,6 @@ func (a *testAgent) health(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return body.Status
-}
-
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for: %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // engineProxy forwards a unix socket to the engine's; crash cuts every
@@ -321,7 +312,7 @@ func (p *engineProxy) crash() {
 // to build it, and never pulls.
 func TestMissingImage(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	cfg := DefaultConfig()
 	cfg.Name = randomName("test-noimage")
 	cfg.Runner = runnerBin
@@ -348,15 +339,15 @@ func TestWarmPoolShrinksAfterBurst(t *testing.T) {
 	// The three come back from their scrubs seconds apart on a loaded
 	// machine; WarmIdle is long enough that the first is still warm when
 	// the last returns.
-	waitFor(t, 60*time.Second, "three warm sandboxes after the burst", func() bool { return a.pool.Stats().Warm == 3 })
-	waitFor(t, 60*time.Second, "the warm pool back to one", func() bool { return a.pool.Stats().Warm == 1 && len(a.containerIDs(t)) == 1 })
+	testkit.WaitFor(t, 60*time.Second, "three warm sandboxes after the burst", func() bool { return a.pool.Stats().Warm == 3 })
+	testkit.WaitFor(t, 60*time.Second, "the warm pool back to one", func() bool { return a.pool.Stats().Warm == 1 && len(a.containerIDs(t)) == 1 })
 }
 
 // TestRun runs the binary's Run with flags, serves a run over gRPC, stops
 // it as SIGTERM would (its context ends), and finds no container left.
 func TestRun(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	name := randomName("test-run")
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -416,7 +407,7 @@ func TestRun(t *testing.T) {
 // run with failed_precondition naming node, and keeps running the rest.
 func TestImageWithoutAnInterpreter(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	base := DefaultConfig().Image
 	image := "codemode-sandbox:" + randomName("test-no-node")
 	name := randomName("derive")
@@ -467,7 +458,7 @@ func TestImageWithoutAnInterpreter(t *testing.T) {
 // reaches the agent's log.
 func TestRunnerLogsAtDebug(t *testing.T) {
 	t.Parallel()
-	needDocker(t)
+	dockertest.Need(t)
 	var logs testlog.Buffer
 	cfg := DefaultConfig()
 	cfg.Name = randomName("test-debug")

@@ -23,7 +23,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
-	"github.com/codemode-go/codemode/internal/testkit/testenv"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
 // The tests run real agents against the local Docker Engine with runsc.
@@ -31,7 +31,6 @@ import (
 // sandbox image) every such test is skipped with the reason.
 var (
 	runnerBin string // path of the runner built for the tests
-	skipWhy   string // why Docker tests are skipped, if they are
 )
 
 func TestMain(m *testing.M) {
@@ -45,8 +44,10 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	skipWhy = dockerAvailable()
-	if skipWhy == "" {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	err = dockertest.Check(ctx)
+	cancel()
+	if err == nil {
 		runnerBin = filepath.Join(dir, "runner")
 		cmd := exec.Command("go", "build", "-o", runnerBin, "github.com/codemode-go/codemode/agent/cmd/runner")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -59,24 +60,6 @@ func testMain(m *testing.M) int {
 	code := m.Run()
 	stopShared()
 	return code
-}
-
-// dockerAvailable returns why Docker tests cannot run, or "".
-func dockerAvailable() string {
-	d, err := sandbox.NewDocker("", slog.New(slog.DiscardHandler))
-	if err != nil {
-		return err.Error()
-	}
-	defer d.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := d.Ping(ctx); err != nil {
-		return fmt.Sprintf("no Docker Engine reachable (run agent/host/setup.sh as root): %v", err)
-	}
-	if _, err := d.Client().ImageInspect(ctx, DefaultConfig().Image); err != nil {
-		return fmt.Sprintf("sandbox image %s missing (run agent/host/setup.sh as root): %v", DefaultConfig().Image, err)
-	}
-	return ""
 }
 
 // reapStaleTestSandboxes removes sandboxes of test agents (names starting
@@ -101,13 +84,6 @@ func reapStaleTestSandboxes() {
 	}
 }
 
-func needDocker(t testing.TB) {
-	t.Helper()
-	if skipWhy != "" {
-		testenv.Missing(t, "%s", skipWhy)
-	}
-}
-
 func randomName(prefix string) string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -125,7 +101,7 @@ type testAgent struct {
 // 127.0.0.1:0.
 func startAgent(t testing.TB, edit func(*Config)) *testAgent {
 	t.Helper()
-	needDocker(t)
+	dockertest.Need(t)
 	cfg := DefaultConfig()
 	cfg.Name = randomName("test-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))[:min(len(t.Name()), 12)])
 	cfg.Runner = runnerBin
@@ -222,7 +198,7 @@ var (
 
 func shared(t testing.TB) *testAgent {
 	t.Helper()
-	needDocker(t)
+	dockertest.Need(t)
 	sharedOnce.Do(func() {
 		cfg := DefaultConfig()
 		cfg.Name = randomName("test-shared")

@@ -18,6 +18,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // The pool's logic is tested here against an engine that is not there: a
@@ -224,17 +225,6 @@ func newTestPool(t *testing.T, d *fakeDriver, edit func(*Config)) *Pool {
 	return p
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func run(t *testing.T, sb *Sandbox, code string) error {
 	t.Helper()
 	_, err := sb.Run(t.Context(), &runnerv1.Run{Language: "python", Code: code}, nil, nil)
@@ -246,7 +236,7 @@ func TestPoolRecyclesBoundedTimes(t *testing.T) {
 	d := newFakeDriver()
 	m := NewMetrics()
 	p := newTestPool(t, d, func(c *Config) { c.Max, c.Metrics = 1, m })
-	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+	testkit.WaitFor(t, 10*time.Second, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
 	var ids []string
 	for range 4 {
 		sb, err := p.Acquire(t.Context(), 0)
@@ -270,7 +260,7 @@ func TestPoolRecyclesBoundedTimes(t *testing.T) {
 	// The first and the fourth run took a new sandbox (warm, or started
 	// for the run if the pool had not started one yet), the second and
 	// the third the first one scrubbed; all but the third were scrubbed.
-	waitUntil(t, "three scrubs", func() bool { return counted(t, m.scrubs, "ok") == 3 })
+	testkit.WaitFor(t, 10*time.Second, "three scrubs", func() bool { return counted(t, m.scrubs, "ok") == 3 })
 	for _, c := range []struct {
 		name string
 		got  float64
@@ -295,7 +285,7 @@ func TestPoolPrefersPrestartedLanguage(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
 	p := newTestPool(t, d, func(c *Config) { c.MinWarm, c.Max = 2, 2 })
-	waitUntil(t, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
+	testkit.WaitFor(t, 10*time.Second, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
 	used := map[string]string{} // language -> sandbox id
 	for _, lang := range []string{"javascript", "python"} {
 		sb, err := p.AcquireFor(t.Context(), 0, lang)
@@ -308,7 +298,7 @@ func TestPoolPrefersPrestartedLanguage(t *testing.T) {
 		used[lang] = sb.ID()
 		p.Release(t.Context(), sb, true) // scrubbed: it prestarts lang
 	}
-	waitUntil(t, "both back", func() bool { return p.Stats().Warm == 2 })
+	testkit.WaitFor(t, 10*time.Second, "both back", func() bool { return p.Stats().Warm == 2 })
 	// python's sandbox came back last; javascript's is still preferred for
 	// javascript, and each language finds its own.
 	for _, lang := range []string{"javascript", "python", "javascript"} {
@@ -320,7 +310,7 @@ func TestPoolPrefersPrestartedLanguage(t *testing.T) {
 			t.Errorf("a %s run took %s (prestarted %q), want %s", lang, sb.ID(), sb.Prestarted(), used[lang])
 		}
 		p.Release(t.Context(), sb, true) // scrubbed without a run: still prestarted
-		waitUntil(t, "it back", func() bool { return p.Stats().Warm == 2 })
+		testkit.WaitFor(t, 10*time.Second, "it back", func() bool { return p.Stats().Warm == 2 })
 	}
 }
 
@@ -331,7 +321,7 @@ func TestPoolSpreadsOverCPUSets(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
 	p := newTestPool(t, d, func(c *Config) { c.MinWarm, c.Max, c.CPUSets = 4, 4, []string{"0", "1"} })
-	waitUntil(t, "four warm sandboxes", func() bool { return p.Stats().Warm == 4 })
+	testkit.WaitFor(t, 10*time.Second, "four warm sandboxes", func() bool { return p.Stats().Warm == 4 })
 	set := func(sb *Sandbox) string { return d.get(sb.ID()).cpuSet }
 	even := func(when string) {
 		t.Helper()
@@ -364,7 +354,7 @@ func TestPoolSpreadsOverCPUSets(t *testing.T) {
 	}
 	for i, sb := range []*Sandbox{bySet["1"][0], bySet["1"][1], bySet["0"][0], bySet["0"][1]} {
 		p.Release(t.Context(), sb, true)
-		waitUntil(t, "it back", func() bool { return p.Stats().Warm == i+1 })
+		testkit.WaitFor(t, 10*time.Second, "it back", func() bool { return p.Stats().Warm == i+1 })
 	}
 	first, err := p.Acquire(t.Context(), 0)
 	if err != nil {
@@ -387,7 +377,7 @@ func TestPoolSpreadsOverCPUSets(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Drop(session)
-	waitUntil(t, "four warm sandboxes", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "four warm sandboxes", func() bool {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		n := 0
@@ -406,7 +396,7 @@ func TestPoolDestroysOnAbnormal(t *testing.T) {
 	d := newFakeDriver()
 	m := NewMetrics()
 	p := newTestPool(t, d, func(c *Config) { c.Metrics = m })
-	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+	testkit.WaitFor(t, 10*time.Second, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
 
 	// Not reusable: destroyed, not scrubbed.
 	sb, _ := p.Acquire(t.Context(), 0)
@@ -415,15 +405,15 @@ func TestPoolDestroysOnAbnormal(t *testing.T) {
 	if c.resets.Load() != 0 {
 		t.Error("an abnormal sandbox was scrubbed for reuse")
 	}
-	waitUntil(t, "its removal", func() bool { return isDone(c) })
+	testkit.WaitFor(t, 10*time.Second, "its removal", func() bool { return isDone(c) })
 
 	// A failed scrub destroys the sandbox.
-	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm >= 1 })
+	testkit.WaitFor(t, 10*time.Second, "a warm sandbox", func() bool { return p.Stats().Warm >= 1 })
 	sb, _ = p.Acquire(t.Context(), 0)
 	c = d.get(sb.ID())
 	c.failNext.Store(true)
 	p.Release(t.Context(), sb, true)
-	waitUntil(t, "the dirty sandbox destroyed", func() bool { return isDone(c) })
+	testkit.WaitFor(t, 10*time.Second, "the dirty sandbox destroyed", func() bool { return isDone(c) })
 	if st := p.Stats(); st.Busy != 0 || st.Recycling != 0 {
 		t.Errorf("stats after: %+v", st)
 	}
@@ -435,7 +425,7 @@ func TestPoolDestroysOnAbnormal(t *testing.T) {
 	}
 	// Closing destroys what is left (the warm sandbox that replaced the
 	// destroyed ones), and every sandbox started is counted destroyed once.
-	waitUntil(t, "the pool refilled", func() bool { st := p.Stats(); return st.Warm == 1 && st.Starting == 0 })
+	testkit.WaitFor(t, 10*time.Second, "the pool refilled", func() bool { st := p.Stats(); return st.Warm == 1 && st.Starting == 0 })
 	if err := p.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -482,7 +472,7 @@ func TestPoolWaitsAtCapacity(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
 	p := newTestPool(t, d, func(c *Config) { c.Max = 2; c.MinWarm = 2 })
-	waitUntil(t, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
+	testkit.WaitFor(t, 10*time.Second, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
 	a, _ := p.Acquire(t.Context(), 0)
 	b, _ := p.Acquire(t.Context(), 0)
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
@@ -521,15 +511,15 @@ func TestPoolEngineAway(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
 	p := newTestPool(t, d, nil)
-	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+	testkit.WaitFor(t, 10*time.Second, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
 	d.setDown(true)
 	p.NoteError(sandbox.ErrUnavailable)
-	waitUntil(t, "not ready", func() bool { return !p.Stats().Ready })
+	testkit.WaitFor(t, 10*time.Second, "not ready", func() bool { return !p.Stats().Ready })
 	if _, err := p.Acquire(t.Context(), 0); !errors.Is(err, sandbox.ErrUnavailable) {
 		t.Errorf("Acquire with the engine away: %v", err)
 	}
 	d.setDown(false)
-	waitUntil(t, "ready and warm again", func() bool { st := p.Stats(); return st.Ready && st.Warm == 1 })
+	testkit.WaitFor(t, 10*time.Second, "ready and warm again", func() bool { st := p.Stats(); return st.Ready && st.Warm == 1 })
 	// The sandbox lost track of while away was removed on reconnecting.
 	d.mu.Lock()
 	if len(d.removed) == 0 {
@@ -560,28 +550,28 @@ func TestPoolWarmed(t *testing.T) {
 			t.Fatalf("before any start: ready %v, warmed %v; want ready, not warmed", st.Ready, st.Warmed)
 		}
 		d.gate <- struct{}{}
-		waitUntil(t, "one warm sandbox", func() bool { return p.Stats().Warm == 1 })
+		testkit.WaitFor(t, 10*time.Second, "one warm sandbox", func() bool { return p.Stats().Warm == 1 })
 		if p.Stats().Warmed {
 			t.Fatal("warmed with 1 of 2 warm sandboxes")
 		}
 		d.gate <- struct{}{}
-		waitUntil(t, "warmed", func() bool { return p.Stats().Warmed })
+		testkit.WaitFor(t, 10*time.Second, "warmed", func() bool { return p.Stats().Warmed })
 		close(d.gate)
 		d.setDown(true)
 		p.NoteError(sandbox.ErrUnavailable)
-		waitUntil(t, "not ready", func() bool { return !p.Stats().Ready })
+		testkit.WaitFor(t, 10*time.Second, "not ready", func() bool { return !p.Stats().Ready })
 		if p.Stats().Warmed {
 			t.Fatal("warmed with the engine away")
 		}
 		d.setDown(false)
-		waitUntil(t, "warmed again", func() bool { st := p.Stats(); return st.Ready && st.Warmed && st.Warm >= 2 })
+		testkit.WaitFor(t, 10*time.Second, "warmed again", func() bool { st := p.Stats(); return st.Ready && st.Warmed && st.Warm >= 2 })
 	})
 	t.Run("failed start", func(t *testing.T) {
 		t.Parallel()
 		d := newFakeDriver()
 		d.failStarts = true
 		p := newTestPool(t, d, nil)
-		waitUntil(t, "warmed", func() bool { return p.Stats().Warmed })
+		testkit.WaitFor(t, 10*time.Second, "warmed", func() bool { return p.Stats().Warmed })
 		if st := p.Stats(); !st.Ready || st.Warm != 0 {
 			t.Fatalf("ready %v with %d warm, want ready with none", st.Ready, st.Warm)
 		}
@@ -595,7 +585,7 @@ func TestPoolReplacesDeadWarmSandbox(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
 	p := newTestPool(t, d, nil)
-	waitUntil(t, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+	testkit.WaitFor(t, 10*time.Second, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
 	d.mu.Lock()
 	for _, c := range d.live {
 		c.kill()
@@ -652,7 +642,7 @@ func TestSessions(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "session b idled out", func() bool { return s.Len() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "session b idled out", func() bool { return s.Len() == 1 })
 	var ended *EndedError
 	if err := s.With(ctx, "b", "t1", func(*Sandbox) error { return nil }); !errors.As(err, &ended) || ended.Reason != EndExpired {
 		t.Errorf("With on an expired session: %v", err)
@@ -693,7 +683,7 @@ func TestSessions(t *testing.T) {
 		t.Errorf("held sandboxes after sessions closed: %+v", st)
 	}
 	// Three sessions opened (a, b, d): b expired, a was lost, d closed.
-	if got := written(t, m.sessionsOpened).GetCounter().GetValue(); got != 3 {
+	if got := testkit.Written(t, m.sessionsOpened).GetCounter().GetValue(); got != 3 {
 		t.Errorf("sessions opened: %v, want 3", got)
 	}
 	for _, r := range []EndReason{EndClosed, EndExpired, EndLost} {
@@ -704,18 +694,6 @@ func TestSessions(t *testing.T) {
 	if got := counted(t, m.destroyed, destroySessionEnded); got != 3 {
 		t.Errorf("sandboxes destroyed as their session ended: %v, want 3", got)
 	}
-}
-
-// written returns c's one metric as it would be exposed.
-func written(t *testing.T, c prometheus.Collector) *dto.Metric {
-	t.Helper()
-	ch := make(chan prometheus.Metric, 1)
-	c.Collect(ch)
-	var pb dto.Metric
-	if err := (<-ch).Write(&pb); err != nil {
-		t.Fatal(err)
-	}
-	return &pb
 }
 
 // TestJournal checks that sessions ended, and sessions open when the agent

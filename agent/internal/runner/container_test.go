@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,8 +20,8 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/ipc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
-	"github.com/codemode-go/codemode/internal/testkit/testenv"
 	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
 
@@ -35,30 +34,8 @@ var (
 	buildOnce  sync.Once
 	runnerBin  string
 	buildErr   error
-	dockerOnce sync.Once
-	dockerErr  error
 	sandboxSeq atomic.Int32
 )
-
-// needDocker skips t when no Docker daemon answers, and fails it when the
-// daemon lacks what the sandboxes need.
-func needDocker(t testing.TB) {
-	t.Helper()
-	dockerOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, "docker", "info", "--format", "{{json .Runtimes}}").CombinedOutput()
-		if err != nil {
-			dockerErr = fmt.Errorf("docker info: %v: %s", err, bytes.TrimSpace(out))
-		} else if !bytes.Contains(out, []byte("runsc")) {
-			dockerErr = fmt.Errorf("dockerd has no runsc runtime (run agent/host/setup.sh): %s", out)
-			t.Fatal(dockerErr)
-		}
-	})
-	if dockerErr != nil {
-		testenv.Missing(t, "no Docker daemon reachable for the sandbox test (run agent/host/setup.sh): %v", dockerErr)
-	}
-}
 
 // buildRunner builds the runner binary once, static.
 func buildRunner(t testing.TB) string {
@@ -93,7 +70,7 @@ type sandbox struct {
 // with the flags of the contract, and waits for Ready.
 func startSandbox(t testing.TB) *sandbox {
 	t.Helper()
-	needDocker(t)
+	dockertest.Need(t)
 	return startSandboxBin(t, buildRunner(t))
 }
 
@@ -107,7 +84,7 @@ func startSandboxBin(t testing.TB, bin string) *sandbox {
 // flags.
 func startSandboxOpts(t testing.TB, bin, memory string, flags ...string) *sandbox {
 	t.Helper()
-	needDocker(t)
+	dockertest.Need(t)
 	name := fmt.Sprintf("codemode-runner-test-%d-%d", os.Getpid(), sandboxSeq.Add(1))
 	args := []string{"run", "-i", "--rm", "--name", name,
 		"--runtime=runsc", "--network=none", "--read-only",
@@ -647,7 +624,7 @@ func BenchmarkSandbox(b *testing.B) {
 			lat = append(lat, time.Since(start))
 		}
 		b.ReportMetric(float64((cpu()-c0).Microseconds())/1000/float64(len(lat)), "cpu-ms")
-		reportPercentiles(b, lat)
+		testkit.ReportPercentiles(b, lat, time.Millisecond)
 	}
 	b.Run("runner/python-print", func(b *testing.B) {
 		through(b, &runnerv1.Run{Language: "python", Code: "print(1)"})
@@ -687,7 +664,7 @@ func BenchmarkSandbox(b *testing.B) {
 			b.ReportMetric(ms(runC), "run-cpu-ms")
 			b.ReportMetric(ms(resW), "reset-ms")
 			b.ReportMetric(ms(resC), "reset-cpu-ms")
-			reportPercentiles(b, lat)
+			testkit.ReportPercentiles(b, lat, time.Millisecond)
 		})
 	}
 	b.Run("runner/python-session-statement", func(b *testing.B) {
@@ -726,7 +703,7 @@ func BenchmarkSandbox(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64((cpu()-c0).Microseconds())/1000/float64(len(lat)), "cpu-ms")
-			reportPercentiles(b, lat)
+			testkit.ReportPercentiles(b, lat, time.Millisecond)
 		})
 	}
 }
@@ -754,18 +731,4 @@ func (sb *sandbox) cpuUsage(b *testing.B) func() time.Duration {
 		}
 		return time.Duration(n)
 	}
-}
-
-func reportPercentiles(b *testing.B, lat []time.Duration) {
-	if len(lat) == 0 {
-		return
-	}
-	s := slices.Clone(lat)
-	slices.Sort(s)
-	at := func(q float64) float64 {
-		return float64(s[min(len(s)-1, int(q*float64(len(s))))].Microseconds()) / 1000
-	}
-	b.ReportMetric(at(0.50), "p50-ms")
-	b.ReportMetric(at(0.95), "p95-ms")
-	b.ReportMetric(at(0.99), "p99-ms")
 }

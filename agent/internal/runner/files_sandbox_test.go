@@ -12,6 +12,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // outsideLinks is what user code plants in the workspace for
@@ -298,7 +299,7 @@ func BenchmarkSandboxFiles(b *testing.B) {
 					}
 					lat = append(lat, time.Since(start))
 				}
-				reportPercentiles(b, lat)
+				testkit.ReportPercentiles(b, lat, time.Millisecond)
 			})
 		}
 	}

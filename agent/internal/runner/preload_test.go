@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // startPreloaded starts a sandbox whose runner forks Python runs from a
@@ -357,7 +358,7 @@ func BenchmarkSandboxPreload(b *testing.B) {
 				b.ReportMetric(ms(resW), "reset-ms")
 				b.ReportMetric(ms(resC), "reset-cpu-ms")
 				b.ReportMetric(float64(sb.memoryUsage(b))/(1<<20), "sandbox-MiB")
-				reportPercentiles(b, lat)
+				testkit.ReportPercentiles(b, lat, time.Millisecond)
 			})
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // beat sends a's heartbeats for addr to c every interval until the returned
@@ -47,18 +48,6 @@ func beat(t *testing.T, c controlplanev1connect.ControlPlaneServiceClient, a *st
 	stop = func() { cancel(); <-done }
 	t.Cleanup(stop)
 	return stop
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func TestAgentsJoinByHeartbeat(t *testing.T) {
@@ -115,7 +104,7 @@ func TestAgentsJoinByHeartbeat(t *testing.T) {
 		}
 		return false
 	}
-	waitFor(t, 2*time.Second, "the silent agent is still healthy", func() bool { return !healthy("one") })
+	testkit.WaitFor(t, 2*time.Second, "the silent agent is still healthy", func() bool { return !healthy("one") })
 	if d := time.Since(stopped); d < 2*interval {
 		t.Errorf("the agent left routing %v after its last heartbeat, before its heartbeats were missed", d)
 	}
@@ -127,7 +116,7 @@ func TestAgentsJoinByHeartbeat(t *testing.T) {
 
 	// It comes back.
 	beat(t, c, one, addr1, interval)
-	waitFor(t, 2*time.Second, "the returning agent takes no run", func() bool {
+	testkit.WaitFor(t, 2*time.Second, "the returning agent takes no run", func() bool {
 		got, err := execute(t, c, "", nil)
 		return err == nil && got == "one"
 	})

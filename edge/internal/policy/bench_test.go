@@ -3,7 +3,6 @@ package policy
 import (
 	"context"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/tetratelabs/wazero"
 	"google.golang.org/protobuf/proto"
 )
@@ -264,20 +264,9 @@ func BenchmarkChain(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(len(lat)), "cpu-ns/op")
-			reportPercentiles(b, lat)
+			testkit.ReportPercentiles(b, lat, time.Nanosecond)
 		})
 	}
-}
-
-func reportPercentiles(b *testing.B, lat []time.Duration) {
-	if len(lat) == 0 {
-		return
-	}
-	slices.Sort(lat)
-	p := func(q float64) time.Duration { return lat[min(len(lat)-1, int(q*float64(len(lat))))] }
-	b.ReportMetric(float64(p(0.50).Nanoseconds()), "p50-ns")
-	b.ReportMetric(float64(p(0.99).Nanoseconds()), "p99-ns")
-	b.Logf("n=%d p50=%v p95=%v p99=%v max=%v", len(lat), p(0.50), p(0.95), p(0.99), lat[len(lat)-1])
 }
 
 // BenchmarkChainParallel runs the chain from GOMAXPROCS goroutines at once.

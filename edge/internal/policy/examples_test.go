@@ -12,6 +12,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 const denied = policyv1.Cause_CAUSE_DENIED
@@ -426,7 +427,7 @@ func TestBuildScript(t *testing.T) {
 }
 
 func moduleRoot(t *testing.T) string {
-	dir, err := policytest.ModuleRoot()
+	dir, err := testkit.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

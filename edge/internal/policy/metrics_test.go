@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // TestMetricsCountDecisions: every policy call is counted once, by the
@@ -62,7 +62,7 @@ func TestMetricsCountDecisions(t *testing.T) {
 		{"result", "redact", "rewrite", 1},
 		{"result", "redact", "allow", 2},
 	} {
-		if got := written(t, m.decisions.WithLabelValues(c.phase, c.policy, c.decision)).GetCounter().GetValue(); got != c.want {
+		if got := testkit.Written(t, m.decisions.WithLabelValues(c.phase, c.policy, c.decision)).GetCounter().GetValue(); got != c.want {
 			t.Errorf("decisions{%s %s %s} = %v, want %v", c.phase, c.policy, c.decision, got, c.want)
 		}
 	}
@@ -71,7 +71,7 @@ func TestMetricsCountDecisions(t *testing.T) {
 		if policy == "redact" {
 			phase = PhaseResult
 		}
-		if got := written(t, m.seconds.WithLabelValues(phase, policy).(prometheus.Histogram)).GetHistogram().GetSampleCount(); got != want {
+		if got := testkit.Written(t, m.seconds.WithLabelValues(phase, policy).(prometheus.Histogram)).GetHistogram().GetSampleCount(); got != want {
 			t.Errorf("call_seconds{%s %s} count = %d, want %d", phase, policy, got, want)
 		}
 	}
@@ -81,16 +81,4 @@ func TestMetricsCountDecisions(t *testing.T) {
 	if n := len(ch); n != 5*len(outcomeNames)+5 {
 		t.Errorf("%d series, want %d", n, 5*len(outcomeNames)+5)
 	}
-}
-
-// written returns c's one metric as it would be exposed.
-func written(t *testing.T, c prometheus.Collector) *dto.Metric {
-	t.Helper()
-	ch := make(chan prometheus.Metric, 1)
-	c.Collect(ch)
-	var pb dto.Metric
-	if err := (<-ch).Write(&pb); err != nil {
-		t.Fatal(err)
-	}
-	return &pb
 }
