@@ -15,6 +15,7 @@ import (
 
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	"github.com/codemode-go/codemode/internal/apicatalog"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/apistest"
 )
 
@@ -110,8 +111,8 @@ func TestAPITools(t *testing.T) {
 		{"github_list_user_issues", `"title": "Widgets spin backwards"`, map[string]any{"username": "octocat"}},
 	} {
 		res := call(t, alice, tc.tool, tc.args)
-		if res.IsError || !strings.Contains(textOf(res), tc.want) {
-			t.Errorf("%s: isError=%v %.300s", tc.tool, res.IsError, textOf(res))
+		if res.IsError || !strings.Contains(testkit.ToolText(res), tc.want) {
+			t.Errorf("%s: isError=%v %.300s", tc.tool, res.IsError, testkit.ToolText(res))
 		}
 		if sc := structured(t, res); sc["status"] != float64(200) || sc["body"] == nil {
 			t.Errorf("%s: structured content %.300v", tc.tool, sc)
@@ -132,21 +133,21 @@ func TestAPITools(t *testing.T) {
 
 	t.Run("the token is redacted from an echo", func(t *testing.T) {
 		res := call(t, alice, "github_list_user_repos", map[string]any{"username": "echo"})
-		if res.IsError || strings.Contains(textOf(res), token) || !strings.Contains(textOf(res), "Bearer [REDACTED]") {
-			t.Fatalf("isError=%v %.300s", res.IsError, textOf(res))
+		if res.IsError || strings.Contains(testkit.ToolText(res), token) || !strings.Contains(testkit.ToolText(res), "Bearer [REDACTED]") {
+			t.Fatalf("isError=%v %.300s", res.IsError, testkit.ToolText(res))
 		}
 	})
 	t.Run("error status", func(t *testing.T) {
 		res := call(t, alice, "github_list_user_repos", map[string]any{"username": "ghost"})
-		if !res.IsError || !strings.Contains(textOf(res), "github answered 404 Not Found to GET /users/ghost/repos") || strings.Contains(textOf(res), strings.TrimPrefix(fake.URL, "http://")) {
-			t.Fatalf("isError=%v %q", res.IsError, textOf(res))
+		if !res.IsError || !strings.Contains(testkit.ToolText(res), "github answered 404 Not Found to GET /users/ghost/repos") || strings.Contains(testkit.ToolText(res), strings.TrimPrefix(fake.URL, "http://")) {
+			t.Fatalf("isError=%v %q", res.IsError, testkit.ToolText(res))
 		}
 	})
 	t.Run("bad arguments", func(t *testing.T) {
 		before := len(fake.Requests())
 		res := call(t, alice, "github_list_user_issues", map[string]any{"username": "octocat author:someone-else"})
-		if !res.IsError || !strings.Contains(textOf(res), "invalid_argument: invalid arguments for github_list_user_issues") || !strings.Contains(textOf(res), "username") {
-			t.Fatalf("isError=%v %q", res.IsError, textOf(res))
+		if !res.IsError || !strings.Contains(testkit.ToolText(res), "invalid_argument: invalid arguments for github_list_user_issues") || !strings.Contains(testkit.ToolText(res), "username") {
+			t.Fatalf("isError=%v %q", res.IsError, testkit.ToolText(res))
 		}
 		if len(fake.Requests()) != before {
 			t.Error("a call with bad arguments reached the API")
@@ -156,8 +157,8 @@ func TestAPITools(t *testing.T) {
 		before := len(fake.Requests())
 		mallory := keySession(t, noCode, keyMallory)
 		res := call(t, mallory, "github_list_user_repos", map[string]any{"username": "octocat"})
-		if !res.IsError || !strings.Contains(textOf(res), "permission_denied: denied by policy tenantblock: tenant is suspended by the tenant policy") {
-			t.Fatalf("mallory: isError=%v %q", res.IsError, textOf(res))
+		if !res.IsError || !strings.Contains(testkit.ToolText(res), "permission_denied: denied by policy tenantblock: tenant is suspended by the tenant policy") {
+			t.Fatalf("mallory: isError=%v %q", res.IsError, testkit.ToolText(res))
 		}
 		if len(fake.Requests()) != before {
 			t.Error("mallory's denied call reached the API")
@@ -174,8 +175,8 @@ func TestAPITools(t *testing.T) {
 	t.Run("a policy denial stops the call on /no-code/mcp too", func(t *testing.T) {
 		before := len(fake.Requests())
 		res := call(t, keySession(t, edge.URL()+"/no-code/mcp", keyMallory), "github_list_user_repos", map[string]any{"username": "octocat"})
-		if !res.IsError || !strings.Contains(textOf(res), "denied by policy tenantblock") || len(fake.Requests()) != before {
-			t.Fatalf("mallory on /no-code/mcp: isError=%v %q", res.IsError, textOf(res))
+		if !res.IsError || !strings.Contains(testkit.ToolText(res), "denied by policy tenantblock") || len(fake.Requests()) != before {
+			t.Fatalf("mallory on /no-code/mcp: isError=%v %q", res.IsError, testkit.ToolText(res))
 		}
 	})
 	t.Run("execute_code names the API for code", func(t *testing.T) {
@@ -254,7 +255,7 @@ func TestAPIToolsEchoedCredential(t *testing.T) {
 		t.Run(form, func(t *testing.T) {
 			res := call(t, cs, "echo_form", map[string]any{"form": form})
 			raw, _ := json.Marshal(res)
-			seen := textOf(res) + "\n" + string(raw)
+			seen := testkit.ToolText(res) + "\n" + string(raw)
 			if res.StructuredContent != nil {
 				// As a client reads it: JSON decoded, escapes gone.
 				seen += fmt.Sprint(structured(t, res))
@@ -266,16 +267,16 @@ func TestAPIToolsEchoedCredential(t *testing.T) {
 			switch form {
 			case "trailer", "early": // dropped: nothing left to refuse
 			default:
-				if !res.IsError || !strings.Contains(textOf(res), "permission_denied: the answer of strict echoes its credential and is withheld") {
-					t.Errorf("strict: isError=%v %q", res.IsError, textOf(res))
+				if !res.IsError || !strings.Contains(testkit.ToolText(res), "permission_denied: the answer of strict echoes its credential and is withheld") {
+					t.Errorf("strict: isError=%v %q", res.IsError, testkit.ToolText(res))
 				}
 			}
 		})
 	}
 	t.Run("errors name the API, not its address", func(t *testing.T) {
 		res := call(t, cs, "echo_form", map[string]any{"form": "nowhere"})
-		if !res.IsError || !strings.Contains(textOf(res), "echo answered 404 Not Found to GET /nowhere") || strings.Contains(textOf(res), strings.TrimPrefix(echo.URL, "http://")) {
-			t.Errorf("isError=%v %q", res.IsError, textOf(res))
+		if !res.IsError || !strings.Contains(testkit.ToolText(res), "echo answered 404 Not Found to GET /nowhere") || strings.Contains(testkit.ToolText(res), strings.TrimPrefix(echo.URL, "http://")) {
+			t.Errorf("isError=%v %q", res.IsError, testkit.ToolText(res))
 		}
 	})
 	if logs := edge.Logs(); strings.Contains(logs, echoToken) {

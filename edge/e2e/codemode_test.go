@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/codemode-go/codemode/internal/apicatalog"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/apistest"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
@@ -67,7 +68,7 @@ func TestCodeModeAPIs(t *testing.T) {
 	// The direct way.
 	direct := call(t, keySession(t, edge.URL()+"/mcp-no-code-execute", key), "github_list_user_repos", map[string]any{"username": "octocat"})
 	if direct.IsError {
-		t.Fatalf("github_list_user_repos: %s", textOf(direct))
+		t.Fatalf("github_list_user_repos: %s", testkit.ToolText(direct))
 	}
 	want := structured(t, direct)["body"]
 
@@ -86,7 +87,7 @@ print(subprocess.run(["node", "-e", "fetch('%[2]s').then(r => r.json()).then(j =
 	stdout, _ := out["stdout"].(string)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	if res.IsError || len(lines) != 3 {
-		t.Fatalf("execute_code: %s\n%s", textOf(res), logs())
+		t.Fatalf("execute_code: %s\n%s", testkit.ToolText(res), logs())
 	}
 	for i, client := range []string{"requests", "curl", "fetch"} {
 		var got any
@@ -153,11 +154,11 @@ print("found:", scan(secret), "environ:", secret in b"".join(k.encode() + v.enco
 			args["session_id"] = session
 		}
 		r := call(t, cs, "execute_code", args)
-		if got := textOf(r); !strings.Contains(got, "found: [] environ: False control: ['/tmp/control']") {
+		if got := testkit.ToolText(r); !strings.Contains(got, "found: [] environ: False control: ['/tmp/control']") {
 			t.Errorf("search in the sandbox (session %q): %s", session, got)
 		}
 	}
-	for _, text := range []string{textOf(res), stdout, logs()} {
+	for _, text := range []string{testkit.ToolText(res), stdout, logs()} {
 		if strings.Contains(text, token) {
 			t.Fatal("the token is in a result or a log")
 		}
@@ -267,7 +268,7 @@ func codeModeEchoes(t *testing.T, cs *mcp.ClientSession) {
 	stdout, _ := out["stdout"].(string)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	if res.IsError || len(lines) != 2*(len(apistest.EchoForms)+1) {
-		t.Fatalf("execute_code: %d lines: %s", len(lines), textOf(res))
+		t.Fatalf("execute_code: %d lines: %s", len(lines), testkit.ToolText(res))
 	}
 	find := apicatalog.NewRedactor([]byte(echoToken), false)
 	for _, line := range lines {
@@ -299,7 +300,7 @@ func codeModeEchoes(t *testing.T, cs *mcp.ClientSession) {
 			}
 		}
 	}
-	if strings.Contains(textOf(res), echoToken) {
+	if strings.Contains(testkit.ToolText(res), echoToken) {
 		t.Error("the result holds the token")
 	}
 }

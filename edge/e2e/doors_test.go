@@ -15,6 +15,7 @@ import (
 
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // protocols are the three ways a connect-go client can call the edge.
@@ -36,7 +37,7 @@ func TestConnectJSONLikeCurl(t *testing.T) {
 			ExitCode int    `json:"exitCode"`
 		} `json:"result"`
 	}
-	code := postJSON(t, s.Edge.URL()+"/codemode.edge.v1.ExecutionService/Execute", `{"language":"python","code":"print(6*7)"}`, &out)
+	code := postJSONWith(t, s.Edge.URL()+"/codemode.edge.v1.ExecutionService/Execute", "", `{"language":"python","code":"print(6*7)"}`, &out)
 	if code != http.StatusOK || out.Result.Stdout != "42\n" || out.Result.ExitCode != 0 {
 		t.Fatalf("got HTTP %d %+v, want 200 stdout %q exit 0\n%s", code, out, "42\n", s.Logs())
 	}
@@ -135,8 +136,8 @@ func TestInvalidRequests(t *testing.T) {
 				}
 			}
 			res := callTool(t, s.Edge.URL()+"/mcp", "execute_code", map[string]any{"language": tc.language, "code": tc.code})
-			if !res.IsError || !strings.Contains(textOf(res), tc.want) {
-				t.Errorf("mcp: isError=%v text %q, want isError about %s", res.IsError, textOf(res), tc.want)
+			if !res.IsError || !strings.Contains(testkit.ToolText(res), tc.want) {
+				t.Errorf("mcp: isError=%v text %q, want isError about %s", res.IsError, testkit.ToolText(res), tc.want)
 			}
 			var out struct{ Error string }
 			body := `{"language":` + quote(tc.language) + `,"code":` + quote(tc.code) + `}`
@@ -165,8 +166,8 @@ func TestMCP(t *testing.T) {
 	})
 	t.Run("execute_code", func(t *testing.T) {
 		res := callTool(t, s.Edge.URL()+"/mcp", "execute_code", map[string]any{"language": "python", "code": "print(6*7)"})
-		if res.IsError || !strings.Contains(textOf(res), "42") {
-			t.Fatalf("result isError=%v %q", res.IsError, textOf(res))
+		if res.IsError || !strings.Contains(testkit.ToolText(res), "42") {
+			t.Fatalf("result isError=%v %q", res.IsError, testkit.ToolText(res))
 		}
 		sc, _ := res.StructuredContent.(map[string]any)
 		if sc["stdout"] != "42\n" || sc["exit_code"] != float64(0) {
@@ -175,8 +176,8 @@ func TestMCP(t *testing.T) {
 	})
 	t.Run("failing program is a result", func(t *testing.T) {
 		res := callTool(t, s.Edge.URL()+"/mcp", "execute_code", map[string]any{"language": "python", "code": "import sys\nsys.exit(4)"})
-		if res.IsError || !strings.Contains(textOf(res), "exit code 4") {
-			t.Fatalf("result isError=%v %q, want a result saying exit code 4", res.IsError, textOf(res))
+		if res.IsError || !strings.Contains(testkit.ToolText(res), "exit code 4") {
+			t.Fatalf("result isError=%v %q, want a result saying exit code 4", res.IsError, testkit.ToolText(res))
 		}
 	})
 }
@@ -326,16 +327,6 @@ func mcpSession(t *testing.T, endpoint string) *mcp.ClientSession {
 	}
 	t.Cleanup(func() { cs.Close() })
 	return cs
-}
-
-func textOf(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
 }
 
 func quote(s string) string {

@@ -10,6 +10,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 func TestSessionFiles(t *testing.T) {
@@ -75,20 +76,20 @@ func TestMCPFileTools(t *testing.T) {
 	endpoint := s.Edge.URL() + "/mcp"
 	const sid = "mcp-files-test"
 	if res := callTool(t, endpoint, "write_file", map[string]any{"session_id": sid, "path": "in/n.txt", "content": "41"}); res.IsError {
-		t.Fatalf("write_file: %s", textOf(res))
+		t.Fatalf("write_file: %s", testkit.ToolText(res))
 	}
 	res := callTool(t, endpoint, "execute_code", map[string]any{"session_id": sid, "language": "python",
 		"code": "n = int(open('in/n.txt').read())\nopen('out.txt', 'w').write(str(n + 1))"})
 	if res.IsError {
-		t.Fatalf("execute_code: %s", textOf(res))
+		t.Fatalf("execute_code: %s", testkit.ToolText(res))
 	}
-	if res := callTool(t, endpoint, "read_file", map[string]any{"session_id": sid, "path": "out.txt"}); res.IsError || textOf(res) != "42" {
-		t.Fatalf("read_file: isError=%v %q", res.IsError, textOf(res))
+	if res := callTool(t, endpoint, "read_file", map[string]any{"session_id": sid, "path": "out.txt"}); res.IsError || testkit.ToolText(res) != "42" {
+		t.Fatalf("read_file: isError=%v %q", res.IsError, testkit.ToolText(res))
 	}
-	if res := callTool(t, endpoint, "list_files", map[string]any{"session_id": sid}); res.IsError || !strings.Contains(textOf(res), "out.txt") {
-		t.Fatalf("list_files: isError=%v %q", res.IsError, textOf(res))
+	if res := callTool(t, endpoint, "list_files", map[string]any{"session_id": sid}); res.IsError || !strings.Contains(testkit.ToolText(res), "out.txt") {
+		t.Fatalf("list_files: isError=%v %q", res.IsError, testkit.ToolText(res))
 	}
 	if res := callTool(t, endpoint, "read_file", map[string]any{"session_id": sid, "path": "../../etc/passwd"}); !res.IsError {
-		t.Fatalf("read_file outside /workspace: %q, want isError", textOf(res))
+		t.Fatalf("read_file outside /workspace: %q, want isError", testkit.ToolText(res))
 	}
 }

@@ -15,6 +15,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
@@ -85,8 +86,8 @@ func TestEveryLanguageThroughEveryDoor(t *testing.T) {
 				res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"language": name, "code": run.code, "stdin": run.stdin}})
 				if err != nil {
 					t.Errorf("mcp: %v", err)
-				} else if res.IsError || textOf(res) != run.want {
-					t.Errorf("mcp: isError=%v %q, want %q", res.IsError, textOf(res), run.want)
+				} else if res.IsError || testkit.ToolText(res) != run.want {
+					t.Errorf("mcp: isError=%v %q, want %q", res.IsError, testkit.ToolText(res), run.want)
 				}
 				status, out := seedRunStdin(t, s.Edge, name, run.code, run.stdin)
 				if status != 200 || out.Output != run.want {
@@ -119,8 +120,8 @@ func TestUnknownLanguageListsTheTable(t *testing.T) {
 			t.Errorf("%s: CreateSession: %v, want invalid_argument naming the languages", p.name, err)
 		}
 	}
-	if res := callTool(t, s.Edge.URL()+"/mcp", "execute_code", map[string]any{"language": "cobol", "code": "x"}); !res.IsError || !strings.Contains(textOf(res), "lua") {
-		t.Errorf("mcp: isError=%v %q", res.IsError, textOf(res))
+	if res := callTool(t, s.Edge.URL()+"/mcp", "execute_code", map[string]any{"language": "cobol", "code": "x"}); !res.IsError || !strings.Contains(testkit.ToolText(res), "lua") {
+		t.Errorf("mcp: isError=%v %q", res.IsError, testkit.ToolText(res))
 	}
 	if status, out := seedRunStdin(t, s.Edge, "cobol", "x", ""); status != 400 || !strings.Contains(out.Error, "python") {
 		t.Errorf("/run: HTTP %d %+v, want 400 naming the languages", status, out)
@@ -183,8 +184,8 @@ func TestLanguageFromATestOnlyTableEntry(t *testing.T) {
 			t.Errorf("%s: %v %v\n%s", lang, r, err, s.Logs())
 		}
 	}
-	if res := callTool(t, s.Edge.URL()+"/mcp", "execute_code", map[string]any{"language": "awk", "code": `BEGIN { print "hello" }`}); res.IsError || textOf(res) != "hello\n" {
-		t.Errorf("mcp: isError=%v %q", res.IsError, textOf(res))
+	if res := callTool(t, s.Edge.URL()+"/mcp", "execute_code", map[string]any{"language": "awk", "code": `BEGIN { print "hello" }`}); res.IsError || testkit.ToolText(res) != "hello\n" {
+		t.Errorf("mcp: isError=%v %q", res.IsError, testkit.ToolText(res))
 	}
 }
 

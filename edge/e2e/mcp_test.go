@@ -16,6 +16,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
@@ -84,35 +85,35 @@ func TestMCPStdio(t *testing.T) {
 
 	res := call(t, cs, "execute_code", map[string]any{"code": "print(6*7)"})
 	if res.IsError || structured(t, res)["stdout"] != "42\n" {
-		t.Fatalf("execute_code over stdio: isError=%v %q", res.IsError, textOf(res))
+		t.Fatalf("execute_code over stdio: isError=%v %q", res.IsError, testkit.ToolText(res))
 	}
 
 	sess := call(t, cs, "create_session", map[string]any{"language": "python"})
 	id, _ := structured(t, sess)["session_id"].(string)
 	if sess.IsError || id == "" {
-		t.Fatalf("create_session: isError=%v %q", sess.IsError, textOf(sess))
+		t.Fatalf("create_session: isError=%v %q", sess.IsError, testkit.ToolText(sess))
 	}
 	call(t, cs, "execute_code", map[string]any{"session_id": id, "code": "kept = 'across calls'"})
 	if r := call(t, cs, "execute_code", map[string]any{"session_id": id, "code": "print(kept)"}); structured(t, r)["stdout"] != "across calls\n" {
-		t.Errorf("session state over stdio: %q", textOf(r))
+		t.Errorf("session state over stdio: %q", testkit.ToolText(r))
 	}
 
 	// The session is tenant A's: tenant B's stdio server does not find it.
 	other := stdioSession(t, edge.URL(), keyB)
-	if r := call(t, other, "execute_code", map[string]any{"session_id": id, "code": "print(kept)"}); !r.IsError && strings.Contains(textOf(r), "across calls") {
-		t.Errorf("tenant B read tenant A's session over stdio: %q", textOf(r))
+	if r := call(t, other, "execute_code", map[string]any{"session_id": id, "code": "print(kept)"}); !r.IsError && strings.Contains(testkit.ToolText(r), "across calls") {
+		t.Errorf("tenant B read tenant A's session over stdio: %q", testkit.ToolText(r))
 	}
 
 	if r := call(t, cs, "close_session", map[string]any{"session_id": id}); r.IsError {
-		t.Errorf("close_session: %q", textOf(r))
+		t.Errorf("close_session: %q", testkit.ToolText(r))
 	}
-	if r := call(t, cs, "execute_code", map[string]any{"session_id": id, "code": "print(1)"}); !r.IsError || !strings.Contains(textOf(r), "closed") {
-		t.Errorf("a run in a closed session: isError=%v %q, want isError saying it was closed", r.IsError, textOf(r))
+	if r := call(t, cs, "execute_code", map[string]any{"session_id": id, "code": "print(1)"}); !r.IsError || !strings.Contains(testkit.ToolText(r), "closed") {
+		t.Errorf("a run in a closed session: isError=%v %q, want isError saying it was closed", r.IsError, testkit.ToolText(r))
 	}
 
 	bad := stdioSession(t, edge.URL(), "not-a-key")
-	if r := call(t, bad, "execute_code", map[string]any{"code": "print(1)"}); !r.IsError || !strings.Contains(textOf(r), "unauthenticated") {
-		t.Errorf("a wrong key: isError=%v %q, want an unauthenticated tool error", r.IsError, textOf(r))
+	if r := call(t, bad, "execute_code", map[string]any{"code": "print(1)"}); !r.IsError || !strings.Contains(testkit.ToolText(r), "unauthenticated") {
+		t.Errorf("a wrong key: isError=%v %q, want an unauthenticated tool error", r.IsError, testkit.ToolText(r))
 	}
 }
 
@@ -218,8 +219,8 @@ func TestDefaultLanguageOnEveryDoor(t *testing.T) {
 	} else {
 		c.CloseSession(t.Context(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: sess.Msg.GetSession().GetId()}))
 	}
-	if res := callTool(t, s.Edge.URL()+"/mcp", "execute_code", map[string]any{"code": code}); res.IsError || textOf(res) != "3\n" {
-		t.Errorf("mcp with no language: isError=%v %q", res.IsError, textOf(res))
+	if res := callTool(t, s.Edge.URL()+"/mcp", "execute_code", map[string]any{"code": code}); res.IsError || testkit.ToolText(res) != "3\n" {
+		t.Errorf("mcp with no language: isError=%v %q", res.IsError, testkit.ToolText(res))
 	}
 	if status, out := seedRun(t, s.Edge, "", "", code, ""); status != http.StatusOK || out.Output != "3\n" {
 		t.Errorf("/run with no language: HTTP %d %+v", status, out)
@@ -246,7 +247,7 @@ func BenchmarkMCPvsConnect(b *testing.B) {
 	pairedLatency(b,
 		pair{"mcp", func() {
 			res, err := cs.CallTool(b.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": "print(1)"}})
-			if err != nil || res.IsError || textOf(res) != "1\n" {
+			if err != nil || res.IsError || testkit.ToolText(res) != "1\n" {
 				b.Fatalf("execute_code: %v %v", res, err)
 			}
 		}},

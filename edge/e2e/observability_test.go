@@ -14,6 +14,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // logRecord is one JSON log line, decoded.
@@ -145,7 +146,7 @@ func TestRequestIDEverywhere(t *testing.T) {
 		defer cs.Close()
 		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": "print(3)", "language": "python"}})
 		if err != nil || res.IsError {
-			t.Fatalf("execute_code: %v %v", err, textOf(res))
+			t.Fatalf("execute_code: %v %v", err, testkit.ToolText(res))
 		}
 		if got := res.Meta["codemode/request_id"]; got != id {
 			t.Errorf("_meta codemode/request_id = %v, want %q", got, id)

@@ -22,6 +22,7 @@ import (
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 	"github.com/codemode-go/codemode/gen/codemode/policy/v1/policyv1connect"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
@@ -184,7 +185,7 @@ func TestPolicies(t *testing.T) {
 	t.Run("deny on MCP", func(t *testing.T) {
 		t.Parallel()
 		res := callToolWithKey(t, edge.URL()+"/mcp", keyBob, "execute_code", map[string]any{"language": "javascript", "code": "console.log(1)"})
-		text := textOf(res)
+		text := testkit.ToolText(res)
 		if !res.IsError || !strings.Contains(text, "denied by policy languages") ||
 			!strings.Contains(text, "language javascript is not allowed for tenant bob") {
 			t.Fatalf("MCP result isError=%v %q, want an error naming the policy and reason", res.IsError, text)
@@ -289,8 +290,8 @@ func TestPolicies(t *testing.T) {
 	t.Run("redact on MCP", func(t *testing.T) {
 		t.Parallel()
 		res := callToolWithKey(t, edge.URL()+"/mcp", keyBob, "execute_code", map[string]any{"language": "python", "code": leak})
-		if res.IsError || strings.Contains(textOf(res), "AKIA") || !strings.Contains(textOf(res), "[REDACTED aws-access-key-id]") {
-			t.Fatalf("MCP result isError=%v %q", res.IsError, textOf(res))
+		if res.IsError || strings.Contains(testkit.ToolText(res), "AKIA") || !strings.Contains(testkit.ToolText(res), "[REDACTED aws-access-key-id]") {
+			t.Fatalf("MCP result isError=%v %q", res.IsError, testkit.ToolText(res))
 		}
 	})
 

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/redistest"
 )
@@ -164,7 +164,7 @@ func TestClusterTwoControlPlanesShareRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = r.cpRun(ctx, 1, "shared-1", "print(x)")
-		if connect.CodeOf(err) != connect.CodeNotFound || notFoundReason(err) != executionv1.SessionNotFound_REASON_CLOSED {
+		if connect.CodeOf(err) != connect.CodeNotFound || testkit.ErrorDetail[*executionv1.SessionNotFound](err).GetReason() != executionv1.SessionNotFound_REASON_CLOSED {
 			t.Fatalf("a session closed through A, run through B: %v, want not_found, closed", err)
 		}
 	})
@@ -302,20 +302,4 @@ func TestClusterTwoControlPlanesShareRedis(t *testing.T) {
 			}
 		}
 	})
-}
-
-// notFoundReason returns the SessionNotFound reason of err, if any.
-func notFoundReason(err error) executionv1.SessionNotFound_Reason {
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		return executionv1.SessionNotFound_REASON_UNSPECIFIED
-	}
-	for _, d := range ce.Details() {
-		if v, derr := d.Value(); derr == nil {
-			if gone, ok := v.(*executionv1.SessionNotFound); ok {
-				return gone.GetReason()
-			}
-		}
-	}
-	return executionv1.SessionNotFound_REASON_UNSPECIFIED
 }

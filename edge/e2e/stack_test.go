@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -243,28 +241,3 @@ func shared(t *testing.T) *Stack {
 
 // httpClient speaks HTTP/1.1 and h2c.
 var httpClient = server.NewClient()
-
-// postJSON posts body to url and decodes the JSON answer into out.
-func postJSON(t *testing.T, url, body string, out any) int {
-	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			t.Fatalf("decode %s answer %q: %v", url, b, err)
-		}
-	}
-	return res.StatusCode
-}

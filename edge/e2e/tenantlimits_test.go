@@ -18,6 +18,7 @@ import (
 
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
@@ -82,8 +83,8 @@ func TestTenantSessionLimits(t *testing.T) {
 	t.Run("mcp", func(t *testing.T) {
 		cs := keyedMCP(t, edge.URL()+"/mcp", keyA)
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "create_session", Arguments: map[string]any{"language": "bash"}})
-		if err != nil || !res.IsError || !strings.Contains(textOf(res), named) {
-			t.Errorf("MCP create_session for team-a: %v %v, want a tool error: %s", textOf(res), err, named)
+		if err != nil || !res.IsError || !strings.Contains(testkit.ToolText(res), named) {
+			t.Errorf("MCP create_session for team-a: %v %v, want a tool error: %s", testkit.ToolText(res), err, named)
 		}
 	})
 

@@ -296,8 +296,8 @@ func TestTenantsCannotReachEachOthersSessions(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", call.name, err)
 			}
-			if strings.Contains(textOf(res), "of-a") {
-				t.Errorf("%s: tenant B read A's data: %s", call.name, textOf(res))
+			if strings.Contains(testkit.ToolText(res), "of-a") {
+				t.Errorf("%s: tenant B read A's data: %s", call.name, testkit.ToolText(res))
 			}
 		}
 	})
@@ -344,7 +344,7 @@ func TestTenantsCannotUseEachOthersMCPSessions(t *testing.T) {
 	sess := "mcp-trust-" + newSecret()[:12] // A's code-execution session
 	if r := call(t, withCode, "execute_code", map[string]any{"session_id": sess, "language": "python",
 		"code": "secret = 'of-a'\nopen('/workspace/a.txt', 'w').write('of-a')"}); r.IsError {
-		t.Fatalf("A's run: %s", textOf(r))
+		t.Fatalf("A's run: %s", testkit.ToolText(r))
 	}
 	t.Cleanup(func() {
 		withCode.CallTool(context.Background(), &mcp.CallToolParams{Name: "close_session", Arguments: map[string]any{"session_id": sess}})
@@ -404,10 +404,10 @@ func TestTenantsCannotUseEachOthersMCPSessions(t *testing.T) {
 	if r := call(t, withCode, "execute_code", map[string]any{"session_id": sess, "language": "python",
 		"code": "import os\nprint(secret, open('/workspace/a.txt').read(), sorted(os.listdir('/workspace')))"}); r.IsError ||
 		structured(t, r)["stdout"] != "of-a of-a ['a.txt', 'outputs']\n" {
-		t.Errorf("A's session after B's requests: %s", textOf(r))
+		t.Errorf("A's session after B's requests: %s", testkit.ToolText(r))
 	}
 	if r := call(t, withoutCode, "list_languages", nil); r.IsError {
-		t.Errorf("A's list_languages after B's requests: %s", textOf(r))
+		t.Errorf("A's list_languages after B's requests: %s", testkit.ToolText(r))
 	}
 
 	logs := edge.Logs()
@@ -536,13 +536,13 @@ func TestEndedSessionsAreNotFound(t *testing.T) {
 			Output, Error string
 			ExitCode      int
 		}
-		code := postJSON(t, s.Edge.URL()+"/run", `{"code":"print(x)","language":"python","sessionId":"`+id+`"}`, &out)
+		code := postJSONWith(t, s.Edge.URL()+"/run", "", `{"code":"print(x)","language":"python","sessionId":"`+id+`"}`, &out)
 		if code != http.StatusNotFound || !strings.Contains(out.Error, want) {
 			t.Errorf("/run in %s: HTTP %d %+v, want 404 saying %q", id, code, out, want)
 		}
 		res := callTool(t, s.Edge.URL()+"/mcp", "execute_code", map[string]any{"code": "print(x)", "session_id": id})
-		if !res.IsError || !strings.Contains(textOf(res), want) {
-			t.Errorf("MCP run in %s: %s (isError %v), want an error saying %q", id, textOf(res), res.IsError, want)
+		if !res.IsError || !strings.Contains(testkit.ToolText(res), want) {
+			t.Errorf("MCP run in %s: %s (isError %v), want an error saying %q", id, testkit.ToolText(res), res.IsError, want)
 		}
 	}
 
@@ -659,8 +659,8 @@ func TestErrorsHideInternals(t *testing.T) {
 		}
 	}
 	res2 := callTool(t, edge.URL()+"/mcp", "execute_code", map[string]any{"code": "print(1)"})
-	if !res2.IsError || strings.Contains(textOf(res2), port) || !strings.Contains(textOf(res2), "request id") {
-		t.Errorf("MCP: %s, want an error with a request id and no address", textOf(res2))
+	if !res2.IsError || strings.Contains(testkit.ToolText(res2), port) || !strings.Contains(testkit.ToolText(res2), "request id") {
+		t.Errorf("MCP: %s, want an error with a request id and no address", testkit.ToolText(res2))
 	}
 	// The log has the detail, under the request id.
 	testkit.WaitFor(t, 10*time.Second, "the log to name the request id and the cause", func() bool {

@@ -1,7 +1,7 @@
 // Package testkit holds what the tests and benchmarks of every service
 // share: waiting for a condition with a deadline, reporting latencies as
-// percentiles, finding the repository, and clients and readings that tests
-// on several sides take alike.
+// percentiles, finding the repository, an HTTP/1.1-only client, and reading
+// a metric, a Connect error's detail or an MCP tool's text.
 //
 // The packages below it are the rest of the test and benchmark support:
 // benchbase (the baselines of the benchmark commands), launch (a codemode

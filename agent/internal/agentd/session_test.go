@@ -2,7 +2,6 @@ package agentd
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // TestStatefulSessions keeps Python state and the shell's working directory
@@ -107,25 +107,9 @@ func TestSessionLifecycle(t *testing.T) {
 	// new id would be: the run is not_found, saying it was closed.
 	_, err = c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{AllowNewSession: true,
 		Execution: &executionv1.Execution{Language: "python", Code: "print('x' in globals())", SessionId: id}}))
-	if connect.CodeOf(err) != connect.CodeNotFound || notFoundReason(err) != executionv1.SessionNotFound_REASON_CLOSED {
-		t.Errorf("run after close: %v (reason %v), want not_found, closed", err, notFoundReason(err))
+	if connect.CodeOf(err) != connect.CodeNotFound || testkit.ErrorDetail[*executionv1.SessionNotFound](err).GetReason() != executionv1.SessionNotFound_REASON_CLOSED {
+		t.Errorf("run after close: %v (reason %v), want not_found, closed", err, testkit.ErrorDetail[*executionv1.SessionNotFound](err).GetReason())
 	}
-}
-
-// notFoundReason returns the reason of err's SessionNotFound detail.
-func notFoundReason(err error) executionv1.SessionNotFound_Reason {
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		return executionv1.SessionNotFound_REASON_UNSPECIFIED
-	}
-	for _, d := range ce.Details() {
-		if v, derr := d.Value(); derr == nil {
-			if m, ok := v.(*executionv1.SessionNotFound); ok {
-				return m.GetReason()
-			}
-		}
-	}
-	return executionv1.SessionNotFound_REASON_UNSPECIFIED
 }
 
 // TestSessionBelongsToItsTenant checks that the agent itself keeps tenants

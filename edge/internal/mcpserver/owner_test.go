@@ -17,6 +17,7 @@ import (
 
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // tenantRuns is a Backend whose runs print the tenant they run as, and
@@ -231,8 +232,8 @@ func TestSessionsBelongToWhoOpenedThem(t *testing.T) {
 				if err != nil || res.IsError {
 					t.Errorf("%s by the owner: %v %v", door.tool, res, err)
 				}
-				if door.withCode && textOf(res) != ownerTenant {
-					t.Errorf("the owner's run ran as %q, want %q", textOf(res), ownerTenant)
+				if door.withCode && testkit.ToolText(res) != ownerTenant {
+					t.Errorf("the owner's run ran as %q, want %q", testkit.ToolText(res), ownerTenant)
 				}
 				if got := send(t, srv.URL, http.MethodPost, `{"jsonrpc":"2.0","id":10,"method":"ping"}`, tc.owner, id); got.status != http.StatusOK {
 					t.Errorf("the owner's raw ping: %s", got)
@@ -246,18 +247,4 @@ func TestSessionsBelongToWhoOpenedThem(t *testing.T) {
 			})
 		}
 	}
-}
-
-// textOf is the text of a tool result's content.
-func textOf(res *mcp.CallToolResult) string {
-	if res == nil {
-		return ""
-	}
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
 }
