@@ -234,9 +234,10 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 			}
 			// A stream's execution is counted just after its last message.
 			want, after := before+float64(runs), executions(t, edge)
-			for deadline := time.Now().Add(10 * time.Second); after < want && time.Now().Before(deadline); after = executions(t, edge) {
-				time.Sleep(50 * time.Millisecond)
-			}
+			testkit.Until(10*time.Second, func() bool {
+				after = executions(t, edge)
+				return after >= want
+			})
 			if after != want {
 				t.Fatalf("%d executions ended, want %d", int(after-before), runs)
 			}

@@ -16,6 +16,7 @@ import (
 
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
@@ -173,13 +174,12 @@ func (c *cluster) healthy(t *testing.T) map[string]bool {
 
 func (c *cluster) waitHealthy(t *testing.T, d time.Duration, n int) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for len(c.healthy(t)) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v, healthy agents %v; want %d", d, c.healthy(t), n)
+	testkit.Eventually(t, d, func() error {
+		if h := c.healthy(t); len(h) < n {
+			return fmt.Errorf("healthy agents %v; want %d", h, n)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // load runs print(1) through the control plane from workers concurrent
@@ -280,13 +280,9 @@ func TestClusterAgentKilledLeavesRoutingAndRejoins(t *testing.T) {
 		during <- outcome{by, failed}
 	}()
 	var victim string
-	for deadline := time.Now().Add(time.Minute); victim == ""; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			c.witness.release()
-			t.Fatalf("no agent has a run held at the witness after a minute (%d held)", c.witness.held())
-		}
+	if !testkit.Until(time.Minute, func() bool {
 		if c.witness.held() < 3 {
-			continue
+			return false
 		}
 		res, err := c.ControlPlaneClient().ListAgents(t.Context(), connect.NewRequest(&cpv1.ListAgentsRequest{}))
 		if err != nil {
@@ -295,19 +291,20 @@ func TestClusterAgentKilledLeavesRoutingAndRejoins(t *testing.T) {
 		for _, a := range res.Msg.GetAgents() {
 			if a.GetInFlight() > 0 {
 				victim = a.GetStatus().GetName()
-				break
+				return true
 			}
 		}
+		return false
+	}) {
+		c.witness.release()
+		t.Fatalf("no agent has a run held at the witness after a minute (%d held)", c.witness.held())
 	}
 	addr := c.agents[victim].Addr
 	c.agents[victim].Kill()
 	killed := time.Now()
-	for c.healthy(t)[victim] {
-		if time.Since(killed) > 2*time.Second {
-			c.witness.release()
-			t.Fatalf("the killed agent %s is still routed to %v after it died", victim, time.Since(killed))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testkit.Until(2*time.Second, func() bool { return !c.healthy(t)[victim] }) {
+		c.witness.release()
+		t.Fatalf("the killed agent %s is still routed to %v after it died", victim, time.Since(killed))
 	}
 	c.witness.release()
 	t.Logf("the killed agent left routing %v after kill -9", time.Since(killed).Round(time.Millisecond))

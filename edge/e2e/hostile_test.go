@@ -432,7 +432,7 @@ func TestHostileTenantLimits(t *testing.T) {
 						t.Errorf("holding run ended early: %v", err)
 						return
 					}
-					time.Sleep(20 * time.Millisecond)
+					time.Sleep(20 * time.Millisecond) // refused while the other holder has the slot: try again
 				}
 			})
 		}
@@ -440,14 +440,11 @@ func TestHostileTenantLimits(t *testing.T) {
 		// a time, so both holders are in flight then.
 		refused := func() error {
 			var err error
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			testkit.Until(10*time.Second, func() bool {
 				_, err = run(t.Context(), alphaGRPC, "print(1)")
-				if connect.CodeOf(err) == connect.CodeResourceExhausted || time.Now().After(deadline) {
-					return err
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				return connect.CodeOf(err) == connect.CodeResourceExhausted
+			})
+			return err
 		}
 		wantRefused(t, refused(), "concurrency limit")
 		// Beta is let in at once, and served, while alpha's slots are held.

@@ -194,18 +194,16 @@ func TestLanguageFromATestOnlyTableEntry(t *testing.T) {
 // which may be after the agent reports itself healthy.
 func listLanguages(t *testing.T, c edgev1connect.ExecutionServiceClient) []*executionv1.Language {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	var langs []*executionv1.Language
+	testkit.Until(time.Minute, func() bool {
 		res, err := c.ListLanguages(t.Context(), connect.NewRequest(&edgev1.ListLanguagesRequest{}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		langs := res.Msg.GetLanguages()
-		if !slices.ContainsFunc(langs, func(l *executionv1.Language) bool { return l.GetVersion() == "" }) || time.Now().After(deadline) {
-			return langs
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		langs = res.Msg.GetLanguages()
+		return !slices.ContainsFunc(langs, func(l *executionv1.Language) bool { return l.GetVersion() == "" })
+	})
+	return langs
 }
 
 // TestAgentsDefaults starts an agent with its own default and longest

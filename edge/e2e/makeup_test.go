@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
@@ -132,33 +133,28 @@ func TestMakeUp(t *testing.T) {
 	}
 	edgeURL := fmt.Sprintf("http://127.0.0.1:%d", edgePort)
 	start := time.Now()
-	for !edgeAnswers(edgeURL) {
+	if !testkit.Until(time.Until(upBy), func() bool {
 		select {
 		case <-done:
 			t.Fatalf("make up exited before the edge answered: %v\n%s", waitErr, logs())
 		default:
 		}
-		if time.Now().After(upBy) {
-			t.Fatalf("edge did not answer at %s within %s\n%s", edgeURL, time.Since(start).Round(time.Second), logs())
-		}
-		time.Sleep(200 * time.Millisecond)
+		return edgeAnswers(edgeURL)
+	}) {
+		t.Fatalf("edge did not answer at %s within %s\n%s", edgeURL, time.Since(start).Round(time.Second), logs())
 	}
 	t.Logf("make up answered after %s", time.Since(start).Round(time.Second))
 
 	// The services are make's descendants, by executable name.
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	if !testkit.Until(10*time.Second, func() bool {
 		found, err := descendants(cmd.Process.Pid, makeUpServices)
 		if err != nil {
 			t.Fatal(err)
 		}
 		services = found
-		if len(services) == len(makeUpServices) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("found %v among make's descendants, want %v\n%s", services, makeUpServices, logs())
-		}
-		time.Sleep(100 * time.Millisecond)
+		return len(services) == len(makeUpServices)
+	}) {
+		t.Fatalf("found %v among make's descendants, want %v\n%s", services, makeUpServices, logs())
 	}
 
 	t.Run("loopback only", func(t *testing.T) {
@@ -233,11 +229,8 @@ func TestMakeUp(t *testing.T) {
 	t.Run("README quick start", func(t *testing.T) { runQuickStart(t, root, edgeAddr) })
 
 	// A sandbox of this agent must exist, or "none left" would prove nothing.
-	for deadline := time.Now().Add(2 * time.Minute); countSandboxes(t, agentName) == 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("agent %s made no sandbox within 2 minutes\n%s", agentName, logs())
-		}
-		time.Sleep(200 * time.Millisecond)
+	if !testkit.Until(2*time.Minute, func() bool { return countSandboxes(t, agentName) > 0 }) {
+		t.Fatalf("agent %s made no sandbox within 2 minutes\n%s", agentName, logs())
 	}
 
 	// Ctrl-C, as a terminal sends it: to the whole foreground group.

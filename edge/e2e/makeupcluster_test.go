@@ -20,6 +20,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
@@ -101,16 +102,15 @@ func TestMakeUpCluster(t *testing.T) {
 	if d, ok := t.Deadline(); ok && d.Add(-2*time.Minute).Before(upBy) {
 		upBy = d.Add(-2 * time.Minute)
 	}
-	for !bytes.Contains(must(os.ReadFile(logPath)), []byte("the codemode cluster is up")) {
+	if !testkit.Until(time.Until(upBy), func() bool {
 		select {
 		case <-done:
 			t.Fatalf("make up-cluster exited before it was up: %v\n%s", waitErr, logs())
 		default:
 		}
-		if time.Now().After(upBy) {
-			t.Fatalf("make up-cluster not up in time\n%s", logs())
-		}
-		time.Sleep(200 * time.Millisecond)
+		return bytes.Contains(must(os.ReadFile(logPath)), []byte("the codemode cluster is up"))
+	}) {
+		t.Fatalf("make up-cluster not up in time\n%s", logs())
 	}
 
 	if !t.Run("redis password", func(t *testing.T) {

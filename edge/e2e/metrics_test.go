@@ -17,6 +17,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
@@ -155,20 +156,18 @@ func metricsPolicies(t *testing.T) string {
 // that its counters and gauges agree.
 func settledAgentMetrics(t *testing.T, p *Process, runs float64) map[string]*dto.MetricFamily {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		fams := scrape(t, p)
+	var fams map[string]*dto.MetricFamily
+	testkit.Eventually(t, time.Minute, func() error {
+		fams = scrape(t, p)
 		if sample(fams, "codemode_agent_sandbox_scrubs_total", nil) >= runs &&
 			sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "starting"}) == 0 &&
 			sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "recycling"}) == 0 {
-			return fams
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent not settled after a minute: scrubs %v, starting %v, recycling %v", sample(fams, "codemode_agent_sandbox_scrubs_total", nil),
-				sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "starting"}), sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "recycling"}))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("agent not settled: scrubs %v, starting %v, recycling %v", sample(fams, "codemode_agent_sandbox_scrubs_total", nil),
+			sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "starting"}), sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "recycling"}))
+	})
+	return fams
 }
 
 // TestMetrics makes runs through the edge, one that a policy denies and a

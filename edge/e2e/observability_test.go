@@ -36,8 +36,8 @@ func records(p *Process) []logRecord {
 // key-value in want, and returns it.
 func waitLog(t *testing.T, p *Process, msg string, want map[string]any) logRecord {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var found logRecord
+	testkit.Eventually(t, 10*time.Second, func() error {
 	next:
 		for _, r := range records(p) {
 			if r["msg"] != msg {
@@ -48,13 +48,12 @@ func waitLog(t *testing.T, p *Process, msg string, want map[string]any) logRecor
 					continue next
 				}
 			}
-			return r
+			found = r
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s logged no %q line with %v\n%s", p.Name, msg, want, p.Logs())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("%s logged no %q line with %v\n%s", p.Name, msg, want, p.Logs())
+	})
+	return found
 }
 
 // headerTransport sends a header with every request.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/codemode-go/codemode/docs"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // readmeEdge is the edge's address as the README and the docs write it.
@@ -34,13 +35,12 @@ func bannerLines(root, edge string) []string {
 // and that they are the README's quick start's lines.
 func checkBanner(t *testing.T, root, edge string, log func() string) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for !strings.Contains(log(), "Ctrl-C stops all three.") {
-		if time.Now().After(deadline) {
-			t.Fatalf("make up printed no banner within 2 minutes\n%s", log())
+	testkit.Eventually(t, 2*time.Minute, func() error {
+		if !strings.Contains(log(), "Ctrl-C stops all three.") {
+			return fmt.Errorf("make up printed no banner\n%s", log())
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 	out := log()
 	quick := quickStartSteps(t, root)
 	var all strings.Builder

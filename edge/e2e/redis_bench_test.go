@@ -15,6 +15,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/redistest"
 )
@@ -67,19 +68,15 @@ func BenchmarkExecuteRedis(b *testing.B) {
 		}}
 	}
 	// Wait until both route to the agent.
-	deadline := time.Now().Add(2 * time.Minute)
-	for _, name := range []string{"redis", "memory"} {
-		for {
+	testkit.Eventually(b, 2*time.Minute, func() error {
+		for _, name := range []string{"redis", "memory"} {
 			res, err := clients[name].ListAgents(ctx, connect.NewRequest(&cpv1.ListAgentsRequest{}))
-			if err == nil && len(res.Msg.GetAgents()) == 1 && res.Msg.GetAgents()[0].GetHealthy() {
-				break
+			if err != nil || len(res.Msg.GetAgents()) != 1 || !res.Msg.GetAgents()[0].GetHealthy() {
+				return fmt.Errorf("%s: agent not healthy: %v %v", name, res, err)
 			}
-			if time.Now().After(deadline) {
-				b.Fatalf("%s: agent not healthy: %v %v", name, res, err)
-			}
-			time.Sleep(50 * time.Millisecond)
 		}
-	}
+		return nil
+	})
 	b.Run("stateless", func(b *testing.B) {
 		pairedLatency(b, run("redis", ""), run("memory", ""))
 	})

@@ -107,17 +107,13 @@ func (r *replicas) edge(i int) edgev1connect.ExecutionServiceClient {
 // waitAgent waits until control plane i routes to the agent.
 func (r *replicas) waitAgent(t *testing.T, i int) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	testkit.Eventually(t, 2*time.Minute, func() error {
 		res, err := r.cp(i).ListAgents(t.Context(), connect.NewRequest(&cpv1.ListAgentsRequest{}))
 		if err == nil && len(res.Msg.GetAgents()) == 1 && res.Msg.GetAgents()[0].GetHealthy() {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("control plane %d: agent not healthy after 2m: %v %v", i, res, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("control plane %d: agent not healthy: %v %v", i, res, err)
+	})
 }
 
 func (r *replicas) logs() string {
@@ -231,9 +227,7 @@ func TestClusterTwoControlPlanesShareRedis(t *testing.T) {
 				})
 			}
 			// Kill the victim once the load is under way.
-			for deadline := time.Now().Add(time.Minute); done.Load() < 8 && time.Now().Before(deadline); {
-				time.Sleep(10 * time.Millisecond)
-			}
+			testkit.Until(time.Minute, func() bool { return done.Load() >= 8 })
 			r.cps[victim].Kill()
 			killed.Store(true)
 			wg.Wait()

@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
@@ -21,12 +23,12 @@ func TestShutdownLeavesNoSandbox(t *testing.T) {
 	name := s.AgentName
 	// The pool fills in the background: wait for a sandbox to exist, or the
 	// test would prove nothing.
-	for deadline := time.Now().Add(time.Minute); countSandboxes(t, name) == 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("agent %s made no sandbox within a minute\n%s", name, s.Logs())
+	testkit.Eventually(t, time.Minute, func() error {
+		if countSandboxes(t, name) == 0 {
+			return fmt.Errorf("agent %s made no sandbox\n%s", name, s.Logs())
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 	for _, p := range []*Process{s.Edge, s.ControlPlane, s.Agent} {
 		if err := p.Stop(30 * time.Second); err != nil {
 			t.Errorf("stop %s: %v", p.Name, err)

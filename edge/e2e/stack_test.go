@@ -171,17 +171,13 @@ func startStackEnv(bins string, env []string, agentName string, agentArgs ...str
 // waitAgentHealthy waits until the control plane reports the agent ready.
 func (s *Stack) waitAgentHealthy(timeout time.Duration) error {
 	cp := s.ControlPlaneClient()
-	deadline := time.Now().Add(timeout)
-	for {
+	return testkit.Poll(timeout, func() error {
 		res, err := cp.ListAgents(context.Background(), connect.NewRequest(&cpv1.ListAgentsRequest{}))
 		if err == nil && len(res.Msg.GetAgents()) > 0 && res.Msg.GetAgents()[0].GetHealthy() {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("agent not healthy after %s (last: %v %v)\nagent logs:\n%s", timeout, res, err, s.Agent.Logs())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("agent not healthy after %s (last: %v %v)\nagent logs:\n%s", timeout, res, err, s.Agent.Logs())
+	})
 }
 
 // ControlPlaneClient is a client of the stack's control plane that sends the

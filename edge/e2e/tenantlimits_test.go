@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -98,11 +99,8 @@ func TestTenantSessionLimits(t *testing.T) {
 
 	// GET /status: each tenant its own sessions, nobody the load.
 	for key, want := range map[string]int{keyA: 2, keyB: 1} {
-		var body []byte
-		deadline := time.Now().Add(30 * time.Second) // the control plane polls the agent
-		for {
-			var code int
-			code, _, body = seedCall(t, http.MethodGet, edge.URL()+"/status", key, "")
+		testkit.Eventually(t, 30*time.Second, func() error { // the control plane polls the agent
+			code, _, body := seedCall(t, http.MethodGet, edge.URL()+"/status", key, "")
 			var st struct {
 				Status   string
 				Sessions int
@@ -117,13 +115,10 @@ func TestTenantSessionLimits(t *testing.T) {
 						t.Errorf("/status %s shows the agent's %s sandboxes", body, load)
 					}
 				}
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("/status %s, want status ok and the tenant's own %d sessions", body, want)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return fmt.Errorf("/status %s, want status ok and the tenant's own %d sessions", body, want)
+		})
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
@@ -144,8 +145,8 @@ func (r *otlpReceiver) all() []receivedSpan {
 // "SERVICE NAME" (spans arrive in batches, each service's own).
 func (r *otlpReceiver) trace(t *testing.T, service, name, id string, want ...string) []receivedSpan {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var found []receivedSpan
+	testkit.Eventually(t, 15*time.Second, func() error {
 		all := r.all()
 		for _, s := range all {
 			if s.service != service || s.GetName() != name || s.attr("codemode.request_id") != id {
@@ -164,14 +165,13 @@ func (r *otlpReceiver) trace(t *testing.T, service, name, id string, want ...str
 				done = done && names[w]
 			}
 			if done {
-				return tr
+				found = tr
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no trace with a %s span %q of request %s and spans %q within 15s; received:\n%s", service, name, id, want, describe(all))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("no trace with a %s span %q of request %s and spans %q; received:\n%s", service, name, id, want, describe(all))
+	})
+	return found
 }
 
 func describe(spans []receivedSpan) string {

@@ -605,15 +605,16 @@ func (s *Stack) RestartControlPlane() error {
 // restart starts p's binary again on p's address, which may linger a
 // moment after p stopped.
 func restart(p *Process, env []string, args ...string) (*Process, error) {
-	var err error
-	for range 50 {
-		var np *Process
-		if np, err = start(p.Name, env, append([]string{"--addr", p.Addr}, args...)...); err == nil {
-			return np, nil
-		}
-		time.Sleep(100 * time.Millisecond)
+	var np *Process
+	err := testkit.Poll(10*time.Second, func() error {
+		var err error
+		np, err = start(p.Name, env, append([]string{"--addr", p.Addr}, args...)...)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
-	return nil, err
+	return np, nil
 }
 
 // TestErrorsHideInternals points an edge at a control plane that is not

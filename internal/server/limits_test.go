@@ -362,7 +362,7 @@ func TestBodyTimeoutH2C(t *testing.T) {
 			if _, err := pw.Write([]byte("x")); err != nil {
 				return
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // a slow client: a byte every 50 ms
 		}
 		pw.Close()
 	}()
@@ -516,13 +516,7 @@ func TestLargeBodyTurns(t *testing.T) {
 	go func() {
 		_, _ = pw.Write(make([]byte, largeBody+1024))
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(ls.turns.slots(1)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the holder did not take a turn within 10 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 10*time.Second, "the holder to take a turn", func() bool { return len(ls.turns.slots(1)) > 0 })
 
 	// Small bodies pass.
 	if out, err := post(t.Context(), io.NopCloser(&generator{n: largeBody / 2})); err != nil || out != fmt.Sprintf("200 OK read %d", largeBody/2) {

@@ -15,8 +15,7 @@ const (
 	maxPoll   = 50 * time.Millisecond
 )
 
-// errNotYet is what [WaitFor] and [Poll] report of a condition that never
-// said why it does not hold.
+// errNotYet is what [Until] makes of a condition that does not hold.
 var errNotYet = errors.New("condition not met")
 
 // Poll calls check until it returns nil or within has passed, pausing
@@ -38,6 +37,17 @@ func Poll(within time.Duration, check func() error) error {
 	}
 }
 
+// Until calls cond until it holds or within has passed, pausing between
+// calls, and reports whether it held.
+func Until(within time.Duration, cond func() bool) bool {
+	return Poll(within, func() error {
+		if cond() {
+			return nil
+		}
+		return errNotYet
+	}) == nil
+}
+
 // Eventually fails tb unless check returns nil within the given time; the
 // failure says check's last error.
 func Eventually(tb testing.TB, within time.Duration, check func() error) {
@@ -51,13 +61,7 @@ func Eventually(tb testing.TB, within time.Duration, check func() error) {
 // names what was waited for.
 func WaitFor(tb testing.TB, within time.Duration, what string, cond func() bool) {
 	tb.Helper()
-	err := Poll(within, func() error {
-		if cond() {
-			return nil
-		}
-		return errNotYet
-	})
-	if err != nil {
+	if !Until(within, cond) {
 		tb.Fatalf("timed out after %v waiting for %s", within, what)
 	}
 }

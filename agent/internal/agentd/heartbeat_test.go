@@ -2,6 +2,7 @@ package agentd
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -16,6 +17,7 @@ import (
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
@@ -68,13 +70,12 @@ func TestHeartbeat(t *testing.T) {
 		c.HeartbeatInterval = 100 * time.Millisecond
 		c.Labels = map[string]string{"zone": "a"}
 	})
-	deadline := time.Now().Add(time.Minute)
-	for hb := h.last(); hb == nil || !hb.GetStatus().GetReady(); hb = h.last() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no heartbeat saying ready within a minute; last %v", hb)
+	testkit.Eventually(t, time.Minute, func() error {
+		if hb := h.last(); hb == nil || !hb.GetStatus().GetReady() {
+			return fmt.Errorf("no heartbeat saying ready; last %v", hb)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	hb := h.last()
 	st := hb.GetStatus()
 	if want := strings.TrimPrefix(a.URL, "http://"); hb.GetAddress() != want {

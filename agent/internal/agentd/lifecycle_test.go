@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -113,11 +114,8 @@ func TestSandboxDeath(t *testing.T) {
 		_, err := a.client("grpc").Execute(context.Background(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "bash", Code: "echo started; sleep 60"}}))
 		done <- err
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for a.pool.Stats().Busy == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond)
+	testkit.Until(30*time.Second, func() bool { return a.pool.Stats().Busy > 0 })
+	time.Sleep(300 * time.Millisecond) // and for the run to be in the sandbox, past "echo started"
 	if err := a.Driver().Client().ContainerKill(t.Context(), ids[0], "KILL"); err != nil {
 		t.Fatal(err)
 	}
@@ -475,11 +473,10 @@ func TestRunnerLogsAtDebug(t *testing.T) {
 	if err != nil || res.Msg.GetResult().GetStdout() != "1\n" {
 		t.Fatalf("Execute: %v, %v", res, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), `msg=run component=runner lang=python interpreter=prestarted`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no debug line of the runner about the run in the agent's log:\n%s", logs.String())
+	testkit.Eventually(t, 10*time.Second, func() error {
+		if !strings.Contains(logs.String(), `msg=run component=runner lang=python interpreter=prestarted`) {
+			return fmt.Errorf("no debug line of the runner about the run in the agent's log:\n%s", logs.String())
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 )
 
@@ -154,13 +155,12 @@ func serveAgent(cfg Config, logger *slog.Logger) (*testAgent, error) {
 // waitWarm waits until the agent has n warm sandboxes.
 func (a *testAgent) waitWarm(t testing.TB, n int) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for a.pool.Stats().Warm < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("agent has %d warm sandboxes after 2 minutes, want %d", a.pool.Stats().Warm, n)
+	testkit.Eventually(t, 2*time.Minute, func() error {
+		if w := a.pool.Stats().Warm; w < n {
+			return fmt.Errorf("agent has %d warm sandboxes, want %d", w, n)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // client returns an AgentService client over real HTTP/2 speaking protocol

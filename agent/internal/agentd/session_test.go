@@ -75,7 +75,7 @@ func TestSessionLifecycle(t *testing.T) {
 		_, err := c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "python", Code: "import time; time.sleep(3)", SessionId: id}}))
 		running <- err
 	}()
-	time.Sleep(500 * time.Millisecond)
+	testkit.WaitFor(t, 10*time.Second, "the session's run to start", func() bool { return a.sessions.Running() > 0 })
 	start := time.Now()
 	got, err := c.GetSession(ctx, connect.NewRequest(&agentv1.GetSessionRequest{SessionId: id}))
 	if err != nil || got.Msg.GetSession().GetId() != id || got.Msg.GetSession().GetLanguage() != "python" {
@@ -181,13 +181,7 @@ func TestSessionLimits(t *testing.T) {
 	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "two"})); connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Errorf("second session: %v, want resource_exhausted", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for a.sessions.Len() > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("idle session not closed after 10 s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 10*time.Second, "the idle session to close", func() bool { return a.sessions.Len() == 0 })
 	// A session may ask for its own idle timeout.
 	if _, err := c.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Language: "bash", SessionId: "two", IdleTimeout: durationpb.New(time.Hour)})); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // TestStreamingIsLive shows the lines of a program that prints once a
@@ -160,23 +161,22 @@ func TestStreamCancelledInSession(t *testing.T) {
 		if !stream.Receive() {
 			t.Fatalf("no first event: %v", stream.Err())
 		}
-		time.Sleep(time.Duration(i) * 100 * time.Millisecond)
+		time.Sleep(time.Duration(i) * 100 * time.Millisecond) // cancel at a different point of the run each time
 		cancel()
 		for stream.Receive() {
 		}
 		stream.Close()
 	}
 	var r *executionv1.Result
-	for range 50 {
+	_ = testkit.Poll(10*time.Second, func() error { // the session may still be ending the cancelled run
 		res, err := a.client("connect").Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{
 			Language: "python", SessionId: "cancelled-session", Code: "print(5)",
 		}}))
 		if err == nil {
 			r = res.Msg.GetResult()
-			break
 		}
-		time.Sleep(200 * time.Millisecond) // the session may still be ending the cancelled run
-	}
+		return err
+	})
 	if r.GetStdout() != "5\n" {
 		t.Errorf("the session does not run after the cancels: %v", r)
 	}

@@ -3,9 +3,12 @@ package cpuslots
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // enterAsync enters g in a goroutine and returns a channel that yields the
@@ -26,13 +29,12 @@ func enterAsync(t *testing.T, ctx context.Context, g *Gate) <-chan *Ticket {
 // waitWaiting waits until n callers wait at g.
 func waitWaiting(t *testing.T, g *Gate, n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for g.Stats().Waiting != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting = %d, want %d", g.Stats().Waiting, n)
+	testkit.Eventually(t, 5*time.Second, func() error {
+		if w := g.Stats().Waiting; w != n {
+			return fmt.Errorf("waiting = %d, want %d", w, n)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func admitted(ch <-chan *Ticket) bool {
@@ -210,7 +212,7 @@ func TestConcurrent(t *testing.T) {
 			admittedN++
 			most = max(most, in)
 			mu.Unlock()
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // hold the slot a moment
 			mu.Lock()
 			in--
 			mu.Unlock()

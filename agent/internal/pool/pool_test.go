@@ -72,7 +72,7 @@ func (d *fakeDriver) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Cont
 			return nil, ctx.Err()
 		}
 	}
-	time.Sleep(d.startDur)
+	time.Sleep(d.startDur) // the time a start takes
 	c := newFakeContainer(id)
 	c.cpuSet = spec.CPUSet
 	d.mu.Lock()
@@ -488,7 +488,11 @@ func TestPoolWaitsAtCapacity(t *testing.T) {
 		}
 		got <- sb
 	}()
-	time.Sleep(20 * time.Millisecond)
+	testkit.WaitFor(t, 10*time.Second, "the third Acquire to wait", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.waiting == 1
+	})
 	p.Release(t.Context(), a, true)
 	select {
 	case sb := <-got:

@@ -16,6 +16,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
@@ -23,26 +24,24 @@ import (
 // its pid.
 func (h *harness) prestartedPID() int {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var pid int
+	testkit.WaitFor(h.t, 10*time.Second, "an interpreter to be prestarted", func() bool {
 		h.s.prestartMu.Lock()
-		pre := h.s.pre
-		h.s.prestartMu.Unlock()
-		if pre != nil {
-			return pre.proc.Pid
+		defer h.s.prestartMu.Unlock()
+		if h.s.pre == nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			h.t.Fatal("no interpreter was prestarted")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		pid = h.s.pre.proc.Pid
+		return true
+	})
+	return pid
 }
 
 // noPrestarted checks, after a request has been answered, that no
 // interpreter is prestarted now and none comes.
 func (h *harness) noPrestarted() {
 	h.t.Helper()
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // room for one to come, if it would
 	h.s.prestartMu.Lock()
 	defer h.s.prestartMu.Unlock()
 	if h.s.pre != nil {

@@ -146,7 +146,7 @@ except OSError as e:
 		if _, err := h.c.RunEgress(t.Context(), run, func(_ wire.Stream, b []byte) { out.Write(b) }, e); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(1500 * time.Millisecond)
+		time.Sleep(1500 * time.Millisecond) // past the background curl: no run goes on meanwhile, so no polling run
 		r := h.mustRun("bash", "cat late.txt")
 		if !strings.Contains(r.stdout, "no run is going on") {
 			t.Fatalf("got %+v", r)

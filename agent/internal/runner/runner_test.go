@@ -21,6 +21,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
@@ -599,11 +600,10 @@ func TestRunSweep(t *testing.T) {
 	// The run returns while its background shells may still be forking
 	// their sleeps: wait for the three.
 	var ps []proc.UserProc
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if ps, _ = h.s.procs.UserProcs(0); len(ps) == 3 || time.Now().After(deadline) {
-			break
-		}
-	}
+	testkit.Until(10*time.Second, func() bool {
+		ps, _ = h.s.procs.UserProcs(0)
+		return len(ps) == 3
+	})
 	if len(ps) != 3 {
 		t.Fatalf("after a session's run: user processes %v, want the 3 sleeps", ps)
 	}

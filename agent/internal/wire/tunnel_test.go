@@ -105,7 +105,7 @@ func TestTunnelDeadlines(t *testing.T) {
 	done := make(chan error, 1)
 	a.SetReadDeadline(time.Time{})
 	go func() { _, err := a.Read(make([]byte, 1)); done <- err }()
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // let the read block first (it wakes either way)
 	a.SetReadDeadline(time.Unix(1, 0))
 	if err := <-done; !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("read woken by a past deadline: %v", err)

@@ -24,6 +24,7 @@ import (
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/redistest"
 )
 
@@ -228,12 +229,10 @@ func TestRouting(t *testing.T) {
 		other := controlplanev1connect.NewControlPlaneServiceClient(server.NewClient(), startControlPlane(t, addrs...))
 		var got string
 		var err error
-		for range 100 { // until the new control plane has polled the agents
-			if got, err = execute(t, other, "sess-4", nil); connect.CodeOf(err) != connect.CodeUnavailable {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testkit.Until(10*time.Second, func() bool { // until the new control plane has polled the agents
+			got, err = execute(t, other, "sess-4", nil)
+			return connect.CodeOf(err) != connect.CodeUnavailable
+		})
 		if err != nil || got != "gpu" {
 			t.Fatalf("run through another control plane went to %q (%v), want gpu", got, err)
 		}
@@ -360,7 +359,7 @@ func TestNoRunTwice(t *testing.T) {
 
 func waitHealthy(t *testing.T, c controlplanev1connect.ControlPlaneServiceClient, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	testkit.Eventually(t, 10*time.Second, func() error {
 		res, err := c.ListAgents(t.Context(), connect.NewRequest(&cpv1.ListAgentsRequest{}))
 		healthy := 0
 		if err == nil {
@@ -370,14 +369,11 @@ func waitHealthy(t *testing.T, c controlplanev1connect.ControlPlaneServiceClient
 				}
 			}
 		}
-		if healthy == n {
-			return
+		if healthy != n {
+			return fmt.Errorf("%d of %d agents healthy", healthy, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d agents healthy", healthy, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestSeedEndpoints(t *testing.T) {
@@ -500,13 +496,12 @@ func TestControlPlaneIgnoresAgentsForgedInRedis(t *testing.T) {
 		}
 	}
 	cp := startControlPlaneWith(t, Config{RedisURL: rds.URL, RedisPrefix: "test:", Secret: secret})
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := execute(t, cp, "", nil); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("no run within 10s: %v", err)
+	testkit.Eventually(t, 10*time.Second, func() error {
+		if _, err := execute(t, cp, "", nil); err != nil {
+			return fmt.Errorf("no run: %w", err)
 		}
-	}
+		return nil
+	})
 	for i := range 20 {
 		if got, err := execute(t, cp, fmt.Sprintf("s%d", i%4), nil); err != nil || got != "genuine" {
 			t.Fatalf("run %d went to %q (%v), want the genuine agent", i, got, err)

@@ -19,6 +19,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/apicatalog"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // scripted is a Backend whose runs follow a script: the end-to-end tests
@@ -216,7 +217,7 @@ func TestProgressCoalescesAndBeats(t *testing.T) {
 		output []string
 		beats  int
 	)
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	testkit.Until(2*time.Second, func() bool {
 		msgs, output, beats = got.get(), nil, 0
 		for _, m := range msgs {
 			if strings.HasPrefix(m, "[running for") {
@@ -225,10 +226,8 @@ func TestProgressCoalescesAndBeats(t *testing.T) {
 				output = append(output, m)
 			}
 		}
-		if len(output) >= len(want) || time.Now().After(deadline) {
-			break
-		}
-	}
+		return len(output) >= len(want)
+	})
 	if strings.Join(output, "|") != strings.Join(want, "|") {
 		t.Errorf("progress output %q, want %q (all messages %q)", output, want, msgs)
 	}
@@ -273,11 +272,7 @@ func TestCancelledCallEndsTheRun(t *testing.T) {
 		_, err := callWithProgress(ctx, cs)
 		errc <- err
 	}()
-	for deadline := time.Now().Add(10 * time.Second); len(got.get()) == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no progress within 10 s")
-		}
-	}
+	testkit.WaitFor(t, 10*time.Second, "progress", func() bool { return len(got.get()) > 0 })
 	cancel()
 	if err := <-errc; err == nil {
 		t.Error("a cancelled call returned no error")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
 
@@ -48,13 +49,12 @@ func TestLogsNameSessionsByHash(t *testing.T) {
 // waitLogged waits until the log says msg.
 func waitLogged(t *testing.T, log *testlog.Buffer, msg string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(log.String(), msg) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the log never said %q:\n%s", msg, log.String())
+	testkit.Eventually(t, 10*time.Second, func() error {
+		if !strings.Contains(log.String(), msg) {
+			return fmt.Errorf("the log never said %q:\n%s", msg, log.String())
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestHashSessionIDs checks every place a session id can be in a record:

@@ -19,6 +19,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
 
@@ -265,11 +266,10 @@ func TestNoMisfireUnderCPUContention(t *testing.T) {
 			mu.Unlock()
 			// Wait for the replacement instance, so that the next loop is
 			// stopped by fuel rather than refused for want of an instance.
-			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-				if _, err := hostile.EvaluateRequest(t.Context(), req("t", "python", "ok")); err == nil {
-					break
-				}
-			}
+			testkit.Until(30*time.Second, func() bool {
+				_, err := hostile.EvaluateRequest(t.Context(), req("t", "python", "ok"))
+				return err == nil
+			})
 		}
 	})
 	wg.Wait()

@@ -10,6 +10,7 @@ import (
 
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -70,13 +71,10 @@ func TestInfiniteLoopFailsClosedWithinDeadline(t *testing.T) {
 				// is served again once it is. (WAT loop modules loop on
 				// every request.) On a saturated host the replacement can
 				// take longer than a request waits for an instance.
-				var err error
-				for deadline := time.Now().Add(10 * time.Second); ; {
-					if _, err = e.EvaluateRequest(t.Context(), req("t", "python", "ok")); err == nil || time.Now().After(deadline) {
-						break
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
+				err := testkit.Poll(10*time.Second, func() error {
+					_, err := e.EvaluateRequest(t.Context(), req("t", "python", "ok"))
+					return err
+				})
 				if err != nil {
 					t.Fatalf("request after the timeout: %v", err)
 				}

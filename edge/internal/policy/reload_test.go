@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 	"github.com/codemode-go/codemode/gen/codemode/policy/v1/policyv1connect"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // tagged returns a chain of three fixed policies that each annotate the
@@ -157,13 +158,7 @@ func TestBrokenReloadKeepsServing(t *testing.T) {
 	go e.Watch(ctx, 10*time.Millisecond)
 	fixedCfg := Config{Policies: []PolicyConfig{pol(t, "tenantblock", PhaseRequest, 0, "eve")}}
 	writeConfig(t, path, fixedCfg)
-	deadline := time.Now().Add(10 * time.Second)
-	for e.Generation() == 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("Watch did not reload the fixed configuration")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 10*time.Second, "Watch to reload the fixed configuration", func() bool { return e.Generation() != 1 })
 	if _, err := e.EvaluateRequest(t.Context(), req("mallory", "python", "1")); err != nil {
 		t.Fatalf("mallory after reload: %v", err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
@@ -101,17 +102,12 @@ func TestAsUser(t *testing.T) {
 	}
 	// The threads that held the user's credentials end (they are root
 	// again before they do).
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		left := threadsOfUID(t, uid)
-		if left == 0 {
-			break
+	testkit.Eventually(t, 5*time.Second, func() error {
+		if left := threadsOfUID(t, uid); left != 0 {
+			return fmt.Errorf("%d threads of the runner still hold uid %d", left, uid)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d threads of the runner still hold uid %d", left, uid)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if err := Do(os.Getuid(), os.Getgid(), func() error { return nil }); err == nil {
 		t.Fatal("Do with the runner's own uid succeeded")
 	}

@@ -85,7 +85,7 @@ func TestFinishDeliversWhatWasWrittenBeforeTheEnd(t *testing.T) {
 	// Written after the end: dropped (the pump has closed its end, so the
 	// writer may see a broken pipe).
 	_, _ = w.Write([]byte("late"))
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // room for the late write to arrive, if it would
 	if got := agent.stdoutBytes(t); got != before {
 		t.Fatalf("agent received %d bytes after the end, want still %d", got, before)
 	}
