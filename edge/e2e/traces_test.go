@@ -245,210 +245,236 @@ func TestTraces(t *testing.T) {
 	// The source's marker must appear in no span; the program prints
 	// something else.
 	marker := fmt.Sprintf("source-marker-%d", stamp)
-	code := fmt.Sprintf("marker = %q\nprint(len(marker))", marker)
+	tc := &tracesCase{s: s, rec: rec, stamp: stamp, marker: marker, code: fmt.Sprintf("marker = %q\nprint(len(marker))", marker)}
+	t.Run("connect", tc.connect)
+	t.Run("stream", tc.stream)
+	t.Run("run", tc.run)
+	t.Run("mcp", tc.mcp)
+	t.Run("edge without the variables", tc.edgeWithoutTheVariables)
+	t.Run("no code or secrets", tc.noCodeOrSecrets)
+}
 
-	// The handlers' spans of the control plane and the agent end after
-	// their children, and are exported with or after them.
-	handlersOf := func(method string) []string {
-		return []string{"codemode-controlplane codemode.controlplane.v1.ControlPlaneService/" + method, "codemode-agent codemode.agent.v1.AgentService/" + method}
+// tracesCase is TestTraces' stack, receiver and program.
+type tracesCase struct {
+	s      *Stack
+	rec    *otlpReceiver
+	stamp  int64
+	marker string // in the program's source, never printed
+	code   string
+}
+
+// The services' names in the spans.
+const (
+	edgeService  = "codemode-edge"
+	cpService    = "codemode-controlplane"
+	agentService = "codemode-agent"
+)
+
+// traceHandlers are the handlers' spans of the control plane and the agent
+// for method: they end after their children, and are exported with or
+// after them.
+func traceHandlers(method string) []string {
+	return []string{"codemode-controlplane codemode.controlplane.v1.ControlPlaneService/" + method, "codemode-agent codemode.agent.v1.AgentService/" + method}
+}
+
+// checkChain checks that tr links the edge's client call (of method)
+// to the control plane's handler, its client call to the agent's
+// handler, and that handler to the runner, carrying the request id id.
+func (tc *tracesCase) checkChain(t *testing.T, tr []receivedSpan, edgeSpan receivedSpan, id, method string) {
+	t.Helper()
+	services := map[string]bool{}
+	for _, sp := range tr {
+		services[sp.service] = true
 	}
-	handlers := handlersOf("Execute")
-	const (
-		edge  = "codemode-edge"
-		cp    = "codemode-controlplane"
-		agent = "codemode-agent"
-	)
-	// checkChain checks that tr links the edge's client call (of method)
-	// to the control plane's handler, its client call to the agent's
-	// handler, and that handler to the runner, carrying the request id id.
-	checkChain := func(t *testing.T, tr []receivedSpan, edgeSpan receivedSpan, id, method string) {
-		t.Helper()
-		services := map[string]bool{}
-		for _, sp := range tr {
-			services[sp.service] = true
-		}
-		for _, svc := range []string{edge, cp, agent} {
-			if !services[svc] {
-				t.Errorf("the trace has no span of %s:\n%s", svc, describe(tr))
-			}
-		}
-		edgeClient := one(t, tr, edge, "codemode.controlplane.v1.ControlPlaneService/"+method, tracev1.Span_SPAN_KIND_CLIENT)
-		cpServer := one(t, tr, cp, "codemode.controlplane.v1.ControlPlaneService/"+method, tracev1.Span_SPAN_KIND_SERVER)
-		cpClient := one(t, tr, cp, "codemode.agent.v1.AgentService/"+method, tracev1.Span_SPAN_KIND_CLIENT)
-		agentServer := one(t, tr, agent, "codemode.agent.v1.AgentService/"+method, tracev1.Span_SPAN_KIND_SERVER)
-		runner := one(t, tr, agent, "runner", tracev1.Span_SPAN_KIND_INTERNAL)
-		route := one(t, tr, cp, "route", tracev1.Span_SPAN_KIND_INTERNAL)
-		acquire := one(t, tr, agent, "sandbox.acquire", tracev1.Span_SPAN_KIND_INTERNAL)
-		if !descends(tr, edgeClient, edgeSpan) {
-			t.Errorf("the edge's call to the control plane is not below its door's span:\n%s", describe(tr))
-		}
-		parentIs(t, tr, cpServer, edgeClient)
-		if !descends(tr, cpClient, cpServer) || !descends(tr, route, cpServer) {
-			t.Errorf("the control plane's route and call to the agent are not below its handler's span:\n%s", describe(tr))
-		}
-		parentIs(t, tr, agentServer, cpClient)
-		parentIs(t, tr, runner, agentServer)
-		parentIs(t, tr, acquire, agentServer)
-		if got := route.attr("codemode.agent"); got != s.Agent.Addr {
-			t.Errorf("route span's codemode.agent = %q, want the agent's address %s", got, s.Agent.Addr)
-		}
-		for _, sp := range []receivedSpan{edgeSpan, cpServer, agentServer} {
-			if got := sp.attr("codemode.request_id"); got != id {
-				t.Errorf("%s span %q has request id %q, want %q", sp.service, sp.GetName(), got, id)
-			}
-			if got := sp.attr("codemode.outcome"); got != "ok" {
-				t.Errorf("%s span %q has outcome %q, want ok", sp.service, sp.GetName(), got)
-			}
-			if got := sp.attr("codemode.language"); got != "python" {
-				t.Errorf("%s span %q has language %q, want python", sp.service, sp.GetName(), got)
-			}
-		}
-		if got := runner.attr("codemode.exit_code"); got != "0" {
-			t.Errorf("runner span's exit code = %q, want 0", got)
+	for _, svc := range []string{edgeService, cpService, agentService} {
+		if !services[svc] {
+			t.Errorf("the trace has no span of %s:\n%s", svc, describe(tr))
 		}
 	}
+	edgeClient := one(t, tr, edgeService, "codemode.controlplane.v1.ControlPlaneService/"+method, tracev1.Span_SPAN_KIND_CLIENT)
+	cpServer := one(t, tr, cpService, "codemode.controlplane.v1.ControlPlaneService/"+method, tracev1.Span_SPAN_KIND_SERVER)
+	cpClient := one(t, tr, cpService, "codemode.agent.v1.AgentService/"+method, tracev1.Span_SPAN_KIND_CLIENT)
+	agentServer := one(t, tr, agentService, "codemode.agent.v1.AgentService/"+method, tracev1.Span_SPAN_KIND_SERVER)
+	runner := one(t, tr, agentService, "runner", tracev1.Span_SPAN_KIND_INTERNAL)
+	route := one(t, tr, cpService, "route", tracev1.Span_SPAN_KIND_INTERNAL)
+	acquire := one(t, tr, agentService, "sandbox.acquire", tracev1.Span_SPAN_KIND_INTERNAL)
+	if !descends(tr, edgeClient, edgeSpan) {
+		t.Errorf("the edge's call to the control plane is not below its door's span:\n%s", describe(tr))
+	}
+	parentIs(t, tr, cpServer, edgeClient)
+	if !descends(tr, cpClient, cpServer) || !descends(tr, route, cpServer) {
+		t.Errorf("the control plane's route and call to the agent are not below its handler's span:\n%s", describe(tr))
+	}
+	parentIs(t, tr, agentServer, cpClient)
+	parentIs(t, tr, runner, agentServer)
+	parentIs(t, tr, acquire, agentServer)
+	if got := route.attr("codemode.agent"); got != tc.s.Agent.Addr {
+		t.Errorf("route span's codemode.agent = %q, want the agent's address %s", got, tc.s.Agent.Addr)
+	}
+	for _, sp := range []receivedSpan{edgeSpan, cpServer, agentServer} {
+		if got := sp.attr("codemode.request_id"); got != id {
+			t.Errorf("%s span %q has request id %q, want %q", sp.service, sp.GetName(), got, id)
+		}
+		if got := sp.attr("codemode.outcome"); got != "ok" {
+			t.Errorf("%s span %q has outcome %q, want ok", sp.service, sp.GetName(), got)
+		}
+		if got := sp.attr("codemode.language"); got != "python" {
+			t.Errorf("%s span %q has language %q, want python", sp.service, sp.GetName(), got)
+		}
+	}
+	if got := runner.attr("codemode.exit_code"); got != "0" {
+		t.Errorf("runner span's exit code = %q, want 0", got)
+	}
+}
 
-	t.Run("connect", func(t *testing.T) {
-		id := fmt.Sprintf("trace-connect-%d", stamp)
-		hc := server.NewClient()
-		hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
-		client := edgev1connect.NewExecutionServiceClient(hc, s.Edge.URL())
-		res, err := client.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: code}))
-		if err != nil {
-			t.Fatalf("Execute: %v", err)
-		}
-		if got, want := res.Msg.GetResult().GetStdout(), fmt.Sprintf("%d\n", len(marker)); got != want {
-			t.Fatalf("stdout %q, want %q", got, want)
-		}
-		tr := rec.trace(t, edge, "codemode.edge.v1.ExecutionService/Execute", id, handlers...)
-		door := one(t, tr, edge, "codemode.edge.v1.ExecutionService/Execute", tracev1.Span_SPAN_KIND_SERVER)
-		if len(door.GetParentSpanId()) != 0 {
-			t.Errorf("the edge's span has a parent: callers' trace context is only linked at the public door")
-		}
-		checkChain(t, tr, door, id, "Execute")
-	})
+// connect runs the program through the edge's Connect API.
+func (tc *tracesCase) connect(t *testing.T) {
+	id := fmt.Sprintf("trace-connect-%d", tc.stamp)
+	hc := server.NewClient()
+	hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
+	client := edgev1connect.NewExecutionServiceClient(hc, tc.s.Edge.URL())
+	res, err := client.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: tc.code}))
+	if err != nil {
+		t.Fatalf("Execute: %v", err)
+	}
+	if got, want := res.Msg.GetResult().GetStdout(), fmt.Sprintf("%d\n", len(tc.marker)); got != want {
+		t.Fatalf("stdout %q, want %q", got, want)
+	}
+	tr := tc.rec.trace(t, edgeService, "codemode.edge.v1.ExecutionService/Execute", id, traceHandlers("Execute")...)
+	door := one(t, tr, edgeService, "codemode.edge.v1.ExecutionService/Execute", tracev1.Span_SPAN_KIND_SERVER)
+	if len(door.GetParentSpanId()) != 0 {
+		t.Errorf("the edge's span has a parent: callers' trace context is only linked at the public door")
+	}
+	tc.checkChain(t, tr, door, id, "Execute")
+}
 
-	t.Run("stream", func(t *testing.T) {
-		id := fmt.Sprintf("trace-stream-%d", stamp)
-		hc := server.NewClient()
-		hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
-		client := edgev1connect.NewExecutionServiceClient(hc, s.Edge.URL(), connect.WithGRPC())
-		st, err := client.ExecuteStream(t.Context(), connect.NewRequest(&edgev1.ExecuteStreamRequest{Language: "python", Code: code}))
-		if err != nil {
-			t.Fatalf("ExecuteStream: %v", err)
-		}
-		for st.Receive() {
-		}
-		if err := st.Err(); err != nil {
-			t.Fatalf("ExecuteStream: %v", err)
-		}
-		tr := rec.trace(t, edge, "codemode.edge.v1.ExecutionService/ExecuteStream", id, handlersOf("ExecuteStream")...)
-		checkChain(t, tr, one(t, tr, edge, "codemode.edge.v1.ExecutionService/ExecuteStream", tracev1.Span_SPAN_KIND_SERVER), id, "ExecuteStream")
-	})
+// stream runs the program as a gRPC stream.
+func (tc *tracesCase) stream(t *testing.T) {
+	id := fmt.Sprintf("trace-stream-%d", tc.stamp)
+	hc := server.NewClient()
+	hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
+	client := edgev1connect.NewExecutionServiceClient(hc, tc.s.Edge.URL(), connect.WithGRPC())
+	st, err := client.ExecuteStream(t.Context(), connect.NewRequest(&edgev1.ExecuteStreamRequest{Language: "python", Code: tc.code}))
+	if err != nil {
+		t.Fatalf("ExecuteStream: %v", err)
+	}
+	for st.Receive() {
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("ExecuteStream: %v", err)
+	}
+	tr := tc.rec.trace(t, edgeService, "codemode.edge.v1.ExecutionService/ExecuteStream", id, traceHandlers("ExecuteStream")...)
+	tc.checkChain(t, tr, one(t, tr, edgeService, "codemode.edge.v1.ExecutionService/ExecuteStream", tracev1.Span_SPAN_KIND_SERVER), id, "ExecuteStream")
+}
 
-	t.Run("run", func(t *testing.T) {
-		id := fmt.Sprintf("trace-run-%d", stamp)
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.Edge.URL()+"/run",
-			strings.NewReader(fmt.Sprintf(`{"code": %q, "language": "python"}`, code)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(server.RequestIDHeader, id)
-		resp, err := httpClient.Do(req)
-		if err != nil {
-			t.Fatalf("POST /run: %v", err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("POST /run: %s", resp.Status)
-		}
-		tr := rec.trace(t, edge, "POST /run", id, handlers...)
-		checkChain(t, tr, one(t, tr, edge, "POST /run", tracev1.Span_SPAN_KIND_SERVER), id, "Execute")
-	})
+// run runs the program through POST /run.
+func (tc *tracesCase) run(t *testing.T) {
+	id := fmt.Sprintf("trace-run-%d", tc.stamp)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, tc.s.Edge.URL()+"/run",
+		strings.NewReader(fmt.Sprintf(`{"code": %q, "language": "python"}`, tc.code)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(server.RequestIDHeader, id)
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST /run: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /run: %s", resp.Status)
+	}
+	tr := tc.rec.trace(t, edgeService, "POST /run", id, traceHandlers("Execute")...)
+	tc.checkChain(t, tr, one(t, tr, edgeService, "POST /run", tracev1.Span_SPAN_KIND_SERVER), id, "Execute")
+}
 
-	t.Run("mcp", func(t *testing.T) {
-		id := fmt.Sprintf("trace-mcp-%d", stamp)
-		hc := server.NewClient()
-		hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
-		cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-traces", Version: "1"}, nil).
-			Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: s.Edge.URL() + "/mcp", HTTPClient: hc}, nil)
-		if err != nil {
-			t.Fatalf("connect MCP: %v", err)
-		}
-		defer cs.Close()
-		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": code}})
-		if err != nil || res.IsError {
-			t.Fatalf("execute_code: %v %+v", err, res)
-		}
-		// The POST's span ends last: the trace is complete with it.
-		tr := rec.trace(t, edge, "POST /mcp", id, append(handlersOf("Execute"), edge+" tools/call execute_code")...)
-		tool := one(t, tr, edge, "tools/call execute_code", tracev1.Span_SPAN_KIND_INTERNAL)
-		post := one(t, tr, edge, "POST /mcp", tracev1.Span_SPAN_KIND_SERVER)
-		parentIs(t, tr, tool, post)
-		checkChain(t, tr, tool, id, "Execute")
-	})
+// mcp runs the program through MCP's execute_code.
+func (tc *tracesCase) mcp(t *testing.T) {
+	id := fmt.Sprintf("trace-mcp-%d", tc.stamp)
+	hc := server.NewClient()
+	hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-traces", Version: "1"}, nil).
+		Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: tc.s.Edge.URL() + "/mcp", HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatalf("connect MCP: %v", err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": tc.code}})
+	if err != nil || res.IsError {
+		t.Fatalf("execute_code: %v %+v", err, res)
+	}
+	// The POST's span ends last: the trace is complete with it.
+	tr := tc.rec.trace(t, edgeService, "POST /mcp", id, append(traceHandlers("Execute"), edgeService+" tools/call execute_code")...)
+	tool := one(t, tr, edgeService, "tools/call execute_code", tracev1.Span_SPAN_KIND_INTERNAL)
+	post := one(t, tr, edgeService, "POST /mcp", tracev1.Span_SPAN_KIND_SERVER)
+	parentIs(t, tr, tool, post)
+	tc.checkChain(t, tr, tool, id, "Execute")
+}
 
-	t.Run("edge without the variables", func(t *testing.T) {
-		quiet, err := s.StartEdge(nil)
-		if err != nil {
-			t.Fatalf("start edge: %v", err)
+// edgeWithoutTheVariables runs the program through an edge that exports
+// no spans.
+func (tc *tracesCase) edgeWithoutTheVariables(t *testing.T) {
+	quiet, err := tc.s.StartEdge(nil)
+	if err != nil {
+		t.Fatalf("start edge: %v", err)
+	}
+	defer quiet.Stop(30 * time.Second)
+	id := fmt.Sprintf("trace-off-%d", tc.stamp)
+	hc := server.NewClient()
+	hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
+	client := edgev1connect.NewExecutionServiceClient(hc, quiet.URL())
+	if _, err := client.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: tc.code})); err != nil {
+		t.Fatalf("Execute: %v", err)
+	}
+	// The control plane and the agent still export; the edge sent
+	// no trace context, so the control plane's span is a root.
+	tr := tc.rec.trace(t, cpService, "codemode.controlplane.v1.ControlPlaneService/Execute", id, traceHandlers("Execute")...)
+	for _, sp := range tr {
+		if sp.service == edgeService {
+			t.Errorf("an edge without OTEL_EXPORTER_OTLP_ENDPOINT exported a span: %s %q", sp.service, sp.GetName())
 		}
-		defer quiet.Stop(30 * time.Second)
-		id := fmt.Sprintf("trace-off-%d", stamp)
-		hc := server.NewClient()
-		hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
-		client := edgev1connect.NewExecutionServiceClient(hc, quiet.URL())
-		if _, err := client.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: code})); err != nil {
-			t.Fatalf("Execute: %v", err)
-		}
-		// The control plane and the agent still export; the edge sent
-		// no trace context, so the control plane's span is a root.
-		tr := rec.trace(t, cp, "codemode.controlplane.v1.ControlPlaneService/Execute", id, handlers...)
-		for _, sp := range tr {
-			if sp.service == edge {
-				t.Errorf("an edge without OTEL_EXPORTER_OTLP_ENDPOINT exported a span: %s %q", sp.service, sp.GetName())
-			}
-		}
-		root := one(t, tr, cp, "codemode.controlplane.v1.ControlPlaneService/Execute", tracev1.Span_SPAN_KIND_SERVER)
-		if len(root.GetParentSpanId()) != 0 {
-			t.Errorf("the control plane's span has a parent although the edge traces nothing:\n%s", describe(tr))
-		}
-	})
+	}
+	root := one(t, tr, cpService, "codemode.controlplane.v1.ControlPlaneService/Execute", tracev1.Span_SPAN_KIND_SERVER)
+	if len(root.GetParentSpanId()) != 0 {
+		t.Errorf("the control plane's span has a parent although the edge traces nothing:\n%s", describe(tr))
+	}
+}
 
-	t.Run("no code or secrets", func(t *testing.T) {
-		all := rec.all()
-		if len(all) == 0 {
-			t.Fatal("no spans received")
+// noCodeOrSecrets checks every span received: none carries the program's
+// source or the cluster secret.
+func (tc *tracesCase) noCodeOrSecrets(t *testing.T) {
+	all := tc.rec.all()
+	if len(all) == 0 {
+		t.Fatal("no spans received")
+	}
+	for _, sp := range all {
+		texts := []string{sp.GetName()}
+		for _, kv := range append(append([]*commonv1.KeyValue(nil), sp.GetAttributes()...), sp.resource...) {
+			texts = append(texts, kv.GetKey()+"="+anyValueString(kv.GetValue()))
 		}
-		for _, sp := range all {
-			texts := []string{sp.GetName()}
-			for _, kv := range append(append([]*commonv1.KeyValue(nil), sp.GetAttributes()...), sp.resource...) {
+		for _, ev := range sp.GetEvents() {
+			texts = append(texts, ev.GetName())
+			for _, kv := range ev.GetAttributes() {
 				texts = append(texts, kv.GetKey()+"="+anyValueString(kv.GetValue()))
 			}
-			for _, ev := range sp.GetEvents() {
-				texts = append(texts, ev.GetName())
-				for _, kv := range ev.GetAttributes() {
-					texts = append(texts, kv.GetKey()+"="+anyValueString(kv.GetValue()))
-				}
-			}
-			for _, l := range sp.GetLinks() {
-				for _, kv := range l.GetAttributes() {
-					texts = append(texts, kv.GetKey()+"="+anyValueString(kv.GetValue()))
-				}
-			}
-			texts = append(texts, sp.GetStatus().GetMessage())
-			for _, text := range texts {
-				if strings.Contains(text, marker) || strings.Contains(text, "marker = ") {
-					t.Errorf("%s span %q carries the program's source: %q", sp.service, sp.GetName(), text)
-				}
-				if strings.Contains(text, s.Secret) || strings.Contains(strings.ToLower(text), "bearer") {
-					t.Errorf("%s span %q carries the cluster secret or a bearer header: %q", sp.service, sp.GetName(), text)
-				}
+		}
+		for _, l := range sp.GetLinks() {
+			for _, kv := range l.GetAttributes() {
+				texts = append(texts, kv.GetKey()+"="+anyValueString(kv.GetValue()))
 			}
 		}
-	})
+		texts = append(texts, sp.GetStatus().GetMessage())
+		for _, text := range texts {
+			if strings.Contains(text, tc.marker) || strings.Contains(text, "marker = ") {
+				t.Errorf("%s span %q carries the program's source: %q", sp.service, sp.GetName(), text)
+			}
+			if strings.Contains(text, tc.s.Secret) || strings.Contains(strings.ToLower(text), "bearer") {
+				t.Errorf("%s span %q carries the cluster secret or a bearer header: %q", sp.service, sp.GetName(), text)
+			}
+		}
+	}
 }
 
 // BenchmarkTracing measures what tracing adds to a run: print(1) through a
