@@ -120,195 +120,224 @@ func withKey[T any](msg *T, key string) *connect.Request[T] {
 func TestPolicies(t *testing.T) {
 	t.Parallel()
 	s, _ := policyStack(t)
-	edge, logs := s.Edge, s.Logs
-	client := func(opts ...connect.ClientOption) edgev1connect.ExecutionServiceClient {
-		return edgev1connect.NewExecutionServiceClient(httpClient, edge.URL(), opts...)
+	pc := &policiesCase{edge: s.Edge, logs: s.Logs}
+	t.Run("allow", pc.allow)
+	t.Run("deny on every protocol", pc.denyOnEveryProtocol)
+	t.Run("deny dangerous pattern", pc.denyDangerousPattern)
+	t.Run("deny tenant by the WAT policy", pc.denyTenantByTheWATPolicy)
+	t.Run("deny on a stream", pc.denyOnAStream)
+	t.Run("deny on MCP", pc.denyOnMCP)
+	t.Run("rewrite", pc.rewrite)
+	t.Run("limit tightened", pc.limitTightened)
+	t.Run("route to the labelled agent", pc.routeToTheLabelledAgent)
+	t.Run("sessions are placed by the route", pc.sessionsArePlacedByTheRoute)
+	t.Run("redact", pc.redact)
+	t.Run("redact a stream", pc.redactAStream)
+	t.Run("redact on MCP", pc.redactOnMCP)
+	t.Run("admin", pc.admin)
+}
+
+// policiesCase is TestPolicies' edge, in front of the policies of
+// policyStack, and what its subtests call it with.
+type policiesCase struct {
+	edge *Process
+	logs func() string
+}
+
+// client is a client of the edge over opts' protocol.
+func (pc *policiesCase) client(opts ...connect.ClientOption) edgev1connect.ExecutionServiceClient {
+	return edgev1connect.NewExecutionServiceClient(httpClient, pc.edge.URL(), opts...)
+}
+
+// run runs code in lang as the tenant of key.
+func (pc *policiesCase) run(t *testing.T, key, lang, code string) (*edgev1.ExecuteResponse, error) {
+	t.Helper()
+	res, err := pc.client().Execute(t.Context(), withKey(&edgev1.ExecuteRequest{Language: lang, Code: code}, key))
+	if err != nil {
+		return nil, err
 	}
-	run := func(t *testing.T, key, lang, code string) (*edgev1.ExecuteResponse, error) {
-		t.Helper()
-		res, err := client().Execute(t.Context(), withKey(&edgev1.ExecuteRequest{Language: lang, Code: code}, key))
-		if err != nil {
-			return nil, err
-		}
-		return res.Msg, nil
+	return res.Msg, nil
+}
+
+// mustRun is run, failing t on an error.
+func (pc *policiesCase) mustRun(t *testing.T, key, lang, code string) *edgev1.ExecuteResponse {
+	t.Helper()
+	res, err := pc.run(t, key, lang, code)
+	if err != nil {
+		t.Fatalf("execute %s: %v\n%s", lang, err, pc.logs())
 	}
-	mustRun := func(t *testing.T, key, lang, code string) *edgev1.ExecuteResponse {
-		t.Helper()
-		res, err := run(t, key, lang, code)
-		if err != nil {
-			t.Fatalf("execute %s: %v\n%s", lang, err, logs())
-		}
-		return res
+	return res
+}
+
+// leakyProgram prints an AWS access key to stdout and another to stderr.
+const leakyProgram = "import sys\nprint('key=AKIA' + 'IOSFODNN7EXAMPLE')\nprint('AKIA' + 'IOSFODNN7EXAMPL2', file=sys.stderr)"
+
+func (pc *policiesCase) allow(t *testing.T) {
+	t.Parallel()
+	r := pc.mustRun(t, keyBob, "python", "print(6*7)").GetResult()
+	if r.GetStdout() != "42\n" || r.GetExitCode() != 0 {
+		t.Fatalf("result %v", r)
 	}
+}
 
-	t.Run("allow", func(t *testing.T) {
-		t.Parallel()
-		r := mustRun(t, keyBob, "python", "print(6*7)").GetResult()
-		if r.GetStdout() != "42\n" || r.GetExitCode() != 0 {
-			t.Fatalf("result %v", r)
-		}
-	})
+func (pc *policiesCase) denyOnEveryProtocol(t *testing.T) {
+	t.Parallel()
+	for _, p := range protocols {
+		t.Run(p.name, func(t *testing.T) {
+			_, err := pc.client(p.opts...).Execute(t.Context(), withKey(&edgev1.ExecuteRequest{Language: "javascript", Code: "console.log(1)"}, keyBob))
+			wantDenied(t, err, "languages", "language javascript is not allowed for tenant bob (allowed: python, bash)")
+		})
+	}
+}
 
-	t.Run("deny on every protocol", func(t *testing.T) {
-		t.Parallel()
-		for _, p := range protocols {
-			t.Run(p.name, func(t *testing.T) {
-				_, err := client(p.opts...).Execute(t.Context(), withKey(&edgev1.ExecuteRequest{Language: "javascript", Code: "console.log(1)"}, keyBob))
-				wantDenied(t, err, "languages", "language javascript is not allowed for tenant bob (allowed: python, bash)")
-			})
-		}
-	})
+func (pc *policiesCase) denyDangerousPattern(t *testing.T) {
+	t.Parallel()
+	_, err := pc.run(t, keyBob, "bash", ":(){ :|:& };:")
+	wantDenied(t, err, "patterns", `dangerous pattern in code: fork bomb (":(){ :|:& };:")`)
+}
 
-	t.Run("deny dangerous pattern", func(t *testing.T) {
-		t.Parallel()
-		_, err := run(t, keyBob, "bash", ":(){ :|:& };:")
-		wantDenied(t, err, "patterns", `dangerous pattern in code: fork bomb (":(){ :|:& };:")`)
-	})
+func (pc *policiesCase) denyTenantByTheWATPolicy(t *testing.T) {
+	t.Parallel()
+	_, err := pc.run(t, keyMallory, "python", "print(1)")
+	wantDenied(t, err, "tenantblock", "tenant is suspended by the tenant policy")
+}
 
-	t.Run("deny tenant by the WAT policy", func(t *testing.T) {
-		t.Parallel()
-		_, err := run(t, keyMallory, "python", "print(1)")
-		wantDenied(t, err, "tenantblock", "tenant is suspended by the tenant policy")
-	})
-
-	t.Run("deny on a stream", func(t *testing.T) {
-		t.Parallel()
-		st, err := client().ExecuteStream(t.Context(), withKey(&edgev1.ExecuteStreamRequest{Language: "javascript", Code: "1"}, keyBob))
-		if err == nil {
-			for st.Receive() {
-			}
-			err = st.Err()
-		}
-		wantDenied(t, err, "languages", "language javascript is not allowed for tenant bob (allowed: python, bash)")
-	})
-
-	t.Run("deny on MCP", func(t *testing.T) {
-		t.Parallel()
-		res := callToolWithKey(t, edge.URL()+"/mcp", keyBob, "execute_code", map[string]any{"language": "javascript", "code": "console.log(1)"})
-		text := testkit.ToolText(res)
-		if !res.IsError || !strings.Contains(text, "denied by policy languages") ||
-			!strings.Contains(text, "language javascript is not allowed for tenant bob") {
-			t.Fatalf("MCP result isError=%v %q, want an error naming the policy and reason", res.IsError, text)
-		}
-	})
-
-	t.Run("rewrite", func(t *testing.T) {
-		t.Parallel()
-		r := mustRun(t, keyBob, "python", "import sys\nprint(sys.getrecursionlimit())").GetResult()
-		if r.GetStdout() != "200\n" {
-			t.Fatalf("stdout %q, want the prelude's recursion limit 200", r.GetStdout())
-		}
-	})
-
-	t.Run("limit tightened", func(t *testing.T) {
-		t.Parallel()
-		start := time.Now()
-		r := mustRun(t, keyBob, "python", "import time\ntime.sleep(20)\nprint('late')").GetResult()
-		if !r.GetTimedOut() || strings.Contains(r.GetStdout(), "late") {
-			t.Fatalf("result %v, want a run killed by bob's 2 s limit", r)
-		}
-		if took := time.Since(start); took > 15*time.Second {
-			t.Fatalf("run took %v: the policy's 2 s timeout did not apply", took)
-		}
-	})
-
-	t.Run("route to the labelled agent", func(t *testing.T) {
-		t.Parallel()
-		r := mustRun(t, keyBob, "bash", "echo routed").GetResult()
-		if r.GetStdout() != "routed\n" || r.GetAgent() != "e2e-policy-blue" {
-			t.Fatalf("result %v, want it run by e2e-policy-blue", r)
-		}
-		// acme is routed to pool=green, which no agent carries.
-		_, err := run(t, keyAcme, "python", "print(1)")
-		if err == nil || !strings.Contains(err.Error(), "no healthy agent matches the route") {
-			t.Fatalf("acme's run: err = %v, want no agent for pool=green", err)
-		}
-	})
-
-	t.Run("sessions are placed by the route", func(t *testing.T) {
-		t.Parallel()
-		ctx := t.Context()
-		c := client()
-		sess, err := c.CreateSession(ctx, withKey(&edgev1.CreateSessionRequest{Language: "bash"}, keyBob))
-		if err != nil {
-			t.Fatalf("bob's bash session: %v\n%s", err, logs())
-		}
-		id := sess.Msg.GetSession().GetId()
-		defer c.CloseSession(context.Background(), withKey(&edgev1.CloseSessionRequest{SessionId: id}, keyBob))
-		if sess.Msg.GetSession().GetAgent() != "e2e-policy-blue" {
-			t.Fatalf("session %v, want it on e2e-policy-blue", sess.Msg.GetSession())
-		}
-		res, err := c.Execute(ctx, withKey(&edgev1.ExecuteRequest{Language: "bash", Code: "cd /tmp; echo in", SessionId: id}, keyBob))
-		if err != nil || res.Msg.GetResult().GetStdout() != "in\n" {
-			t.Fatalf("run in the session: %v %v", res, err)
-		}
-		// acme is routed to pool=green, which no agent carries: no session
-		// for acme anywhere else, explicit or opened by a file.
-		_, err = c.CreateSession(ctx, withKey(&edgev1.CreateSessionRequest{Language: "python"}, keyAcme))
-		if err == nil || !strings.Contains(err.Error(), "no healthy agent matches the route") {
-			t.Fatalf("acme's session: err = %v, want no agent for pool=green", err)
-		}
-		_, err = c.WriteFile(ctx, withKey(&edgev1.WriteFileRequest{SessionId: "acme-files", File: &executionv1.File{Path: "a.txt", Content: []byte("a")}}, keyAcme))
-		if err == nil || !strings.Contains(err.Error(), "no healthy agent matches the route") {
-			t.Fatalf("acme's file into a new session: err = %v, want no agent for pool=green", err)
-		}
-		// A suspended tenant opens no session.
-		_, err = c.CreateSession(ctx, withKey(&edgev1.CreateSessionRequest{Language: "python"}, keyMallory))
-		if connect.CodeOf(err) != connect.CodePermissionDenied {
-			t.Fatalf("mallory's session: err = %v, want permission_denied", err)
-		}
-	})
-
-	const leak = "import sys\nprint('key=AKIA' + 'IOSFODNN7EXAMPLE')\nprint('AKIA' + 'IOSFODNN7EXAMPL2', file=sys.stderr)"
-	t.Run("redact", func(t *testing.T) {
-		t.Parallel()
-		r := mustRun(t, keyBob, "python", leak).GetResult()
-		if r.GetStdout() != "key=[REDACTED aws-access-key-id]\n" || r.GetStderr() != "[REDACTED aws-access-key-id]\n" {
-			t.Fatalf("result %q %q, want the keys redacted", r.GetStdout(), r.GetStderr())
-		}
-	})
-
-	t.Run("redact a stream", func(t *testing.T) {
-		t.Parallel()
-		st, err := client(connect.WithGRPC()).ExecuteStream(t.Context(), withKey(&edgev1.ExecuteStreamRequest{Language: "python", Code: leak}, keyBob))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var stdout, stderr string
+func (pc *policiesCase) denyOnAStream(t *testing.T) {
+	t.Parallel()
+	st, err := pc.client().ExecuteStream(t.Context(), withKey(&edgev1.ExecuteStreamRequest{Language: "javascript", Code: "1"}, keyBob))
+	if err == nil {
 		for st.Receive() {
-			stdout += st.Msg().GetEvent().GetStdout()
-			stderr += st.Msg().GetEvent().GetStderr()
 		}
-		if err := st.Err(); err != nil {
-			t.Fatal(err)
-		}
-		if stdout != "key=[REDACTED aws-access-key-id]\n" || stderr != "[REDACTED aws-access-key-id]\n" {
-			t.Fatalf("streamed %q %q, want the keys redacted", stdout, stderr)
-		}
-	})
+		err = st.Err()
+	}
+	wantDenied(t, err, "languages", "language javascript is not allowed for tenant bob (allowed: python, bash)")
+}
 
-	t.Run("redact on MCP", func(t *testing.T) {
-		t.Parallel()
-		res := callToolWithKey(t, edge.URL()+"/mcp", keyBob, "execute_code", map[string]any{"language": "python", "code": leak})
-		if res.IsError || strings.Contains(testkit.ToolText(res), "AKIA") || !strings.Contains(testkit.ToolText(res), "[REDACTED aws-access-key-id]") {
-			t.Fatalf("MCP result isError=%v %q", res.IsError, testkit.ToolText(res))
-		}
-	})
+func (pc *policiesCase) denyOnMCP(t *testing.T) {
+	t.Parallel()
+	res := callToolWithKey(t, pc.edge.URL()+"/mcp", keyBob, "execute_code", map[string]any{"language": "javascript", "code": "console.log(1)"})
+	text := testkit.ToolText(res)
+	if !res.IsError || !strings.Contains(text, "denied by policy languages") ||
+		!strings.Contains(text, "language javascript is not allowed for tenant bob") {
+		t.Fatalf("MCP result isError=%v %q, want an error naming the policy and reason", res.IsError, text)
+	}
+}
 
-	t.Run("admin", func(t *testing.T) {
-		t.Parallel()
-		admin := policyv1connect.NewPolicyAdminServiceClient(httpClient, edge.URL())
-		if _, err := admin.ListPolicies(t.Context(), connect.NewRequest(&policyv1.ListPoliciesRequest{})); connect.CodeOf(err) != connect.CodeUnauthenticated {
-			t.Fatalf("ListPolicies without token: %v", err)
-		}
-		res, err := admin.ListPolicies(t.Context(), withKey(&policyv1.ListPoliciesRequest{}, adminToken))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Msg.GetGeneration() != 1 || len(res.Msg.GetPolicies()) != 7 {
-			t.Fatalf("ListPolicies = %v", res.Msg)
-		}
-	})
+func (pc *policiesCase) rewrite(t *testing.T) {
+	t.Parallel()
+	r := pc.mustRun(t, keyBob, "python", "import sys\nprint(sys.getrecursionlimit())").GetResult()
+	if r.GetStdout() != "200\n" {
+		t.Fatalf("stdout %q, want the prelude's recursion limit 200", r.GetStdout())
+	}
+}
+
+func (pc *policiesCase) limitTightened(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	r := pc.mustRun(t, keyBob, "python", "import time\ntime.sleep(20)\nprint('late')").GetResult()
+	if !r.GetTimedOut() || strings.Contains(r.GetStdout(), "late") {
+		t.Fatalf("result %v, want a run killed by bob's 2 s limit", r)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("run took %v: the policy's 2 s timeout did not apply", took)
+	}
+}
+
+func (pc *policiesCase) routeToTheLabelledAgent(t *testing.T) {
+	t.Parallel()
+	r := pc.mustRun(t, keyBob, "bash", "echo routed").GetResult()
+	if r.GetStdout() != "routed\n" || r.GetAgent() != "e2e-policy-blue" {
+		t.Fatalf("result %v, want it run by e2e-policy-blue", r)
+	}
+	// acme is routed to pool=green, which no agent carries.
+	_, err := pc.run(t, keyAcme, "python", "print(1)")
+	if err == nil || !strings.Contains(err.Error(), "no healthy agent matches the route") {
+		t.Fatalf("acme's run: err = %v, want no agent for pool=green", err)
+	}
+}
+
+func (pc *policiesCase) sessionsArePlacedByTheRoute(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := pc.client()
+	sess, err := c.CreateSession(ctx, withKey(&edgev1.CreateSessionRequest{Language: "bash"}, keyBob))
+	if err != nil {
+		t.Fatalf("bob's bash session: %v\n%s", err, pc.logs())
+	}
+	id := sess.Msg.GetSession().GetId()
+	defer c.CloseSession(context.Background(), withKey(&edgev1.CloseSessionRequest{SessionId: id}, keyBob))
+	if sess.Msg.GetSession().GetAgent() != "e2e-policy-blue" {
+		t.Fatalf("session %v, want it on e2e-policy-blue", sess.Msg.GetSession())
+	}
+	res, err := c.Execute(ctx, withKey(&edgev1.ExecuteRequest{Language: "bash", Code: "cd /tmp; echo in", SessionId: id}, keyBob))
+	if err != nil || res.Msg.GetResult().GetStdout() != "in\n" {
+		t.Fatalf("run in the session: %v %v", res, err)
+	}
+	// acme is routed to pool=green, which no agent carries: no session
+	// for acme anywhere else, explicit or opened by a file.
+	_, err = c.CreateSession(ctx, withKey(&edgev1.CreateSessionRequest{Language: "python"}, keyAcme))
+	if err == nil || !strings.Contains(err.Error(), "no healthy agent matches the route") {
+		t.Fatalf("acme's session: err = %v, want no agent for pool=green", err)
+	}
+	_, err = c.WriteFile(ctx, withKey(&edgev1.WriteFileRequest{SessionId: "acme-files", File: &executionv1.File{Path: "a.txt", Content: []byte("a")}}, keyAcme))
+	if err == nil || !strings.Contains(err.Error(), "no healthy agent matches the route") {
+		t.Fatalf("acme's file into a new session: err = %v, want no agent for pool=green", err)
+	}
+	// A suspended tenant opens no session.
+	_, err = c.CreateSession(ctx, withKey(&edgev1.CreateSessionRequest{Language: "python"}, keyMallory))
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("mallory's session: err = %v, want permission_denied", err)
+	}
+}
+
+func (pc *policiesCase) redact(t *testing.T) {
+	t.Parallel()
+	r := pc.mustRun(t, keyBob, "python", leakyProgram).GetResult()
+	if r.GetStdout() != "key=[REDACTED aws-access-key-id]\n" || r.GetStderr() != "[REDACTED aws-access-key-id]\n" {
+		t.Fatalf("result %q %q, want the keys redacted", r.GetStdout(), r.GetStderr())
+	}
+}
+
+func (pc *policiesCase) redactAStream(t *testing.T) {
+	t.Parallel()
+	st, err := pc.client(connect.WithGRPC()).ExecuteStream(t.Context(), withKey(&edgev1.ExecuteStreamRequest{Language: "python", Code: leakyProgram}, keyBob))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr string
+	for st.Receive() {
+		stdout += st.Msg().GetEvent().GetStdout()
+		stderr += st.Msg().GetEvent().GetStderr()
+	}
+	if err := st.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if stdout != "key=[REDACTED aws-access-key-id]\n" || stderr != "[REDACTED aws-access-key-id]\n" {
+		t.Fatalf("streamed %q %q, want the keys redacted", stdout, stderr)
+	}
+}
+
+func (pc *policiesCase) redactOnMCP(t *testing.T) {
+	t.Parallel()
+	res := callToolWithKey(t, pc.edge.URL()+"/mcp", keyBob, "execute_code", map[string]any{"language": "python", "code": leakyProgram})
+	if res.IsError || strings.Contains(testkit.ToolText(res), "AKIA") || !strings.Contains(testkit.ToolText(res), "[REDACTED aws-access-key-id]") {
+		t.Fatalf("MCP result isError=%v %q", res.IsError, testkit.ToolText(res))
+	}
+}
+
+func (pc *policiesCase) admin(t *testing.T) {
+	t.Parallel()
+	admin := policyv1connect.NewPolicyAdminServiceClient(httpClient, pc.edge.URL())
+	if _, err := admin.ListPolicies(t.Context(), connect.NewRequest(&policyv1.ListPoliciesRequest{})); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("ListPolicies without token: %v", err)
+	}
+	res, err := admin.ListPolicies(t.Context(), withKey(&policyv1.ListPoliciesRequest{}, adminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Msg.GetGeneration() != 1 || len(res.Msg.GetPolicies()) != 7 {
+		t.Fatalf("ListPolicies = %v", res.Msg)
+	}
 }
 
 func wantDenied(t *testing.T, err error, policy, reason string) {
