@@ -177,6 +177,24 @@ func settledAgentMetrics(t *testing.T, p *Process, runs float64) map[string]*dto
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	s := startMetricsStack(t)
+	runForMetrics(t, s)
+	edge := scrape(t, s.Edge)
+	checkEdgeMetrics(t, edge)
+	checkRunMetrics(t, s)
+	cp := scrape(t, s.ControlPlane)
+	checkControlPlaneMetrics(t, s, cp)
+	agent := settledAgentMetrics(t, s.Agent, 4)
+	checkAgentMetrics(t, agent)
+	checkNoTenantLabel(t, map[string]map[string]*dto.MetricFamily{"edge": edge, "control plane": cp, "agent": agent})
+}
+
+// executionsTotal is every service's counter of executions.
+const executionsTotal = "codemode_executions_total"
+
+// runForMetrics makes what TestMetrics counts: four runs over two
+// protocols, one of them failing, a run denied by policy, and a session
+// opened and closed.
+func runForMetrics(t *testing.T, s *Stack) {
 	runs := []struct {
 		proto    string
 		opts     []connect.ClientOption
@@ -206,8 +224,11 @@ func TestMetrics(t *testing.T) {
 	if _, err := c.CloseSession(t.Context(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: sess.Msg.GetSession().GetId()})); err != nil {
 		t.Fatalf("close session: %v", err)
 	}
-	const total = "codemode_executions_total"
-	edge := scrape(t, s.Edge)
+}
+
+// checkEdgeMetrics checks the edge's counts of executions and policy
+// decisions.
+func checkEdgeMetrics(t *testing.T, edge map[string]*dto.MetricFamily) {
 	for _, c := range []struct {
 		labels map[string]string
 		want   float64
@@ -218,8 +239,8 @@ func TestMetrics(t *testing.T) {
 		{map[string]string{"door": "connect", "language": "sh", "outcome": "permission_denied"}, 1},
 		{nil, 5},
 	} {
-		if got := sample(edge, total, c.labels); got != c.want {
-			t.Errorf("edge %s%v = %v, want %v", total, c.labels, got, c.want)
+		if got := sample(edge, executionsTotal, c.labels); got != c.want {
+			t.Errorf("edge %s%v = %v, want %v", executionsTotal, c.labels, got, c.want)
 		}
 	}
 	if got := sample(edge, "codemode_execution_seconds", nil); got != 5 {
@@ -252,6 +273,11 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("edge codemode_policy_call_seconds{policy=%s} count = %v, want %v", policy, got, want)
 		}
 	}
+}
+
+// checkRunMetrics checks the control plane's and the agent's counts of
+// the runs.
+func checkRunMetrics(t *testing.T, s *Stack) {
 	for _, p := range []*Process{s.ControlPlane, s.Agent} {
 		fams := scrape(t, p)
 		for _, c := range []struct {
@@ -262,15 +288,18 @@ func TestMetrics(t *testing.T) {
 			{map[string]string{"door": "rpc", "language": "bash", "outcome": "exit"}, 1},
 			{nil, 4},
 		} {
-			if got := sample(fams, total, c.labels); got != c.want {
-				t.Errorf("%s %s%v = %v, want %v", p.Name, total, c.labels, got, c.want)
+			if got := sample(fams, executionsTotal, c.labels); got != c.want {
+				t.Errorf("%s %s%v = %v, want %v", p.Name, executionsTotal, c.labels, got, c.want)
 			}
 		}
 		if got := sample(fams, "codemode_run_seconds", nil); got != 4 {
 			t.Errorf("%s codemode_run_seconds count = %v, want 4", p.Name, got)
 		}
 	}
-	cp := scrape(t, s.ControlPlane)
+}
+
+// checkControlPlaneMetrics checks the control plane's routing metrics.
+func checkControlPlaneMetrics(t *testing.T, s *Stack, cp map[string]*dto.MetricFamily) {
 	if got := sample(cp, "codemode_controlplane_routing_decisions_total", map[string]string{"kind": "stateless", "result": "chosen"}); got != 4 {
 		t.Errorf("control plane routing decisions = %v, want 4", got)
 	}
@@ -287,7 +316,11 @@ func TestMetrics(t *testing.T) {
 	if got := sample(cp, "codemode_controlplane_agent_registrations_total", nil); got != 0 || cp["codemode_controlplane_agent_registrations_total"] == nil {
 		t.Errorf("control plane registrations = %v, want 0 for a polled agent", got)
 	}
-	agent := settledAgentMetrics(t, s.Agent, 4)
+}
+
+// checkAgentMetrics checks the settled agent's pool, slot, sandbox and
+// session metrics.
+func checkAgentMetrics(t *testing.T, agent map[string]*dto.MetricFamily) {
 	if got := sample(agent, "codemode_queue_wait_seconds", nil); got != 4 {
 		t.Errorf("agent codemode_queue_wait_seconds count = %v, want 4", got)
 	}
@@ -340,7 +373,12 @@ func TestMetrics(t *testing.T) {
 	if there := sample(agent, "codemode_agent_sandboxes", nil); started-destroyed != there {
 		t.Errorf("agent started %v sandboxes and destroyed %v, but has %v", started, destroyed, there)
 	}
-	for name, fams := range map[string]map[string]*dto.MetricFamily{"edge": edge, "control plane": cp, "agent": agent} {
+}
+
+// checkNoTenantLabel checks that no metric of any service has a tenant
+// label.
+func checkNoTenantLabel(t *testing.T, services map[string]map[string]*dto.MetricFamily) {
+	for name, fams := range services {
 		for fname, f := range fams {
 			for _, m := range f.GetMetric() {
 				for _, l := range m.GetLabel() {
