@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 )
 
 // settle is the pause after each call of a paired benchmark.
@@ -49,7 +51,6 @@ func pairedLatency(b *testing.B, a, c pair) {
 	if len(lat[0]) == 0 || len(lat[1]) == 0 {
 		return
 	}
-	pct := func(l []time.Duration, p int) time.Duration { return l[(len(l)-1)*p/100] }
 	diffs := make([]time.Duration, min(len(lat[0]), len(lat[1])))
 	for k := range diffs {
 		diffs[k] = lat[0][k] - lat[1][k]
@@ -57,14 +58,14 @@ func pairedLatency(b *testing.B, a, c pair) {
 	var p50 [2]time.Duration
 	for i, p := range sides {
 		slices.Sort(lat[i])
-		p50[i] = pct(lat[i], 50)
-		b.Logf("%-8s n=%d p50=%v p95=%v", p.name, len(lat[i]), p50[i].Round(10*time.Microsecond), pct(lat[i], 95).Round(10*time.Microsecond))
+		p50[i] = benchbase.Percentile(lat[i], 50)
+		b.Logf("%-8s n=%d p50=%v p95=%v", p.name, len(lat[i]), p50[i].Round(10*time.Microsecond), benchbase.Percentile(lat[i], 95).Round(10*time.Microsecond))
 	}
 	ratio := float64(p50[0]) / float64(p50[1])
 	slices.Sort(diffs)
-	b.Logf("p50 ratio %s/%s = %.3f; median paired difference %s-%s = %v", a.name, c.name, ratio, a.name, c.name, pct(diffs, 50).Round(10*time.Microsecond))
+	b.Logf("p50 ratio %s/%s = %.3f; median paired difference %s-%s = %v", a.name, c.name, ratio, a.name, c.name, benchbase.Percentile(diffs, 50).Round(10*time.Microsecond))
 	b.ReportMetric(float64(p50[0].Microseconds()), "p50-"+a.name+"-us")
 	b.ReportMetric(float64(p50[1].Microseconds()), "p50-"+c.name+"-us")
 	b.ReportMetric(ratio, "p50-ratio")
-	b.ReportMetric(float64(pct(diffs, 50).Microseconds()), "paired-diff-us")
+	b.ReportMetric(float64(benchbase.Percentile(diffs, 50).Microseconds()), "paired-diff-us")
 }

@@ -21,6 +21,16 @@ func TestPoll(t *testing.T) {
 			t.Fatalf("Poll = %v after %d calls, want nil after 3", err, calls)
 		}
 	})
+	t.Run("until", func(t *testing.T) {
+		t.Parallel()
+		calls := 0
+		if !Until(time.Second, func() bool { calls++; return calls == 2 }) || calls != 2 {
+			t.Fatalf("Until after %d calls, want true after 2", calls)
+		}
+		if Until(10*time.Millisecond, func() bool { return false }) {
+			t.Fatal("Until of a condition that never holds = true")
+		}
+	})
 	t.Run("never", func(t *testing.T) {
 		t.Parallel()
 		last := errors.New("last")

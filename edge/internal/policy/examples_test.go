@@ -405,9 +405,13 @@ func TestBuildScript(t *testing.T) {
 		t.Skip("builds every example with -trimpath")
 	}
 	t.Parallel()
+	root, err := testkit.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
 	cmd := exec.Command("bash", "policies/build.sh", dir)
-	cmd.Dir = moduleRoot(t)
+	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build.sh: %v\n%s", err, out)
 	}
@@ -424,12 +428,4 @@ func TestBuildScript(t *testing.T) {
 	}
 	_, err = e.EvaluateRequest(t.Context(), req("suspended-tenant", "python", "print(1)"))
 	wantDenial(t, err, "tenantblock", "tenant is suspended by the tenant policy", denied)
-}
-
-func moduleRoot(t *testing.T) string {
-	dir, err := testkit.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
 }
