@@ -175,19 +175,39 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 	otherOrigin := "http://127.0.0.1:" + fmt.Sprint(freeLoopbackPort(t))
 	rebound := "rebind.example:" + port
 	session := openMCPSession(t, edge.URL())
-	requests := pageRequests(session)
+	bc := &browsersCase{s: s, edge: edge, port: port, otherOrigin: otherOrigin, rebound: rebound, requests: pageRequests(session)}
+	bc.othersAreRefused(t)
+	bc.ownAreServed(t)
+	t.Run("allowed origin", bc.allowedOrigin)
+	t.Run("allowed host", bc.allowedHost)
+	t.Run("with API keys", bc.withAPIKeys)
+}
 
+// browsersCase is TestPagesOfOtherOriginsCannotUseTheEdge's edge, the
+// origins and host it is called from, and the requests a page sends.
+type browsersCase struct {
+	s           *Stack
+	edge        *Process
+	port        string // the edge's
+	otherOrigin string // another loopback port's
+	rebound     string // a name rebound to the edge's address, with its port
+	requests    []pageRequest
+}
+
+// othersAreRefused checks, in a subtest each, that pages of other origins
+// and hosts are refused without running anything.
+func (bc *browsersCase) othersAreRefused(t *testing.T) {
 	for _, attack := range []struct{ name, host, origin string }{
-		{name: "other origin", origin: otherOrigin},
+		{name: "other origin", origin: bc.otherOrigin},
 		{name: "other site", origin: "https://evil.example"},
 		{name: "null origin", origin: "null"},
-		{name: "rebound host", host: rebound, origin: "http://" + rebound},
-		{name: "rebound host without origin", host: rebound},
+		{name: "rebound host", host: bc.rebound, origin: "http://" + bc.rebound},
+		{name: "rebound host without origin", host: bc.rebound},
 	} {
 		t.Run(attack.name, func(t *testing.T) {
-			before := executions(t, edge)
-			for _, pr := range requests {
-				res, body := pr.send(t, edge.Addr, attack.host, attack.origin)
+			before := executions(t, bc.edge)
+			for _, pr := range bc.requests {
+				res, body := pr.send(t, bc.edge.Addr, attack.host, attack.origin)
 				if res.StatusCode != http.StatusForbidden {
 					t.Errorf("%s: HTTP %s, want 403\n%.300s", pr.name, res.Status, body)
 				}
@@ -200,24 +220,29 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 					t.Errorf("%s: the answer carries the program's output: %.300s", pr.name, body)
 				}
 			}
-			if after := executions(t, edge); after != before {
-				t.Fatalf("%d executions reached the edge's execution service, want none\n%s", int(after-before), edge.Logs())
+			if after := executions(t, bc.edge); after != before {
+				t.Fatalf("%d executions reached the edge's execution service, want none\n%s", int(after-before), bc.edge.Logs())
 			}
 		})
 	}
 
+}
+
+// ownAreServed checks, in a subtest each, that calls without an origin, of
+// the edge's own origin and of localhost are served.
+func (bc *browsersCase) ownAreServed(t *testing.T) {
 	for _, caller := range []struct{ name, host, origin string }{
 		{name: "no origin"},
-		{name: "own origin", origin: edge.URL()},
-		{name: "localhost", host: "localhost:" + port, origin: "http://localhost:" + port},
+		{name: "own origin", origin: bc.edge.URL()},
+		{name: "localhost", host: "localhost:" + bc.port, origin: "http://localhost:" + bc.port},
 	} {
 		t.Run(caller.name, func(t *testing.T) {
-			before, runs := executions(t, edge), 0
-			for _, pr := range requests {
+			before, runs := executions(t, bc.edge), 0
+			for _, pr := range bc.requests {
 				if pr.method == "OPTIONS" {
 					continue // neither curl nor a page of the edge sends preflights
 				}
-				res, body := pr.send(t, edge.Addr, caller.host, caller.origin)
+				res, body := pr.send(t, bc.edge.Addr, caller.host, caller.origin)
 				want := pr.status
 				if want == 0 {
 					want = http.StatusOK
@@ -233,9 +258,9 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 				}
 			}
 			// A stream's execution is counted just after its last message.
-			want, after := before+float64(runs), executions(t, edge)
+			want, after := before+float64(runs), executions(t, bc.edge)
 			testkit.Until(10*time.Second, func() bool {
-				after = executions(t, edge)
+				after = executions(t, bc.edge)
 				return after >= want
 			})
 			if after != want {
@@ -243,99 +268,106 @@ func TestPagesOfOtherOriginsCannotUseTheEdge(t *testing.T) {
 			}
 		})
 	}
+}
 
-	t.Run("allowed origin", func(t *testing.T) {
-		allowing, err := s.StartEdge(nil, "--allowed-origins", "https://evil.example,"+otherOrigin)
-		if err != nil {
-			t.Fatalf("start edge: %v", err)
+// allowedOrigin checks --allowed-origins: the listed origins are served,
+// and the list allows no host name.
+func (bc *browsersCase) allowedOrigin(t *testing.T) {
+	allowing, err := bc.s.StartEdge(nil, "--allowed-origins", "https://evil.example,"+bc.otherOrigin)
+	if err != nil {
+		t.Fatalf("start edge: %v", err)
+	}
+	t.Cleanup(func() { _ = allowing.Stop(30 * time.Second) })
+	for _, pr := range pageRequests(openMCPSession(t, allowing.URL())) {
+		res, body := pr.send(t, allowing.Addr, "", bc.otherOrigin)
+		want := pr.status
+		if want == 0 {
+			want = http.StatusOK
 		}
-		t.Cleanup(func() { _ = allowing.Stop(30 * time.Second) })
-		for _, pr := range pageRequests(openMCPSession(t, allowing.URL())) {
-			res, body := pr.send(t, allowing.Addr, "", otherOrigin)
-			want := pr.status
-			if want == 0 {
-				want = http.StatusOK
-			}
-			if res.StatusCode != want || res.Header.Get("Access-Control-Allow-Origin") != otherOrigin {
-				t.Errorf("%s: HTTP %s, Access-Control-Allow-Origin %q, want %d and %s\n%.300s",
-					pr.name, res.Status, res.Header.Get("Access-Control-Allow-Origin"), want, otherOrigin, body)
-			}
-			if pr.runs && !strings.Contains(body, ranOutput) {
-				t.Errorf("%s: no output in the answer: %.300s", pr.name, body)
-			}
+		if res.StatusCode != want || res.Header.Get("Access-Control-Allow-Origin") != bc.otherOrigin {
+			t.Errorf("%s: HTTP %s, Access-Control-Allow-Origin %q, want %d and %s\n%.300s",
+				pr.name, res.Status, res.Header.Get("Access-Control-Allow-Origin"), want, bc.otherOrigin, body)
 		}
-		// The list allows origins, not host names.
-		if res, _ := pageRequests("")[0].send(t, allowing.Addr, rebound, "http://"+rebound); res.StatusCode != http.StatusForbidden {
-			t.Errorf("rebound host with --allowed-origins: HTTP %s, want 403", res.Status)
+		if pr.runs && !strings.Contains(body, ranOutput) {
+			t.Errorf("%s: no output in the answer: %.300s", pr.name, body)
 		}
-	})
-	t.Run("allowed host", func(t *testing.T) {
-		named, err := s.StartEdge(nil, "--allowed-hosts", "codemode.test")
-		if err != nil {
-			t.Fatalf("start edge: %v", err)
+	}
+	// The list allows origins, not host names.
+	if res, _ := pageRequests("")[0].send(t, allowing.Addr, bc.rebound, "http://"+bc.rebound); res.StatusCode != http.StatusForbidden {
+		t.Errorf("rebound host with --allowed-origins: HTTP %s, want 403", res.Status)
+	}
+}
+
+// allowedHost checks --allowed-hosts: every door answers a listed name.
+func (bc *browsersCase) allowedHost(t *testing.T) {
+	named, err := bc.s.StartEdge(nil, "--allowed-hosts", "codemode.test")
+	if err != nil {
+		t.Fatalf("start edge: %v", err)
+	}
+	t.Cleanup(func() { _ = named.Stop(30 * time.Second) })
+	_, namedPort, _ := net.SplitHostPort(named.Addr)
+	host := "codemode.test:" + namedPort
+	// As behind a proxy on the same host that passes the Host header on:
+	// every door answers the name, MCP included.
+	session := openMCPSession(t, named.URL())
+	for _, pr := range pageRequests(session) {
+		if pr.method == "OPTIONS" {
+			continue
 		}
-		t.Cleanup(func() { _ = named.Stop(30 * time.Second) })
-		_, namedPort, _ := net.SplitHostPort(named.Addr)
-		host := "codemode.test:" + namedPort
-		// As behind a proxy on the same host that passes the Host header on:
-		// every door answers the name, MCP included.
-		session := openMCPSession(t, named.URL())
-		for _, pr := range pageRequests(session) {
-			if pr.method == "OPTIONS" {
-				continue
-			}
-			res, body := pr.send(t, named.Addr, host, "http://"+host)
-			want := pr.status
-			if want == 0 {
-				want = http.StatusOK
-			}
-			if res.StatusCode != want {
-				t.Errorf("%s at %s: HTTP %s, want %d\n%.300s", pr.name, host, res.Status, want, body)
-			}
-			if pr.runs && !strings.Contains(body, ranOutput) {
-				t.Errorf("%s: no output in the answer: %.300s", pr.name, body)
-			}
+		res, body := pr.send(t, named.Addr, host, "http://"+host)
+		want := pr.status
+		if want == 0 {
+			want = http.StatusOK
 		}
-		if res, _ := pageRequests("")[0].send(t, named.Addr, rebound, ""); res.StatusCode != http.StatusForbidden {
-			t.Errorf("an unlisted name with --allowed-hosts: HTTP %s, want 403", res.Status)
+		if res.StatusCode != want {
+			t.Errorf("%s at %s: HTTP %s, want %d\n%.300s", pr.name, host, res.Status, want, body)
 		}
-	})
-	t.Run("with API keys", func(t *testing.T) {
-		// Any origin and host name may call, since only a key runs code and
-		// a browser never sends one on its own; a list still applies.
-		keyed := hostileEdge(t, s)
-		listed := hostileEdge(t, s, "--allowed-origins", otherOrigin, "--allowed-hosts", "codemode.test")
-		run := pageRequests("")[4] // run json
-		if run.path != "/run" {
-			t.Fatalf("request 4 is %s", run.name)
+		if pr.runs && !strings.Contains(body, ranOutput) {
+			t.Errorf("%s: no output in the answer: %.300s", pr.name, body)
 		}
-		_, keyedPort, _ := net.SplitHostPort(keyed.Addr)
-		_, listedPort, _ := net.SplitHostPort(listed.Addr)
-		for _, tc := range []struct {
-			name, addr, host, origin, key string
-			status                        int
-		}{
-			{name: "other site without key", addr: keyed.Addr, origin: "https://evil.example", status: http.StatusUnauthorized},
-			{name: "other site with key", addr: keyed.Addr, origin: "https://evil.example", key: hostileKeyAlpha, status: http.StatusOK},
-			{name: "any host with key", addr: keyed.Addr, host: "rebind.example:" + keyedPort, key: hostileKeyAlpha, status: http.StatusOK},
-			{name: "listed origin with key", addr: listed.Addr, origin: otherOrigin, key: hostileKeyAlpha, status: http.StatusOK},
-			{name: "unlisted origin with key", addr: listed.Addr, origin: "https://evil.example", key: hostileKeyAlpha, status: http.StatusForbidden},
-			{name: "listed host with key", addr: listed.Addr, host: "codemode.test:" + listedPort, key: hostileKeyAlpha, status: http.StatusOK},
-			{name: "unlisted host with key", addr: listed.Addr, host: "rebind.example:" + listedPort, key: hostileKeyAlpha, status: http.StatusForbidden},
-		} {
-			pr := run
-			if tc.key != "" {
-				pr.header = map[string]string{"Authorization": "Bearer " + tc.key}
-			}
-			res, body := pr.send(t, tc.addr, tc.host, tc.origin)
-			if res.StatusCode != tc.status {
-				t.Errorf("%s: HTTP %s, want %d\n%.300s", tc.name, res.Status, tc.status, body)
-			}
-			if tc.status == http.StatusOK && !strings.Contains(body, ranOutput) {
-				t.Errorf("%s: no output in the answer: %.300s", tc.name, body)
-			}
+	}
+	if res, _ := pageRequests("")[0].send(t, named.Addr, bc.rebound, ""); res.StatusCode != http.StatusForbidden {
+		t.Errorf("an unlisted name with --allowed-hosts: HTTP %s, want 403", res.Status)
+	}
+}
+
+// withAPIKeys checks an edge with API keys: any origin and host with a
+// key, unless a list says otherwise.
+func (bc *browsersCase) withAPIKeys(t *testing.T) {
+	// Any origin and host name may call, since only a key runs code and
+	// a browser never sends one on its own; a list still applies.
+	keyed := hostileEdge(t, bc.s)
+	listed := hostileEdge(t, bc.s, "--allowed-origins", bc.otherOrigin, "--allowed-hosts", "codemode.test")
+	run := pageRequests("")[4] // run json
+	if run.path != "/run" {
+		t.Fatalf("request 4 is %s", run.name)
+	}
+	_, keyedPort, _ := net.SplitHostPort(keyed.Addr)
+	_, listedPort, _ := net.SplitHostPort(listed.Addr)
+	for _, tc := range []struct {
+		name, addr, host, origin, key string
+		status                        int
+	}{
+		{name: "other site without key", addr: keyed.Addr, origin: "https://evil.example", status: http.StatusUnauthorized},
+		{name: "other site with key", addr: keyed.Addr, origin: "https://evil.example", key: hostileKeyAlpha, status: http.StatusOK},
+		{name: "any host with key", addr: keyed.Addr, host: "rebind.example:" + keyedPort, key: hostileKeyAlpha, status: http.StatusOK},
+		{name: "listed origin with key", addr: listed.Addr, origin: bc.otherOrigin, key: hostileKeyAlpha, status: http.StatusOK},
+		{name: "unlisted origin with key", addr: listed.Addr, origin: "https://evil.example", key: hostileKeyAlpha, status: http.StatusForbidden},
+		{name: "listed host with key", addr: listed.Addr, host: "codemode.test:" + listedPort, key: hostileKeyAlpha, status: http.StatusOK},
+		{name: "unlisted host with key", addr: listed.Addr, host: "rebind.example:" + listedPort, key: hostileKeyAlpha, status: http.StatusForbidden},
+	} {
+		pr := run
+		if tc.key != "" {
+			pr.header = map[string]string{"Authorization": "Bearer " + tc.key}
 		}
-	})
+		res, body := pr.send(t, tc.addr, tc.host, tc.origin)
+		if res.StatusCode != tc.status {
+			t.Errorf("%s: HTTP %s, want %d\n%.300s", tc.name, res.Status, tc.status, body)
+		}
+		if tc.status == http.StatusOK && !strings.Contains(body, ranOutput) {
+			t.Errorf("%s: no output in the answer: %.300s", tc.name, body)
+		}
+	}
 }
 
 // BenchmarkBrowserChecks measures what the Origin and Host checks add to a
