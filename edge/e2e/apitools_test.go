@@ -43,20 +43,51 @@ func TestAPITools(t *testing.T) {
 	t.Parallel()
 	s := shared(t)
 	fake := apistest.NewGitHub(t)
+	edge := startAPIToolsEdge(t, s, fake.URL)
+	noCode := edge.URL() + "/mcp-no-code-execute"
+	alice := keySession(t, noCode, apisKeyAlice)
+	checkGitHubTools(t, alice, fake)
+
+	ac := &apiToolsCase{edge: edge, fake: fake, noCode: noCode, alice: alice}
+	t.Run("the token is redacted from an echo", ac.tokenRedactedFromEcho)
+	t.Run("error status", ac.errorStatus)
+	t.Run("bad arguments", ac.badArguments)
+	t.Run("a policy denial stops the call", ac.policyDenial)
+	t.Run("no key", ac.noKey)
+	t.Run("a policy denial stops the call on /no-code/mcp too", ac.policyDenialOnNoCodeToo)
+	t.Run("execute_code names the API for code", ac.executeCodeNamesTheAPI)
+	if logs := edge.Logs(); strings.Contains(logs, apisToken) {
+		t.Error("the edge logged the token")
+	} else if !strings.Contains(logs, `"msg":"api call"`) {
+		t.Errorf("the edge logged no API call:\n%s", logs)
+	}
+}
+
+// The GitHub token and the API keys of TestAPITools' edge.
+const (
+	apisToken                    = "ghp_e2e0123456789abcdefghijklmnopqrstu"
+	apisKeyAlice, apisKeyMallory = "k-apis-alice-0123456789", "k-apis-mallory-0123456789"
+)
+
+// startAPIToolsEdge starts an edge of s whose API declaration is the
+// shipped GitHub one pointed at fakeURL, with apisToken in a file, the API
+// keys of alice and mallory, the tenantblock policy denying mallory, and
+// egress to the API for every tenant.
+func startAPIToolsEdge(t *testing.T, s *Stack, fakeURL string) *Process {
+	t.Helper()
 	dir := t.TempDir()
-	const token = "ghp_e2e0123456789abcdefghijklmnopqrstu"
 	tokenFile := filepath.Join(dir, "github-token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte(apisToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
-	// The shipped declaration, pointed at the fake, its token read from a
+	// The shipped declaration, pointed at the fake, its apisToken read from a
 	// file and required.
 	var decl apicatalog.Declaration
 	if err := json.Unmarshal(apicatalog.DefaultDeclaration(), &decl); err != nil {
 		t.Fatal(err)
 	}
-	decl.APIs[0].BaseURL = fake.URL
+	decl.APIs[0].BaseURL = fakeURL
 	decl.APIs[0].Credential = &apicatalog.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}
 	declFile := filepath.Join(dir, "apicatalog.json")
 	writeJSON(t, declFile, decl)
@@ -70,9 +101,8 @@ func TestAPITools(t *testing.T) {
 	writeJSON(t, policies, map[string]any{"policies": []map[string]any{{
 		"name": "tenantblock", "path": filepath.Base(block), "sha256": policytest.Digest(t, block), "phase": "request", "config": "mallory",
 	}}})
-	const keyAlice, keyMallory = "k-apis-alice-0123456789", "k-apis-mallory-0123456789"
 	keys := filepath.Join(dir, "keys.json")
-	writeJSON(t, keys, map[string]string{keyAlice: "alice", keyMallory: "mallory"})
+	writeJSON(t, keys, map[string]string{apisKeyAlice: "alice", apisKeyMallory: "mallory"})
 
 	// Code reaches a declared API only where its tenant's egress allows:
 	// execute_code's description names the API only then.
@@ -84,9 +114,13 @@ func TestAPITools(t *testing.T) {
 		t.Fatalf("start edge: %v", err)
 	}
 	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
-	noCode := edge.URL() + "/mcp-no-code-execute"
-	alice := keySession(t, noCode, keyAlice)
+	return edge
+}
 
+// checkGitHubTools lists the tools alice sees and calls each GitHub one:
+// each answers the fake's data, and the fake saw the token on each call.
+func checkGitHubTools(t *testing.T, alice *mcp.ClientSession, fake *apistest.GitHub) {
+	t.Helper()
 	list, err := alice.ListTools(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +157,7 @@ func TestAPITools(t *testing.T) {
 		t.Fatalf("the fake got %d requests, want 4", len(reqs))
 	}
 	for _, r := range reqs {
-		if r.Header.Get("Authorization") != "Bearer "+token || r.Header.Get("X-GitHub-Api-Version") != "2022-11-28" {
+		if r.Header.Get("Authorization") != "Bearer "+apisToken || r.Header.Get("X-GitHub-Api-Version") != "2022-11-28" {
 			t.Errorf("%s %s came with headers %v", r.Method, r.Path, r.Header)
 		}
 	}
@@ -131,72 +165,83 @@ func TestAPITools(t *testing.T) {
 		t.Errorf("repos request %s %v", reqs[0].Path, q)
 	}
 
-	t.Run("the token is redacted from an echo", func(t *testing.T) {
-		res := call(t, alice, "github_list_user_repos", map[string]any{"username": "echo"})
-		if res.IsError || strings.Contains(testkit.ToolText(res), token) || !strings.Contains(testkit.ToolText(res), "Bearer [REDACTED]") {
-			t.Fatalf("isError=%v %.300s", res.IsError, testkit.ToolText(res))
+}
+
+// apiToolsCase is TestAPITools' edge, fake GitHub and alice's session on
+// the door without code execution.
+type apiToolsCase struct {
+	edge   *Process
+	fake   *apistest.GitHub
+	noCode string // the door's URL
+	alice  *mcp.ClientSession
+}
+
+func (ac *apiToolsCase) tokenRedactedFromEcho(t *testing.T) {
+	res := call(t, ac.alice, "github_list_user_repos", map[string]any{"username": "echo"})
+	if res.IsError || strings.Contains(testkit.ToolText(res), apisToken) || !strings.Contains(testkit.ToolText(res), "Bearer [REDACTED]") {
+		t.Fatalf("isError=%v %.300s", res.IsError, testkit.ToolText(res))
+	}
+}
+
+func (ac *apiToolsCase) errorStatus(t *testing.T) {
+	res := call(t, ac.alice, "github_list_user_repos", map[string]any{"username": "ghost"})
+	if !res.IsError || !strings.Contains(testkit.ToolText(res), "github answered 404 Not Found to GET /users/ghost/repos") || strings.Contains(testkit.ToolText(res), strings.TrimPrefix(ac.fake.URL, "http://")) {
+		t.Fatalf("isError=%v %q", res.IsError, testkit.ToolText(res))
+	}
+}
+
+func (ac *apiToolsCase) badArguments(t *testing.T) {
+	before := len(ac.fake.Requests())
+	res := call(t, ac.alice, "github_list_user_issues", map[string]any{"username": "octocat author:someone-else"})
+	if !res.IsError || !strings.Contains(testkit.ToolText(res), "invalid_argument: invalid arguments for github_list_user_issues") || !strings.Contains(testkit.ToolText(res), "username") {
+		t.Fatalf("isError=%v %q", res.IsError, testkit.ToolText(res))
+	}
+	if len(ac.fake.Requests()) != before {
+		t.Error("a call with bad arguments reached the API")
+	}
+}
+
+func (ac *apiToolsCase) policyDenial(t *testing.T) {
+	before := len(ac.fake.Requests())
+	mallory := keySession(t, ac.noCode, apisKeyMallory)
+	res := call(t, mallory, "github_list_user_repos", map[string]any{"username": "octocat"})
+	if !res.IsError || !strings.Contains(testkit.ToolText(res), "permission_denied: denied by policy tenantblock: tenant is suspended by the tenant policy") {
+		t.Fatalf("mallory: isError=%v %q", res.IsError, testkit.ToolText(res))
+	}
+	if len(ac.fake.Requests()) != before {
+		t.Error("mallory's denied call reached the API")
+	}
+}
+
+func (ac *apiToolsCase) noKey(t *testing.T) {
+	for _, endpoint := range []string{ac.noCode, ac.edge.URL() + "/no-code/mcp"} {
+		client := mcp.NewClient(&mcp.Implementation{Name: "e2e-apis", Version: "1"}, nil)
+		if _, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: endpoint}, nil); err == nil {
+			t.Fatalf("connected to %s without a key", endpoint)
 		}
-	})
-	t.Run("error status", func(t *testing.T) {
-		res := call(t, alice, "github_list_user_repos", map[string]any{"username": "ghost"})
-		if !res.IsError || !strings.Contains(testkit.ToolText(res), "github answered 404 Not Found to GET /users/ghost/repos") || strings.Contains(testkit.ToolText(res), strings.TrimPrefix(fake.URL, "http://")) {
-			t.Fatalf("isError=%v %q", res.IsError, testkit.ToolText(res))
+	}
+}
+
+func (ac *apiToolsCase) policyDenialOnNoCodeToo(t *testing.T) {
+	before := len(ac.fake.Requests())
+	res := call(t, keySession(t, ac.edge.URL()+"/no-code/mcp", apisKeyMallory), "github_list_user_repos", map[string]any{"username": "octocat"})
+	if !res.IsError || !strings.Contains(testkit.ToolText(res), "denied by policy tenantblock") || len(ac.fake.Requests()) != before {
+		t.Fatalf("mallory on /no-code/mcp: isError=%v %q", res.IsError, testkit.ToolText(res))
+	}
+}
+
+func (ac *apiToolsCase) executeCodeNamesTheAPI(t *testing.T) {
+	tools, err := keySession(t, ac.edge.URL()+"/mcp", apisKeyAlice).ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range tools.Tools {
+		if strings.HasPrefix(tool.Name, "github_") {
+			t.Errorf("/mcp offers %s", tool.Name)
 		}
-	})
-	t.Run("bad arguments", func(t *testing.T) {
-		before := len(fake.Requests())
-		res := call(t, alice, "github_list_user_issues", map[string]any{"username": "octocat author:someone-else"})
-		if !res.IsError || !strings.Contains(testkit.ToolText(res), "invalid_argument: invalid arguments for github_list_user_issues") || !strings.Contains(testkit.ToolText(res), "username") {
-			t.Fatalf("isError=%v %q", res.IsError, testkit.ToolText(res))
+		if tool.Name == "execute_code" && !strings.Contains(tool.Description, "http://github.api.codemode/ for "+ac.fake.URL) {
+			t.Errorf("execute_code's description: %s", tool.Description)
 		}
-		if len(fake.Requests()) != before {
-			t.Error("a call with bad arguments reached the API")
-		}
-	})
-	t.Run("a policy denial stops the call", func(t *testing.T) {
-		before := len(fake.Requests())
-		mallory := keySession(t, noCode, keyMallory)
-		res := call(t, mallory, "github_list_user_repos", map[string]any{"username": "octocat"})
-		if !res.IsError || !strings.Contains(testkit.ToolText(res), "permission_denied: denied by policy tenantblock: tenant is suspended by the tenant policy") {
-			t.Fatalf("mallory: isError=%v %q", res.IsError, testkit.ToolText(res))
-		}
-		if len(fake.Requests()) != before {
-			t.Error("mallory's denied call reached the API")
-		}
-	})
-	t.Run("no key", func(t *testing.T) {
-		for _, endpoint := range []string{noCode, edge.URL() + "/no-code/mcp"} {
-			client := mcp.NewClient(&mcp.Implementation{Name: "e2e-apis", Version: "1"}, nil)
-			if _, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: endpoint}, nil); err == nil {
-				t.Fatalf("connected to %s without a key", endpoint)
-			}
-		}
-	})
-	t.Run("a policy denial stops the call on /no-code/mcp too", func(t *testing.T) {
-		before := len(fake.Requests())
-		res := call(t, keySession(t, edge.URL()+"/no-code/mcp", keyMallory), "github_list_user_repos", map[string]any{"username": "octocat"})
-		if !res.IsError || !strings.Contains(testkit.ToolText(res), "denied by policy tenantblock") || len(fake.Requests()) != before {
-			t.Fatalf("mallory on /no-code/mcp: isError=%v %q", res.IsError, testkit.ToolText(res))
-		}
-	})
-	t.Run("execute_code names the API for code", func(t *testing.T) {
-		tools, err := keySession(t, edge.URL()+"/mcp", keyAlice).ListTools(t.Context(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, tool := range tools.Tools {
-			if strings.HasPrefix(tool.Name, "github_") {
-				t.Errorf("/mcp offers %s", tool.Name)
-			}
-			if tool.Name == "execute_code" && !strings.Contains(tool.Description, "http://github.api.codemode/ for "+fake.URL) {
-				t.Errorf("execute_code's description: %s", tool.Description)
-			}
-		}
-	})
-	if logs := edge.Logs(); strings.Contains(logs, token) {
-		t.Error("the edge logged the token")
-	} else if !strings.Contains(logs, `"msg":"api call"`) {
-		t.Errorf("the edge logged no API call:\n%s", logs)
 	}
 }
 
