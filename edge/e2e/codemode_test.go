@@ -29,40 +29,8 @@ func TestCodeModeAPIs(t *testing.T) {
 	t.Parallel()
 	dockertest.Need(t)
 	fake := apistest.NewGitHub(t)
-	dir := t.TempDir()
-	const token = "ghp_codemode0123456789abcdefghijklmnopq"
-	tokenFile := filepath.Join(dir, "github-token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var decl apicatalog.Declaration
-	if err := json.Unmarshal(apicatalog.DefaultDeclaration(), &decl); err != nil {
-		t.Fatal(err)
-	}
-	decl.APIs[0].BaseURL = fake.URL
-	decl.APIs[0].Credential = &apicatalog.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}
-	// And two APIs that echo their credential (see codeModeEchoes).
-	echo := apistest.NewEcho(t, "Authorization")
-	decl.APIs = append(decl.APIs, echoDeclaration(t, dir, echo.URL).APIs...)
-	declFile := filepath.Join(dir, "apicatalog.json")
-	writeJSON(t, declFile, decl)
-	const key = "k-codemode-coder-0123456789"
-	keys := filepath.Join(dir, "keys.json")
-	writeJSON(t, keys, map[string]string{key: "coder"})
-	egressFile := filepath.Join(dir, "egress.json")
-	writeJSON(t, egressFile, map[string]any{"default": map[string]any{"allow": []any{
-		map[string]any{"host": "github.api.codemode"}, map[string]any{"host": "echo.api.codemode"}, map[string]any{"host": "strict.api.codemode"}}}})
-
-	s, err := StartStack("e2e-codemode", "--apis", declFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Stop)
-	edge, err := s.StartEdge(nil, "--apis", declFile, "--api-keys", keys, "--egress", egressFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	const token, key = codeModeToken, codeModeKey
+	s, edge := startCodeModeStack(t, fake.URL)
 	logs := func() string { return s.Logs() + "\n" + edge.Logs() }
 
 	// The direct way.
@@ -104,6 +72,86 @@ print(subprocess.run(["node", "-e", "fetch('%[2]s').then(r => r.json()).then(j =
 	if e, _ := out["egress"].(map[string]any); e["connections"] == nil || e["connections"].(float64) < 2 || e["refused"] != nil {
 		t.Errorf("egress report %v: want 2 connections or 3, none refused", out["egress"])
 	}
+	checkFakeSawToken(t, fake, token)
+
+	// The secret is nowhere in the sandbox. The program looks for it
+	// without holding it in its code: it gets it reversed.
+	search := sandboxSearch(reverse(token))
+	for _, session := range []string{"", "codemode-search"} {
+		args := map[string]any{"language": "python", "code": search}
+		if session != "" {
+			// A session that called the API first.
+			call(t, cs, "execute_code", map[string]any{"language": "python", "code": code, "session_id": session})
+			args["session_id"] = session
+		}
+		r := call(t, cs, "execute_code", args)
+		if got := testkit.ToolText(r); !strings.Contains(got, "found: [] environ: False control: ['/tmp/control']") {
+			t.Errorf("search in the sandbox (session %q): %s", session, got)
+		}
+	}
+	for _, text := range []string{testkit.ToolText(res), stdout, logs()} {
+		if strings.Contains(text, token) {
+			t.Fatal("the token is in a result or a log")
+		}
+	}
+
+	t.Run("echoes", func(t *testing.T) { codeModeEchoes(t, cs) })
+	if strings.Contains(logs(), echoToken) {
+		t.Error("the echo token is in a log")
+	}
+}
+
+// The GitHub token in TestCodeModeAPIs' declaration, and its API key.
+const (
+	codeModeToken = "ghp_codemode0123456789abcdefghijklmnopq"
+	codeModeKey   = "k-codemode-coder-0123456789"
+)
+
+// startCodeModeStack starts a stack and an edge of it whose declaration is
+// the shipped GitHub one pointed at fakeURL, with codeModeToken in a file,
+// and two APIs that echo their credential (see codeModeEchoes); the API key
+// codeModeKey's tenant may reach all three from code.
+func startCodeModeStack(t *testing.T, fakeURL string) (*Stack, *Process) {
+	t.Helper()
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "github-token")
+	if err := os.WriteFile(tokenFile, []byte(codeModeToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var decl apicatalog.Declaration
+	if err := json.Unmarshal(apicatalog.DefaultDeclaration(), &decl); err != nil {
+		t.Fatal(err)
+	}
+	decl.APIs[0].BaseURL = fakeURL
+	decl.APIs[0].Credential = &apicatalog.Credential{Header: "Authorization", Prefix: "Bearer ", SecretFile: tokenFile}
+	// And two APIs that echo their credential (see codeModeEchoes).
+	echo := apistest.NewEcho(t, "Authorization")
+	decl.APIs = append(decl.APIs, echoDeclaration(t, dir, echo.URL).APIs...)
+	declFile := filepath.Join(dir, "apicatalog.json")
+	writeJSON(t, declFile, decl)
+	keys := filepath.Join(dir, "keys.json")
+	writeJSON(t, keys, map[string]string{codeModeKey: "coder"})
+	egressFile := filepath.Join(dir, "egress.json")
+	writeJSON(t, egressFile, map[string]any{"default": map[string]any{"allow": []any{
+		map[string]any{"host": "github.api.codemode"}, map[string]any{"host": "echo.api.codemode"}, map[string]any{"host": "strict.api.codemode"}}}})
+
+	s, err := StartStack("e2e-codemode", "--apis", declFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	edge, err := s.StartEdge(nil, "--apis", declFile, "--api-keys", keys, "--egress", egressFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	return s, edge
+}
+
+// checkFakeSawToken checks that the fake got the four requests for the
+// repositories, one direct and three from code, each with token.
+func checkFakeSawToken(t *testing.T, fake *apistest.GitHub, token string) {
+	t.Helper()
 	n := 0
 	for _, r := range fake.Requests() {
 		if r.Path == "/users/octocat/repos" {
@@ -117,9 +165,14 @@ print(subprocess.run(["node", "-e", "fetch('%[2]s').then(r => r.json()).then(j =
 		t.Errorf("the fake got %d requests for the repositories, want 4 (one direct, three from code)", n)
 	}
 
-	// The secret is nowhere in the sandbox. The program looks for it
-	// without holding it in its code: it gets it reversed.
-	search := fmt.Sprintf(`
+}
+
+// sandboxSearch is a Python program that looks for a secret, given
+// reversed so that the program does not hold it, in every process's
+// environment and command line and in the sandbox's files, and prints what
+// it found, beside a control it plants.
+func sandboxSearch(reversed string) string {
+	return fmt.Sprintf(`
 import glob, os
 def scan(needle):
     found = []
@@ -145,29 +198,7 @@ control = "-".join(["control", str(os.getpid())]).encode()
 open("/tmp/control", "wb").write(control)
 print("found:", scan(secret), "environ:", secret in b"".join(k.encode() + v.encode() for k, v in os.environ.items()),
       "control:", scan(control))
-`, reverse(token))
-	for _, session := range []string{"", "codemode-search"} {
-		args := map[string]any{"language": "python", "code": search}
-		if session != "" {
-			// A session that called the API first.
-			call(t, cs, "execute_code", map[string]any{"language": "python", "code": code, "session_id": session})
-			args["session_id"] = session
-		}
-		r := call(t, cs, "execute_code", args)
-		if got := testkit.ToolText(r); !strings.Contains(got, "found: [] environ: False control: ['/tmp/control']") {
-			t.Errorf("search in the sandbox (session %q): %s", session, got)
-		}
-	}
-	for _, text := range []string{testkit.ToolText(res), stdout, logs()} {
-		if strings.Contains(text, token) {
-			t.Fatal("the token is in a result or a log")
-		}
-	}
-
-	t.Run("echoes", func(t *testing.T) { codeModeEchoes(t, cs) })
-	if strings.Contains(logs(), echoToken) {
-		t.Error("the echo token is in a log")
-	}
+`, reversed)
 }
 
 // codeModeEchoesProgram is a Python program that speaks HTTP itself to
