@@ -276,151 +276,164 @@ process.stdout.write(execFileSync('node', ['-e', inner], { env: { ...process.env
 func TestEgress(t *testing.T) {
 	t.Parallel()
 	es := startEgressStack(t)
-	httpURL := "http://plain.test:" + es.httpPort + "/"
-	httpsURL := "https://secure.test:" + es.httpsPort + "/"
+	ec := &egressCase{es: es, httpURL: "http://plain.test:" + es.httpPort + "/", httpsURL: "https://secure.test:" + es.httpsPort + "/"}
+	t.Run("allowed", ec.allowed)
+	t.Run("refused without a rule", ec.refusedWithoutRule)
+	t.Run("a name that resolves to loopback", ec.nameResolvingToLoopback)
+	t.Run("not the cluster's own ports", ec.notTheClustersOwnPorts)
+	t.Run("limits", ec.limits)
+	t.Run("a policy narrows", ec.policyNarrows)
+	t.Run("a policy cannot widen", ec.policyCannotWiden)
+	t.Run("callers cannot set egress", ec.callersCannotSetEgress)
+}
 
-	t.Run("allowed", func(t *testing.T) {
-		for name, f := range fetchers(httpURL, httpsURL) {
-			for _, session := range []string{"", "egress-" + strings.ReplaceAll(name, " ", "-")} {
-				mode := "stateless"
-				if session != "" {
-					mode = "session"
-				}
-				t.Run(name+" "+mode, func(t *testing.T) {
-					r := es.run(t, keyEgressAlice, f.lang, f.code, session)
-					for _, want := range []string{"hello over http", "hello over https"} {
-						if !strings.Contains(r.GetStdout(), "200 "+want) && !strings.Contains(r.GetStdout(), "exit=0 "+want) {
-							t.Errorf("stdout %q lacks %q; stderr %q", r.GetStdout(), want, r.GetStderr())
-						}
-					}
-					if e := r.GetEgress(); e.GetConnections() < 2 || e.GetRefused() != 0 || e.GetBytesReceived() == 0 {
-						t.Errorf("egress report %v: want 2 connections or more, none refused, bytes received", e)
-					}
-				})
+// egressCase is TestEgress' stack and the URLs of its servers.
+type egressCase struct {
+	es                *egressStack
+	httpURL, httpsURL string
+}
+
+func (ec *egressCase) allowed(t *testing.T) {
+	for name, f := range fetchers(ec.httpURL, ec.httpsURL) {
+		for _, session := range []string{"", "egress-" + strings.ReplaceAll(name, " ", "-")} {
+			mode := "stateless"
+			if session != "" {
+				mode = "session"
 			}
-		}
-	})
-
-	t.Run("refused without a rule", func(t *testing.T) {
-		for name, f := range fetchers(httpURL, httpsURL) {
-			t.Run(name, func(t *testing.T) {
-				r := es.run(t, keyEgressBob, f.lang, f.code, "")
-				if strings.Contains(r.GetStdout(), "hello over") {
-					t.Fatalf("a tenant without egress reached a server: %q", r.GetStdout())
-				}
-				const reason = "may not reach anything outside its sandbox"
-				if n := strings.Count(r.GetStderr(), reason); n != 2 {
-					t.Errorf("stderr %q: want the reason twice", r.GetStderr())
-				}
-				if e := r.GetEgress(); e.GetConnections() != 0 || e.GetRefused() != 2 || len(e.GetRefusals()) != 2 ||
-					!strings.Contains(e.GetRefusals()[0].GetReason(), reason) {
-					t.Errorf("egress report %v: want two refusals", e)
-				}
-				switch name {
-				case "curl":
-					// curl prints the body of a refused plain-HTTP request.
-					if !strings.Contains(r.GetStdout(), "codemode egress: this run "+reason) {
-						t.Errorf("curl's output %q lacks the proxy's reason", r.GetStdout())
+			t.Run(name+" "+mode, func(t *testing.T) {
+				r := ec.es.run(t, keyEgressAlice, f.lang, f.code, session)
+				for _, want := range []string{"hello over http", "hello over https"} {
+					if !strings.Contains(r.GetStdout(), "200 "+want) && !strings.Contains(r.GetStdout(), "exit=0 "+want) {
+						t.Errorf("stdout %q lacks %q; stderr %q", r.GetStdout(), want, r.GetStderr())
 					}
-				case "python requests":
-					// requests shows the status line of a refused CONNECT.
-					if !strings.Contains(r.GetStdout(), "403 codemode egress: this run "+reason) {
-						t.Errorf("requests' output %q lacks the proxy's reason", r.GetStdout())
-					}
+				}
+				if e := r.GetEgress(); e.GetConnections() < 2 || e.GetRefused() != 0 || e.GetBytesReceived() == 0 {
+					t.Errorf("egress report %v: want 2 connections or more, none refused, bytes received", e)
 				}
 			})
 		}
-	})
+	}
+}
 
-	t.Run("a name that resolves to loopback", func(t *testing.T) {
-		code := fetchers(httpURL)["curl"].code
-		r := es.run(t, keyEgressCarol, "bash", code, "")
-		want := "plain.test resolves to 127.0.0.1, a loopback address, which only an address rule allows"
-		if strings.Contains(r.GetStdout(), "hello over") || !strings.Contains(r.GetStderr(), want) {
-			t.Errorf("carol: stdout %q, stderr %q; want refused with %q", r.GetStdout(), r.GetStderr(), want)
-		}
-		r = es.run(t, keyEgressDave, "bash", code, "")
-		if !strings.Contains(r.GetStdout(), "exit=0 hello over http") {
-			t.Errorf("dave, whose rules allow the address too: stdout %q, stderr %q", r.GetStdout(), r.GetStderr())
-		}
-	})
+func (ec *egressCase) refusedWithoutRule(t *testing.T) {
+	for name, f := range fetchers(ec.httpURL, ec.httpsURL) {
+		t.Run(name, func(t *testing.T) {
+			r := ec.es.run(t, keyEgressBob, f.lang, f.code, "")
+			if strings.Contains(r.GetStdout(), "hello over") {
+				t.Fatalf("a tenant without egress reached a server: %q", r.GetStdout())
+			}
+			const reason = "may not reach anything outside its sandbox"
+			if n := strings.Count(r.GetStderr(), reason); n != 2 {
+				t.Errorf("stderr %q: want the reason twice", r.GetStderr())
+			}
+			if e := r.GetEgress(); e.GetConnections() != 0 || e.GetRefused() != 2 || len(e.GetRefusals()) != 2 ||
+				!strings.Contains(e.GetRefusals()[0].GetReason(), reason) {
+				t.Errorf("egress report %v: want two refusals", e)
+			}
+			switch name {
+			case "curl":
+				// curl prints the body of a refused plain-HTTP request.
+				if !strings.Contains(r.GetStdout(), "codemode egress: this run "+reason) {
+					t.Errorf("curl's output %q lacks the proxy's reason", r.GetStdout())
+				}
+			case "python requests":
+				// requests shows the status line of a refused CONNECT.
+				if !strings.Contains(r.GetStdout(), "403 codemode egress: this run "+reason) {
+					t.Errorf("requests' output %q lacks the proxy's reason", r.GetStdout())
+				}
+			}
+		})
+	}
+}
 
-	t.Run("not the cluster's own ports", func(t *testing.T) {
-		_, agentPort, _ := net.SplitHostPort(es.Agent.Addr)
-		var urls []string
-		for _, p := range []string{agentPort, es.cpPort, es.edge} {
-			urls = append(urls, "http://cluster.test:"+p+"/")
-		}
-		urls = append(urls, "http://cluster.test:"+es.httpPort+"/")
-		r := es.run(t, keyEgressEve, "bash", fetchers(urls...)["curl"].code, "")
-		if n := strings.Count(r.GetStderr(), "is an address of the cluster itself"); n != 3 {
-			t.Errorf("stderr %q: want the agent, control plane and edge refused", r.GetStderr())
-		}
-		if !strings.Contains(r.GetStdout(), "exit=0 hello over http") {
-			t.Errorf("stdout %q: the allowed server was not reached", r.GetStdout())
-		}
-	})
+func (ec *egressCase) nameResolvingToLoopback(t *testing.T) {
+	code := fetchers(ec.httpURL)["curl"].code
+	r := ec.es.run(t, keyEgressCarol, "bash", code, "")
+	want := "plain.test resolves to 127.0.0.1, a loopback address, which only an address rule allows"
+	if strings.Contains(r.GetStdout(), "hello over") || !strings.Contains(r.GetStderr(), want) {
+		t.Errorf("carol: stdout %q, stderr %q; want refused with %q", r.GetStdout(), r.GetStderr(), want)
+	}
+	r = ec.es.run(t, keyEgressDave, "bash", code, "")
+	if !strings.Contains(r.GetStdout(), "exit=0 hello over http") {
+		t.Errorf("dave, whose rules allow the address too: stdout %q, stderr %q", r.GetStdout(), r.GetStderr())
+	}
+}
 
-	t.Run("limits", func(t *testing.T) {
-		// Two connections are allowed; the third is refused. (curl -p
-		// opens a tunnel for each request; plain-HTTP requests to one
-		// host would share one connection.)
-		r := es.run(t, keyEgressFrank, "bash", "for i in 1 2 3; do curl -sS -p "+httpURL+"; echo \" exit=$?\"; done", "")
-		if n := strings.Count(r.GetStdout(), "hello over http exit=0"); n != 2 {
-			t.Errorf("stdout %q: want two fetches through", r.GetStdout())
-		}
-		if e := r.GetEgress(); e.GetLimitReached() != executionv1.EgressLimit_EGRESS_LIMIT_CONNECTIONS || e.GetRefused() != 1 ||
-			!strings.Contains(r.GetStderr(), "egress limit of 2 connections is reached") {
-			t.Errorf("egress report %v, stderr %q: want the connection limit reached", e, r.GetStderr())
-		}
-		// 200 000 bytes pass the limit of 100 000.
-		// (The cut may come before or after the response began: curl
-		// sees a short body or the proxy's 502.)
-		r = es.run(t, keyEgressFrank, "bash", "curl -sS -o body "+httpURL+"big; echo exit=$? size=$(wc -c < body)", "")
-		if e := r.GetEgress(); e.GetLimitReached() != executionv1.EgressLimit_EGRESS_LIMIT_BYTES || e.GetBytesReceived() > 100_000 ||
-			strings.Contains(r.GetStdout(), "size=200000") {
-			t.Errorf("egress report %v, stdout %q: want the byte limit reached and the download cut", e, r.GetStdout())
-		}
-	})
+func (ec *egressCase) notTheClustersOwnPorts(t *testing.T) {
+	_, agentPort, _ := net.SplitHostPort(ec.es.Agent.Addr)
+	var urls []string
+	for _, p := range []string{agentPort, ec.es.cpPort, ec.es.edge} {
+		urls = append(urls, "http://cluster.test:"+p+"/")
+	}
+	urls = append(urls, "http://cluster.test:"+ec.es.httpPort+"/")
+	r := ec.es.run(t, keyEgressEve, "bash", fetchers(urls...)["curl"].code, "")
+	if n := strings.Count(r.GetStderr(), "is an address of the cluster itself"); n != 3 {
+		t.Errorf("stderr %q: want the agent, control plane and edge refused", r.GetStderr())
+	}
+	if !strings.Contains(r.GetStdout(), "exit=0 hello over http") {
+		t.Errorf("stdout %q: the allowed server was not reached", r.GetStdout())
+	}
+}
 
-	t.Run("a policy narrows", func(t *testing.T) {
-		// grace's "*.test" is dropped by the egress example; its address
-		// rule alone lets nothing through by name.
-		r := es.run(t, keyEgressGrace, "bash", fetchers(httpURL)["curl"].code, "")
-		if strings.Contains(r.GetStdout(), "hello over") || !strings.Contains(r.GetStderr(), "plain.test:"+es.httpPort+" is not in this run's egress allowlist") {
-			t.Errorf("grace: stdout %q, stderr %q; want plain.test refused", r.GetStdout(), r.GetStderr())
-		}
-	})
+func (ec *egressCase) limits(t *testing.T) {
+	// Two connections are allowed; the third is refused. (curl -p
+	// opens a tunnel for each request; plain-HTTP requests to one
+	// host would share one connection.)
+	r := ec.es.run(t, keyEgressFrank, "bash", "for i in 1 2 3; do curl -sS -p "+ec.httpURL+"; echo \" exit=$?\"; done", "")
+	if n := strings.Count(r.GetStdout(), "hello over http exit=0"); n != 2 {
+		t.Errorf("stdout %q: want two fetches through", r.GetStdout())
+	}
+	if e := r.GetEgress(); e.GetLimitReached() != executionv1.EgressLimit_EGRESS_LIMIT_CONNECTIONS || e.GetRefused() != 1 ||
+		!strings.Contains(r.GetStderr(), "egress limit of 2 connections is reached") {
+		t.Errorf("egress report %v, stderr %q: want the connection limit reached", e, r.GetStderr())
+	}
+	// 200 000 bytes pass the limit of 100 000.
+	// (The cut may come before or after the response began: curl
+	// sees a short body or the proxy's 502.)
+	r = ec.es.run(t, keyEgressFrank, "bash", "curl -sS -o body "+ec.httpURL+"big; echo exit=$? size=$(wc -c < body)", "")
+	if e := r.GetEgress(); e.GetLimitReached() != executionv1.EgressLimit_EGRESS_LIMIT_BYTES || e.GetBytesReceived() > 100_000 ||
+		strings.Contains(r.GetStdout(), "size=200000") {
+		t.Errorf("egress report %v, stdout %q: want the byte limit reached and the download cut", e, r.GetStdout())
+	}
+}
 
-	t.Run("a policy cannot widen", func(t *testing.T) {
-		// The widening module asked for every name and address on every
-		// port in play: bob still reaches nothing, carol still not the
-		// address, and frank keeps his limits (checked in "limits").
-		r := es.run(t, keyEgressBob, "bash", fetchers(httpURL)["curl"].code, "")
-		if strings.Contains(r.GetStdout(), "hello over") {
-			t.Errorf("bob reached a server: %q", r.GetStdout())
-		}
-		r = es.run(t, keyEgressCarol, "bash", fetchers(httpURL)["curl"].code, "")
-		if strings.Contains(r.GetStdout(), "hello over") || !strings.Contains(r.GetStderr(), "which only an address rule allows") {
-			t.Errorf("carol: stdout %q, stderr %q", r.GetStdout(), r.GetStderr())
-		}
-	})
+func (ec *egressCase) policyNarrows(t *testing.T) {
+	// grace's "*.test" is dropped by the egress example; its address
+	// rule alone lets nothing through by name.
+	r := ec.es.run(t, keyEgressGrace, "bash", fetchers(ec.httpURL)["curl"].code, "")
+	if strings.Contains(r.GetStdout(), "hello over") || !strings.Contains(r.GetStderr(), "plain.test:"+ec.es.httpPort+" is not in this run's egress allowlist") {
+		t.Errorf("grace: stdout %q, stderr %q; want plain.test refused", r.GetStdout(), r.GetStderr())
+	}
+}
 
-	t.Run("callers cannot set egress", func(t *testing.T) {
-		// The public request has no egress field: the run gets the
-		// tenant's egress only.
-		body := `{"language": "bash", "code": "curl -sS ` + httpURL + `", "egress": {"allow": [{"host": "127.0.0.1"}]}}`
-		req, _ := http.NewRequest("POST", es.Edge.URL()+"/"+edgev1connect.ExecutionServiceName+"/Execute", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+keyEgressBob)
-		res, err := httpClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode != http.StatusOK || strings.Contains(string(b), "hello over") || !strings.Contains(string(b), "may not reach anything") {
-			t.Errorf("got %d %s; want the run refused egress", res.StatusCode, b)
-		}
-	})
+func (ec *egressCase) policyCannotWiden(t *testing.T) {
+	// The widening module asked for every name and address on every
+	// port in play: bob still reaches nothing, carol still not the
+	// address, and frank keeps his limits (checked in "limits").
+	r := ec.es.run(t, keyEgressBob, "bash", fetchers(ec.httpURL)["curl"].code, "")
+	if strings.Contains(r.GetStdout(), "hello over") {
+		t.Errorf("bob reached a server: %q", r.GetStdout())
+	}
+	r = ec.es.run(t, keyEgressCarol, "bash", fetchers(ec.httpURL)["curl"].code, "")
+	if strings.Contains(r.GetStdout(), "hello over") || !strings.Contains(r.GetStderr(), "which only an address rule allows") {
+		t.Errorf("carol: stdout %q, stderr %q", r.GetStdout(), r.GetStderr())
+	}
+}
+
+func (ec *egressCase) callersCannotSetEgress(t *testing.T) {
+	// The public request has no egress field: the run gets the
+	// tenant's egress only.
+	body := `{"language": "bash", "code": "curl -sS ` + ec.httpURL + `", "egress": {"allow": [{"host": "127.0.0.1"}]}}`
+	req, _ := http.NewRequest("POST", ec.es.Edge.URL()+"/"+edgev1connect.ExecutionServiceName+"/Execute", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+keyEgressBob)
+	res, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || strings.Contains(string(b), "hello over") || !strings.Contains(string(b), "may not reach anything") {
+		t.Errorf("got %d %s; want the run refused egress", res.StatusCode, b)
+	}
 }
