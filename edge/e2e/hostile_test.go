@@ -280,15 +280,7 @@ func TestHostileSlowBodies(t *testing.T) {
 		// slack for a loaded 2-CPU machine running other tests.
 		slack = 8 * time.Second
 	)
-	edge, err := s.StartEdge(nil, "--body-timeout", timeout.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
-	c := edgev1connect.NewExecutionServiceClient(httpClient, edge.URL())
-	if _, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
-		t.Fatalf("warm-up run: %v", err)
-	}
+	edge, c := warmEdge(t, s, "--body-timeout", timeout.String())
 	paths := []string{"/codemode.edge.v1.ExecutionService/Execute", "/mcp", "/run"}
 
 	var (
@@ -303,51 +295,20 @@ func TestHostileSlowBodies(t *testing.T) {
 	for i := range conns {
 		opened.Add(1)
 		wg.Go(func() {
-			conn, err := net.DialTimeout("tcp", edge.Addr, 10*time.Second)
-			if err != nil {
-				opened.Done()
-				t.Errorf("connection %d: %v", i, err)
-				return
-			}
-			defer conn.Close()
-			path := paths[i%len(paths)]
-			// Taken before the header goes: the edge's timeout starts
-			// later, when it has read it.
-			sentHeader := time.Now()
-			_, err = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n", path, edge.Addr)
-			opened.Done()
+			d, closed, err := slowBody(edge.Addr, paths[i%len(paths)], timeout+slack, opened.Done)
 			if err != nil {
 				t.Errorf("connection %d: %v", i, err)
 				return
 			}
-			closed := make(chan struct{})
-			go func() {
-				_ = conn.SetReadDeadline(time.Now().Add(timeout + slack + 5*time.Second))
-				_, _ = io.Copy(io.Discard, conn)
-				close(closed)
-			}()
-			tick := time.NewTicker(time.Second)
-			defer tick.Stop()
-			for {
-				select {
-				case <-closed:
-					d := time.Since(sentHeader)
-					mu.Lock()
-					closeAt = append(closeAt, d)
-					if d < timeout {
-						early++
-					}
-					mu.Unlock()
-					return
-				case <-tick.C:
-					if time.Since(sentHeader) > timeout+slack {
-						mu.Lock()
-						stuck++
-						mu.Unlock()
-						return
-					}
-					_, _ = conn.Write([]byte(" "))
-				}
+			mu.Lock()
+			defer mu.Unlock()
+			if !closed {
+				stuck++
+				return
+			}
+			closeAt = append(closeAt, d)
+			if d < timeout {
+				early++
 			}
 		})
 	}
@@ -384,6 +345,62 @@ func TestHostileSlowBodies(t *testing.T) {
 	}
 	if closedAtRunStart == conns {
 		t.Errorf("every slow connection was closed before the normal run started (%s after the first): the run did not overlap the attack", openedIn)
+	}
+}
+
+// warmEdge starts an edge of s with args, and runs print(1) through it.
+func warmEdge(t *testing.T, s *Stack, args ...string) (*Process, edgev1connect.ExecutionServiceClient) {
+	t.Helper()
+	edge, err := s.StartEdge(nil, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	c := edgev1connect.NewExecutionServiceClient(httpClient, edge.URL())
+	if _, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
+		t.Fatalf("warm-up run: %v", err)
+	}
+	return edge, c
+}
+
+// slowBody opens a connection to addr and sends the header of a POST to
+// path with a body of 1000 bytes, then calls sent (also when it could not),
+// and sends a byte of the body a second until the server closes the
+// connection or wait has passed since the header. It returns how long after
+// the header the server closed it, and whether it did.
+func slowBody(addr, path string, wait time.Duration, sent func()) (time.Duration, bool, error) {
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		sent()
+		return 0, false, err
+	}
+	defer conn.Close()
+	// Taken before the header goes: the edge's timeout starts later, when
+	// it has read it.
+	sentHeader := time.Now()
+	_, err = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n", path, addr)
+	sent()
+	if err != nil {
+		return 0, false, err
+	}
+	closed := make(chan struct{})
+	go func() {
+		_ = conn.SetReadDeadline(time.Now().Add(wait + 5*time.Second))
+		_, _ = io.Copy(io.Discard, conn)
+		close(closed)
+	}()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-closed:
+			return time.Since(sentHeader), true, nil
+		case <-tick.C:
+			if time.Since(sentHeader) > wait {
+				return 0, false, nil
+			}
+			_, _ = conn.Write([]byte(" "))
+		}
 	}
 }
 
