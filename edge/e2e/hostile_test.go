@@ -410,123 +410,134 @@ func slowBody(addr, path string, wait time.Duration, sent func()) (time.Duration
 func TestHostileTenantLimits(t *testing.T) {
 	t.Parallel()
 	s := shared(t)
-	run := func(ctx context.Context, c edgev1connect.ExecutionServiceClient, code string) (*connect.Response[edgev1.ExecuteResponse], error) {
-		return c.Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: code}))
-	}
-	wantRefused := func(t *testing.T, err error, limit string) {
-		t.Helper()
-		var ce *connect.Error
-		if !errors.As(err, &ce) || ce.Code() != connect.CodeResourceExhausted {
-			t.Fatalf("got %v, want resource_exhausted", err)
-		}
-		if !strings.Contains(ce.Message(), limit) || !strings.Contains(ce.Message(), "retry after") {
-			t.Errorf("message %q does not name the %s limit and a retry hint", ce.Message(), limit)
-		}
-		if ra := ce.Meta().Get("Retry-After"); ra == "" {
-			t.Errorf("no Retry-After header (meta %v)", ce.Meta())
-		}
-	}
+	t.Run("concurrency", func(t *testing.T) { tenantConcurrencyLimit(t, s) })
+	t.Run("rate", func(t *testing.T) { tenantRateLimit(t, s) })
+}
 
-	t.Run("concurrency", func(t *testing.T) {
-		t.Parallel()
-		edge := hostileEdge(t, s, "--tenant-concurrency", "2", "--tenant-rate", "0")
-		alpha := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyAlpha), edge.URL())
-		alphaGRPC := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyAlpha), edge.URL(), connect.WithGRPC())
-		beta := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyBeta), edge.URL())
-		// Two long runs hold alpha's two slots until the test ends (each
-		// tries again while the probes below hold a slot).
-		holdCtx, release := context.WithCancel(t.Context())
-		var holders sync.WaitGroup
-		defer func() { release(); holders.Wait() }()
-		for range 2 {
-			holders.Go(func() {
-				for range 500 {
-					_, err := run(holdCtx, alpha, "import time; time.sleep(60)")
-					if holdCtx.Err() != nil {
-						return
-					}
-					if connect.CodeOf(err) != connect.CodeResourceExhausted {
-						t.Errorf("holding run ended early: %v", err)
-						return
-					}
-					time.Sleep(20 * time.Millisecond) // refused while the other holder has the slot: try again
+// runPython runs code in Python through c.
+func runPython(ctx context.Context, c edgev1connect.ExecutionServiceClient, code string) (*connect.Response[edgev1.ExecuteResponse], error) {
+	return c.Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: code}))
+}
+
+// wantRefused checks that err refuses a run for the limit named, with a
+// retry hint in its message and a Retry-After header.
+func wantRefused(t *testing.T, err error, limit string) {
+	t.Helper()
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != connect.CodeResourceExhausted {
+		t.Fatalf("got %v, want resource_exhausted", err)
+	}
+	if !strings.Contains(ce.Message(), limit) || !strings.Contains(ce.Message(), "retry after") {
+		t.Errorf("message %q does not name the %s limit and a retry hint", ce.Message(), limit)
+	}
+	if ra := ce.Meta().Get("Retry-After"); ra == "" {
+		t.Errorf("no Retry-After header (meta %v)", ce.Meta())
+	}
+}
+
+// tenantConcurrencyLimit checks --tenant-concurrency: a tenant at its limit is
+// refused with a retry hint, on every door, and another tenant is served.
+func tenantConcurrencyLimit(t *testing.T, s *Stack) {
+	t.Parallel()
+	edge := hostileEdge(t, s, "--tenant-concurrency", "2", "--tenant-rate", "0")
+	alpha := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyAlpha), edge.URL())
+	alphaGRPC := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyAlpha), edge.URL(), connect.WithGRPC())
+	beta := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyBeta), edge.URL())
+	// Two long runs hold alpha's two slots until the test ends (each
+	// tries again while the probes below hold a slot).
+	holdCtx, release := context.WithCancel(t.Context())
+	var holders sync.WaitGroup
+	defer func() { release(); holders.Wait() }()
+	for range 2 {
+		holders.Go(func() {
+			for range 500 {
+				_, err := runPython(holdCtx, alpha, "import time; time.sleep(60)")
+				if holdCtx.Err() != nil {
+					return
 				}
-			})
-		}
-		// Wait until a third call of alpha is refused: the probes go one at
-		// a time, so both holders are in flight then.
-		refused := func() error {
-			var err error
-			testkit.Until(10*time.Second, func() bool {
-				_, err = run(t.Context(), alphaGRPC, "print(1)")
-				return connect.CodeOf(err) == connect.CodeResourceExhausted
-			})
-			return err
-		}
-		wantRefused(t, refused(), "concurrency limit")
-		// Beta is let in at once, and served, while alpha's slots are held.
-		start := time.Now()
-		res, err := run(t.Context(), beta, "print(2)")
-		if err != nil || res.Msg.GetResult().GetStdout() != "2\n" {
-			t.Fatalf("beta while alpha is at its limit: %v %v", res, err)
-		}
-		t.Logf("beta's run took %s while alpha was at its limit", time.Since(start).Round(time.Millisecond))
-		// Alpha is still at its limit; the seed door carries the hint as a
-		// header too.
-		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, edge.URL()+"/run", strings.NewReader(`{"code":"print(1)"}`))
-		req.Header.Set("Authorization", "Bearer "+hostileKeyAlpha)
-		req.Header.Set("Content-Type", "application/json")
-		hres, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(hres.Body)
-		hres.Body.Close()
-		if hres.StatusCode != http.StatusTooManyRequests || hres.Header.Get("Retry-After") == "" || !strings.Contains(string(b), "concurrency limit") {
-			t.Errorf("POST /run over the limit: %s Retry-After %q %s", hres.Status, hres.Header.Get("Retry-After"), b)
-		}
-	})
-
-	t.Run("rate", func(t *testing.T) {
-		t.Parallel()
-		edge := hostileEdge(t, s, "--tenant-concurrency", "0", "--tenant-rate", "1", "--tenant-burst", "3")
-		alpha := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyAlpha), edge.URL())
-		beta := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyBeta), edge.URL())
-		// Eight calls at once: the burst of three goes through, most of
-		// the rest are refused (a token comes back each second).
-		errs := make([]error, 8)
-		var wg sync.WaitGroup
-		for i := range errs {
-			wg.Go(func() { _, errs[i] = run(t.Context(), alpha, "print(1)") })
-		}
-		wg.Wait()
-		refusedAt := time.Now()
-		var ok, refused int
-		for _, err := range errs {
-			switch {
-			case err == nil:
-				ok++
-			case connect.CodeOf(err) == connect.CodeResourceExhausted:
-				refused++
-				wantRefused(t, err, "rate limit")
-			default:
-				t.Errorf("alpha: %v", err)
+				if connect.CodeOf(err) != connect.CodeResourceExhausted {
+					t.Errorf("holding run ended early: %v", err)
+					return
+				}
+				time.Sleep(20 * time.Millisecond) // refused while the other holder has the slot: try again
 			}
+		})
+	}
+	// Wait until a third call of alpha is refused: the probes go one at
+	// a time, so both holders are in flight then.
+	refused := func() error {
+		var err error
+		testkit.Until(10*time.Second, func() bool {
+			_, err = runPython(t.Context(), alphaGRPC, "print(1)")
+			return connect.CodeOf(err) == connect.CodeResourceExhausted
+		})
+		return err
+	}
+	wantRefused(t, refused(), "concurrency limit")
+	// Beta is let in at once, and served, while alpha's slots are held.
+	start := time.Now()
+	res, err := runPython(t.Context(), beta, "print(2)")
+	if err != nil || res.Msg.GetResult().GetStdout() != "2\n" {
+		t.Fatalf("beta while alpha is at its limit: %v %v", res, err)
+	}
+	t.Logf("beta's run took %s while alpha was at its limit", time.Since(start).Round(time.Millisecond))
+	// Alpha is still at its limit; the seed door carries the hint as a
+	// header too.
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, edge.URL()+"/run", strings.NewReader(`{"code":"print(1)"}`))
+	req.Header.Set("Authorization", "Bearer "+hostileKeyAlpha)
+	req.Header.Set("Content-Type", "application/json")
+	hres, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(hres.Body)
+	hres.Body.Close()
+	if hres.StatusCode != http.StatusTooManyRequests || hres.Header.Get("Retry-After") == "" || !strings.Contains(string(b), "concurrency limit") {
+		t.Errorf("POST /run over the limit: %s Retry-After %q %s", hres.Status, hres.Header.Get("Retry-After"), b)
+	}
+}
+
+// tenantRateLimit checks --tenant-rate and --tenant-burst: a burst past a
+// tenant's bucket is refused, and another tenant's bucket is its own.
+func tenantRateLimit(t *testing.T, s *Stack) {
+	t.Parallel()
+	edge := hostileEdge(t, s, "--tenant-concurrency", "0", "--tenant-rate", "1", "--tenant-burst", "3")
+	alpha := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyAlpha), edge.URL())
+	beta := edgev1connect.NewExecutionServiceClient(keyClient(hostileKeyBeta), edge.URL())
+	// Eight calls at once: the burst of three goes through, most of
+	// the rest are refused (a token comes back each second).
+	errs := make([]error, 8)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = runPython(t.Context(), alpha, "print(1)") })
+	}
+	wg.Wait()
+	refusedAt := time.Now()
+	var ok, refused int
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case connect.CodeOf(err) == connect.CodeResourceExhausted:
+			refused++
+			wantRefused(t, err, "rate limit")
+		default:
+			t.Errorf("alpha: %v", err)
 		}
-		if ok < 3 || refused < 1 {
-			t.Fatalf("alpha: %d runs served and %d refused, want the burst of 3 served and some refused", ok, refused)
-		}
-		// Beta has its own bucket: its burst goes through in the same second.
-		for i := range 3 {
-			wg.Go(func() {
-				if res, err := run(t.Context(), beta, "print(2)"); err != nil || res.Msg.GetResult().GetStdout() != "2\n" {
-					t.Errorf("beta's run %d after alpha's refusal: %v %v", i, res, err)
-				}
-			})
-		}
-		wg.Wait()
-		t.Logf("alpha: %d served, %d refused; beta's 3 runs served within %s of the refusals", ok, refused, time.Since(refusedAt).Round(time.Millisecond))
-	})
+	}
+	if ok < 3 || refused < 1 {
+		t.Fatalf("alpha: %d runs served and %d refused, want the burst of 3 served and some refused", ok, refused)
+	}
+	// Beta has its own bucket: its burst goes through in the same second.
+	for i := range 3 {
+		wg.Go(func() {
+			if res, err := runPython(t.Context(), beta, "print(2)"); err != nil || res.Msg.GetResult().GetStdout() != "2\n" {
+				t.Errorf("beta's run %d after alpha's refusal: %v %v", i, res, err)
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("alpha: %d served, %d refused; beta's 3 runs served within %s of the refusals", ok, refused, time.Since(refusedAt).Round(time.Millisecond))
 }
 
 // BenchmarkEdgeLimits measures what API keys and every limit (body size,
