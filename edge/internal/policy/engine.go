@@ -40,6 +40,10 @@ type Options struct {
 	ContextInterrupt bool
 	// Metrics, if set, count every policy call's decision and time it.
 	Metrics *Metrics
+	// OnCall, if set, is given a report of every policy call after it
+	// ends: its decision, fuel and time. `edge policy run` and `bench` use
+	// it; it runs on the evaluation's goroutine, so it must be quick.
+	OnCall func(CallReport)
 }
 
 // Engine evaluates requests and results against the loaded policies. Create

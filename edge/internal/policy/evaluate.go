@@ -98,6 +98,8 @@ type chain struct {
 	// annotationsInInput: later policies see the chain's annotations, so
 	// new ones change their input.
 	annotationsInInput bool
+	// onCall, if set, gets a report of every call ([Options.OnCall]).
+	onCall func(CallReport)
 }
 
 // runChain runs the policies mods in order, as both phases do: it encodes
@@ -127,11 +129,19 @@ func runChain[T any, D interface {
 		d := D(new(T))
 		start := time.Now()
 		span := m.startSpan(ctx, c.phase)
-		err := m.call(ctx, input, func(b []byte) error { return unmarshalStrict(b, d) })
+		used, err := m.callFuel(ctx, input, func(b []byte) error { return unmarshalStrict(b, d) })
 		if err == nil {
 			if err = p.check(d); err != nil {
 				m.counters.invalid.Add(1)
 			}
+		}
+		if c.onCall != nil {
+			r := CallReport{Policy: m.cfg.Name, Phase: c.phase, Fuel: used,
+				FuelBudget: m.fuelBudget(len(input)), Duration: time.Since(start), Err: err}
+			if err == nil || errors.Is(err, errInvalid) {
+				r.Decision = d
+			}
+			c.onCall(r)
 		}
 		if err != nil {
 			if ctx.Err() != nil {

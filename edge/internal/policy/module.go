@@ -145,6 +145,9 @@ func loadModule(ctx context.Context, cfg PolicyConfig, dir string, cache wazero.
 	if err := m.checkExports(); err != nil {
 		return nil, err
 	}
+	if err := m.checkImports(); err != nil {
+		return nil, err
+	}
 	size := cfg.PoolSize
 	if size == 0 {
 		size = min(runtime.GOMAXPROCS(0), 8)
@@ -177,7 +180,7 @@ func (m *module) compile(ctx context.Context, code []byte, cache wazero.Compilat
 	}
 	compiled, err := m.rt.CompileModule(ctx, code)
 	if err != nil {
-		return fmt.Errorf("compile module: %w", err)
+		return m.compileError(code, err)
 	}
 	m.compiled = compiled
 	return nil
@@ -203,18 +206,19 @@ func (m *module) checkExports() error {
 			if w.optional {
 				continue
 			}
-			return fmt.Errorf("module does not export %s (not an ABI v1 policy for phase %s)", w.name, m.cfg.Phase)
+			return &ABIError{Section: ABIExports, Missing: w.name,
+				Err: fmt.Errorf("module does not export %s (not an ABI v1 policy for phase %s)", w.name, m.cfg.Phase)}
 		}
 		if !sameTypes(fn.ParamTypes(), w.params) || !sameTypes(fn.ResultTypes(), w.results) {
-			return fmt.Errorf("export %s has the wrong signature", w.name)
+			return abiError(ABIExports, "export %s has the wrong signature", w.name)
 		}
 	}
 	if _, ok := m.compiled.ExportedMemories()[exportMemory]; !ok {
-		return fmt.Errorf("module does not export its memory as %q", exportMemory)
+		return abiError(ABIExports, "module does not export its memory as %q", exportMemory)
 	}
 	if m.cfg.Config != "" || m.cfg.ConfigBase64 != "" {
 		if _, ok := fns[exportInit]; !ok {
-			return fmt.Errorf("config given but module does not export %s", exportInit)
+			return abiError(ABIExports, "config given but module does not export %s", exportInit)
 		}
 	}
 	return nil
@@ -307,7 +311,7 @@ func (m *module) initialize(ctx context.Context, inst *instance) error {
 		return fmt.Errorf("call %s: %w", exportVersion, err)
 	}
 	if v := uint32(inst.stack[0]); v != abiVersion {
-		return fmt.Errorf("module implements policy ABI version %d, host implements %d", v, abiVersion)
+		return abiError(ABIExports, "module implements policy ABI version %d, host implements %d", v, abiVersion)
 	}
 	if initFn := mod.ExportedFunction(exportInit); initFn != nil {
 		if err := inst.write(ctx, m.config); err != nil {
@@ -364,9 +368,16 @@ func (inst *instance) read(packed uint64) ([]byte, error) {
 // call runs one evaluation on a pooled instance and hands the answer's bytes
 // to decode, which must not keep them. Any error discards the instance.
 func (m *module) call(ctx context.Context, input []byte, decode func([]byte) error) error {
+	_, err := m.callFuel(ctx, input, decode)
+	return err
+}
+
+// callFuel is call, reporting the fuel the call used too (0 for a module
+// without fuel).
+func (m *module) callFuel(ctx context.Context, input []byte, decode func([]byte) error) (used uint64, err error) {
 	if len(input) > m.cfg.MaxInputBytes {
 		m.counters.unavailable.Add(1)
-		return fmt.Errorf("%w: %d bytes, limit %d", errInputTooBig, len(input), m.cfg.MaxInputBytes)
+		return 0, fmt.Errorf("%w: %d bytes, limit %d", errInputTooBig, len(input), m.cfg.MaxInputBytes)
 	}
 	// Wait at most the call's deadline for an instance to come back or be
 	// replaced, and a little more.
@@ -375,11 +386,11 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		if errors.Is(err, errUnavailable) {
 			m.counters.unavailable.Add(1)
 		}
-		return err
+		return 0, err
 	}
 	if err := ctx.Err(); err != nil {
 		m.pool.put(inst)
-		return err
+		return 0, err
 	}
 	fuel := m.cfg.fuel(len(input))
 	inst.fuel.set(fuel)
@@ -391,6 +402,9 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 		stopCancel = context.AfterFunc(ctx, inst.deadline.fire)
 	}
 	err = m.run(cctx, inst, input, decode)
+	if m.interrupt {
+		used = fuel - min(fuel, inst.fuel.left())
+	}
 	if err != nil && errors.Is(err, errTrap) && inst.fuel.exhausted() {
 		err = fmt.Errorf("%w: the module did more than %d units of work", errFuel, fuel)
 	}
@@ -403,7 +417,7 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 			cause = context.Canceled
 		}
 		m.discard(inst, cause)
-		return nil
+		return used, nil
 	}
 	if err != nil && cancelled {
 		err = fmt.Errorf("%w: %w", context.Canceled, err)
@@ -413,10 +427,10 @@ func (m *module) call(ctx context.Context, input []byte, decode func([]byte) err
 			m.classify(err)
 		}
 		m.discard(inst, err)
-		return err
+		return used, err
 	}
 	m.pool.put(inst)
-	return nil
+	return used, nil
 }
 
 func (m *module) run(ctx context.Context, inst *instance, input []byte, decode func([]byte) error) error {

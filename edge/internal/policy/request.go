@@ -81,6 +81,7 @@ func (e *Engine) EvaluateRequest(ctx context.Context, in RequestInput) (RequestV
 		requestID: in.RequestID, tenant: in.Tenant,
 		denied: "denied by policy ", logDenied: "request denied by policy",
 		annotationsInInput: true,
+		onCall:             e.opts.OnCall,
 	}
 	annotations, err := runChain[policyv1.RequestDecision](ctx, g.request, c, p)
 	if err != nil {

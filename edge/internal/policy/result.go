@@ -53,6 +53,7 @@ func (e *Engine) EvaluateResult(ctx context.Context, in ResultInput) (ResultVerd
 		phase:     "result",
 		requestID: in.RequestID, tenant: in.Tenant,
 		denied: "result withheld by policy ", logDenied: "result withheld by policy",
+		onCall: e.opts.OnCall,
 	}
 	annotations, err := runChain[policyv1.ResultDecision](ctx, g.result, c, p)
 	if err != nil {
