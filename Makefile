@@ -56,10 +56,11 @@ cluster_deny := $(subst $(space),$(comma),$(strip $(foreach a,$(CLUSTER_CONTROLP
 
 all: build
 
-## setup: prepare this host (Docker Engine, runsc, sandbox image); idempotent
+## setup: prepare this host (Docker Engine, runsc, sandbox image, the policy toolchains); idempotent
 setup:
 	bash agent/host/setup.sh
 	bash edge/web/setup.sh
+	bash policies/setup.sh
 
 ## build: build the three services and the in-sandbox runner into bin/
 build:
@@ -204,6 +205,10 @@ up-cluster: setup build cluster-secret cluster-redis-password
 	stop 1
 
 ## policies: build the example Wasm policies and a config loading them into bin/policies
+# Each language needs its toolchain (make setup installs them all, see
+# policies/setup.sh): Go, the go command; WebAssembly text, wat2wasm (wabt);
+# Rust, Debian's rustc with libstd-rust-dev-wasm32; C, clang-14, lld-14,
+# wasi-libc and libclang-rt-14-dev-wasm32.
 policies:
 	bash policies/build.sh $(BIN)/policies
 

@@ -10,6 +10,8 @@ for p in languages patterns limits routes prelude redact egress; do
 	GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 go build -trimpath -buildmode=c-shared -o "$out/$p.wasm" "./policies/examples/$p"
 done
 wat2wasm policies/examples/tenantblock/tenantblock.wat -o "$out/tenantblock.wasm"
+# The Rust SDK's examples: NAME-rust.wasm.
+bash policies/sdk-rust/build.sh "$out"
 sum() { sha256sum "$out/$1.wasm" | cut -d' ' -f1; }
 cat > "$out/policies.json" <<JSON
 {

@@ -10,6 +10,7 @@ package policytest
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"testing"
 
 	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
 // GoExamples are the Go example policies, by directory name.
@@ -46,6 +48,8 @@ var (
 	once     sync.Once
 	modules  *Modules
 	buildErr error
+	// sdkDirs are the directories BuildSDK built into, removed by Main.
+	sdkDirs []string
 )
 
 // Build builds every module once per process and returns them.
@@ -64,6 +68,11 @@ func Main(m *testing.M) {
 	if modules != nil {
 		_ = os.RemoveAll(modules.Dir)
 	}
+	sdkMu.Lock()
+	for _, dir := range sdkDirs {
+		_ = os.RemoveAll(dir)
+	}
+	sdkMu.Unlock()
 	os.Exit(code)
 }
 
@@ -179,4 +188,69 @@ func CacheDir(t testing.TB) string {
 		}
 	}
 	return filepath.Join(Build(t).Dir, "cache")
+}
+
+// SDKs are the SDKs of other languages than Go, by the name of their
+// directory policies/sdk-NAME, whose build.sh builds their examples into
+// OUT/EXAMPLE-NAME.wasm and exits 3 when the toolchain is missing.
+var SDKs = []string{"rust"}
+
+// SDKExamples are the examples each SDK of SDKs has.
+var SDKExamples = map[string][]string{
+	"rust": {"tenantblock", "redact", "egress"},
+}
+
+var (
+	sdkMu    sync.Mutex
+	sdkBuilt = map[string]*sdkBuild{}
+)
+
+type sdkBuild struct {
+	dir     string
+	missing string // the toolchain is missing: build.sh's message
+	err     error
+}
+
+// BuildSDK builds the examples of the SDK sdk ("rust", ...) once per
+// process with its build.sh, as `make policies` does, and returns the
+// directory holding EXAMPLE-SDK.wasm. When the SDK's toolchain is missing it
+// ends tb with testenv.Missing: a skip, or in CI a failure.
+func BuildSDK(tb testing.TB, sdk string) string {
+	tb.Helper()
+	sdkMu.Lock()
+	b, ok := sdkBuilt[sdk]
+	if !ok {
+		b = buildSDK(sdk)
+		sdkBuilt[sdk] = b
+	}
+	sdkMu.Unlock()
+	switch {
+	case b.missing != "":
+		testenv.Missing(tb, "%s (run make setup)", b.missing)
+	case b.err != nil:
+		tb.Fatalf("policytest: %v", b.err)
+	}
+	return b.dir
+}
+
+func buildSDK(sdk string) *sdkBuild {
+	top, err := ModuleRoot()
+	if err != nil {
+		return &sdkBuild{err: err}
+	}
+	dir, err := os.MkdirTemp("", "codemode-policies-"+sdk+"-")
+	if err != nil {
+		return &sdkBuild{err: err}
+	}
+	sdkDirs = append(sdkDirs, dir)
+	cmd := exec.Command("bash", filepath.Join(top, "policies", "sdk-"+sdk, "build.sh"), dir)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) && exit.ExitCode() == 3 {
+		return &sdkBuild{missing: strings.TrimSpace(string(out))}
+	}
+	if err != nil {
+		return &sdkBuild{err: fmt.Errorf("build the %s examples: %v\n%s", sdk, err, out)}
+	}
+	return &sdkBuild{dir: dir}
 }

@@ -1,0 +1,83 @@
+package policytool
+
+import (
+	"bytes"
+	"path/filepath"
+	"testing"
+
+	"github.com/codemode-go/codemode/edge/internal/policy"
+	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
+)
+
+func TestMain(m *testing.M) { policytest.Main(m) }
+
+// conformance lists each example's builds: the case file
+// policies/conformance/EXAMPLE.json is the one table every build of the
+// example must pass, through the edge's own engine.
+var conformance = []struct {
+	example string
+	// goBuild: policies/examples/EXAMPLE is a Go build of it (a WAT one
+	// for tenantblock).
+	goBuild bool
+}{
+	{"tenantblock", true},
+	{"redact", true},
+	{"egress", true},
+}
+
+// TestConformance runs every build of each example, in every language
+// that has one, through its table of cases.
+func TestConformance(t *testing.T) {
+	top := moduleRoot(t)
+	goMods, err := policytest.BuildInto(t.TempDir(), "tenantblock", "redact", "egress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range conformance {
+		cases, err := ReadCases(filepath.Join(top, "policies", "conformance", c.example+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		builds := map[string]func(t *testing.T) string{}
+		if c.goBuild {
+			lang := "go"
+			if c.example == "tenantblock" {
+				lang = "wat"
+			}
+			builds[lang] = func(t *testing.T) string { return goMods.Path(t, c.example) }
+		}
+		for _, sdk := range policytest.SDKs {
+			for _, e := range policytest.SDKExamples[sdk] {
+				if e == c.example {
+					builds[sdk] = func(t *testing.T) string {
+						return filepath.Join(policytest.BuildSDK(t, sdk), e+"-"+sdk+".wasm")
+					}
+				}
+			}
+		}
+		for lang, path := range builds {
+			t.Run(c.example+"/"+lang, func(t *testing.T) {
+				s := setup{module: path(t), phase: cases.Phase, config: cases.Config, labels: cases.Labels,
+					memoryPages: policy.DefaultMemoryLimitPages, fuel: policy.DefaultFuel,
+					cacheDir: policytest.CacheDir(t)}
+				var out bytes.Buffer
+				failed, err := RunCases(t.Context(), s, cases, &out)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if failed > 0 {
+					t.Errorf("%d of %d cases failed:\n%s", failed, len(cases.Cases), out.String())
+				}
+			})
+		}
+	}
+}
+
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := policytest.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
