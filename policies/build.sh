@@ -12,6 +12,8 @@ done
 wat2wasm policies/examples/tenantblock/tenantblock.wat -o "$out/tenantblock.wasm"
 # The Rust SDK's examples: NAME-rust.wasm.
 bash policies/sdk-rust/build.sh "$out"
+# The C SDK's examples: NAME-c.wasm.
+bash policies/sdk-c/build.sh "$out"
 sum() { sha256sum "$out/$1.wasm" | cut -d' ' -f1; }
 cat > "$out/policies.json" <<JSON
 {

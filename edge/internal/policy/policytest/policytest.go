@@ -193,11 +193,12 @@ func CacheDir(t testing.TB) string {
 // SDKs are the SDKs of other languages than Go, by the name of their
 // directory policies/sdk-NAME, whose build.sh builds their examples into
 // OUT/EXAMPLE-NAME.wasm and exits 3 when the toolchain is missing.
-var SDKs = []string{"rust"}
+var SDKs = []string{"rust", "c"}
 
 // SDKExamples are the examples each SDK of SDKs has.
 var SDKExamples = map[string][]string{
 	"rust": {"tenantblock", "redact", "egress"},
+	"c":    {"tenantblock", "redact"},
 }
 
 var (
