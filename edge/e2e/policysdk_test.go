@@ -1,0 +1,126 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+)
+
+// API keys of TestSDKPoliciesThroughEveryDoor's tenants.
+const (
+	sdkKeyBob     = "k-sdk-bob-0123456789abcd"
+	sdkKeyMallory = "k-sdk-mallory-0123456789"
+	sdkKeyEve     = "k-sdk-eve-0123456789abcd"
+)
+
+// TestSDKPoliciesThroughEveryDoor runs the Rust and C SDKs' examples in a
+// real edge's chain: tenantblock built with Rust denies mallory,
+// tenantblock built with C denies eve, and redact built with C removes the
+// AWS access key ids from bob's output, on every door.
+func TestSDKPoliciesThroughEveryDoor(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	rust, c := policytest.BuildSDK(t, "rust"), policytest.BuildSDK(t, "c")
+	dir := t.TempDir()
+	p := func(name, path, phase string, order int, config string) map[string]any {
+		return map[string]any{"name": name, "path": path, "sha256": policytest.Digest(t, path),
+			"phase": phase, "order": order, "config": config}
+	}
+	b, _ := json.Marshal(map[string]any{"policies": []map[string]any{
+		p("tenantblock-rust", filepath.Join(rust, "tenantblock-rust.wasm"), "request", 5, "mallory"),
+		p("tenantblock-c", filepath.Join(c, "tenantblock-c.wasm"), "request", 6, "eve"),
+		p("redact-c", filepath.Join(c, "redact-c.wasm"), "result", 10, ""),
+	}})
+	config := filepath.Join(dir, "policies.json")
+	if err := os.WriteFile(config, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	keys := filepath.Join(dir, "keys.json")
+	if err := os.WriteFile(keys, []byte(fmt.Sprintf(`{%q: "bob", %q: "mallory", %q: "eve"}`, sdkKeyBob, sdkKeyMallory, sdkKeyEve)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	edge, err := s.StartEdge(nil, "--api-keys", keys, "--policy-config", config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+
+	const leak = "import sys\nprint('key=AKIA' + 'IOSFODNN7EXAMPLE')\nprint('AKIA' + 'IOSFODNN7EXAMPL2', file=sys.stderr)"
+	const redacted = "key=[REDACTED aws-access-key-id]\n"
+	denials := []struct{ key, policy string }{{sdkKeyMallory, "tenantblock-rust"}, {sdkKeyEve, "tenantblock-c"}}
+	const reason = "tenant is suspended by the tenant policy"
+
+	for _, pr := range protocols {
+		t.Run(pr.name, func(t *testing.T) {
+			t.Parallel()
+			client := edgev1connect.NewExecutionServiceClient(httpClient, edge.URL(), pr.opts...)
+			res, err := client.Execute(t.Context(), withKey(&edgev1.ExecuteRequest{Language: "python", Code: leak}, sdkKeyBob))
+			if err != nil {
+				t.Fatalf("bob: %v\n%s", err, edge.Logs())
+			}
+			if r := res.Msg.GetResult(); r.GetStdout() != redacted || r.GetStderr() != "[REDACTED aws-access-key-id]\n" {
+				t.Errorf("bob's result %q %q, want the keys redacted by redact-c", r.GetStdout(), r.GetStderr())
+			}
+			for _, d := range denials {
+				_, err := client.Execute(t.Context(), withKey(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}, d.key))
+				wantDenied(t, err, d.policy, reason)
+			}
+			// A stream is held back for the result policy, then redacted.
+			st, err := client.ExecuteStream(t.Context(), withKey(&edgev1.ExecuteStreamRequest{Language: "python", Code: leak}, sdkKeyBob))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stdout string
+			for st.Receive() {
+				stdout += st.Msg().GetEvent().GetStdout()
+			}
+			if err := st.Err(); err != nil || stdout != redacted {
+				t.Errorf("bob's stream %q, %v; want %q", stdout, err, redacted)
+			}
+			st, err = client.ExecuteStream(t.Context(), withKey(&edgev1.ExecuteStreamRequest{Language: "python", Code: "print(1)"}, sdkKeyEve))
+			if err == nil {
+				for st.Receive() {
+				}
+				err = st.Err()
+			}
+			wantDenied(t, err, "tenantblock-c", reason)
+		})
+	}
+
+	t.Run("mcp", func(t *testing.T) {
+		t.Parallel()
+		res := callToolWithKey(t, edge.URL()+"/mcp", sdkKeyBob, "execute_code", map[string]any{"language": "python", "code": leak})
+		if text := textOf(res); res.IsError || strings.Contains(text, "AKIA") || !strings.Contains(text, "[REDACTED aws-access-key-id]") {
+			t.Errorf("bob's MCP result isError=%v %q, want the keys redacted", res.IsError, text)
+		}
+		for _, d := range denials {
+			res := callToolWithKey(t, edge.URL()+"/mcp", d.key, "execute_code", map[string]any{"language": "python", "code": "print(1)"})
+			if text := textOf(res); !res.IsError || !strings.Contains(text, "denied by policy "+d.policy) || !strings.Contains(text, reason) {
+				t.Errorf("MCP result isError=%v %q, want a denial by %s", res.IsError, text, d.policy)
+			}
+		}
+	})
+
+	t.Run("post run", func(t *testing.T) {
+		t.Parallel()
+		if status, out := seedRun(t, edge, sdkKeyBob, "python", leak, ""); status != http.StatusOK ||
+			!strings.Contains(out.Output, redacted) || strings.Contains(out.Output, "AKIA") {
+			t.Errorf("bob's /run: HTTP %d %+v, want the keys redacted", status, out)
+		}
+		for _, d := range denials {
+			status, out := seedRun(t, edge, d.key, "python", "print(1)", "")
+			if status != http.StatusForbidden || !strings.Contains(out.Error, d.policy) || !strings.Contains(out.Error, reason) {
+				t.Errorf("/run: HTTP %d %+v, want 403 naming %s and its reason", status, out, d.policy)
+			}
+		}
+	})
+}
