@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the example policies into OUT (default bin/policies) and writes
 # OUT/policies.json, a policy configuration that loads them with their
-# digests. Usage: bash policies/build.sh [OUT]
+# digests. Usage: bash policies/build.sh [OUT]. Exits 3 when the Rust or C
+# toolchain is missing (see policies/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bin/policies}

@@ -5,8 +5,8 @@
 # Usage: bash policies/sdk-c/build.sh OUT
 # Exits 3 when no such clang is found.
 set -euo pipefail
-cd "$(dirname "$0")"
 out=$(mkdir -p "${1:?usage: build.sh OUT}" && cd "$1" && pwd)
+cd "$(dirname "$0")"
 
 # works CC: CC compiles and links a wasm32-wasi reactor.
 works() {

@@ -6,8 +6,8 @@
 # Usage: bash policies/sdk-rust/build.sh OUT
 # Exits 3 when no such rustc is found.
 set -euo pipefail
-cd "$(dirname "$0")"
 out=$(mkdir -p "${1:?usage: build.sh OUT}" && cd "$1" && pwd)
+cd "$(dirname "$0")"
 
 # target RUSTC: the WASI target whose standard library RUSTC has.
 target() {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	policyv1 "github.com/codemode-go/codemode/gen/codemode/policy/v1"
 	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
 const denied = policyv1.Cause_CAUSE_DENIED
@@ -413,6 +415,10 @@ func TestBuildScript(t *testing.T) {
 	cmd := exec.Command("bash", "policies/build.sh", dir)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) && exit.ExitCode() == 3 { // a toolchain is missing
+			testenv.Missing(t, "%s (run make setup)", strings.TrimSpace(string(out)))
+		}
 		t.Fatalf("build.sh: %v\n%s", err, out)
 	}
 	e, err := New(context.Background(), Options{ConfigPath: filepath.Join(dir, "policies.json"), CacheDir: policytest.CacheDir(t)})
