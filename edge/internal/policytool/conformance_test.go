@@ -2,6 +2,8 @@ package policytool
 
 import (
 	"bytes"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -80,4 +82,26 @@ func moduleRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// TestSDKBuildScripts builds each SDK's examples as make policies does,
+// into a directory named relative to the caller's.
+func TestSDKBuildScripts(t *testing.T) {
+	top := moduleRoot(t)
+	for _, sdk := range policytest.SDKs {
+		t.Run(sdk, func(t *testing.T) {
+			policytest.BuildSDK(t, sdk) // ends the test when the toolchain is missing
+			dir := t.TempDir()
+			cmd := exec.Command("bash", filepath.Join(top, "policies", "sdk-"+sdk, "build.sh"), "out")
+			cmd.Dir = dir
+			if b, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("build.sh out: %v\n%s", err, b)
+			}
+			for _, e := range policytest.SDKExamples[sdk] {
+				if _, err := os.Stat(filepath.Join(dir, "out", e+"-"+sdk+".wasm")); err != nil {
+					t.Errorf("build.sh out did not build %s into out: %v", e, err)
+				}
+			}
+		})
+	}
 }
