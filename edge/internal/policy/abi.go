@@ -14,7 +14,6 @@ const (
 	ABIExports  = "exports"
 	ABIImports  = "imports"
 	ABIEnforced = "what-the-host-enforces"
-	ABIMessages = "messages"
 )
 
 // ABIError is a module that does not follow policies/ABI.md: what is wrong,
@@ -95,17 +94,6 @@ type CallReport struct {
 	// invalid decision); nil when it answered a valid decision.
 	Err error
 }
-
-// ErrInvalidDecision is wrapped by the errors of decisions that are well
-// formed but break a rule of ABI.md (a loosened limit, an unknown label, ...).
-var ErrInvalidDecision = errInvalid
-
-// ErrMalformedDecision is wrapped by the errors of answers that are not a
-// decision ABI v1 defines.
-var ErrMalformedDecision = errMalformed
-
-// ErrFuelExhausted is wrapped by the error of a call that ran out of fuel.
-var ErrFuelExhausted = errFuel
 
 // fuelBudget returns the fuel budget of a call with an input of n bytes, or 0
 // for a module without fuel.
