@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/codemode-go/codemode/edge/internal/policy"
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 )
 
@@ -167,6 +168,35 @@ func TestBench(t *testing.T) {
 	for _, w := range []string{"200 calls, verdict deny", "call time: p50 ", " p90 ", " p99 ", " max ", "fuel:      "} {
 		if !strings.Contains(out, w) {
 			t.Errorf("output does not say %q:\n%s", w, out)
+		}
+	}
+}
+
+// TestABISectionsExist checks that the sections of ABI.md the engine's
+// errors point to are headings there.
+func TestABISectionsExist(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(moduleRoot(t), "policies", "ABI.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			a := strings.Map(func(r rune) rune {
+				switch {
+				case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_':
+					return r
+				case r == ' ':
+					return '-'
+				}
+				return -1
+			}, strings.ToLower(h))
+			anchors[a] = true
+		}
+	}
+	for _, s := range []string{policy.ABIExports, policy.ABIImports, policy.ABIEnforced} {
+		if !anchors[s] {
+			t.Errorf("ABI.md has no section #%s (it has %v)", s, anchors)
 		}
 	}
 }
