@@ -24,7 +24,11 @@ if [ -z "$cc" ]; then
 	echo "sdk-c: no clang that links for wasm32-wasi (Debian: apt-get install clang-14 lld-14 wasi-libc libclang-rt-14-dev-wasm32, as make setup does)" >&2
 	exit 3
 fi
-for e in tenantblock redact; do
+# With CODEMODE_SDK_TESTDATA=1, the test modules of testdata/ too.
+srcs=(examples/*.c)
+[ "${CODEMODE_SDK_TESTDATA:-}" != 1 ] || srcs+=(testdata/*.c)
+for src in "${srcs[@]}"; do
+	e=$(basename "$src" .c)
 	"$cc" --target=wasm32-wasi -mexec-model=reactor -O2 -Wall -Wextra -Werror -I. \
-		-Wl,--strip-all codemode_policy.c "examples/$e.c" -o "$out/$e-c.wasm"
+		-Wl,--strip-all codemode_policy.c "$src" -o "$out/$e-c.wasm"
 done

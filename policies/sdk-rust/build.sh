@@ -36,7 +36,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 flags=(--edition 2021 --target "$tgt" -C opt-level=s -C panic=abort)
 "$rustc" "${flags[@]}" --crate-type rlib --crate-name codemode_policy src/lib.rs --out-dir "$tmp"
-for e in tenantblock redact egress; do
+# With CODEMODE_SDK_TESTDATA=1, the test modules of testdata/ too.
+srcs=(examples/*.rs)
+[ "${CODEMODE_SDK_TESTDATA:-}" != 1 ] || srcs+=(testdata/*.rs)
+for src in "${srcs[@]}"; do
+	e=$(basename "$src" .rs)
 	"$rustc" "${flags[@]}" --crate-type cdylib -C strip=symbols \
-		--extern codemode_policy="$tmp/libcodemode_policy.rlib" "examples/$e.rs" -o "$out/$e-rust.wasm"
+		--extern codemode_policy="$tmp/libcodemode_policy.rlib" "$src" -o "$out/$e-rust.wasm"
 done

@@ -214,7 +214,8 @@ type sdkBuild struct {
 
 // BuildSDK builds the examples of the SDK sdk ("rust", ...) once per
 // process with its build.sh, as `make policies` does, and returns the
-// directory holding EXAMPLE-SDK.wasm. When the SDK's toolchain is missing it
+// directory holding EXAMPLE-SDK.wasm (and the SDK's test modules, such as
+// fields-SDK.wasm). When the SDK's toolchain is missing it
 // ends tb with testenv.Missing: a skip, or in CI a failure.
 func BuildSDK(tb testing.TB, sdk string) string {
 	tb.Helper()
@@ -245,6 +246,8 @@ func buildSDK(sdk string) *sdkBuild {
 	}
 	sdkDirs = append(sdkDirs, dir)
 	cmd := exec.Command("bash", filepath.Join(top, "policies", "sdk-"+sdk, "build.sh"), dir)
+	// The SDK's test modules (testdata/) too: fields-SDK.wasm.
+	cmd.Env = append(os.Environ(), "CODEMODE_SDK_TESTDATA=1")
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() == 3 {
