@@ -107,25 +107,27 @@ func TestSDKBuildScripts(t *testing.T) {
 }
 
 // TestSDKDecodesEveryField runs each SDK's fields module, which annotates
-// a request with every field it decoded, on inputs with every field set
-// (testdata/fields.json).
+// a request or result with every field it decoded, on inputs with every
+// field set (testdata/fields*.json).
 func TestSDKDecodesEveryField(t *testing.T) {
-	cases, err := ReadCases(filepath.Join("testdata", "fields.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, sdk := range policytest.SDKs {
-		t.Run(sdk, func(t *testing.T) {
-			s := setup{module: filepath.Join(policytest.BuildSDK(t, sdk), "fields-"+sdk+".wasm"), phase: cases.Phase,
-				memoryPages: policy.DefaultMemoryLimitPages, fuel: policy.DefaultFuel, cacheDir: policytest.CacheDir(t)}
-			var out bytes.Buffer
-			failed, err := RunCases(t.Context(), s, cases, &out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if failed > 0 {
-				t.Errorf("%d of %d cases failed:\n%s", failed, len(cases.Cases), out.String())
-			}
-		})
+		for _, file := range []string{"fields.json", "fields-result.json"} {
+			t.Run(sdk+"/"+file, func(t *testing.T) {
+				cases, err := ReadCases(filepath.Join("testdata", file))
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := setup{module: filepath.Join(policytest.BuildSDK(t, sdk), "fields-"+sdk+".wasm"), phase: cases.Phase,
+					memoryPages: policy.DefaultMemoryLimitPages, fuel: policy.DefaultFuel, cacheDir: policytest.CacheDir(t)}
+				var out bytes.Buffer
+				failed, err := RunCases(t.Context(), s, cases, &out)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if failed > 0 {
+					t.Errorf("%d of %d cases failed:\n%s", failed, len(cases.Cases), out.String())
+				}
+			})
+		}
 	}
 }

@@ -1,6 +1,6 @@
 /*
- * fields allows every request and annotates it with the fields the SDK
- * decoded, for the test that compares them with what the host sent
+ * fields allows every request and result and annotates it with the fields
+ * the SDK decoded, for the test that compares them with what the host sent
  * (edge/internal/policytool).
  */
 #include <inttypes.h>
@@ -56,4 +56,30 @@ static cm_request_decision request(const cm_request_input *in) {
 	return d;
 }
 
+static char result_text[256], annotations[256];
+
+static cm_result_decision result(const cm_result_input *in) {
+	const cm_result *r = &in->result;
+	result_text[0] = caller[0] = annotations[0] = 0;
+	add(result_text, sizeof result_text, "%" PRId32 "|%.*s|%.*s|%s|%s|%s|%" PRId64 "|%.*s|%.*s", r->exit_code,
+	    S(r->stdout_text), S(r->stderr_text), r->timed_out ? "true" : "false", r->truncated ? "true" : "false",
+	    r->oom_killed ? "true" : "false", r->duration_ns, S(r->agent), S(r->session_id));
+	add(caller, sizeof caller, "%.*s|%.*s|%.*s|%.*s", S(in->tenant), S(in->door), S(in->request_id), S(in->language));
+	const char *k = "-";
+	static char value[256];
+	for (size_t i = 0; i < in->n_annotations; i++) {
+		if (cm_eq(in->annotations[i].key, "k")) {
+			snprintf(value, sizeof value, "%.*s", S(in->annotations[i].value));
+			k = value;
+		}
+	}
+	add(annotations, sizeof annotations, "%zu|%s", in->n_annotations, k);
+	cm_result_decision d = cm_allow_result();
+	cm_annotate_result(&d, cm_cstr("result"), cm_cstr(result_text));
+	cm_annotate_result(&d, cm_cstr("caller"), cm_cstr(caller));
+	cm_annotate_result(&d, cm_cstr("annotations"), cm_cstr(annotations));
+	return d;
+}
+
 CODEMODE_REQUEST(request)
+CODEMODE_RESULT(result)

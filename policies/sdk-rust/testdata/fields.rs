@@ -1,8 +1,8 @@
-//! fields allows every request and annotates it with the fields the SDK
-//! decoded, for the test that compares them with what the host sent
+//! fields allows every request and result and annotates it with the fields
+//! the SDK decoded, for the test that compares them with what the host sent
 //! (edge/internal/policytool).
 
-use codemode_policy::{policy, RequestDecision, RequestInput};
+use codemode_policy::{policy, RequestDecision, RequestInput, ResultDecision, ResultInput};
 
 fn request(input: &RequestInput) -> RequestDecision {
     let e = &input.execution;
@@ -40,4 +40,29 @@ fn request(input: &RequestInput) -> RequestDecision {
     d
 }
 
-policy! { request: request }
+fn result(input: &ResultInput) -> ResultDecision {
+    let r = &input.result;
+    ResultDecision::allow()
+        .annotate(
+            "result",
+            format!(
+                "{}|{}|{}|{}|{}|{}|{}|{}|{}",
+                r.exit_code,
+                r.stdout,
+                r.stderr,
+                r.timed_out,
+                r.truncated,
+                r.oom_killed,
+                r.duration.as_nanos(),
+                r.agent,
+                r.session_id
+            ),
+        )
+        .annotate("caller", format!("{}|{}|{}|{}", input.tenant, input.door, input.request_id, input.language))
+        .annotate(
+            "annotations",
+            format!("{}|{}", input.annotations.len(), input.annotations.get("k").map(String::as_str).unwrap_or("-")),
+        )
+}
+
+policy! { request: request, result: result }
