@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/codemode-go/codemode/edge/internal/policy"
@@ -106,18 +107,21 @@ func TestSDKBuildScripts(t *testing.T) {
 	}
 }
 
-// TestSDKDecodesEveryField runs each SDK's fields module, which annotates
-// a request or result with every field it decoded, on inputs with every
-// field set (testdata/fields*.json).
-func TestSDKDecodesEveryField(t *testing.T) {
+// TestSDKCodecs runs each SDK's test modules through the engine: fields
+// annotates a request or result with every field it decoded, on inputs that
+// set every field (testdata/fields*.json); decisions answers a decision
+// made with each helper, which the host must decode and apply
+// (testdata/decisions*.json).
+func TestSDKCodecs(t *testing.T) {
 	for _, sdk := range policytest.SDKs {
-		for _, file := range []string{"fields.json", "fields-result.json"} {
+		for _, file := range []string{"fields.json", "fields-result.json", "decisions.json", "decisions-result.json"} {
 			t.Run(sdk+"/"+file, func(t *testing.T) {
 				cases, err := ReadCases(filepath.Join("testdata", file))
 				if err != nil {
 					t.Fatal(err)
 				}
-				s := setup{module: filepath.Join(policytest.BuildSDK(t, sdk), "fields-"+sdk+".wasm"), phase: cases.Phase,
+				module := strings.SplitN(strings.TrimSuffix(file, ".json"), "-", 2)[0]
+				s := setup{module: filepath.Join(policytest.BuildSDK(t, sdk), module+"-"+sdk+".wasm"), phase: cases.Phase, labels: cases.Labels,
 					memoryPages: policy.DefaultMemoryLimitPages, fuel: policy.DefaultFuel, cacheDir: policytest.CacheDir(t)}
 				var out bytes.Buffer
 				failed, err := RunCases(t.Context(), s, cases, &out)
