@@ -13,6 +13,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 // API keys of TestSDKPoliciesThroughEveryDoor's tenants.
@@ -99,12 +100,12 @@ func TestSDKPoliciesThroughEveryDoor(t *testing.T) {
 	t.Run("mcp", func(t *testing.T) {
 		t.Parallel()
 		res := callToolWithKey(t, edge.URL()+"/mcp", sdkKeyBob, "execute_code", map[string]any{"language": "python", "code": leak})
-		if text := textOf(res); res.IsError || strings.Contains(text, "AKIA") || !strings.Contains(text, "[REDACTED aws-access-key-id]") {
+		if text := testkit.ToolText(res); res.IsError || strings.Contains(text, "AKIA") || !strings.Contains(text, "[REDACTED aws-access-key-id]") {
 			t.Errorf("bob's MCP result isError=%v %q, want the keys redacted", res.IsError, text)
 		}
 		for _, d := range denials {
 			res := callToolWithKey(t, edge.URL()+"/mcp", d.key, "execute_code", map[string]any{"language": "python", "code": "print(1)"})
-			if text := textOf(res); !res.IsError || !strings.Contains(text, "denied by policy "+d.policy) || !strings.Contains(text, reason) {
+			if text := testkit.ToolText(res); !res.IsError || !strings.Contains(text, "denied by policy "+d.policy) || !strings.Contains(text, reason) {
 				t.Errorf("MCP result isError=%v %q, want a denial by %s", res.IsError, text, d.policy)
 			}
 		}

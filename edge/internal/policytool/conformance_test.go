@@ -10,6 +10,7 @@ import (
 
 	"github.com/codemode-go/codemode/edge/internal/policy"
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
+	"github.com/codemode-go/codemode/internal/testkit"
 )
 
 func TestMain(m *testing.M) { policytest.Main(m) }
@@ -78,7 +79,7 @@ func TestConformance(t *testing.T) {
 
 func moduleRoot(t *testing.T) string {
 	t.Helper()
-	dir, err := policytest.ModuleRoot()
+	dir, err := testkit.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

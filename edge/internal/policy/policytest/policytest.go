@@ -236,7 +236,7 @@ func BuildSDK(tb testing.TB, sdk string) string {
 }
 
 func buildSDK(sdk string) *sdkBuild {
-	top, err := ModuleRoot()
+	top, err := testkit.ModuleRoot()
 	if err != nil {
 		return &sdkBuild{err: err}
 	}
