@@ -25,6 +25,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/failover"
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
 	"github.com/codemode-go/codemode/edge/internal/policy"
+	"github.com/codemode-go/codemode/edge/internal/policytool"
 	"github.com/codemode-go/codemode/edge/internal/ratelimit"
 	"github.com/codemode-go/codemode/edge/internal/runapi"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
@@ -234,10 +235,14 @@ func controlPlaneClient(urls []string, logger *slog.Logger) *http.Client {
 }
 
 // Run is the edge program. With the first argument mcp-stdio it serves
-// MCP over stdio instead (see RunStdio).
+// MCP over stdio instead (see RunStdio); with policy, it checks, runs or
+// times a policy module (see policytool.Run).
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == StdioCommand {
 		return RunStdio(ctx, args[1:], stdin, stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == policytool.Command {
+		return policytool.Run(ctx, args[1:], stdin, stdout, stderr)
 	}
 	fs := cli.NewFlags("edge", stderr)
 	readConfig := configFlags(fs)
@@ -245,8 +250,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	logFormat, logLevel := cli.LogFlags(fs)
 	metricsAddr := telemetry.MetricsFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n\nFlags:\n",
-			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand)
+		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n  %-24s check, run or time a policy module (see edge %s --help)\n\nFlags:\n",
+			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand, "edge "+policytool.Command+" COMMAND", policytool.Command)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args, os.Getenv); err != nil {
