@@ -11,11 +11,12 @@ import (
 
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
+	"github.com/codemode-go/codemode/internal/launch"
 )
 
-// agentWarm returns the agent's warm sandboxes; 0 when it does not answer.
-func (b *bench) agentWarm(ctx context.Context) int {
-	c := agentv1connect.NewAgentServiceClient(b.authClient(b.secret), b.agent.URL())
+// agentWarm returns agent's warm sandboxes; 0 when it does not answer.
+func (b *bench) agentWarm(ctx context.Context, agent *launch.Process) int {
+	c := agentv1connect.NewAgentServiceClient(b.authClient(b.secret), agent.URL())
 	st, err := c.Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
 	if err != nil {
 		return 0
@@ -35,7 +36,7 @@ func (b *bench) removeContainers() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, label := range []string{baselineLabel + "=" + b.name, "codemode.agent=" + b.name} {
+	for _, label := range []string{baselineLabel + "=" + b.name, "codemode.agent=" + b.name, "codemode.agent=" + b.name + "-" + stackFresh} {
 		list, err := b.docker.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", label))})
 		if err != nil {
 			fmt.Fprintf(b.log, "stackbench: list containers: %v\n", err)

@@ -39,6 +39,8 @@ type results struct {
 	start4    float64       // python3 starts per second inside the sandbox, four loops
 	stackUp   bool          // every service still running after concurrency 16
 	queueWait time.Duration // the agent's queue timeout
+	work      []workRow     // the realistic workload, both stacks
+	memory    []stackMemory // of both stacks of the workload
 }
 
 // row is one line of the table.
@@ -64,7 +66,25 @@ func (b *bench) run(ctx context.Context) error {
 	if err := b.up(ctx); err != nil {
 		return err
 	}
+	var phases []func(context.Context, *results) error
+	if b.o.doors() {
+		phases = append(phases, b.measureBaselines, b.measureDoors, b.measurePolicies, b.measureMixed)
+	}
+	if b.o.workload() {
+		phases = append(phases, b.measureWorkload)
+	}
+	for _, phase := range phases {
+		if err := phase(ctx, res); err != nil {
+			return err
+		}
+	}
+	res.machine.loadEnd = loadAvg()
+	return b.report(res)
+}
 
+// measureBaselines measures docker exec into a warm runsc container and
+// python starts inside it, then removes it.
+func (b *bench) measureBaselines(ctx context.Context, res *results) error {
 	b.logf("baselines: docker exec and python starts inside a runsc sandbox")
 	// With the agent's default CPU limit, one CPU.
 	b.baseline = &benchbase.Baseline{Docker: b.docker, Image: b.o.image, Runtime: b.o.runtime, CPUs: 1, Pin: true,
@@ -72,6 +92,8 @@ func (b *bench) run(ctx context.Context) error {
 	if err := b.baseline.Start(ctx); err != nil {
 		return err
 	}
+	// The baseline container is idle afterwards, but it holds memory.
+	defer b.removeBaseline()
 	execLat, execElapsed, err := b.baseline.ExecLatency(ctx, b.o.execN)
 	if err != nil {
 		return err
@@ -95,14 +117,16 @@ func (b *bench) run(ctx context.Context) error {
 			stats: stats{n: b.o.loopN, p50: res.start1, rate: float64(time.Second) / float64(res.start1)}},
 		row{target: "in-sandbox python3 start", workload: "4 loops", mode: "closed", conc: 4, noPercentiles: true,
 			stats: stats{n: 4 * b.o.loopN, rate: res.start4}})
-	// The baseline container is idle from here on, but it holds memory.
-	b.removeBaseline()
+	return nil
+}
 
-	// Step by step, every target in turn, and within a step in rounds
-	// (each target a share of its runs per round, the rounds starting at
-	// targets spread over the list), so that a drift of the machine's load over
-	// the run, and whatever the target before leaves behind (sandboxes
-	// still scrubbing), falls on all of them alike.
+// measureDoors measures print(1) through the agent and every door of the
+// plain edge, step by step, every target in turn, and within a step in
+// rounds (each target a share of its runs per round, the rounds starting
+// at targets spread over the list), so that a drift of the machine's load
+// over the run, and whatever the target before leaves behind (sandboxes
+// still scrubbing), falls on all of them alike.
+func (b *bench) measureDoors(ctx context.Context, res *results) error {
 	targets := append([]target{b.agentTarget()}, b.edgeTargets(b.edge)...)
 	n := b.o.n
 	for _, step := range []struct {
@@ -118,12 +142,12 @@ func (b *bench) run(ctx context.Context) error {
 		for r := range rounds {
 			share := total/rounds + boolInt(r < total%rounds)
 			for _, i := range rotation(len(targets), r*len(targets)/rounds) {
-				t := targets[i]
 				var m *measurement
+				var err error
 				if step.mode == "paced" {
-					m, err = paced(ctx, t, repeat(jobPrint, share))
+					m, err = paced(ctx, targets[i], repeat(jobPrint, share))
 				} else {
-					m, err = closed(ctx, t, step.conc, repeat(jobPrint, share))
+					m, err = closed(ctx, targets[i], step.conc, repeat(jobPrint, share))
 				}
 				if err != nil {
 					return err
@@ -135,20 +159,31 @@ func (b *bench) run(ctx context.Context) error {
 			res.add(m, jobPrint.kind)
 		}
 	}
+	return nil
+}
+
+// measurePolicies measures print(1) at concurrency 16 through every door
+// of the edge with the example policy chain.
+func (b *bench) measurePolicies(ctx context.Context, res *results) error {
 	for _, t := range b.edgeTargets(b.policyEdge) {
 		t.name += "+policies"
 		b.logf("%s, closed, concurrency 16", t.name)
-		m, err := closed(ctx, t, 16, repeat(jobPrint, max(n, 32)))
+		m, err := closed(ctx, t, 16, repeat(jobPrint, max(b.o.n, 32)))
 		if err != nil {
 			return err
 		}
 		res.add(m, jobPrint.kind)
 	}
 	res.stackUp = b.running()
+	return nil
+}
 
+// measureMixed runs the mixed workload through Connect JSON at
+// concurrency 4, with a row for each kind of job.
+func (b *bench) measureMixed(ctx context.Context, res *results) error {
 	b.logf("mixed workload through connect-json, concurrency 4")
 	connectJSON := b.edgeTargets(b.edge)[0]
-	m, err := closed(ctx, connectJSON, 4, mixedJobs(n, b.o.seed))
+	m, err := closed(ctx, connectJSON, 4, mixedJobs(b.o.n, b.o.seed))
 	if err != nil {
 		return err
 	}
@@ -163,10 +198,13 @@ func (b *bench) run(ctx context.Context) error {
 		res.add(&measurement{target: m.target, conc: m.conc, mode: m.mode, samples: sub}, "mixed: "+j.kind)
 	}
 	res.stackUp = res.stackUp && b.running()
-	res.machine.loadEnd = loadAvg()
+	return nil
+}
 
-	report := renderText(res)
-	fmt.Fprint(b.out, report)
+// report prints the report, and writes it and the plot where the options
+// say.
+func (b *bench) report(res *results) error {
+	fmt.Fprint(b.out, renderText(res))
 	if b.o.markdown != "" {
 		plot := ""
 		if b.o.png != "" {
@@ -180,7 +218,7 @@ func (b *bench) run(ctx context.Context) error {
 		b.logf("wrote %s", b.o.markdown)
 	}
 	if b.o.png != "" {
-		if err := writePlot(b.o.png, plotSeries(res.rows)); err != nil {
+		if err := writePlot(b.o.png, plotSeries(res.rows), workloadBars(res.work)); err != nil {
 			return err
 		}
 		b.logf("wrote %s", b.o.png)
@@ -214,7 +252,8 @@ func (m *measurement) merge(o *measurement) *measurement {
 		return o
 	}
 	return &measurement{target: m.target, conc: m.conc, mode: m.mode,
-		samples: append(slices.Clip(m.samples), o.samples...), elapsed: m.elapsed + o.elapsed, cpu: m.cpu.add(o.cpu)}
+		samples: append(slices.Clip(m.samples), o.samples...), elapsed: m.elapsed + o.elapsed, cpu: m.cpu.add(o.cpu),
+		newSandboxes: m.newSandboxes + o.newSandboxes}
 }
 
 // add summarises m as a row of workload.

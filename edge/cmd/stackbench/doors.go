@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -26,9 +27,9 @@ import (
 // caller runs programs through one door. A worker of a measurement has a
 // caller of its own (for MCP: its own session).
 type caller interface {
-	// call runs code in language once. A run that does not exit 0, and
-	// every error, is a *failure.
-	call(ctx context.Context, language, code string) error
+	// call runs j once. A run that does not exit 0 or does not return
+	// the artifact j names, and every error, is a *failure.
+	call(ctx context.Context, j job) error
 	close()
 }
 
@@ -40,6 +41,9 @@ type target struct {
 	// cpu reads the CPU time used so far by the host and by the services
 	// on the target's path; nil: not measured.
 	cpu func() cpuUse
+	// sandboxes reads the CPU time used so far by each sandbox of the
+	// target's agent; nil: not measured.
+	sandboxes func() map[string]time.Duration
 }
 
 // failure is a run that did not succeed, with the kind it is counted as.
@@ -57,6 +61,7 @@ const (
 	kindMCPTool           = "mcp_tool_error"     // an MCP result with isError and no code in its text
 	kindMCPProtocol       = "mcp_jsonrpc"        // an MCP call that failed as a JSON-RPC call
 	kindTransport         = "transport"          // no answer at all
+	kindArtifact          = "artifact_missing"   // the run did not return the artifact it writes
 )
 
 // codeNames are the Connect codes' names, as they appear in messages.
@@ -119,6 +124,20 @@ func exitFailure(code int32, stderr string) error {
 	return &failure{kind: kindExit, msg: fmt.Sprintf("exit %d: %.200s", code, stderr)}
 }
 
+// resultFailure is the failure of a run that ended with res: it did not
+// exit 0, or it did not return the artifact j names (whole and not empty).
+func resultFailure(res *executionv1.Result, j job) error {
+	if err := exitFailure(res.GetExitCode(), res.GetStderr()); err != nil || j.artifact == "" {
+		return err
+	}
+	for _, a := range res.GetArtifacts() {
+		if a.GetName() == j.artifact && len(a.GetContent()) > 0 && uint64(len(a.GetContent())) == a.GetSize() {
+			return nil
+		}
+	}
+	return &failure{kind: kindArtifact, msg: fmt.Sprintf("no artifact %q among %d", j.artifact, len(res.GetArtifacts()))}
+}
+
 // agentTarget is the agent's own API, with the cluster secret.
 func (b *bench) agentTarget() target {
 	c := agentv1connect.NewAgentServiceClient(b.authClient(b.secret), b.agent.URL())
@@ -129,12 +148,12 @@ type agentCaller struct {
 	c agentv1connect.AgentServiceClient
 }
 
-func (a agentCaller) call(ctx context.Context, language, code string) error {
-	res, err := a.c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: language, Code: code}}))
+func (a agentCaller) call(ctx context.Context, j job) error {
+	res, err := a.c.Execute(ctx, connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: j.language, Code: j.code}}))
 	if err != nil {
 		return err
 	}
-	return exitFailure(res.Msg.GetResult().GetExitCode(), res.Msg.GetResult().GetStderr())
+	return resultFailure(res.Msg.GetResult(), j)
 }
 
 func (agentCaller) close() {}
@@ -171,12 +190,12 @@ type edgeCaller struct {
 	c edgev1connect.ExecutionServiceClient
 }
 
-func (e edgeCaller) call(ctx context.Context, language, code string) error {
-	res, err := e.c.Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: language, Code: code}))
+func (e edgeCaller) call(ctx context.Context, j job) error {
+	res, err := e.c.Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: j.language, Code: j.code}))
 	if err != nil {
 		return err
 	}
-	return exitFailure(res.Msg.GetResult().GetExitCode(), res.Msg.GetResult().GetStderr())
+	return resultFailure(res.Msg.GetResult(), j)
 }
 
 func (edgeCaller) close() {}
@@ -184,8 +203,8 @@ func (edgeCaller) close() {}
 // mcpCaller calls the execute_code tool in its own MCP session.
 type mcpCaller struct{ cs *mcp.ClientSession }
 
-func (m mcpCaller) call(ctx context.Context, language, code string) error {
-	res, err := m.cs.CallTool(ctx, &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"language": language, "code": code}})
+func (m mcpCaller) call(ctx context.Context, j job) error {
+	res, err := m.cs.CallTool(ctx, &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"language": j.language, "code": j.code}})
 	if err != nil {
 		return &failure{kind: kindOfText(err.Error(), kindMCPProtocol), msg: err.Error()}
 	}
@@ -217,8 +236,8 @@ type runCaller struct {
 	url string
 }
 
-func (r runCaller) call(ctx context.Context, language, code string) error {
-	body, _ := json.Marshal(map[string]string{"language": language, "code": code})
+func (r runCaller) call(ctx context.Context, j job) error {
+	body, _ := json.Marshal(map[string]string{"language": j.language, "code": j.code})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
 	if err != nil {
 		return err

@@ -21,16 +21,19 @@ const callTimeout = 2 * time.Minute
 type job struct {
 	kind           string // what the run is, for per-kind rows
 	language, code string
+	// artifact is a file of /workspace/outputs the run writes and must
+	// return; "": none.
+	artifact string
 }
 
 // The programs of the workloads.
 var (
-	jobPrint = job{"python print(1)", "python", "print(1)"}
-	jobEcho  = job{"bash echo 1", "bash", "echo 1"}
+	jobPrint = job{kind: "python print(1)", language: "python", code: "print(1)"}
+	jobEcho  = job{kind: "bash echo 1", language: "bash", code: "echo 1"}
 	// jobCPU is a CPU-bound Python loop of about 100-200 ms.
-	jobCPU = job{"python cpu loop", "python", "s = 0\nfor i in range(1500000):\n    s += i\nprint(s)"}
+	jobCPU = job{kind: "python cpu loop", language: "python", code: "s = 0\nfor i in range(1500000):\n    s += i\nprint(s)"}
 	// jobBusy spins for 2 s of wall time.
-	jobBusy = job{"python 2 s busy loop", "python", "import time\nt = time.monotonic() + 2\nwhile time.monotonic() < t:\n    pass\nprint(1)"}
+	jobBusy = job{kind: "python 2 s busy loop", language: "python", code: "import time\nt = time.monotonic() + 2\nwhile time.monotonic() < t:\n    pass\nprint(1)"}
 )
 
 // mixedJobs is the original's mixed workload, n runs: 70% jobEcho, 20%
@@ -70,6 +73,7 @@ type measurement struct {
 	samples                []sample
 	elapsed                time.Duration
 	cpu                    cpuUse // used over elapsed
+	newSandboxes           int    // sandboxes of the target's agent started meanwhile, when metered
 }
 
 // closed runs jobs through t with conc workers, each taking the next job
@@ -106,7 +110,7 @@ func closed(ctx context.Context, t target, conc int, jobs []job) (*measurement, 
 		mu      sync.Mutex
 		samples []sample
 	)
-	c0, t0 := t.meter(), time.Now()
+	meter, t0 := t.startMeter(), time.Now()
 	for _, c := range callers {
 		wg.Go(func() {
 			for j := range next {
@@ -124,7 +128,9 @@ func closed(ctx context.Context, t target, conc int, jobs []job) (*measurement, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return &measurement{target: t.name, conc: conc, mode: "closed", samples: samples, elapsed: time.Since(t0), cpu: t.meter().sub(c0)}, nil
+	elapsed := time.Since(t0)
+	cpu, added := meter()
+	return &measurement{target: t.name, conc: conc, mode: "closed", samples: samples, elapsed: elapsed, cpu: cpu, newSandboxes: added}, nil
 }
 
 // paced runs jobs through t one at a time, each pace after the end of the
@@ -139,12 +145,12 @@ func paced(ctx context.Context, t target, jobs []job) (*measurement, error) {
 	defer c.close()
 	var (
 		samples []sample
-		c0      cpuUse
+		meter   func() (cpuUse, int)
 		t0      time.Time
 	)
 	for i := range len(jobs) + 2 {
 		if i == 2 {
-			c0, t0 = t.meter(), time.Now()
+			meter, t0 = t.startMeter(), time.Now()
 		}
 		select {
 		case <-ctx.Done():
@@ -156,14 +162,16 @@ func paced(ctx context.Context, t target, jobs []job) (*measurement, error) {
 			samples = append(samples, s)
 		}
 	}
-	return &measurement{target: t.name, conc: 1, mode: "paced", samples: samples, elapsed: time.Since(t0), cpu: t.meter().sub(c0)}, nil
+	elapsed := time.Since(t0)
+	cpu, added := meter()
+	return &measurement{target: t.name, conc: 1, mode: "paced", samples: samples, elapsed: elapsed, cpu: cpu, newSandboxes: added}, nil
 }
 
 func timed(ctx context.Context, c caller, j job) sample {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	t0 := time.Now()
-	err := c.call(ctx, j.language, j.code)
+	err := c.call(ctx, j)
 	return sample{kind: j.kind, d: time.Since(t0), fail: classify(err)}
 }
 

@@ -12,6 +12,15 @@
 // `docker exec` into a warm runsc container and interpreter starts inside
 // that sandbox (one loop and four parallel loops).
 //
+// The realistic workload (workload.go) is the code models send, each item
+// stateless through the Connect JSON door at concurrency 1 (paced and
+// closed) and 4: on this stack, whose agent preloads (--preload=default),
+// and on a second stack started for it whose agent does not (--preload=),
+// the two in turns. Its table has each item's latency, runs/s and CPU per
+// run (the host's and the sandboxes' cgroups'), the memory of both agents
+// and their sandboxes, and the ratios of the Targets section. -only runs
+// one part.
+//
 // It prints one table (p50, p95, p99, runs/s, errors by kind), the CPU
 // each run cost the host and each service (from /proc), the machine's
 // description and a Targets section of ratios from the same run;
@@ -24,7 +33,7 @@
 // error or interrupt. Every loop is bounded. Run it from the repository
 // root:
 //
-//	go run ./edge/cmd/stackbench [-n 100] [-markdown BENCHMARKS.md] [-png BENCHMARKS.png]
+//	go run ./edge/cmd/stackbench [-n 100] [-workload-n 16] [-only doors|workload] [-markdown BENCHMARKS.md] [-png BENCHMARKS.png]
 package main
 
 import (
@@ -53,7 +62,15 @@ type options struct {
 	markdown string        // where to write the report; empty: nowhere
 	png      string        // where to draw the plot; empty: nowhere
 	seed     int64         // of the mixed workload's order
+	// workloadN is the runs per closed-loop measurement of each item of
+	// the realistic workload, per stack.
+	workloadN int
+	only      string // "doors" or "workload": run only that part; "": both
 }
+
+// doors and workload say which parts run.
+func (o options) doors() bool    { return o.only != "workload" }
+func (o options) workload() bool { return o.only != "doors" }
 
 func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	var o options
@@ -68,14 +85,20 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 	f.StringVar(&o.markdown, "markdown", "", "write the report to this Markdown file (BENCHMARKS.md)")
 	f.StringVar(&o.png, "png", "", "draw latency against concurrency into this PNG file")
 	f.Int64Var(&o.seed, "seed", 1, "seed of the mixed workload's order")
-	for _, name := range []string{"n", "exec-n", "loop-n", "warm", "image", "runtime", "queue-timeout", "markdown", "png", "seed"} {
+	f.IntVar(&o.workloadN, "workload-n", 16, "runs per closed-loop measurement of each item of the realistic workload, per stack (paced: half as many, at least 4)")
+	f.StringVar(&o.only, "only", "", `run only one part: "doors" (every door with print(1), the mixed workload) or "workload" (the code models send, with and without preloading); empty: both`)
+	for _, name := range []string{"n", "exec-n", "loop-n", "warm", "image", "runtime", "queue-timeout", "markdown", "png", "seed", "workload-n", "only"} {
 		f.Env(name, "STACKBENCH_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_")))
 	}
 	if err := f.Parse(args, os.Getenv); err != nil {
 		return err
 	}
-	if o.n < 4 || o.n > 10000 || o.execN < 5 || o.execN > 1000 || o.loopN < 5 || o.loopN > 500 || o.warm < 1 || o.warm > 16 {
-		return errors.New("bounds: -n 4..10000, -exec-n 5..1000, -loop-n 5..500, -warm 1..16")
+	if o.n < 4 || o.n > 10000 || o.execN < 5 || o.execN > 1000 || o.loopN < 5 || o.loopN > 500 || o.warm < 1 || o.warm > 16 ||
+		o.workloadN < 8 || o.workloadN > 1000 {
+		return errors.New("bounds: -n 4..10000, -exec-n 5..1000, -loop-n 5..500, -warm 1..16, -workload-n 8..1000")
+	}
+	if o.only != "" && o.only != "doors" && o.only != "workload" {
+		return fmt.Errorf("-only %q: want doors, workload or nothing", o.only)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 45*time.Minute)
 	defer cancel()

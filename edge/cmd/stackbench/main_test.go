@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
 
 func TestClassify(t *testing.T) {
@@ -250,7 +252,7 @@ func TestPlot(t *testing.T) {
 		t.Fatalf("agent series %+v", s)
 	}
 	path := filepath.Join(t.TempDir(), "plot.png")
-	if err := writePlot(path, ss); err != nil {
+	if err := writePlot(path, ss, nil); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(path)
@@ -320,5 +322,172 @@ func TestRotation(t *testing.T) {
 	}
 	if len(first) != n {
 		t.Errorf("over %d rounds, only %v went first", n, first)
+	}
+}
+
+// workResults is testResults with a realistic workload: the preloaded
+// stack meets every bound but print(1)'s paced p50.
+func workResults() *results {
+	res := testResults()
+	for _, it := range workloadItems {
+		for _, stack := range []string{stackPreload, stackFresh} {
+			for _, step := range workloadSteps {
+				p50 := 1000 * time.Millisecond
+				rate := 1.0
+				cpu := cpuUse{host: 900 * time.Millisecond, sandbox: 800 * time.Millisecond}
+				if stack == stackPreload {
+					p50, rate = 100*time.Millisecond, 5
+					if _, importing := workloadP50Bounds[it.kind]; !importing {
+						p50, rate, cpu.sandbox = 1000*time.Millisecond, 1, 840*time.Millisecond
+						if step.mode == "paced" && it.kind == jobPrint.kind {
+							p50 = 1200 * time.Millisecond
+						}
+					}
+				}
+				res.work = append(res.work, workRow{row: row{target: stack, workload: it.kind, mode: step.mode, conc: step.conc,
+					stats: stats{n: 8, p50: p50, p95: p50 * 2, p99: p50 * 2, rate: rate, errs: map[string]int{}}, cpu: cpu}, load: "1.00"})
+			}
+		}
+	}
+	res.memory = []stackMemory{
+		{stack: stackPreload, warm: memUse{agentRSS: 40 << 20, sandboxes: 4, sandboxMem: 600 << 20}, after: memUse{agentRSS: 50 << 20, sandboxes: 4, sandboxMem: 700 << 20}},
+		{stack: stackFresh, warm: memUse{agentRSS: 40 << 20, sandboxes: 4, sandboxMem: 200 << 20}, after: memUse{agentRSS: 45 << 20, sandboxes: 4, sandboxMem: 220 << 20}},
+	}
+	return res
+}
+
+func TestWorkloadChecks(t *testing.T) {
+	t.Parallel()
+	got := map[string]check{}
+	for _, c := range checks(workResults()) {
+		got[c.name] = c
+	}
+	for name, want := range map[string]bool{
+		"pandas: 10,000 rows, groupby, describe: p50 preload / fresh, c1 paced":     true, // 0.1 <= 0.15
+		"numpy: 500x500 product, eigenvalues: p50 preload / fresh, c1 closed":       true,
+		"matplotlib: line plot, histogram saved: runs/s preload / fresh, c4":        true, // 5 >= 3
+		"requests: prepared request: preload p99 / p50, c4":                         true,
+		"python print(1): p50 preload / fresh, c1 paced":                            false, // 1.2 > 1.1
+		"python print(1): p50 preload / fresh, c1 closed":                           true,
+		"javascript console.log(1): sandbox CPU per run preload / fresh, c1 closed": true, // 1.05
+		"preload: memory per sandbox after the workload (MiB)":                      true, // 175
+		"connect-json p50 / agent p50, concurrency 1":                               true, // the doors' checks stay
+	} {
+		c, ok := got[name]
+		if !ok {
+			t.Errorf("no check %q", name)
+			continue
+		}
+		if c.passed != want {
+			t.Errorf("check %q (%.2f) passed=%v, want %v", name, c.value, c.passed, want)
+		}
+	}
+	if c := got["pandas: 10,000 rows, groupby, describe: p50 preload / fresh, c1 paced"]; c.bound != 0.15 || c.value != 0.1 {
+		t.Errorf("pandas check %+v", c)
+	}
+	// Without the fresh stack's rows there is nothing to compare.
+	res := workResults()
+	res.work = slices.DeleteFunc(res.work, func(r workRow) bool { return r.target == stackFresh })
+	for _, c := range checks(res) {
+		if strings.Contains(c.name, "preload / fresh") {
+			t.Errorf("check %q without a fresh stack", c.name)
+		}
+	}
+}
+
+func TestWorkloadReports(t *testing.T) {
+	t.Parallel()
+	res := workResults()
+	text := renderText(res)
+	md := renderMarkdown(res, "go run ./edge/cmd/stackbench", "BENCHMARKS.png")
+	for _, want := range []string{"pandas: 10,000 rows, groupby, describe", "sandbox CPU/run ms", "agent RSS MiB (warm / after)", "150 / 175", "40 / 50"} {
+		if !strings.Contains(text, want) || !strings.Contains(md, want) {
+			t.Errorf("reports lack %q:\n%s", want, md)
+		}
+	}
+	if !strings.Contains(md, "## Realistic workload") {
+		t.Errorf("markdown lacks the workload section:\n%s", md)
+	}
+	// Only the workload: no empty table of the doors.
+	res.rows = nil
+	if md := renderMarkdown(res, "go run ./edge/cmd/stackbench -only workload", ""); strings.Contains(md, "## Results") || strings.Contains(md, "services still running") {
+		t.Errorf("a workload-only report has the doors' parts:\n%s", md)
+	}
+}
+
+func TestWorkloadPlot(t *testing.T) {
+	t.Parallel()
+	ws := workloadBars(workResults().work)
+	if len(ws) != len(workloadItems) || ws[0].preloadClosed != 1000 || ws[2].preloadPaced != 100 || ws[2].freshClosed != 1000 {
+		t.Fatalf("bars %+v", ws)
+	}
+	for _, tc := range []struct {
+		name   string
+		ss     []series
+		panels int
+	}{{"doors and workload", plotSeries(testResults().rows), 2}, {"workload only", nil, 1}} {
+		path := filepath.Join(t.TempDir(), "plot.png")
+		if err := writePlot(path, tc.ss, ws); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := img.Bounds(); b.Dx() != plotW || b.Dy() != tc.panels*plotH {
+			t.Fatalf("%s: image %v, want %dx%d", tc.name, b, plotW, tc.panels*plotH)
+		}
+		// The bars' panel is the last: some bar was drawn in it.
+		coloured := 0
+		for y := (tc.panels-1)*plotH + marginT; y < tc.panels*plotH-marginB; y++ {
+			for x := marginL + 1; x < plotW-marginR; x++ {
+				r, g, b, _ := img.At(x, y).RGBA()
+				if r != g || g != b {
+					coloured++
+				}
+			}
+		}
+		if coloured < 100 {
+			t.Fatalf("%s: %d coloured pixels in the bars' panel", tc.name, coloured)
+		}
+	}
+}
+
+func TestResultFailure(t *testing.T) {
+	t.Parallel()
+	png := &executionv1.Artifact{Name: "plot.png", Content: []byte("\x89PNG"), Size: 4}
+	withArtifact := job{kind: "plot", language: "python", code: "...", artifact: "plot.png"}
+	for _, tc := range []struct {
+		name string
+		res  *executionv1.Result
+		j    job
+		want string
+	}{
+		{"exit 0", &executionv1.Result{}, jobPrint, ""},
+		{"exit 1", &executionv1.Result{ExitCode: 1, Stderr: "boom"}, jobPrint, kindExit},
+		{"artifact returned", &executionv1.Result{Artifacts: []*executionv1.Artifact{png}}, withArtifact, ""},
+		{"no artifact", &executionv1.Result{}, withArtifact, kindArtifact},
+		{"another artifact", &executionv1.Result{Artifacts: []*executionv1.Artifact{{Name: "other.png", Content: []byte("x"), Size: 1}}}, withArtifact, kindArtifact},
+		{"artifact empty", &executionv1.Result{Artifacts: []*executionv1.Artifact{{Name: "plot.png"}}}, withArtifact, kindArtifact},
+		{"artifact cut short", &executionv1.Result{Artifacts: []*executionv1.Artifact{{Name: "plot.png", Content: []byte("\x89P"), Size: 4}}}, withArtifact, kindArtifact},
+		{"exit 1 before the artifact", &executionv1.Result{ExitCode: 1}, withArtifact, kindExit},
+	} {
+		if got := classify(resultFailure(tc.res, tc.j)); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestSandboxDelta(t *testing.T) {
+	t.Parallel()
+	before := map[string]time.Duration{"a": 100, "b": 50, "gone": 70}
+	after := map[string]time.Duration{"a": 130, "b": 50, "new": 40}
+	if got := sandboxDelta(before, after); got != 70 {
+		t.Fatalf("sandboxDelta = %v, want 70 (30 of a, 40 of the new one)", got)
 	}
 }

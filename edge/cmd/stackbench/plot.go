@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 
 	"golang.org/x/image/font"
 	"golang.org/x/image/font/basicfont"
@@ -148,15 +149,108 @@ func label(img *image.RGBA, x, y int, s string, c color.RGBA) {
 	d.DrawString(s)
 }
 
-// writePlot draws ss into the PNG file path.
-func writePlot(path string, ss []series) error {
+// writePlot draws ss, and below it the workload's bars ws, into the PNG
+// file path; either is left out when it has nothing to draw.
+func writePlot(path string, ss []series, ws []bars) error {
+	var panels []*image.RGBA
+	if len(ss) > 0 || len(ws) == 0 {
+		panels = append(panels, drawPlot(ss))
+	}
+	if len(ws) > 0 {
+		panels = append(panels, drawBars(ws))
+	}
+	img := image.NewRGBA(image.Rect(0, 0, plotW, plotH*len(panels)))
+	for i, p := range panels {
+		draw.Draw(img, p.Bounds().Add(image.Pt(0, i*plotH)), p, image.Point{}, draw.Src)
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if err := png.Encode(f, drawPlot(ss)); err != nil {
+	if err := png.Encode(f, img); err != nil {
 		f.Close()
 		return fmt.Errorf("encode %s: %w", path, err)
 	}
 	return f.Close()
+}
+
+// bars are one item of the workload on the plot: its p50 on each stack,
+// paced and closed at concurrency 1.
+type bars struct {
+	item                                                 string
+	preloadPaced, freshPaced, preloadClosed, freshClosed float64 // ms
+}
+
+// workloadBars takes from rows each item's p50 at concurrency 1.
+func workloadBars(rows []workRow) []bars {
+	res := &results{work: rows}
+	var out []bars
+	for _, it := range workloadItems {
+		get := func(stack, mode string) float64 {
+			r, _ := findWork(res, it.kind, stack, mode, 1)
+			return ms(r.p50)
+		}
+		b := bars{item: it.kind, preloadPaced: get(stackPreload, "paced"), freshPaced: get(stackFresh, "paced"),
+			preloadClosed: get(stackPreload, "closed"), freshClosed: get(stackFresh, "closed")}
+		if b.preloadClosed > 0 || b.freshClosed > 0 || b.preloadPaced > 0 || b.freshPaced > 0 {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// drawBars draws, per item, four bars on a log scale: p50 paced and
+// closed at concurrency 1, fresh (light) and preloaded (dark).
+func drawBars(ws []bars) *image.RGBA {
+	img := image.NewRGBA(image.Rect(0, 0, plotW, plotH))
+	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
+	lo, hi := 1.0, 10.0
+	for _, w := range ws {
+		for _, v := range []float64{w.preloadPaced, w.freshPaced, w.preloadClosed, w.freshClosed} {
+			if v > 0 {
+				hi = max(hi, v)
+			}
+		}
+	}
+	lo, hi = 1, math.Pow(10, math.Ceil(math.Log10(hi)))
+	x0, x1, y0, y1 := marginL, plotW-marginR, plotH-marginB-20, marginT
+	yOf := func(v float64) int {
+		f := (math.Log10(max(v, lo)) - math.Log10(lo)) / (math.Log10(hi) - math.Log10(lo))
+		return y0 - int(f*float64(y0-y1))
+	}
+	grey, black := color.RGBA{220, 220, 220, 255}, color.RGBA{0, 0, 0, 255}
+	for k := 0.0; k <= math.Log10(hi)+1e-9; k++ {
+		v := math.Pow(10, k)
+		line(img, x0, yOf(v), x1, yOf(v), grey, 1, false)
+		label(img, x0-8-7*len(fmt.Sprint(v)), yOf(v)+4, fmt.Sprint(v), black)
+	}
+	line(img, x0, y0, x1, y0, black, 1, false)
+	line(img, x0, y0, x0, y1, black, 1, false)
+	label(img, 8, 20, "realistic workload, stateless through the edge: p50 (ms, log scale) at concurrency 1", black)
+	fresh, preload := color.RGBA{180, 180, 180, 255}, palette[1]
+	freshPaced, preloadPaced := color.RGBA{255, 200, 150, 255}, palette[2]
+	slot := (x1 - x0) / max(len(ws), 1)
+	bw := max(slot/6, 2)
+	for i, w := range ws {
+		left := x0 + i*slot + slot/6
+		for j, v := range []struct {
+			ms  float64
+			col color.RGBA
+		}{{w.freshPaced, freshPaced}, {w.preloadPaced, preloadPaced}, {w.freshClosed, fresh}, {w.preloadClosed, preload}} {
+			if v.ms > 0 {
+				draw.Draw(img, image.Rect(left+j*bw, yOf(v.ms), left+(j+1)*bw-1, y0), image.NewUniform(v.col), image.Point{}, draw.Src)
+			}
+		}
+		name, _, _ := strings.Cut(w.item, ":")
+		label(img, x0+i*slot+4, y0+16, name, black)
+	}
+	for i, l := range []struct {
+		name string
+		col  color.RGBA
+	}{{"fresh, paced", freshPaced}, {"preload, paced", preloadPaced}, {"fresh, closed", fresh}, {"preload, closed", preload}} {
+		ly := marginT + 20 + i*20
+		draw.Draw(img, image.Rect(x1+15, ly-6, x1+45, ly+4), image.NewUniform(l.col), image.Point{}, draw.Src)
+		label(img, x1+52, ly+4, l.name, black)
+	}
+	return img
 }

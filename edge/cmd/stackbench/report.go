@@ -197,11 +197,13 @@ func checks(res *results) []check {
 			}
 		}
 	}
-	up := 0.0
-	if res.stackUp {
-		up = 1
+	if len(res.rows) > 0 {
+		up := 0.0
+		if res.stackUp {
+			up = 1
+		}
+		cs = append(cs, newCheck("services still running after concurrency 16 (1 = all)", up, ">=", 1, ""))
 	}
-	cs = append(cs, newCheck("services still running after concurrency 16 (1 = all)", up, ">=", 1, ""))
 	for _, t := range append(append([]string{"agent"}, doors...), suffixed(doors, "+policies")...) {
 		r, ok := find(t, "closed", 16)
 		if !ok {
@@ -233,7 +235,7 @@ func checks(res *results) []check {
 			cs = append(cs, newCheck("agent paced p50 / in-sandbox python start", float64(a.p50)/float64(res.start1), "<=", pacedOverStart, "x"))
 		}
 	}
-	return cs
+	return append(cs, workloadChecks(res)...)
 }
 
 func suffixed(s []string, suffix string) []string {
@@ -253,13 +255,16 @@ func renderText(res *results) string {
 		b.WriteString(l + "\n")
 	}
 	b.WriteString("\n")
-	writeText(&b, cells(res.rows), func(i int) bool { return i < 3 || i == len(header)-1 })
-	b.WriteString(legend)
+	if len(res.rows) > 0 {
+		writeText(&b, cells(res.rows), func(i int) bool { return i < 3 || i == len(header)-1 })
+		b.WriteString(legend)
+	}
 	if t := cpuCells(res.rows); len(t) > 1 {
 		b.WriteString("\nCPU per run, ms:\n")
 		writeText(&b, t, func(i int) bool { return i < 3 })
 		b.WriteString(cpuLegend)
 	}
+	writeWorkText(&b, res)
 	b.WriteString("\nTargets (ratios of this run):\n")
 	for _, c := range checks(res) {
 		b.WriteString("  " + c.String() + "\n")
@@ -340,21 +345,24 @@ func renderMarkdown(res *results, cmdline, plot string) string {
 	var b strings.Builder
 	b.WriteString("# Benchmarks\n\nThis file is written by `make bench` (edge/cmd/stackbench); do not edit it by hand.\n")
 	if plot != "" {
-		fmt.Fprintf(&b, "\n![p50 and p99 latency against concurrency](%s)\n", plot)
+		fmt.Fprintf(&b, "\n![p50 and p99 latency against concurrency; the realistic workload's p50, preloaded and fresh](%s)\n", plot)
 	}
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "Command: `%s`\n\n## Machine\n\n", cmdline)
 	for _, l := range res.machine.lines() {
 		b.WriteString("- " + l + "\n")
 	}
-	b.WriteString("\n## Results\n\n")
-	writeMarkdown(&b, cells(res.rows))
-	b.WriteString(legend)
+	if len(res.rows) > 0 {
+		b.WriteString("\n## Results\n\n")
+		writeMarkdown(&b, cells(res.rows))
+		b.WriteString(legend)
+	}
 	if t := cpuCells(res.rows); len(t) > 1 {
 		b.WriteString("\n## CPU per run\n\nMilliseconds of CPU per run.\n\n")
 		writeMarkdown(&b, t)
 		b.WriteString(cpuLegend)
 	}
+	writeWorkMarkdown(&b, res)
 	b.WriteString("\n## Targets\n\nRatios of this run.\n\n| measure | value | bound | verdict |\n| --- | --- | --- | --- |\n")
 	for _, c := range checks(res) {
 		verdict := "met"

@@ -59,12 +59,14 @@ func (b *bench) up(ctx context.Context) error {
 	if err := build.Run(); err != nil {
 		return fmt.Errorf("build (run from the repository root): %w", err)
 	}
-	b.logf("building the example policies")
 	policies := filepath.Join(b.dir, "policies")
-	pb := exec.CommandContext(ctx, "bash", "policies/build.sh", policies)
-	pb.Stdout, pb.Stderr = b.log, b.log
-	if err := pb.Run(); err != nil {
-		return fmt.Errorf("build policies: %w", err)
+	if b.o.doors() {
+		b.logf("building the example policies")
+		pb := exec.CommandContext(ctx, "bash", "policies/build.sh", policies)
+		pb.Stdout, pb.Stderr = b.log, b.log
+		if err := pb.Run(); err != nil {
+			return fmt.Errorf("build policies: %w", err)
+		}
 	}
 
 	var secret [32]byte
@@ -80,11 +82,7 @@ func (b *bench) up(ctx context.Context) error {
 	env := []string{"CODEMODE_CLUSTER_SECRET=" + b.secret}
 
 	b.name = fmt.Sprintf("stackbench-%d", os.Getpid())
-	state := filepath.Join(b.dir, "agent-state")
-	if b.agent, err = b.start(ctx, "agent", env, "--addr", "127.0.0.1:0", "--name", b.name,
-		"--runner", filepath.Join(b.dir, "runner"), "--state-dir", state,
-		"--min-active", strconv.Itoa(b.o.warm), "--queue-timeout", b.o.queue.String(),
-		"--image", b.o.image, "--runtime", b.o.runtime); err != nil {
+	if b.agent, err = b.start(ctx, "agent", env, b.agentArgs(b.name, "--preload=default")...); err != nil {
 		return err
 	}
 	if b.cp, err = b.start(ctx, "controlplane", append(env, "REMOTE_HOSTS="+b.agent.Addr), "--addr", "127.0.0.1:0", "--poll-interval", "200ms"); err != nil {
@@ -94,18 +92,29 @@ func (b *bench) up(ctx context.Context) error {
 	if b.edge, err = b.start(ctx, "edge", edgeEnv, "--addr", "127.0.0.1:0", "--api-keys", keys); err != nil {
 		return err
 	}
-	if b.policyEdge, err = b.start(ctx, "edge", edgeEnv, "--addr", "127.0.0.1:0", "--api-keys", keys,
-		"--policy-config", filepath.Join(policies, "policies.json")); err != nil {
-		return err
+	if b.o.doors() {
+		if b.policyEdge, err = b.start(ctx, "edge", edgeEnv, "--addr", "127.0.0.1:0", "--api-keys", keys,
+			"--policy-config", filepath.Join(policies, "policies.json")); err != nil {
+			return err
+		}
 	}
 	b.logf("waiting for the agent's %d warm sandboxes", b.o.warm)
-	return b.waitReady(ctx)
+	return b.waitReady(ctx, b.edge, b.agent)
 }
 
-// waitReady waits, at most five minutes, until the edge's GET /status
-// says an agent is ready to run (as `make up` does) and the agent has its
-// warm sandboxes.
-func (b *bench) waitReady(ctx context.Context) error {
+// agentArgs are the arguments of an agent named name, with its own state
+// directory: the bench's settings, then extra.
+func (b *bench) agentArgs(name string, extra ...string) []string {
+	return append([]string{"--addr", "127.0.0.1:0", "--name", name,
+		"--runner", filepath.Join(b.dir, "runner"), "--state-dir", filepath.Join(b.dir, name+"-state"),
+		"--min-active", strconv.Itoa(b.o.warm), "--queue-timeout", b.o.queue.String(),
+		"--image", b.o.image, "--runtime", b.o.runtime}, extra...)
+}
+
+// waitReady waits, at most five minutes, until edge's GET /status says
+// an agent is ready to run (as `make up` does) and agent has its warm
+// sandboxes.
+func (b *bench) waitReady(ctx context.Context, edge, agent *launch.Process) error {
 	deadline := time.Now().Add(5 * time.Minute)
 	hc := b.authClient(b.key)
 	for time.Now().Before(deadline) {
@@ -113,7 +122,7 @@ func (b *bench) waitReady(ctx context.Context) error {
 			return err
 		}
 		ok := func() bool {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.edge.URL()+"/status", nil)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, edge.URL()+"/status", nil)
 			res, err := hc.Do(req)
 			if err != nil {
 				return false
@@ -121,7 +130,7 @@ func (b *bench) waitReady(ctx context.Context) error {
 			res.Body.Close()
 			return res.StatusCode == http.StatusOK
 		}()
-		if ok && b.agentWarm(ctx) >= b.o.warm {
+		if ok && b.agentWarm(ctx, agent) >= b.o.warm {
 			return nil
 		}
 		time.Sleep(200 * time.Millisecond)

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/launch"
+)
+
+// workloadItems are the code models send, each run stateless: code that
+// imports nothing, and code that imports the libraries a preloaded parent
+// holds. The matplotlib item must return the figure it saves.
+var workloadItems = []job{
+	{kind: "python print(1)", language: "python", code: "print(1)"},
+	{kind: "requests: prepared request", language: "python",
+		code: "import requests\nr = requests.Request('GET', 'http://127.0.0.1/x', params={'q': 1}).prepare()\nprint(r.url)"},
+	{kind: "numpy: 500x500 product, eigenvalues", language: "python",
+		code: "import numpy as np\na = np.random.rand(500, 500)\nb = a @ a\nprint(np.linalg.eigvals(b)[:1].real)"},
+	{kind: "pandas: 10,000 rows, groupby, describe", language: "python",
+		code: "import numpy as np, pandas as pd\ndf = pd.DataFrame({'k': np.random.randint(0, 10, 10000), 'v': np.random.rand(10000)})\nprint(df.groupby('k').v.describe().shape)"},
+	{kind: "matplotlib: line plot, histogram saved", language: "python", artifact: "plot.png",
+		code: "import numpy as np, matplotlib.pyplot as plt\nfig, (a, b) = plt.subplots(1, 2)\na.plot(np.arange(100) ** 0.5)\nb.hist(np.random.randn(1000), bins=30)\nfig.savefig('/workspace/outputs/plot.png')"},
+	{kind: "javascript console.log(1)", language: "javascript", code: "console.log(1)"},
+}
+
+// The two stacks of the workload: the same services, the agent with its
+// preloaded parents, and the agent with none (each run's interpreter
+// started fresh).
+const (
+	stackPreload = "preload"
+	stackFresh   = "fresh"
+)
+
+// workloadSteps are the ways each item is measured.
+var workloadSteps = []struct {
+	mode string
+	conc int
+}{{"paced", 1}, {"closed", 1}, {"closed", 4}}
+
+// workloadRounds is how many shares of its runs each stack gets per item
+// and step, the stacks taking turns.
+const workloadRounds = 2
+
+// stack is one agent, the control plane in front of it and an edge in
+// front of that.
+type stack struct {
+	name           string // the agent's, which labels its sandboxes
+	agent, cp, edg *launch.Process
+}
+
+// memUse is what a stack holds in memory at one moment.
+type memUse struct {
+	agentRSS   int64 // the agent process's resident set
+	sandboxes  int   // its sandboxes
+	sandboxMem int64 // their cgroups' memory use, summed
+}
+
+// stackMemory is the memory of both stacks, once warm and after the
+// workload.
+type stackMemory struct {
+	stack       string
+	warm, after memUse
+	loadWarm    string
+}
+
+// measureWorkload runs workloadItems through the edge of the main stack,
+// whose agent preloads (--preload=default), and of a second stack whose
+// agent does not (--preload=), started for it and stopped after. Each
+// item, step by step, goes to both stacks in turns, so that both see the
+// same host.
+func (b *bench) measureWorkload(ctx context.Context, res *results) error {
+	fresh, err := b.upStack(ctx, b.name+"-"+stackFresh, "--preload=")
+	if err != nil {
+		return err
+	}
+	defer b.stopStack(fresh)
+	main := &stack{name: b.name, agent: b.agent, cp: b.cp, edg: b.edge}
+	stacks := []*stack{main, fresh}
+	for i, s := range stacks {
+		res.memory = append(res.memory, stackMemory{stack: []string{stackPreload, stackFresh}[i], warm: b.memoryOf(ctx, s), loadWarm: loadAvg()})
+	}
+	targets := []target{b.workloadTarget(stackPreload, main), b.workloadTarget(stackFresh, fresh)}
+	n := b.o.workloadN
+	for _, step := range workloadSteps {
+		for _, it := range workloadItems {
+			b.logf("workload %s, %s, concurrency %d: both stacks in %d rounds", it.kind, step.mode, step.conc, workloadRounds)
+			total := max(n, 2*step.conc)
+			if step.mode == "paced" {
+				total = max(n/2, 4)
+			}
+			ms := make([]*measurement, len(targets))
+			for r := range workloadRounds {
+				share := total/workloadRounds + boolInt(r < total%workloadRounds)
+				for _, i := range rotation(len(targets), r) {
+					var m *measurement
+					if step.mode == "paced" {
+						m, err = paced(ctx, targets[i], repeat(it, share))
+					} else {
+						m, err = closed(ctx, targets[i], step.conc, repeat(it, share))
+					}
+					if err != nil {
+						return err
+					}
+					ms[i] = ms[i].merge(m)
+				}
+			}
+			load := loadAvg()
+			for _, m := range ms {
+				res.work = append(res.work, workRow{row: row{target: m.target, workload: it.kind, mode: m.mode, conc: m.conc,
+					stats: summarize(m.samples, m.elapsed), cpu: m.cpu.per(len(m.samples))}, load: load, newSandboxes: m.newSandboxes})
+			}
+		}
+	}
+	for i, s := range stacks {
+		res.memory[i].after = b.memoryOf(ctx, s)
+	}
+	return nil
+}
+
+// workRow is one line of the workload's table: a row, the load average
+// (1 min) when it was measured, and the sandboxes started meanwhile.
+type workRow struct {
+	row
+	load         string
+	newSandboxes int // sandboxes the agent started during the row's runs
+}
+
+// workloadTarget is the Connect JSON door of s's edge, its CPU metered
+// with its sandboxes'.
+func (b *bench) workloadTarget(name string, s *stack) target {
+	c := edgev1connect.NewExecutionServiceClient(b.authClient(b.key), s.edg.URL(), connect.WithProtoJSON())
+	return target{name: name,
+		dial:      func(context.Context) (caller, error) { return edgeCaller{c}, nil },
+		cpu:       cpuMeterOf(s.agent, s.cp, s.edg),
+		sandboxes: func() map[string]time.Duration { return b.sandboxCPU(s.name) },
+	}
+}
+
+// upStack starts an agent named name with the main agent's settings and
+// extra, a control plane in front of it and an edge in front of that,
+// and waits for the agent's warm sandboxes.
+func (b *bench) upStack(ctx context.Context, name string, extra ...string) (*stack, error) {
+	s := &stack{name: name}
+	var err error
+	env := []string{"CODEMODE_CLUSTER_SECRET=" + b.secret}
+	if s.agent, err = b.start(ctx, "agent", env, b.agentArgs(name, extra...)...); err != nil {
+		return nil, err
+	}
+	if s.cp, err = b.start(ctx, "controlplane", append(env, "REMOTE_HOSTS="+s.agent.Addr), "--addr", "127.0.0.1:0", "--poll-interval", "200ms"); err != nil {
+		return nil, err
+	}
+	if s.edg, err = b.start(ctx, "edge", append(env, "CODE_EXECUTION_HOST="+s.cp.URL()), "--addr", "127.0.0.1:0", "--api-keys", filepath.Join(b.dir, "keys.json")); err != nil {
+		return nil, err
+	}
+	b.logf("waiting for the %s agent's %d warm sandboxes", name, b.o.warm)
+	return s, b.waitReady(ctx, s.edg, s.agent)
+}
+
+// stopStack stops s's services, the agent last (it removes its
+// sandboxes).
+func (b *bench) stopStack(s *stack) {
+	ps := []*launch.Process{s.edg, s.cp, s.agent}
+	for _, p := range ps {
+		if err := p.Stop(stopTimeout); err != nil {
+			b.logf("stop %s: %v", p.Name, err)
+		}
+	}
+	b.procs = slices.DeleteFunc(b.procs, func(p *launch.Process) bool { return slices.Contains(ps, p) })
+}
+
+// sandboxes are the IDs of the running containers of agent.
+func (b *bench) sandboxes(ctx context.Context, agent string) []string {
+	list, err := b.docker.ContainerList(ctx, container.ListOptions{Filters: filters.NewArgs(filters.Arg("label", "codemode.agent="+agent))})
+	if err != nil {
+		b.logf("list the sandboxes of %s: %v", agent, err)
+		return nil
+	}
+	ids := make([]string, len(list))
+	for i, c := range list {
+		ids[i] = c.ID
+	}
+	return ids
+}
+
+// sandboxCPU is the CPU each running sandbox of agent has used so far,
+// from its cgroup (under runsc: the sandbox's kernel and everything it
+// runs). What cannot be read is left out.
+func (b *bench) sandboxCPU(agent string) map[string]time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := map[string]time.Duration{}
+	for _, id := range b.sandboxes(ctx, agent) {
+		if d, ok := cgroupCPU(id); ok {
+			out[id] = d
+		}
+	}
+	return out
+}
+
+// sandboxDelta is the CPU the sandboxes used between two readings: a
+// sandbox that appeared counts whole (its start is part of the cost), one
+// that is gone counts nothing past its last reading.
+func sandboxDelta(before, after map[string]time.Duration) time.Duration {
+	var sum time.Duration
+	for id, d := range after {
+		sum += d - before[id]
+	}
+	return sum
+}
+
+// memoryOf reads s's agent's RSS and its sandboxes' memory.
+func (b *bench) memoryOf(ctx context.Context, s *stack) memUse {
+	m := memUse{agentRSS: processRSS(s.agent.Pid())}
+	for _, id := range b.sandboxes(ctx, s.name) {
+		m.sandboxes++
+		m.sandboxMem += cgroupMemory(id)
+	}
+	return m
+}
+
+// cgroupCPU reads a container's CPU time from its cgroup (v1, or v2 with
+// the cgroupfs driver).
+func cgroupCPU(id string) (time.Duration, bool) {
+	if ns, ok := readInt("/sys/fs/cgroup/cpuacct/docker/" + id + "/cpuacct.usage"); ok {
+		return time.Duration(ns), true
+	}
+	b, err := os.ReadFile("/sys/fs/cgroup/docker/" + id + "/cpu.stat")
+	if err != nil {
+		return 0, false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "usage_usec "); ok {
+			us, err := strconv.ParseInt(v, 10, 64)
+			return time.Duration(us) * time.Microsecond, err == nil
+		}
+	}
+	return 0, false
+}
+
+// cgroupMemory reads a container's memory use from its cgroup: what its
+// memory limit applies to; 0 when it cannot be read.
+func cgroupMemory(id string) int64 {
+	if n, ok := readInt("/sys/fs/cgroup/memory/docker/" + id + "/memory.usage_in_bytes"); ok {
+		return n
+	}
+	n, _ := readInt("/sys/fs/cgroup/docker/" + id + "/memory.current")
+	return n
+}
+
+func readInt(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n, err == nil
+}
+
+// processRSS is a process's resident set in bytes; 0 when unknown.
+func processRSS(pid int) int64 {
+	kb, err := strconv.ParseInt(strings.TrimSuffix(procField(fmt.Sprintf("/proc/%d/status", pid), "VmRSS", ""), " kB"), 10, 64)
+	if err != nil {
+		return 0
+	}
+	return kb << 10
+}
