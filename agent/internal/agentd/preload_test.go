@@ -3,6 +3,10 @@ package agentd
 import (
 	"slices"
 	"testing"
+	"time"
+
+	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // ListLanguages says which modules Python runs find imported, and nothing
@@ -28,5 +32,26 @@ func TestLanguagesPreloaded(t *testing.T) {
 	cfg := DefaultConfig()
 	if cfg.Preload != "" {
 		t.Errorf("preloading is on by default (%q)", cfg.Preload)
+	}
+}
+
+// A request's own memory limit, below the sandbox's, bounds what its run
+// uses beside a preloaded parent, not the parent's memory too: a run that
+// uses little succeeds under a limit below the parent's footprint, and a
+// memory bomb under it is still stopped.
+func TestPreloadRunMemoryLimit(t *testing.T) {
+	a := startAgent(t, func(c *Config) { c.Preload = "default"; c.Memory = 512 << 20 })
+	a.waitWarm(t, 1)
+	limits := &executionv1.Limits{MemoryBytes: 96 << 20}
+	for _, code := range []string{"print(1)", "import numpy\nprint(1)"} {
+		r := a.exec(t, &executionv1.Execution{Language: "python", Code: code, Limits: limits, Timeout: durationpb.New(20 * time.Second)})
+		if r.GetExitCode() != 0 || r.GetStdout() != "1\n" || r.GetOomKilled() {
+			t.Errorf("%q under a 96 MiB limit beside a preloaded parent: %v", code, r)
+		}
+	}
+	r := a.exec(t, &executionv1.Execution{Language: "python", Code: "import numpy\nx = []\nwhile True:\n    x.append(bytearray(8 << 20))",
+		Limits: limits, Timeout: durationpb.New(20 * time.Second)})
+	if !r.GetOomKilled() {
+		t.Errorf("memory bomb under a 96 MiB limit beside a preloaded parent: %v, want oom_killed", r)
 	}
 }

@@ -33,7 +33,7 @@
 // error or interrupt. Every loop is bounded. Run it from the repository
 // root:
 //
-//	go run ./edge/cmd/stackbench [-n 100] [-workload-n 16] [-only doors|workload] [-markdown BENCHMARKS.md] [-png BENCHMARKS.png]
+//	go run ./edge/cmd/stackbench [-n 100] [-workload-n 12] [-only doors|workload] [-markdown BENCHMARKS.md] [-png BENCHMARKS.png]
 package main
 
 import (
@@ -85,7 +85,7 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 	f.StringVar(&o.markdown, "markdown", "", "write the report to this Markdown file (BENCHMARKS.md)")
 	f.StringVar(&o.png, "png", "", "draw latency against concurrency into this PNG file")
 	f.Int64Var(&o.seed, "seed", 1, "seed of the mixed workload's order")
-	f.IntVar(&o.workloadN, "workload-n", 16, "runs per closed-loop measurement of each item of the realistic workload, per stack (paced: half as many, at least 4)")
+	f.IntVar(&o.workloadN, "workload-n", 12, "runs per closed-loop measurement of each item of the realistic workload, per stack (paced: half as many, at least 4)")
 	f.StringVar(&o.only, "only", "", `run only one part: "doors" (every door with print(1), the mixed workload) or "workload" (the code models send, with and without preloading); empty: both`)
 	for _, name := range []string{"n", "exec-n", "loop-n", "warm", "image", "runtime", "queue-timeout", "markdown", "png", "seed", "workload-n", "only"} {
 		f.Env(name, "STACKBENCH_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_")))
