@@ -59,8 +59,8 @@ type Config struct {
 	Prestart bool
 	// Preload is what each sandbox's preloaded parent imports before it
 	// forks the prestarted interpreters of stateless Python runs:
-	// comma-separated modules, or "default" (the languages table's list);
-	// "": no parent, each interpreter starts fresh.
+	// comma-separated modules, or "default" (the languages table's list,
+	// the default); "": no parent, each interpreter starts fresh.
 	Preload string
 	// RunSlots bounds the sandboxes that work at once, running (for up to
 	// admit.DefaultHold of each run) or being scrubbed; runs beyond it wait
@@ -184,6 +184,7 @@ func DefaultConfig() Config {
 		MaxSandboxes:      16,
 		MaxReuse:          100,
 		Prestart:          true,
+		Preload:           "default",
 		RunSlots:          runtime.NumCPU(),
 		QueueTimeout:      limits.QueueTimeout,
 		WarmIdle:          pool.DefaultWarmIdle,
@@ -293,7 +294,7 @@ func (cfg *Config) poolFlags(f *cli.Flags) {
 	f.Env("max-reuse", "MAX_REUSE")
 	f.BoolVar(&cfg.Prestart, "prestart", cfg.Prestart, "start the interpreter of a sandbox's next stateless run when it is scrubbed, so that the run does not wait for it")
 	f.Env("prestart", "PRESTART")
-	f.StringVar(&cfg.Preload, "preload", cfg.Preload, `modules each sandbox imports once, in a parent that forks the interpreter of every stateless Python run, comma-separated, or "default" (numpy, pandas, matplotlib, requests, scipy); empty: none, each run's interpreter starts fresh`)
+	f.StringVar(&cfg.Preload, "preload", cfg.Preload, `modules each sandbox imports once, in a parent that forks the interpreter of every stateless Python run that names one, comma-separated, or "default" (numpy, pandas, matplotlib, requests, scipy); empty: none, each run's interpreter starts fresh`)
 	f.Env("preload", "PRELOAD")
 	f.IntVar(&cfg.RunSlots, "run-slots", cfg.RunSlots, "sandboxes working at once (running the start of a program, or being scrubbed); further runs wait their turn; 0: no bound (default: the host's CPUs)")
 	f.Env("run-slots", "RUN_SLOTS")

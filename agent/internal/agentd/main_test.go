@@ -110,6 +110,11 @@ func startAgent(t testing.TB, edit func(*Config)) *testAgent {
 	cfg.MaxSandboxes = 4
 	cfg.MaxSessions = 2
 	cfg.Memory = 256 << 20
+	// Off unless a test turns it on: a preloaded parent costs each
+	// sandbox's start seconds of CPU and ~110 MiB of these 256, and the
+	// tests here are about everything else (preload_test.go and the
+	// runner's tests are about it).
+	cfg.Preload = ""
 	cfg.LogLevel = "debug"
 	if edit != nil {
 		edit(&cfg)
@@ -208,6 +213,7 @@ func shared(t testing.TB) *testAgent {
 		cfg.MaxSessions = 8
 		cfg.MaxSessionsPerTenant = 8 // the tests share one tenant
 		cfg.Memory = 256 << 20
+		cfg.Preload = "" // as in startAgent
 		cfg.SessionIdleTTL = time.Minute
 		sharedAgent, sharedErr = serveAgent(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	})

@@ -10,7 +10,7 @@ import (
 )
 
 // ListLanguages says which modules Python runs find imported, and nothing
-// when preloading is off.
+// when preloading is off; it is on by default.
 func TestLanguagesPreloaded(t *testing.T) {
 	for _, tc := range []struct {
 		preload []string
@@ -30,8 +30,8 @@ func TestLanguagesPreloaded(t *testing.T) {
 		}
 	}
 	cfg := DefaultConfig()
-	if cfg.Preload != "" {
-		t.Errorf("preloading is on by default (%q)", cfg.Preload)
+	if cfg.Preload != "default" {
+		t.Errorf("preloading by default: %q, want default", cfg.Preload)
 	}
 }
 
