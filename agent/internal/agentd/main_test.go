@@ -110,10 +110,14 @@ func startAgent(t testing.TB, edit func(*Config)) *testAgent {
 	cfg.MaxSandboxes = 4
 	cfg.MaxSessions = 2
 	cfg.Memory = 256 << 20
-	// Off unless a test turns it on: a preloaded parent costs each
-	// sandbox's start seconds of CPU and ~110 MiB of these 256, and the
-	// tests here are about everything else (preload_test.go and the
-	// runner's tests are about it).
+	// Off unless a test turns it on: the tests here are about everything
+	// else, and some need it off. Beside a parent, TestStatelessIsolation's
+	// run B sees one python3 it did not start (the parent, whose /proc
+	// entry gVisor gives the user), and TestAbuse's disk fill (80 MiB of
+	// tmpfs) meets the memory watchdog in these 256 MiB sandboxes, of which
+	// the parent holds ~110. The preloaded parent's own isolation and abuse
+	// tests are the runner's (TestPreloadIsolation, TestPreloadAbuse) and
+	// preload_test.go's.
 	cfg.Preload = ""
 	cfg.LogLevel = "debug"
 	if edit != nil {
