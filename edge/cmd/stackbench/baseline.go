@@ -11,7 +11,7 @@ import (
 
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
-	"github.com/codemode-go/codemode/internal/launch"
+	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
 
 // agentWarm returns agent's warm sandboxes; 0 when it does not answer.

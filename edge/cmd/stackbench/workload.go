@@ -15,7 +15,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
-	"github.com/codemode-go/codemode/internal/launch"
+	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
 
 // workloadItems are the code models send, each run stateless: code that
