@@ -191,6 +191,38 @@ func TestRouting(t *testing.T) {
 			t.Fatalf("got %v, want unavailable", err)
 		}
 	})
+	routeSessions(t, c, addrs)
+	t.Run("languages are the union", func(t *testing.T) {
+		res, err := c.ListLanguages(t.Context(), connect.NewRequest(&cpv1.ListLanguagesRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, l := range res.Msg.GetLanguages() {
+			names = append(names, l.GetName())
+		}
+		if got := strings.Join(names, ","); got != "busy-lang,gpu-lang,idle-lang,python" {
+			t.Fatalf("languages %s", got)
+		}
+	})
+	t.Run("close session found on any agent", func(t *testing.T) {
+		if _, err := execute(t, c, "sess-2", nil); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.CloseSession(t.Context(), connect.NewRequest(&cpv1.CloseSessionRequest{SessionId: "sess-2"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.CloseSession(t.Context(), connect.NewRequest(&cpv1.CloseSessionRequest{SessionId: "sess-2"}))
+		if connect.CodeOf(err) != connect.CodeNotFound {
+			t.Fatalf("second close: %v, want not_found", err)
+		}
+	})
+}
+
+// routeSessions runs TestRouting's subtests on sessions: affinity, a session's route,
+// and finding a session through a control plane that did not place it.
+func routeSessions(t *testing.T, c controlplanev1connect.ControlPlaneServiceClient, addrs []string) {
 	t.Run("session affinity", func(t *testing.T) {
 		first, err := execute(t, c, "sess-1", nil)
 		if err != nil {
@@ -235,32 +267,6 @@ func TestRouting(t *testing.T) {
 		})
 		if err != nil || got != "gpu" {
 			t.Fatalf("run through another control plane went to %q (%v), want gpu", got, err)
-		}
-	})
-	t.Run("languages are the union", func(t *testing.T) {
-		res, err := c.ListLanguages(t.Context(), connect.NewRequest(&cpv1.ListLanguagesRequest{}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, l := range res.Msg.GetLanguages() {
-			names = append(names, l.GetName())
-		}
-		if got := strings.Join(names, ","); got != "busy-lang,gpu-lang,idle-lang,python" {
-			t.Fatalf("languages %s", got)
-		}
-	})
-	t.Run("close session found on any agent", func(t *testing.T) {
-		if _, err := execute(t, c, "sess-2", nil); err != nil {
-			t.Fatal(err)
-		}
-		_, err := c.CloseSession(t.Context(), connect.NewRequest(&cpv1.CloseSessionRequest{SessionId: "sess-2"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = c.CloseSession(t.Context(), connect.NewRequest(&cpv1.CloseSessionRequest{SessionId: "sess-2"}))
-		if connect.CodeOf(err) != connect.CodeNotFound {
-			t.Fatalf("second close: %v, want not_found", err)
 		}
 	})
 }
