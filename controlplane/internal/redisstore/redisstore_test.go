@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -302,6 +303,12 @@ func TestForgedAgentsAreNotRoutedTo(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	routesOnlyGenuine(t, ctx, store, genuine, []string{plain, otherKey, altered, moved}, &logMu, &logs)
+}
+
+// routesOnlyGenuine checks that a router on store knows and picks only the
+// genuine agent, and that each forged entry is logged once, without a key or a record.
+func routesOnlyGenuine(t *testing.T, ctx context.Context, store *Store, genuine string, forged []string, logMu *sync.Mutex, logs *bytes.Buffer) {
 	r, err := router.New(router.Config{Store: store})
 	if err != nil {
 		t.Fatal(err)
@@ -324,7 +331,7 @@ func TestForgedAgentsAreNotRoutedTo(t *testing.T) {
 	logMu.Lock()
 	out := logs.String()
 	logMu.Unlock()
-	for _, addr := range []string{plain, otherKey, altered, moved} {
+	for _, addr := range forged {
 		if n := strings.Count(out, "agent="+addr); n != 1 {
 			t.Errorf("the entry of %s is logged %d times, want once:\n%s", addr, n, out)
 		}
