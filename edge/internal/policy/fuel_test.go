@@ -198,23 +198,7 @@ func TestNoMisfireUnderCPUContention(t *testing.T) {
 	hostile := newEngine(t, Config{Policies: []PolicyConfig{hp}})
 
 	// Burners: a spinning goroutine per P, until the test ends.
-	stop := make(chan struct{})
-	var burners sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
-		burners.Go(func() {
-			for n := 0; ; n++ {
-				if n%4096 == 0 {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-				}
-			}
-		})
-	}
-	defer burners.Wait()
-	defer close(stop)
+	defer burnCPU()()
 
 	const workers, perWorker, loops = 16, 25, 4
 	res := &executionv1.Result{Stdout: "1\nAKIAIOSFODNN7EXAMPLE\n" + strings.Repeat("output line\n", 200)}
@@ -282,6 +266,12 @@ func TestNoMisfireUnderCPUContention(t *testing.T) {
 	}
 	t.Logf("%d chains at concurrency %d beside %d CPU burners in %v: p50 %v, p99 %v, max %v; loops stopped after %v",
 		len(chainTimes), workers, runtime.GOMAXPROCS(0), time.Since(start), q(0.5), q(0.99), chainTimes[len(chainTimes)-1], loopTimes)
+	checkNoMisfire(t, e, hostile, failed, loops)
+}
+
+// checkNoMisfire reports the chains' failures, and fails unless the example
+// chain's policies counted no failure and the looping one ran out of fuel loops times.
+func checkNoMisfire(t *testing.T, e, hostile *Engine, failed []error, loops uint64) {
 	for _, err := range failed {
 		t.Error(err)
 	}
@@ -292,6 +282,30 @@ func TestNoMisfireUnderCPUContention(t *testing.T) {
 	}
 	if c := countersOf(t, hostile, "gohostile"); c.FuelExhausted != loops || c.Timeouts != 0 {
 		t.Errorf("looping policy counters = %v, want %d out of fuel and no timeout", c, loops)
+	}
+}
+
+// burnCPU starts a spinning goroutine per P; they run until the function
+// it returns is called, which waits for them.
+func burnCPU() func() {
+	stop := make(chan struct{})
+	var burners sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		burners.Go(func() {
+			for n := 0; ; n++ {
+				if n%4096 == 0 {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+				}
+			}
+		})
+	}
+	return func() {
+		close(stop)
+		burners.Wait()
 	}
 }
 
