@@ -187,63 +187,10 @@ func TestResources(t *testing.T) {
 	}
 
 	// A stateless run: its artifacts come back with URIs resources/read takes.
-	res, err := alpha.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": "x"}})
-	if err != nil || res.IsError {
-		t.Fatalf("execute_code: %v %v", res, err)
-	}
-	out := res.StructuredContent.(map[string]any)
-	var uris []string
-	for _, a := range out["artifacts"].([]any) {
-		uris = append(uris, a.(map[string]any)["uri"].(string))
-	}
-	want := artifactsOf("alpha")
-	if len(uris) != len(want) || !strings.HasPrefix(uris[0], "codemode://runs/req-") || !strings.HasSuffix(uris[1], "/artifacts/data/table.bin") {
-		t.Fatalf("artifact URIs %v", uris)
-	}
-	for _, c := range res.Content {
-		if r, ok := c.(*mcp.EmbeddedResource); ok && !slices.Contains(uris, r.Resource.URI) {
-			t.Errorf("embedded resource %s is not among the artifacts' URIs %v", r.Resource.URI, uris)
-		}
-	}
-	for i, uri := range uris {
-		got, err := alpha.ReadResource(t.Context(), &mcp.ReadResourceParams{URI: uri})
-		if err != nil {
-			t.Fatalf("read %s: %v", uri, err)
-		}
-		c := got.Contents[0]
-		b := c.Blob
-		if c.Text != "" {
-			b = []byte(c.Text)
-		}
-		if !bytes.Equal(b, want[i].Content) || c.MIMEType != want[i].MediaType || c.URI != uri {
-			t.Errorf("read %s: %q (%s), want %q (%s)", uri, b, c.MIMEType, want[i].Content, want[i].MediaType)
-		}
-		if _, err := beta.ReadResource(t.Context(), &mcp.ReadResourceParams{URI: uri}); err == nil {
-			t.Errorf("another tenant read %s", uri)
-		}
-	}
+	uris := runArtifactURIs(t, alpha, beta)
 
 	// A session's files, by the URI write_file returns.
-	res, err = alpha.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_session", Arguments: map[string]any{}})
-	if err != nil || res.IsError {
-		t.Fatalf("create_session: %v %v", res, err)
-	}
-	session := res.StructuredContent.(map[string]any)["session_id"].(string)
-	res, err = alpha.CallTool(t.Context(), &mcp.CallToolParams{Name: "write_file", Arguments: map[string]any{"session_id": session, "path": "in/notes.md", "content": "# notes\n"}})
-	if err != nil || res.IsError {
-		t.Fatalf("write_file: %v %v", res, err)
-	}
-	fileURI := res.StructuredContent.(map[string]any)["uri"].(string)
-	if fileURI != "codemode://sessions/"+session+"/files/in/notes.md" {
-		t.Fatalf("write_file's uri %q", fileURI)
-	}
-	got, err := alpha.ReadResource(t.Context(), &mcp.ReadResourceParams{URI: fileURI})
-	if err != nil || got.Contents[0].Text != "# notes\n" {
-		t.Fatalf("read %s: %v %v", fileURI, got, err)
-	}
-	if _, err := beta.ReadResource(t.Context(), &mcp.ReadResourceParams{URI: fileURI}); err == nil {
-		t.Errorf("another tenant read %s", fileURI)
-	}
+	session, fileURI := writtenFileURI(t, alpha, beta)
 
 	listed := func(cs *mcp.ClientSession) []string {
 		t.Helper()
@@ -280,6 +227,73 @@ func TestResources(t *testing.T) {
 	if l := listed(alpha); slices.Contains(l, fileURI) {
 		t.Errorf("a closed session's file is listed: %v", l)
 	}
+}
+
+// runArtifactURIs runs code as alpha, reads each artifact by its URI, checks that
+// beta cannot, and returns the URIs.
+func runArtifactURIs(t *testing.T, alpha, beta *mcp.ClientSession) []string {
+	res, err := alpha.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": "x"}})
+	if err != nil || res.IsError {
+		t.Fatalf("execute_code: %v %v", res, err)
+	}
+	out := res.StructuredContent.(map[string]any)
+	var uris []string
+	for _, a := range out["artifacts"].([]any) {
+		uris = append(uris, a.(map[string]any)["uri"].(string))
+	}
+	want := artifactsOf("alpha")
+	if len(uris) != len(want) || !strings.HasPrefix(uris[0], "codemode://runs/req-") || !strings.HasSuffix(uris[1], "/artifacts/data/table.bin") {
+		t.Fatalf("artifact URIs %v", uris)
+	}
+	for _, c := range res.Content {
+		if r, ok := c.(*mcp.EmbeddedResource); ok && !slices.Contains(uris, r.Resource.URI) {
+			t.Errorf("embedded resource %s is not among the artifacts' URIs %v", r.Resource.URI, uris)
+		}
+	}
+	for i, uri := range uris {
+		got, err := alpha.ReadResource(t.Context(), &mcp.ReadResourceParams{URI: uri})
+		if err != nil {
+			t.Fatalf("read %s: %v", uri, err)
+		}
+		c := got.Contents[0]
+		b := c.Blob
+		if c.Text != "" {
+			b = []byte(c.Text)
+		}
+		if !bytes.Equal(b, want[i].Content) || c.MIMEType != want[i].MediaType || c.URI != uri {
+			t.Errorf("read %s: %q (%s), want %q (%s)", uri, b, c.MIMEType, want[i].Content, want[i].MediaType)
+		}
+		if _, err := beta.ReadResource(t.Context(), &mcp.ReadResourceParams{URI: uri}); err == nil {
+			t.Errorf("another tenant read %s", uri)
+		}
+	}
+	return uris
+}
+
+// writtenFileURI opens a session as alpha, writes a file, reads it back by the URI
+// write_file returns, checks that beta cannot, and returns the session and the URI.
+func writtenFileURI(t *testing.T, alpha, beta *mcp.ClientSession) (session, fileURI string) {
+	res, err := alpha.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_session", Arguments: map[string]any{}})
+	if err != nil || res.IsError {
+		t.Fatalf("create_session: %v %v", res, err)
+	}
+	session = res.StructuredContent.(map[string]any)["session_id"].(string)
+	res, err = alpha.CallTool(t.Context(), &mcp.CallToolParams{Name: "write_file", Arguments: map[string]any{"session_id": session, "path": "in/notes.md", "content": "# notes\n"}})
+	if err != nil || res.IsError {
+		t.Fatalf("write_file: %v %v", res, err)
+	}
+	fileURI = res.StructuredContent.(map[string]any)["uri"].(string)
+	if fileURI != "codemode://sessions/"+session+"/files/in/notes.md" {
+		t.Fatalf("write_file's uri %q", fileURI)
+	}
+	got, err := alpha.ReadResource(t.Context(), &mcp.ReadResourceParams{URI: fileURI})
+	if err != nil || got.Contents[0].Text != "# notes\n" {
+		t.Fatalf("read %s: %v %v", fileURI, got, err)
+	}
+	if _, err := beta.ReadResource(t.Context(), &mcp.ReadResourceParams{URI: fileURI}); err == nil {
+		t.Errorf("another tenant read %s", fileURI)
+	}
+	return session, fileURI
 }
 
 // TestRetention checks the bounds of what is kept of runs' artifacts: the

@@ -89,27 +89,6 @@ func TestServersShared(t *testing.T) {
 		t.Cleanup(func() { cs.Close() })
 		return cs
 	}
-	schemaOf := func(cs *mcp.ClientSession) string {
-		t.Helper()
-		tools, err := cs.ListTools(t.Context(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, tool := range tools.Tools {
-			if tool.Name == "execute_code" {
-				b, _ := json.Marshal(tool.InputSchema)
-				return string(b)
-			}
-		}
-		t.Fatal("no execute_code tool")
-		return ""
-	}
-	enum := func(cs *mcp.ClientSession) string {
-		t.Helper()
-		_, after, _ := strings.Cut(schemaOf(cs), `"enum":`)
-		e, _, _ := strings.Cut(after, "]")
-		return e + "]"
-	}
 	run := func(cs *mcp.ClientSession) {
 		t.Helper()
 		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"code": "print(1)"}})
@@ -134,10 +113,10 @@ func TestServersShared(t *testing.T) {
 	for range 5 {
 		run(a)
 	}
-	if got := enum(a); got != `["python"]` {
+	if got := enum(t, a); got != `["python"]` {
 		t.Errorf("first session's languages %s", got)
 	}
-	if got := schemaOf(a); strings.Contains(got, `"default"`) {
+	if got := schemaOf(t, a); strings.Contains(got, `"default"`) {
 		t.Errorf("a default that is not among the languages is in the schema: %s", got)
 	}
 	backend.mu.Lock()
@@ -155,10 +134,10 @@ func TestServersShared(t *testing.T) {
 	if built() != first {
 		t.Error("a session after the languages changed got another server")
 	}
-	if got := enum(c); got != `["python","bash"]` {
+	if got := enum(t, c); got != `["python","bash"]` {
 		t.Errorf("new session's languages %s, want python and bash", got)
 	}
-	if got := schemaOf(c); !strings.Contains(got, `"default":"bash"`) {
+	if got := schemaOf(t, c); !strings.Contains(got, `"default":"bash"`) {
 		t.Errorf("the agents' default is not in the schema: %s", got)
 	}
 	select {
@@ -167,7 +146,32 @@ func TestServersShared(t *testing.T) {
 		t.Fatal("no notifications/tools/list_changed after the languages changed")
 	}
 	run(a)
-	if got := enum(a); got != `["python","bash"]` {
+	if got := enum(t, a); got != `["python","bash"]` {
 		t.Errorf("the first session, told the list changed, lists %s", got)
 	}
+}
+
+// schemaOf is the input schema of cs's execute_code tool.
+func schemaOf(t *testing.T, cs *mcp.ClientSession) string {
+	t.Helper()
+	tools, err := cs.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range tools.Tools {
+		if tool.Name == "execute_code" {
+			b, _ := json.Marshal(tool.InputSchema)
+			return string(b)
+		}
+	}
+	t.Fatal("no execute_code tool")
+	return ""
+}
+
+// enum is the languages' enum in cs's execute_code schema.
+func enum(t *testing.T, cs *mcp.ClientSession) string {
+	t.Helper()
+	_, after, _ := strings.Cut(schemaOf(t, cs), `"enum":`)
+	e, _, _ := strings.Cut(after, "]")
+	return e + "]"
 }
