@@ -174,33 +174,45 @@ func TestOpen(t *testing.T) {
 	})
 	t.Run("connection limit", func(t *testing.T) {
 		e := rules(rule("127.0.0.1", port))
-		e.Limits = &executionv1.EgressLimits{Connections: 2}
-		run := g.Begin(e, "t", "r")
-		for i := range 3 {
-			_, err := get(t, run, "127.0.0.1", port, "/", nil)
-			if i < 2 && err != nil {
-				t.Fatal(err)
-			}
-			if i == 2 {
-				if r := refusal(t, err); r.Status != 429 {
-					t.Errorf("got %+v", r)
-				}
-			}
-		}
-		if rep := run.Report(); rep.GetLimitReached() != executionv1.EgressLimit_EGRESS_LIMIT_CONNECTIONS || rep.GetConnections() != 2 {
-			t.Errorf("report %v", rep)
-		}
+		connectionLimit(t, g, e, port)
 	})
 	t.Run("limits cannot pass the agent's", func(t *testing.T) {
-		g := New(Config{Defaults: Limits{Connections: 4, Bytes: 1000}, Max: Limits{Connections: 8, Bytes: 2000}})
-		got := g.limits(&executionv1.EgressLimits{Connections: 100, Bytes: 1 << 40})
-		if got.Connections != 8 || got.Bytes != 2000 {
-			t.Errorf("got %+v", got)
-		}
-		if got := g.limits(nil); got.Connections != 4 || got.Bytes != 1000 {
-			t.Errorf("defaults: got %+v", got)
-		}
+		agentLimitsBound(t)
 	})
+}
+
+// connectionLimit is TestOpen's "connection limit": a run allowed two
+// connections is refused the third with 429, and its report says which limit it reached.
+func connectionLimit(t *testing.T, g *Gate, e *executionv1.Egress, port uint32) {
+	e.Limits = &executionv1.EgressLimits{Connections: 2}
+	run := g.Begin(e, "t", "r")
+	for i := range 3 {
+		_, err := get(t, run, "127.0.0.1", port, "/", nil)
+		if i < 2 && err != nil {
+			t.Fatal(err)
+		}
+		if i == 2 {
+			if r := refusal(t, err); r.Status != 429 {
+				t.Errorf("got %+v", r)
+			}
+		}
+	}
+	if rep := run.Report(); rep.GetLimitReached() != executionv1.EgressLimit_EGRESS_LIMIT_CONNECTIONS || rep.GetConnections() != 2 {
+		t.Errorf("report %v", rep)
+	}
+}
+
+// agentLimitsBound is TestOpen's "limits cannot pass the agent's": a run's
+// limits are the agent's defaults when it sets none, and at most the agent's maximum.
+func agentLimitsBound(t *testing.T) {
+	g := New(Config{Defaults: Limits{Connections: 4, Bytes: 1000}, Max: Limits{Connections: 8, Bytes: 2000}})
+	got := g.limits(&executionv1.EgressLimits{Connections: 100, Bytes: 1 << 40})
+	if got.Connections != 8 || got.Bytes != 2000 {
+		t.Errorf("got %+v", got)
+	}
+	if got := g.limits(nil); got.Connections != 4 || got.Bytes != 1000 {
+		t.Errorf("defaults: got %+v", got)
+	}
 }
 
 func TestAPIForwarding(t *testing.T) {
