@@ -620,18 +620,7 @@ func TestSessions(t *testing.T) {
 		t.Errorf("duplicate: %v", err)
 	}
 	// Another tenant finds no session "a", and cannot open one.
-	if _, err := s.Info("a", "t2"); !errors.Is(err, ErrSessionNotFound) {
-		t.Errorf("Info of another tenant's session: %v", err)
-	}
-	if err := s.With(ctx, "a", "t2", func(*Sandbox) error { return nil }); !errors.Is(err, ErrSessionNotFound) {
-		t.Errorf("With on another tenant's session: %v", err)
-	}
-	if _, err := s.Use(ctx, "a", "t2", "python", 0, true, func(*Sandbox) (bool, error) { return false, nil }); !errors.Is(err, ErrSessionNotFound) {
-		t.Errorf("Use of another tenant's session: %v", err)
-	}
-	if err := s.Close("a", "t2"); !errors.Is(err, ErrSessionNotFound) {
-		t.Errorf("Close of another tenant's session: %v", err)
-	}
+	otherTenantFindsNone(t, ctx, s)
 	// Without allowNew, an id that never existed is not opened.
 	if _, err := s.Use(ctx, "new", "t1", "python", 0, false, func(*Sandbox) (bool, error) { return false, nil }); !errors.Is(err, ErrSessionNotFound) {
 		t.Errorf("Use without allowNew: %v", err)
@@ -687,6 +676,29 @@ func TestSessions(t *testing.T) {
 		t.Errorf("held sandboxes after sessions closed: %+v", st)
 	}
 	// Three sessions opened (a, b, d): b expired, a was lost, d closed.
+	checkSessionMetrics(t, m)
+}
+
+// otherTenantFindsNone checks that tenant t2 finds no session "a" of t1's and
+// cannot use, open or close it.
+func otherTenantFindsNone(t *testing.T, ctx context.Context, s *Sessions) {
+	if _, err := s.Info("a", "t2"); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("Info of another tenant's session: %v", err)
+	}
+	if err := s.With(ctx, "a", "t2", func(*Sandbox) error { return nil }); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("With on another tenant's session: %v", err)
+	}
+	if _, err := s.Use(ctx, "a", "t2", "python", 0, true, func(*Sandbox) (bool, error) { return false, nil }); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("Use of another tenant's session: %v", err)
+	}
+	if err := s.Close("a", "t2"); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("Close of another tenant's session: %v", err)
+	}
+}
+
+// checkSessionMetrics checks TestSessions' metrics: three sessions opened,
+// one ended by each reason, and their three sandboxes destroyed as they ended.
+func checkSessionMetrics(t *testing.T, m *Metrics) {
 	if got := testkit.Written(t, m.sessionsOpened).GetCounter().GetValue(); got != 3 {
 		t.Errorf("sessions opened: %v, want 3", got)
 	}
