@@ -95,33 +95,13 @@ func (e *Echo) serve(w http.ResponseWriter, r *http.Request) {
 	case "gzip-always":
 		gz("you sent: " + v)
 	case "json", "json-u":
-		b, _ := json.Marshal(map[string]string{"you_sent": v})
-		if form == "json" {
-			b = bytes.ReplaceAll(b, []byte("/"), []byte(`\/`))
-		} else {
-			var esc strings.Builder
-			for _, c := range []byte(v) {
-				fmt.Fprintf(&esc, `\u%04x`, c)
-			}
-			b = []byte(`{"you_sent":"` + esc.String() + `"}`)
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(b)
+		echoJSON(w, form, v)
 	case "percent":
 		text("you sent: " + url.QueryEscape(v))
 	case "basic":
 		text("you sent: " + base64.StdEncoding.EncodeToString([]byte("user:"+v)))
 	case "html":
-		var esc strings.Builder
-		for i, c := range []byte(v) {
-			if i%2 == 0 {
-				fmt.Fprintf(&esc, "&#%d;", c)
-			} else {
-				fmt.Fprintf(&esc, "&#x%X;", c)
-			}
-		}
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		fmt.Fprintf(w, "<p>You sent <code>%s</code></p>", esc.String())
+		echoHTML(w, v)
 	case "range":
 		w.Header().Set("Content-Type", "text/plain")
 		http.ServeContent(w, r, "", time.Unix(0, 0), strings.NewReader("you sent: "+v))
@@ -155,4 +135,36 @@ func (e *Echo) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 		http.NotFound(w, r)
 	}
+}
+
+// echoJSON writes the "json" form, every '/' escaped, or the "json-u" form,
+// every character escaped.
+func echoJSON(w http.ResponseWriter, form, v string) {
+	b, _ := json.Marshal(map[string]string{"you_sent": v})
+	if form == "json" {
+		b = bytes.ReplaceAll(b, []byte("/"), []byte(`\/`))
+	} else {
+		var esc strings.Builder
+		for _, c := range []byte(v) {
+			fmt.Fprintf(&esc, `\u%04x`, c)
+		}
+		b = []byte(`{"you_sent":"` + esc.String() + `"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(b)
+}
+
+// echoHTML writes the "html" form: v's characters as character references,
+// decimal and hex by turns.
+func echoHTML(w http.ResponseWriter, v string) {
+	var esc strings.Builder
+	for i, c := range []byte(v) {
+		if i%2 == 0 {
+			fmt.Fprintf(&esc, "&#%d;", c)
+		} else {
+			fmt.Fprintf(&esc, "&#x%X;", c)
+		}
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	fmt.Fprintf(w, "<p>You sent <code>%s</code></p>", esc.String())
 }
