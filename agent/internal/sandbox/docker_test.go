@@ -86,13 +86,63 @@ exit 3`
 	t.Cleanup(func() { c.Remove(context.Background()) })
 
 	out := bufio.NewReader(c.Stdout())
+	readFacts(t, ctx, c, out, &mu, &stderr)
+
+	st, err := c.Inspect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Running || st.Runtime != "runsc" {
+		t.Errorf("state = %+v, want running under runsc", st)
+	}
+	// The attach stream carries standard input to the entry process and its
+	// output back; the process then exits with status 3.
+	if _, err := io.WriteString(c.Stdin(), "ping\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := out.ReadString('\n')
+	if err != nil || line != "ping\n" {
+		t.Fatalf("echo = %q, %v; want ping", line, err)
+	}
+
+	checkHostConfig(t, ctx, d, c.ID())
+
+	// The entry process has exited: the stream ends.
+	if _, err := io.ReadAll(out); err != nil {
+		t.Errorf("stdout after exit: %v", err)
+	}
+	st, err = c.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Running || st.ExitCode != 3 {
+		t.Errorf("state after stdin closed = %+v", st)
+	}
+	mu.Lock()
+	if !slices.Contains(stderr, "to-stderr") {
+		t.Errorf("stderr lines %q, want to-stderr", stderr)
+	}
+	mu.Unlock()
+
+	if err := c.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Client().ContainerInspect(ctx, c.ID()); !client.IsErrNotFound(err) {
+		t.Errorf("inspect after remove: %v, want not found", err)
+	}
+}
+
+// readFacts reads what the script found inside the sandbox, up to "ready",
+// and checks it: nobody, only loopback, no capabilities, a read-only root,
+// a writable workspace, no new privileges.
+func readFacts(t *testing.T, ctx context.Context, c Container, out *bufio.Reader, mu *sync.Mutex, stderr *[]string) {
 	facts := map[string]string{}
 	for {
 		line, err := out.ReadString('\n')
 		if err != nil {
 			st, _ := c.Wait(ctx)
 			mu.Lock()
-			t.Fatalf("read facts: %v (so far %v); state %+v; stderr %q", err, facts, st, stderr)
+			t.Fatalf("read facts: %v (so far %v); state %+v; stderr %q", err, facts, st, *stderr)
 		}
 		line = strings.TrimSpace(line)
 		if line == "ready" {
@@ -114,25 +164,12 @@ exit 3`
 			t.Errorf("inside the sandbox %s = %q, want %q", k, facts[k], v)
 		}
 	}
+}
 
-	st, err := c.Inspect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.Running || st.Runtime != "runsc" {
-		t.Errorf("state = %+v, want running under runsc", st)
-	}
-	// The attach stream carries standard input to the entry process and its
-	// output back; the process then exits with status 3.
-	if _, err := io.WriteString(c.Stdin(), "ping\n"); err != nil {
-		t.Fatal(err)
-	}
-	line, err := out.ReadString('\n')
-	if err != nil || line != "ping\n" {
-		t.Fatalf("echo = %q, %v; want ping", line, err)
-	}
-
-	info, err := d.Client().ContainerInspect(ctx, c.ID())
+// checkHostConfig checks what Docker was told for container id: runsc, no
+// network, a read-only root, no capabilities, no new privileges, the limits and the label.
+func checkHostConfig(t *testing.T, ctx context.Context, d *Docker, id string) {
+	info, err := d.Client().ContainerInspect(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,30 +195,6 @@ exit 3`
 		t.Errorf("tmpfs %v", hc.Tmpfs)
 	case info.Config.Labels[LabelSandbox] != "1":
 		t.Errorf("labels %v", info.Config.Labels)
-	}
-
-	// The entry process has exited: the stream ends.
-	if _, err := io.ReadAll(out); err != nil {
-		t.Errorf("stdout after exit: %v", err)
-	}
-	st, err = c.Wait(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Running || st.ExitCode != 3 {
-		t.Errorf("state after stdin closed = %+v", st)
-	}
-	mu.Lock()
-	if !slices.Contains(stderr, "to-stderr") {
-		t.Errorf("stderr lines %q, want to-stderr", stderr)
-	}
-	mu.Unlock()
-
-	if err := c.Remove(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.Client().ContainerInspect(ctx, c.ID()); !client.IsErrNotFound(err) {
-		t.Errorf("inspect after remove: %v, want not found", err)
 	}
 }
 
