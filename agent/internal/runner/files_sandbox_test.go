@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -108,25 +109,7 @@ func TestSandboxFilesConfined(t *testing.T) {
 		}
 	})
 	t.Run("still works inside", func(t *testing.T) {
-		// Links that stay inside are still followed, and what the runner
-		// makes is the user's.
-		session(t, "mkdir -p real && echo in > real/f && ln -s real inlink && ln -s ../real/f sub/flink && ln -s real/made dl")
-		for _, p := range []string{"inlink/new/g", "dl"} {
-			if err := sb.c.WriteFile(ctx, &runnerv1.File{Path: p, Content: []byte("g"), Mode: 0o640}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for p, want := range map[string]string{"inlink/f": "in\n", "sub/flink": "in\n", "real/new/g": "g", "real/made": "g"} {
-			if f, err := sb.c.ReadFile(ctx, p, 0); err != nil || string(f.GetContent()) != want {
-				t.Errorf("ReadFile(%q) = %q, %v; want %q", p, f.GetContent(), err, want)
-			}
-		}
-		if l, err := sb.c.ListFiles(ctx, "inlink"); err != nil || len(l) != 3 {
-			t.Errorf("ListFiles(inlink) = %v, %v", l, err)
-		}
-		if r := session(t, "stat -c '%U:%G %a' real/new real/new/g"); r.stdout != "nobody:nogroup 755\nnobody:nogroup 640\n" {
-			t.Errorf("owners and modes: %q", r.stdout)
-		}
+		filesStillWorkInside(t, ctx, sb, session)
 	})
 	t.Run("race", func(t *testing.T) {
 		testFilesRace(t, sb, session)
@@ -134,6 +117,29 @@ func TestSandboxFilesConfined(t *testing.T) {
 			t.Errorf("outside the workspace, before the race:\n%s\nafter:\n%s", before, after)
 		}
 	})
+}
+
+// filesStillWorkInside is TestSandboxFilesConfined's "still works inside".
+func filesStillWorkInside(t *testing.T, ctx context.Context, sb *sandbox, session func(*testing.T, string) result) {
+	// Links that stay inside are still followed, and what the runner
+	// makes is the user's.
+	session(t, "mkdir -p real && echo in > real/f && ln -s real inlink && ln -s ../real/f sub/flink && ln -s real/made dl")
+	for _, p := range []string{"inlink/new/g", "dl"} {
+		if err := sb.c.WriteFile(ctx, &runnerv1.File{Path: p, Content: []byte("g"), Mode: 0o640}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for p, want := range map[string]string{"inlink/f": "in\n", "sub/flink": "in\n", "real/new/g": "g", "real/made": "g"} {
+		if f, err := sb.c.ReadFile(ctx, p, 0); err != nil || string(f.GetContent()) != want {
+			t.Errorf("ReadFile(%q) = %q, %v; want %q", p, f.GetContent(), err, want)
+		}
+	}
+	if l, err := sb.c.ListFiles(ctx, "inlink"); err != nil || len(l) != 3 {
+		t.Errorf("ListFiles(inlink) = %v, %v", l, err)
+	}
+	if r := session(t, "stat -c '%U:%G %a' real/new real/new/g"); r.stdout != "nobody:nogroup 755\nnobody:nogroup 640\n" {
+		t.Errorf("owners and modes: %q", r.stdout)
+	}
 }
 
 // flipper is a user process that, until race/stop exists (and for 60 s at

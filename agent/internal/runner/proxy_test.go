@@ -106,30 +106,10 @@ func TestProxyForwardsAndRefuses(t *testing.T) {
 		}
 	})
 	t.Run("refused", func(t *testing.T) {
-		r := h.runEgress(e, "bash", "curl -sS http://denied.test/x; echo; curl -sS -p http://denied.test:80/x; echo exit=$?")
-		if !strings.Contains(r.stdout, "codemode egress: denied.test:80 is not in this run's egress allowlist") {
-			t.Errorf("stdout %q lacks the refusal's body", r.stdout)
-		}
-		if !strings.Contains(r.stdout, "exit=56") {
-			t.Errorf("stdout %q: want curl's exit 56 for a refused CONNECT", r.stdout)
-		}
-		if n := strings.Count(r.stderr, "codemode egress: denied.test:80 refused: denied.test:80 is not in this run's egress allowlist\n"); n != 2 {
-			t.Errorf("stderr %q: want the refusal twice", r.stderr)
-		}
+		refusedWithReason(t, h, e)
 	})
 	t.Run("refused reason in the status line", func(t *testing.T) {
-		r := h.runEgress(e, "python", `
-import http.client, os
-c = http.client.HTTPConnection("127.0.0.1", int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1]))
-c.set_tunnel("denied.test", 443)
-try:
-    c.connect()
-except OSError as e:
-    print(e)
-`)
-		if want := "Tunnel connection failed: 403 codemode egress: denied.test:443 is not in this run's egress allowlist"; !strings.Contains(r.stdout, want) {
-			t.Fatalf("got %+v, want %q", r, want)
-		}
+		refusedInStatusLine(t, h, e)
 	})
 	t.Run("without egress", func(t *testing.T) {
 		r := h.run(t.Context(), &runnerv1.Run{Language: "bash", Code: "curl -sS http://allowed.test/hi", Timeout: durationpb.New(20 * time.Second)})
@@ -154,5 +134,37 @@ except OSError as e:
 	})
 	if n := h.s.proxy.Conns(); n != 0 {
 		t.Errorf("%d tunnels left open after the runs", n)
+	}
+}
+
+// refusedWithReason is TestProxyForwardsAndRefuses' "refused": a refused request
+// and a refused CONNECT, each with the reason in the body and on stderr.
+func refusedWithReason(t *testing.T, h *harness, e *testEgress) {
+	r := h.runEgress(e, "bash", "curl -sS http://denied.test/x; echo; curl -sS -p http://denied.test:80/x; echo exit=$?")
+	if !strings.Contains(r.stdout, "codemode egress: denied.test:80 is not in this run's egress allowlist") {
+		t.Errorf("stdout %q lacks the refusal's body", r.stdout)
+	}
+	if !strings.Contains(r.stdout, "exit=56") {
+		t.Errorf("stdout %q: want curl's exit 56 for a refused CONNECT", r.stdout)
+	}
+	if n := strings.Count(r.stderr, "codemode egress: denied.test:80 refused: denied.test:80 is not in this run's egress allowlist\n"); n != 2 {
+		t.Errorf("stderr %q: want the refusal twice", r.stderr)
+	}
+}
+
+// refusedInStatusLine is TestProxyForwardsAndRefuses' "refused reason in the
+// status line": a refused CONNECT's reason reaches the program in the status line.
+func refusedInStatusLine(t *testing.T, h *harness, e *testEgress) {
+	r := h.runEgress(e, "python", `
+import http.client, os
+c = http.client.HTTPConnection("127.0.0.1", int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1]))
+c.set_tunnel("denied.test", 443)
+try:
+    c.connect()
+except OSError as e:
+    print(e)
+`)
+	if want := "Tunnel connection failed: 403 codemode egress: denied.test:443 is not in this run's egress allowlist"; !strings.Contains(r.stdout, want) {
+		t.Fatalf("got %+v, want %q", r, want)
 	}
 }
