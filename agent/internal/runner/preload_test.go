@@ -134,23 +134,37 @@ if os.fork() == 0:
 			"False\n")
 	})
 	t.Run("random numbers differ", func(t *testing.T) {
-		draw := "import random, numpy\nprint(random.random(), numpy.random.rand(), numpy.random.default_rng().random())"
-		a := sb.mustRun(t, "python", draw)
-		sb.reset(t)
-		b := sb.mustRun(t, "python", draw)
-		sb.reset(t)
-		if a.stdout == "" || a.stdout == b.stdout {
-			t.Errorf("two runs drew %q and %q", a.stdout, b.stdout)
-		}
-		as, bs := strings.Fields(a.stdout), strings.Fields(b.stdout)
-		for i := range min(len(as), len(bs)) {
-			if as[i] == bs[i] {
-				t.Errorf("generator %d gave %s in both runs", i, as[i])
-			}
-		}
+		randomNumbersDiffer(t, sb)
 	})
 	t.Run("parent out of reach", func(t *testing.T) {
-		r := sb.mustRun(t, "python", `
+		parentOutOfReach(t, sb)
+	})
+	t.Run("killed parent is replaced", func(t *testing.T) {
+		killedParentReplaced(t, sb)
+	})
+}
+
+// randomNumbersDiffer is TestPreloadIsolation's "random numbers differ".
+func randomNumbersDiffer(t *testing.T, sb *sandbox) {
+	draw := "import random, numpy\nprint(random.random(), numpy.random.rand(), numpy.random.default_rng().random())"
+	a := sb.mustRun(t, "python", draw)
+	sb.reset(t)
+	b := sb.mustRun(t, "python", draw)
+	sb.reset(t)
+	if a.stdout == "" || a.stdout == b.stdout {
+		t.Errorf("two runs drew %q and %q", a.stdout, b.stdout)
+	}
+	as, bs := strings.Fields(a.stdout), strings.Fields(b.stdout)
+	for i := range min(len(as), len(bs)) {
+		if as[i] == bs[i] {
+			t.Errorf("generator %d gave %s in both runs", i, as[i])
+		}
+	}
+}
+
+// parentOutOfReach is TestPreloadIsolation's "parent out of reach".
+func parentOutOfReach(t *testing.T, sb *sandbox) {
+	r := sb.mustRun(t, "python", `
 import os, signal, ctypes, numpy
 ppid = os.getppid()
 out = []
@@ -175,34 +189,35 @@ st = open("/proc/%d/status" % ppid).read()
 uids = [l for l in st.splitlines() if l.startswith("Uid:")][0].split()[1:]
 out.append("parent uids " + " ".join(uids))
 print(*out, sep="\n")`)
-		want := "kill refused\nkill refused\nkill refused\nmem refused\nenviron refused\nptrace refused\nptrace refused\nparent uids 65533 65534 65533 65534\n"
-		if r.stdout != want {
-			t.Errorf("got stdout %q stderr %q, want %q", r.stdout, r.stderr, want)
-		}
-		sb.reset(t)
-		if r := sb.mustRun(t, "python", "import sys; print('pandas' in sys.modules)"); r.stdout != "True\n" {
-			t.Errorf("after the probe: stdout %q stderr %q", r.stdout, r.stderr)
-		}
-		sb.reset(t)
-	})
-	t.Run("killed parent is replaced", func(t *testing.T) {
-		r := sb.mustRun(t, "python", "import os, numpy; print(os.getppid())")
-		ppid := strings.TrimSpace(r.stdout)
-		sb.reset(t)
-		if out, err := exec.Command("docker", "exec", sb.name, "kill", "-9", ppid).CombinedOutput(); err != nil {
-			t.Fatalf("kill parent %s: %v: %s", ppid, err, out)
-		}
-		// The prestarted interpreter died with it: this run starts one
-		// fresh; the Reset after it starts a new parent.
-		if r := sb.mustRun(t, "python", "print(1)"); r.stdout != "1\n" {
-			t.Errorf("run after the parent died: stdout %q stderr %q", r.stdout, r.stderr)
-		}
-		sb.reset(t)
-		r = sb.mustRun(t, "python", "import os, sys, numpy; print(os.getppid(), 'pandas' in sys.modules)")
-		if f := strings.Fields(r.stdout); len(f) != 2 || f[0] == ppid || f[1] != "True" {
-			t.Errorf("after the parent died: stdout %q stderr %q (old parent %s)", r.stdout, r.stderr, ppid)
-		}
-	})
+	want := "kill refused\nkill refused\nkill refused\nmem refused\nenviron refused\nptrace refused\nptrace refused\nparent uids 65533 65534 65533 65534\n"
+	if r.stdout != want {
+		t.Errorf("got stdout %q stderr %q, want %q", r.stdout, r.stderr, want)
+	}
+	sb.reset(t)
+	if r := sb.mustRun(t, "python", "import sys; print('pandas' in sys.modules)"); r.stdout != "True\n" {
+		t.Errorf("after the probe: stdout %q stderr %q", r.stdout, r.stderr)
+	}
+	sb.reset(t)
+}
+
+// killedParentReplaced is TestPreloadIsolation's "killed parent is replaced".
+func killedParentReplaced(t *testing.T, sb *sandbox) {
+	r := sb.mustRun(t, "python", "import os, numpy; print(os.getppid())")
+	ppid := strings.TrimSpace(r.stdout)
+	sb.reset(t)
+	if out, err := exec.Command("docker", "exec", sb.name, "kill", "-9", ppid).CombinedOutput(); err != nil {
+		t.Fatalf("kill parent %s: %v: %s", ppid, err, out)
+	}
+	// The prestarted interpreter died with it: this run starts one
+	// fresh; the Reset after it starts a new parent.
+	if r := sb.mustRun(t, "python", "print(1)"); r.stdout != "1\n" {
+		t.Errorf("run after the parent died: stdout %q stderr %q", r.stdout, r.stderr)
+	}
+	sb.reset(t)
+	r = sb.mustRun(t, "python", "import os, sys, numpy; print(os.getppid(), 'pandas' in sys.modules)")
+	if f := strings.Fields(r.stdout); len(f) != 2 || f[0] == ppid || f[1] != "True" {
+		t.Errorf("after the parent died: stdout %q stderr %q (old parent %s)", r.stdout, r.stderr, ppid)
+	}
 }
 
 // TestPreloadParentReplaced shows that a parent forks at most
