@@ -73,37 +73,7 @@ func startEgressStack(t testing.TB) *egressStack {
 	t.Helper()
 	dockertest.Need(t)
 	es := &egressStack{}
-	big := strings.Repeat("x", 200_000)
-	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/big":
-			io.WriteString(w, big)
-		case "/50mb":
-			w.Header().Set("Content-Length", fmt.Sprint(50<<20))
-			chunk := make([]byte, 1<<20)
-			for range 50 {
-				if _, err := w.Write(chunk); err != nil {
-					return
-				}
-			}
-		default:
-			scheme := "http"
-			if r.TLS != nil {
-				scheme = "https"
-			}
-			fmt.Fprintf(w, "hello over %s", scheme)
-		}
-	})
-	es.http = httptest.NewServer(handler)
-	t.Cleanup(es.http.Close)
-	es.https = httptest.NewUnstartedServer(handler)
-	var cert tls.Certificate
-	cert, es.caPEM = testCertificate(t, "secure.test")
-	es.https.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
-	es.https.StartTLS()
-	t.Cleanup(es.https.Close)
-	_, es.httpPort, _ = net.SplitHostPort(es.http.Listener.Addr().String())
-	_, es.httpsPort, _ = net.SplitHostPort(es.https.Listener.Addr().String())
+	es.startServers(t)
 
 	dir := t.TempDir()
 	cpPort, edgePort := freeLoopbackPort(t), freeLoopbackPort(t)
@@ -150,29 +120,7 @@ func startEgressStack(t testing.TB) *egressStack {
 		rule("cluster.test", ports...), rule("127.0.0.1", ports...)}}
 	egressFile := write("egress.json", egress)
 
-	mods, err := policytest.BuildInto(dir, "egress", "fixed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var allPorts []uint32
-	for _, p := range append(ports, es.httpsPort) {
-		allPorts = append(allPorts, uint32(atoi(p)))
-	}
-	widen, _ := proto.Marshal(&policyv1.RequestDecision{Verdict: policyv1.Verdict_VERDICT_ALLOW, Egress: &executionv1.Egress{
-		Allow:  []*executionv1.EgressRule{{Host: "*.test", Ports: allPorts}, {Host: "0.0.0.0/0", Ports: allPorts}, {Host: "::/0", Ports: allPorts}},
-		Limits: &executionv1.EgressLimits{Connections: 1000, Bytes: 1 << 40},
-	}})
-	pol := func(name, module string, order int, config, config64 string) map[string]any {
-		path := mods.Path(t, module)
-		return map[string]any{"name": name, "path": path, "sha256": policytest.Digest(t, path), "phase": "request",
-			"order": order, "config": config, "config_base64": config64}
-	}
-	policies := write("policies.json", map[string]any{
-		"policies": []any{
-			pol("egress", "egress", 10, "grace: no-wildcards", ""),
-			pol("widen", "fixed", 20, "", base64.StdEncoding.EncodeToString(widen)),
-		},
-	})
+	policies := egressPolicies(t, dir, ports, es.httpsPort, write)
 
 	s.ControlPlane, err = start("controlplane", append(s.ClusterEnv(), "REMOTE_HOSTS="+s.Agent.Addr),
 		"--addr", fmt.Sprintf("127.0.0.1:%d", cpPort), "--poll-interval", "200ms")
@@ -191,6 +139,71 @@ func startEgressStack(t testing.TB) *egressStack {
 	es.cpPort, es.edge = fmt.Sprint(cpPort), fmt.Sprint(edgePort)
 	es.client = edgev1connect.NewExecutionServiceClient(httpClient, s.Edge.URL())
 	return es
+}
+
+// startServers starts the stack's HTTP and HTTPS servers on loopback, closed
+// when the test ends.
+func (es *egressStack) startServers(t testing.TB) {
+	big := strings.Repeat("x", 200_000)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/big":
+			io.WriteString(w, big)
+		case "/50mb":
+			w.Header().Set("Content-Length", fmt.Sprint(50<<20))
+			chunk := make([]byte, 1<<20)
+			for range 50 {
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+			}
+		default:
+			scheme := "http"
+			if r.TLS != nil {
+				scheme = "https"
+			}
+			fmt.Fprintf(w, "hello over %s", scheme)
+		}
+	})
+	es.http = httptest.NewServer(handler)
+	t.Cleanup(es.http.Close)
+	es.https = httptest.NewUnstartedServer(handler)
+	var cert tls.Certificate
+	cert, es.caPEM = testCertificate(t, "secure.test")
+	es.https.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	es.https.StartTLS()
+	t.Cleanup(es.https.Close)
+	_, es.httpPort, _ = net.SplitHostPort(es.http.Listener.Addr().String())
+	_, es.httpsPort, _ = net.SplitHostPort(es.https.Listener.Addr().String())
+}
+
+// egressPolicies writes startEgressStack's policy configuration into dir: the
+// egress example, then a module that asks for every port of ports and httpsPort
+// on every name below .test and every address.
+func egressPolicies(t testing.TB, dir string, ports []string, httpsPort string, write func(name string, v any) string) string {
+	mods, err := policytest.BuildInto(dir, "egress", "fixed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allPorts []uint32
+	for _, p := range append(ports, httpsPort) {
+		allPorts = append(allPorts, uint32(atoi(p)))
+	}
+	widen, _ := proto.Marshal(&policyv1.RequestDecision{Verdict: policyv1.Verdict_VERDICT_ALLOW, Egress: &executionv1.Egress{
+		Allow:  []*executionv1.EgressRule{{Host: "*.test", Ports: allPorts}, {Host: "0.0.0.0/0", Ports: allPorts}, {Host: "::/0", Ports: allPorts}},
+		Limits: &executionv1.EgressLimits{Connections: 1000, Bytes: 1 << 40},
+	}})
+	pol := func(name, module string, order int, config, config64 string) map[string]any {
+		path := mods.Path(t, module)
+		return map[string]any{"name": name, "path": path, "sha256": policytest.Digest(t, path), "phase": "request",
+			"order": order, "config": config, "config_base64": config64}
+	}
+	return write("policies.json", map[string]any{
+		"policies": []any{
+			pol("egress", "egress", 10, "grace: no-wildcards", ""),
+			pol("widen", "fixed", 20, "", base64.StdEncoding.EncodeToString(widen)),
+		},
+	})
 }
 
 // testCertificate returns a certificate for name signed by a new test CA,

@@ -156,6 +156,13 @@ func readRefusal(res *http.Response, door string) refusal {
 	return r
 }
 
+// door is a door of the edge that TestHostileLargeBodies sends huge bodies to.
+type door struct {
+	name, path, contentType string
+	prefix                  []byte
+	h2                      bool
+}
+
 // TestHostileLargeBodies sends four 100 MB bodies at once to every door of
 // an edge with API keys, with a declared Content-Length and without one,
 // with a valid key and with none: each is refused with a clear size error
@@ -173,11 +180,6 @@ func TestHostileLargeBodies(t *testing.T) {
 	const maxHWM = 150 << 10 // KiB
 	rssBefore, hwmBefore := procStatusKiB(t, edge, "VmRSS"), procStatusKiB(t, edge, "VmHWM")
 
-	type door struct {
-		name, path, contentType string
-		prefix                  []byte
-		h2                      bool
-	}
 	doors := []door{
 		{"connect", "/codemode.edge.v1.ExecutionService/Execute", "application/json", []byte(`{"language":"python","code":"`), false},
 		{"grpc", "/codemode.edge.v1.ExecutionService/Execute", "application/grpc", envelope(size - 5), true},
@@ -194,38 +196,7 @@ func TestHostileLargeBodies(t *testing.T) {
 				var wg sync.WaitGroup
 				for i := range 4 {
 					wg.Go(func() {
-						ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-						defer cancel()
-						body := newHugeBody(d.prefix, size)
-						req, _ := http.NewRequestWithContext(ctx, http.MethodPost, edge.URL()+d.path, io.NopCloser(body))
-						if declared {
-							req.ContentLength = size
-						}
-						req.Header.Set("Content-Type", d.contentType)
-						req.Header.Set("Accept", "application/json, text/event-stream")
-						if key != "" {
-							req.Header.Set("Authorization", "Bearer "+key)
-						}
-						client := testkit.HTTP1Client()
-						if d.h2 {
-							req.Header.Set("Te", "trailers")
-							client = server.NewClient()
-						}
-						defer client.CloseIdleConnections()
-						start := time.Now()
-						res, err := client.Do(req)
-						if err != nil {
-							t.Errorf("%s #%d: %v (sent %d bytes)", name, i, err, body.sent.Load())
-							return
-						}
-						defer res.Body.Close()
-						r := readRefusal(res, d.name)
-						if err := checkRefusal(d.name, key != "", r); err != nil {
-							t.Errorf("%s #%d: %v", name, i, err)
-						}
-						if i == 0 {
-							t.Logf("%s: %d %s %q after %s, %d MB sent", name, r.status, r.code, r.text, time.Since(start).Round(time.Millisecond), body.sent.Load()>>20)
-						}
+						sendHugeBody(t, edge, d, declared, key, name, i, size)
 					})
 				}
 				wg.Wait()
@@ -241,6 +212,44 @@ func TestHostileLargeBodies(t *testing.T) {
 	// The edge still serves.
 	if _, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
 		t.Fatalf("run after the large bodies: %v", err)
+	}
+}
+
+// sendHugeBody sends a body of size bytes, its length declared or not, with key
+// or none, to door d of edge, and checks how it is refused; the first of a
+// round is logged.
+func sendHugeBody(t *testing.T, edge *Process, d door, declared bool, key, name string, i int, size int64) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	body := newHugeBody(d.prefix, size)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, edge.URL()+d.path, io.NopCloser(body))
+	if declared {
+		req.ContentLength = size
+	}
+	req.Header.Set("Content-Type", d.contentType)
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	client := testkit.HTTP1Client()
+	if d.h2 {
+		req.Header.Set("Te", "trailers")
+		client = server.NewClient()
+	}
+	defer client.CloseIdleConnections()
+	start := time.Now()
+	res, err := client.Do(req)
+	if err != nil {
+		t.Errorf("%s #%d: %v (sent %d bytes)", name, i, err, body.sent.Load())
+		return
+	}
+	defer res.Body.Close()
+	r := readRefusal(res, d.name)
+	if err := checkRefusal(d.name, key != "", r); err != nil {
+		t.Errorf("%s #%d: %v", name, i, err)
+	}
+	if i == 0 {
+		t.Logf("%s: %d %s %q after %s, %d MB sent", name, r.status, r.code, r.text, time.Since(start).Round(time.Millisecond), body.sent.Load()>>20)
 	}
 }
 

@@ -47,19 +47,7 @@ func TestMakeUp(t *testing.T) {
 	t.Parallel()
 	testenv.NeedRoot(t, "make up, which prepares the host,")
 	dockertest.Need(t)
-	for _, tool := range []string{"make", "bash", "curl", "docker"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			testenv.Missing(t, "make up needs %s: %v", tool, err)
-		}
-	}
-	root := moduleRoot()
-	if _, err := os.Stat(filepath.Join(root, "Makefile")); err != nil {
-		testenv.Missing(t, "no Makefile at the repository root: %v", err)
-	}
-	dockerd, err := dockerdPID()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, dockerd := makeUpPreconditions(t)
 
 	// The seed's forms of the variables (a bare port, :PORT): make up must
 	// still bind them to loopback only.
@@ -72,14 +60,7 @@ func TestMakeUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logFile.Close()
-	logs := func() string {
-		b, _ := os.ReadFile(logPath)
-		const max = 16 << 10
-		if len(b) > max {
-			b = b[len(b)-max:]
-		}
-		return "--- make up output (tail) ---\n" + string(b)
-	}
+	logs := makeUpLogs(logPath)
 
 	cmd := exec.Command("make", "--no-print-directory", "up",
 		fmt.Sprintf("EDGE_ADDR=:%d", edgePort),
@@ -103,120 +84,26 @@ func TestMakeUp(t *testing.T) {
 	}()
 	services := map[string]int{}
 	t.Cleanup(func() {
-		// On failure: Ctrl-C, then kill. The services run in process
-		// groups of their own (the recipe's set -m), so they are killed
-		// one by one, and their sandboxes removed.
-		select {
-		case <-done:
-		default:
-			_ = syscall.Kill(-pgid, syscall.SIGINT)
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				_ = syscall.Kill(-pgid, syscall.SIGKILL)
-				<-done
-			}
-		}
-		for name, pid := range services {
-			if procRunning(pid, name) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		removeSandboxes(agentName)
+		stopMakeUp(done, pgid, services, agentName)
 	})
 
 	// Wait for the edge, leaving time to stop the stack before the test
 	// binary's deadline.
-	upBy := time.Now().Add(10 * time.Minute)
-	if d, ok := t.Deadline(); ok && d.Add(-2*time.Minute).Before(upBy) {
-		upBy = d.Add(-2 * time.Minute)
-	}
-	edgeURL := fmt.Sprintf("http://127.0.0.1:%d", edgePort)
-	start := time.Now()
-	if !testkit.Until(time.Until(upBy), func() bool {
-		select {
-		case <-done:
-			t.Fatalf("make up exited before the edge answered: %v\n%s", waitErr, logs())
-		default:
-		}
-		return edgeAnswers(edgeURL)
-	}) {
-		t.Fatalf("edge did not answer at %s within %s\n%s", edgeURL, time.Since(start).Round(time.Second), logs())
-	}
-	t.Logf("make up answered after %s", time.Since(start).Round(time.Second))
+	waitForEdge(t, edgePort, done, &waitErr, logs)
 
 	// The services are make's descendants, by executable name.
-	if !testkit.Until(10*time.Second, func() bool {
-		found, err := descendants(cmd.Process.Pid, makeUpServices)
-		if err != nil {
-			t.Fatal(err)
-		}
-		services = found
-		return len(services) == len(makeUpServices)
-	}) {
-		t.Fatalf("found %v among make's descendants, want %v\n%s", services, makeUpServices, logs())
-	}
+	findServices(t, cmd, &services, logs)
 
 	t.Run("loopback only", func(t *testing.T) {
-		for _, name := range makeUpServices {
-			addrs, err := tcpListeners(services[name])
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			t.Logf("%s (pid %d) listens on %v", name, services[name], addrs)
-			own := false
-			for _, a := range addrs {
-				if a.Addr().Unmap() != netip.AddrFrom4([4]byte{127, 0, 0, 1}) {
-					t.Errorf("%s (pid %d) listens on %s, want 127.0.0.1 only", name, services[name], a)
-				}
-				own = own || a.Port() == ports[name]
-			}
-			if !own {
-				t.Errorf("%s (pid %d) listens on %v, not on its port %d", name, services[name], addrs, ports[name])
-			}
-		}
+		checkLoopbackOnly(t, services, ports)
 	})
 
 	t.Run("cluster secret", func(t *testing.T) {
-		var path string
-		for _, name := range makeUpServices {
-			p, err := procEnv(services[name], "CODEMODE_CLUSTER_SECRET_FILE")
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			if p == "" || (path != "" && p != path) {
-				t.Fatalf("%s has CODEMODE_CLUSTER_SECRET_FILE=%q, want the same non-empty path as the others (%q)", name, p, path)
-			}
-			path = p
-		}
-		fi, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if fi.Mode().Perm() != 0o600 {
-			t.Errorf("%s has mode %v, want 0600", path, fi.Mode().Perm())
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if secret, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b))); err != nil || len(secret) != 32 {
-			t.Errorf("%s holds %d bytes of base64 (error %v), want 32", path, len(secret), err)
-		}
+		checkClusterSecret(t, services)
 	})
 
 	t.Run("dockerd in its own session", func(t *testing.T) {
-		sid, err := unix.Getsid(dockerd)
-		if err != nil {
-			t.Fatalf("session of dockerd (pid %d): %v", dockerd, err)
-		}
-		mine, err := unix.Getsid(0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if sid == mine {
-			t.Errorf("dockerd (pid %d) runs in the test's session %d: a Ctrl-C meant for make would reach it", dockerd, sid)
-		}
+		checkDockerdSession(t, dockerd)
 	})
 
 	edgeAddr := fmt.Sprintf("127.0.0.1:%d", edgePort)
@@ -228,6 +115,170 @@ func TestMakeUp(t *testing.T) {
 	})
 	t.Run("README quick start", func(t *testing.T) { runQuickStart(t, root, edgeAddr) })
 
+	stopByCtrlC(t, pgid, done, &waitErr, logPath, logs, services, dockerd, agentName)
+}
+
+// makeUpPreconditions skips unless make up can run here, and returns the
+// repository root and the pid of dockerd.
+func makeUpPreconditions(t *testing.T) (root string, dockerd int) {
+	for _, tool := range []string{"make", "bash", "curl", "docker"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			testenv.Missing(t, "make up needs %s: %v", tool, err)
+		}
+	}
+	root = moduleRoot()
+	if _, err := os.Stat(filepath.Join(root, "Makefile")); err != nil {
+		testenv.Missing(t, "no Makefile at the repository root: %v", err)
+	}
+	dockerd, err := dockerdPID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root, dockerd
+}
+
+// makeUpLogs returns the tail of make up's output in logPath, for failures.
+func makeUpLogs(logPath string) func() string {
+	return func() string {
+		b, _ := os.ReadFile(logPath)
+		const max = 16 << 10
+		if len(b) > max {
+			b = b[len(b)-max:]
+		}
+		return "--- make up output (tail) ---\n" + string(b)
+	}
+}
+
+// stopMakeUp stops make up after a failure: Ctrl-C, then kill.
+func stopMakeUp(done chan struct{}, pgid int, services map[string]int, agentName string) {
+	// On failure: Ctrl-C, then kill. The services run in process
+	// groups of their own (the recipe's set -m), so they are killed
+	// one by one, and their sandboxes removed.
+	select {
+	case <-done:
+	default:
+		_ = syscall.Kill(-pgid, syscall.SIGINT)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			<-done
+		}
+	}
+	for name, pid := range services {
+		if procRunning(pid, name) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	removeSandboxes(agentName)
+}
+
+// waitForEdge waits for the edge on edgePort, leaving time to stop the stack
+// before the test binary's deadline; it fails if make up exits first.
+func waitForEdge(t *testing.T, edgePort uint16, done chan struct{}, waitErr *error, logs func() string) {
+	upBy := time.Now().Add(10 * time.Minute)
+	if d, ok := t.Deadline(); ok && d.Add(-2*time.Minute).Before(upBy) {
+		upBy = d.Add(-2 * time.Minute)
+	}
+	edgeURL := fmt.Sprintf("http://127.0.0.1:%d", edgePort)
+	start := time.Now()
+	if !testkit.Until(time.Until(upBy), func() bool {
+		select {
+		case <-done:
+			t.Fatalf("make up exited before the edge answered: %v\n%s", *waitErr, logs())
+		default:
+		}
+		return edgeAnswers(edgeURL)
+	}) {
+		t.Fatalf("edge did not answer at %s within %s\n%s", edgeURL, time.Since(start).Round(time.Second), logs())
+	}
+	t.Logf("make up answered after %s", time.Since(start).Round(time.Second))
+}
+
+// findServices waits for make's descendants to be the services, by executable
+// name, and sets services to them.
+func findServices(t *testing.T, cmd *exec.Cmd, services *map[string]int, logs func() string) {
+	if !testkit.Until(10*time.Second, func() bool {
+		found, err := descendants(cmd.Process.Pid, makeUpServices)
+		if err != nil {
+			t.Fatal(err)
+		}
+		*services = found
+		return len(*services) == len(makeUpServices)
+	}) {
+		t.Fatalf("found %v among make's descendants, want %v\n%s", *services, makeUpServices, logs())
+	}
+}
+
+// checkLoopbackOnly is TestMakeUp's "loopback only".
+func checkLoopbackOnly(t *testing.T, services map[string]int, ports map[string]uint16) {
+	for _, name := range makeUpServices {
+		addrs, err := tcpListeners(services[name])
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		t.Logf("%s (pid %d) listens on %v", name, services[name], addrs)
+		own := false
+		for _, a := range addrs {
+			if a.Addr().Unmap() != netip.AddrFrom4([4]byte{127, 0, 0, 1}) {
+				t.Errorf("%s (pid %d) listens on %s, want 127.0.0.1 only", name, services[name], a)
+			}
+			own = own || a.Port() == ports[name]
+		}
+		if !own {
+			t.Errorf("%s (pid %d) listens on %v, not on its port %d", name, services[name], addrs, ports[name])
+		}
+	}
+}
+
+// checkClusterSecret is TestMakeUp's "cluster secret".
+func checkClusterSecret(t *testing.T, services map[string]int) {
+	var path string
+	for _, name := range makeUpServices {
+		p, err := procEnv(services[name], "CODEMODE_CLUSTER_SECRET_FILE")
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if p == "" || (path != "" && p != path) {
+			t.Fatalf("%s has CODEMODE_CLUSTER_SECRET_FILE=%q, want the same non-empty path as the others (%q)", name, p, path)
+		}
+		path = p
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s has mode %v, want 0600", path, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if secret, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b))); err != nil || len(secret) != 32 {
+		t.Errorf("%s holds %d bytes of base64 (error %v), want 32", path, len(secret), err)
+	}
+}
+
+// checkDockerdSession is TestMakeUp's "dockerd in its own session".
+func checkDockerdSession(t *testing.T, dockerd int) {
+	sid, err := unix.Getsid(dockerd)
+	if err != nil {
+		t.Fatalf("session of dockerd (pid %d): %v", dockerd, err)
+	}
+	mine, err := unix.Getsid(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sid == mine {
+		t.Errorf("dockerd (pid %d) runs in the test's session %d: a Ctrl-C meant for make would reach it", dockerd, sid)
+	}
+}
+
+// stopByCtrlC waits for a sandbox of agentName, sends Ctrl-C to make's group
+// pgid, and checks that make up stopped its services and their sandboxes and
+// left dockerd running.
+func stopByCtrlC(t *testing.T, pgid int, done chan struct{}, waitErr *error, logPath string, logs func() string, services map[string]int, dockerd int, agentName string) {
 	// A sandbox of this agent must exist, or "none left" would prove nothing.
 	if !testkit.Until(2*time.Minute, func() bool { return countSandboxes(t, agentName) > 0 }) {
 		t.Fatalf("agent %s made no sandbox within 2 minutes\n%s", agentName, logs())
@@ -244,8 +295,8 @@ func TestMakeUp(t *testing.T) {
 		t.Fatalf("make up still runs 90s after Ctrl-C\n%s", logs())
 	}
 	t.Logf("make up stopped %s after Ctrl-C", time.Since(stopped).Round(time.Millisecond))
-	if !endedByCtrlC(waitErr) {
-		t.Errorf("make up ended with %v, want exit 0 or death by SIGINT\n%s", waitErr, logs())
+	if !endedByCtrlC(*waitErr) {
+		t.Errorf("make up ended with %v, want exit 0 or death by SIGINT\n%s", *waitErr, logs())
 	}
 	if out, _ := os.ReadFile(logPath); !bytes.Contains(out, []byte("stopped")) {
 		t.Errorf("make up did not report its services stopped\n%s", logs())

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/base64"
 	"fmt"
 	"net"
@@ -53,13 +54,7 @@ func TestMakeUpCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logFile.Close()
-	logs := func() string {
-		b, _ := os.ReadFile(logPath)
-		if len(b) > 16<<10 {
-			b = b[len(b)-16<<10:]
-		}
-		return "--- make up-cluster output (tail) ---\n" + string(b)
-	}
+	logs := makeUpClusterLogs(logPath)
 	cmd := exec.Command("make", "--no-print-directory", "up-cluster",
 		"CLUSTER_NAME="+name,
 		"CLUSTER_REDIS="+redisAddr,
@@ -82,36 +77,9 @@ func TestMakeUpCluster(t *testing.T) {
 		close(done)
 	}()
 	t.Cleanup(func() {
-		select {
-		case <-done:
-		default:
-			_ = syscall.Kill(-pgid, syscall.SIGINT)
-			select {
-			case <-done:
-			case <-time.After(60 * time.Second):
-				_ = syscall.Kill(-pgid, syscall.SIGKILL)
-				<-done
-			}
-		}
-		for i := range agents {
-			removeSandboxes(fmt.Sprintf("%s-%d", name, i+1))
-			_ = os.RemoveAll(filepath.Join("/var/lib/codemode/agents", fmt.Sprintf("%s-%d", name, i+1)))
-		}
+		stopMakeUpCluster(done, pgid, agents, name)
 	})
-	upBy := time.Now().Add(10 * time.Minute)
-	if d, ok := t.Deadline(); ok && d.Add(-2*time.Minute).Before(upBy) {
-		upBy = d.Add(-2 * time.Minute)
-	}
-	if !testkit.Until(time.Until(upBy), func() bool {
-		select {
-		case <-done:
-			t.Fatalf("make up-cluster exited before it was up: %v\n%s", waitErr, logs())
-		default:
-		}
-		return bytes.Contains(must(os.ReadFile(logPath)), []byte("the codemode cluster is up"))
-	}) {
-		t.Fatalf("make up-cluster not up in time\n%s", logs())
-	}
+	waitForCluster(t, done, &waitErr, logPath, logs)
 
 	if !t.Run("redis password", func(t *testing.T) {
 		checkClusterRedisPassword(t, pgid, redisAddr, passwordFile)
@@ -127,6 +95,72 @@ func TestMakeUpCluster(t *testing.T) {
 	// edges answer before that): bounded in runs and in time. Before any
 	// session is open: an agent holding one has less free and, with runs
 	// one at a time, would get none.
+	runOnEveryAgent(t, ctx, client, agents, logs)
+
+	if _, err := client(0).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "x = 6 * 7", SessionId: "upcluster"})); err != nil {
+		t.Fatalf("session through edge 1: %v\n%s", err, logs())
+	}
+	res, err := client(1).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(x)", SessionId: "upcluster"}))
+	if err != nil || strings.TrimSpace(res.Msg.GetResult().GetStdout()) != "42" {
+		t.Fatalf("the session through edge 2: %v %v, want 42\n%s", res, err, logs())
+	}
+	stopClusterByCtrlC(t, pgid, done, &waitErr, logPath, logs)
+}
+
+// makeUpClusterLogs returns the tail of make up-cluster's output in logPath,
+// for failures.
+func makeUpClusterLogs(logPath string) func() string {
+	return func() string {
+		b, _ := os.ReadFile(logPath)
+		if len(b) > 16<<10 {
+			b = b[len(b)-16<<10:]
+		}
+		return "--- make up-cluster output (tail) ---\n" + string(b)
+	}
+}
+
+// stopMakeUpCluster stops make up-cluster after a failure, Ctrl-C then kill,
+// and removes its agents' sandboxes and state.
+func stopMakeUpCluster(done chan struct{}, pgid int, agents []string, name string) {
+	select {
+	case <-done:
+	default:
+		_ = syscall.Kill(-pgid, syscall.SIGINT)
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			<-done
+		}
+	}
+	for i := range agents {
+		removeSandboxes(fmt.Sprintf("%s-%d", name, i+1))
+		_ = os.RemoveAll(filepath.Join("/var/lib/codemode/agents", fmt.Sprintf("%s-%d", name, i+1)))
+	}
+}
+
+// waitForCluster waits for make up-cluster to say the cluster is up, leaving
+// time to stop it before the test binary's deadline.
+func waitForCluster(t *testing.T, done chan struct{}, waitErr *error, logPath string, logs func() string) {
+	upBy := time.Now().Add(10 * time.Minute)
+	if d, ok := t.Deadline(); ok && d.Add(-2*time.Minute).Before(upBy) {
+		upBy = d.Add(-2 * time.Minute)
+	}
+	if !testkit.Until(time.Until(upBy), func() bool {
+		select {
+		case <-done:
+			t.Fatalf("make up-cluster exited before it was up: %v\n%s", *waitErr, logs())
+		default:
+		}
+		return bytes.Contains(must(os.ReadFile(logPath)), []byte("the codemode cluster is up"))
+	}) {
+		t.Fatalf("make up-cluster not up in time\n%s", logs())
+	}
+}
+
+// runOnEveryAgent runs through both edges until every agent has taken a run,
+// bounded in runs and in time.
+func runOnEveryAgent(t *testing.T, ctx context.Context, client func(i int) edgev1connect.ExecutionServiceClient, agents []string, logs func() string) {
 	seen := map[string]bool{}
 	for i, deadline := 0, time.Now().Add(2*time.Minute); i < 300 && len(seen) < len(agents) && time.Now().Before(deadline); i++ {
 		res, err := client(i%2).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}))
@@ -144,14 +178,11 @@ func TestMakeUpCluster(t *testing.T) {
 	if len(seen) != len(agents) {
 		t.Errorf("runs reached agents %v, want all %d\n%s", seen, len(agents), logs())
 	}
+}
 
-	if _, err := client(0).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "x = 6 * 7", SessionId: "upcluster"})); err != nil {
-		t.Fatalf("session through edge 1: %v\n%s", err, logs())
-	}
-	res, err := client(1).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(x)", SessionId: "upcluster"}))
-	if err != nil || strings.TrimSpace(res.Msg.GetResult().GetStdout()) != "42" {
-		t.Fatalf("the session through edge 2: %v %v, want 42\n%s", res, err, logs())
-	}
+// stopClusterByCtrlC sends Ctrl-C to make's group pgid and checks that make
+// up-cluster stopped.
+func stopClusterByCtrlC(t *testing.T, pgid int, done chan struct{}, waitErr *error, logPath string, logs func() string) {
 	if err := syscall.Kill(-pgid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -160,8 +191,8 @@ func TestMakeUpCluster(t *testing.T) {
 	case <-time.After(90 * time.Second):
 		t.Fatalf("make up-cluster still runs 90s after Ctrl-C\n%s", logs())
 	}
-	if !endedByCtrlC(waitErr) || !bytes.Contains(must(os.ReadFile(logPath)), []byte("stopped")) {
-		t.Errorf("make up-cluster ended with %v, want stopped by Ctrl-C\n%s", waitErr, logs())
+	if !endedByCtrlC(*waitErr) || !bytes.Contains(must(os.ReadFile(logPath)), []byte("stopped")) {
+		t.Errorf("make up-cluster ended with %v, want stopped by Ctrl-C\n%s", *waitErr, logs())
 	}
 }
 

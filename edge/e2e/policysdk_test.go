@@ -30,30 +30,7 @@ const (
 func TestSDKPoliciesThroughEveryDoor(t *testing.T) {
 	t.Parallel()
 	s := shared(t)
-	rust, c := policytest.BuildSDK(t, "rust"), policytest.BuildSDK(t, "c")
-	dir := t.TempDir()
-	p := func(name, path, phase string, order int, config string) map[string]any {
-		return map[string]any{"name": name, "path": path, "sha256": policytest.Digest(t, path),
-			"phase": phase, "order": order, "config": config}
-	}
-	b, _ := json.Marshal(map[string]any{"policies": []map[string]any{
-		p("tenantblock-rust", filepath.Join(rust, "tenantblock-rust.wasm"), "request", 5, "mallory"),
-		p("tenantblock-c", filepath.Join(c, "tenantblock-c.wasm"), "request", 6, "eve"),
-		p("redact-c", filepath.Join(c, "redact-c.wasm"), "result", 10, ""),
-	}})
-	config := filepath.Join(dir, "policies.json")
-	if err := os.WriteFile(config, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	keys := filepath.Join(dir, "keys.json")
-	if err := os.WriteFile(keys, []byte(fmt.Sprintf(`{%q: "bob", %q: "mallory", %q: "eve"}`, sdkKeyBob, sdkKeyMallory, sdkKeyEve)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	edge, err := s.StartEdge(nil, "--api-keys", keys, "--policy-config", config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	edge := startSDKPolicyEdge(t, s)
 
 	const leak = "import sys\nprint('key=AKIA' + 'IOSFODNN7EXAMPLE')\nprint('AKIA' + 'IOSFODNN7EXAMPL2', file=sys.stderr)"
 	const redacted = "key=[REDACTED aws-access-key-id]\n"
@@ -124,4 +101,35 @@ func TestSDKPoliciesThroughEveryDoor(t *testing.T) {
 			}
 		}
 	})
+}
+
+// startSDKPolicyEdge builds the Rust and C SDKs' examples and starts an edge of s
+// with tenantblock-rust (mallory), tenantblock-c (eve) and redact-c, stopped when
+// the test ends.
+func startSDKPolicyEdge(t *testing.T, s *Stack) *Process {
+	rust, c := policytest.BuildSDK(t, "rust"), policytest.BuildSDK(t, "c")
+	dir := t.TempDir()
+	p := func(name, path, phase string, order int, config string) map[string]any {
+		return map[string]any{"name": name, "path": path, "sha256": policytest.Digest(t, path),
+			"phase": phase, "order": order, "config": config}
+	}
+	b, _ := json.Marshal(map[string]any{"policies": []map[string]any{
+		p("tenantblock-rust", filepath.Join(rust, "tenantblock-rust.wasm"), "request", 5, "mallory"),
+		p("tenantblock-c", filepath.Join(c, "tenantblock-c.wasm"), "request", 6, "eve"),
+		p("redact-c", filepath.Join(c, "redact-c.wasm"), "result", 10, ""),
+	}})
+	config := filepath.Join(dir, "policies.json")
+	if err := os.WriteFile(config, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	keys := filepath.Join(dir, "keys.json")
+	if err := os.WriteFile(keys, []byte(fmt.Sprintf(`{%q: "bob", %q: "mallory", %q: "eve"}`, sdkKeyBob, sdkKeyMallory, sdkKeyEve)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	edge, err := s.StartEdge(nil, "--api-keys", keys, "--policy-config", config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	return edge
 }

@@ -98,6 +98,12 @@ func TestTenantSessionLimits(t *testing.T) {
 	}
 
 	// GET /status: each tenant its own sessions, nobody the load.
+	checkStatusPerTenant(t, edge, keyA, keyB)
+}
+
+// checkStatusPerTenant checks GET /status through edge: team-a (keyA) sees its 2
+// sessions, team-b (keyB) its 1, and neither the agent's load.
+func checkStatusPerTenant(t *testing.T, edge *Process, keyA, keyB string) {
 	for key, want := range map[string]int{keyA: 2, keyB: 1} {
 		testkit.Eventually(t, 30*time.Second, func() error { // the control plane polls the agent
 			code, _, body := seedCall(t, http.MethodGet, edge.URL()+"/status", key, "")
