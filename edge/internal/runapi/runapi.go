@@ -79,6 +79,9 @@ type Agent struct {
 type Language struct {
 	Name    string `json:"name"`
 	Version string `json:"version,omitempty"`
+	// Preloaded are the modules a run finds already imported (Python's,
+	// from each sandbox's preloaded parent).
+	Preloaded []string `json:"preloaded,omitempty"`
 }
 
 // StatusHandler returns the handler of GET /status: the agents by name
@@ -122,7 +125,7 @@ func (s *Status) add(t string, agents []*cpv1.Agent) {
 		s.HealthyAgents++
 		for _, l := range st.GetLanguages() {
 			if _, seen := langs[l.GetName()]; !seen {
-				langs[l.GetName()] = Language{Name: l.GetName(), Version: l.GetVersion()}
+				langs[l.GetName()] = Language{Name: l.GetName(), Version: l.GetVersion(), Preloaded: l.GetPreloaded()}
 			}
 		}
 	}

@@ -291,7 +291,7 @@ func TestRunHandlerScopesSessions(t *testing.T) {
 
 func TestStatusHandler(t *testing.T) {
 	t.Parallel()
-	py := &executionv1.Language{Name: "python", Version: "3.11"}
+	py := &executionv1.Language{Name: "python", Version: "3.11", Preloaded: []string{"numpy", "pandas"}}
 	js := &executionv1.Language{Name: "javascript", Version: "18"}
 	agents := []*cpv1.Agent{
 		{Address: "127.0.0.7:30031", Healthy: true, InFlight: 1,
@@ -378,7 +378,7 @@ func statusOK(t *testing.T, agents []*cpv1.Agent) {
 			{Name: "vm-2"},
 		},
 		Sessions:  1,
-		Languages: []Language{{Name: "javascript", Version: "18"}, {Name: "python", Version: "3.11"}},
+		Languages: []Language{{Name: "javascript", Version: "18"}, {Name: "python", Version: "3.11", Preloaded: []string{"numpy", "pandas"}}},
 	}
 	gotJSON, _ := json.Marshal(got)
 	wantJSON, _ := json.Marshal(want)
