@@ -188,61 +188,9 @@ func TestResponse(t *testing.T) {
 	t.Parallel()
 	echo := jsonEscape(secretForForms, 0x3, false)
 	basic := base64.StdEncoding.EncodeToString([]byte("user:" + secretForForms))
-	gz := func(s string) []byte {
-		var b bytes.Buffer
-		w := gzip.NewWriter(&b)
-		io.WriteString(w, s)
-		w.Close()
-		return b.Bytes()
-	}
-	zl := func(s string) []byte {
-		var b bytes.Buffer
-		w := zlib.NewWriter(&b)
-		io.WriteString(w, s)
-		w.Close()
-		return b.Bytes()
-	}
-	answer := func(code int, status string, h http.Header, body []byte) *http.Response {
-		if h == nil {
-			h = http.Header{}
-		}
-		return &http.Response{StatusCode: code, Status: status, Header: h, Body: io.NopCloser(bytes.NewReader(body)),
-			ContentLength: int64(len(body)), Trailer: http.Header{"X-Trailer": {secretForForms}}}
-	}
 	t.Run("redacted", func(t *testing.T) {
 		t.Parallel()
-		res := answer(401, "401 bad token "+secretForForms, http.Header{
-			"Location": {"/login?token=" + percentEscape(secretForForms, ^uint64(0), false)},
-			"X-Echo":   {"Basic " + basic},
-			"X-" + base64.RawURLEncoding.EncodeToString([]byte(secretForForms)): {"1"},
-			"Content-Encoding": {"gzip"},
-			"Trailer":          {"X-Trailer"},
-			"Content-Length":   {"99"},
-		}, gz(`{"you sent": "`+echo+`"}`))
-		if err := testRedactor(false).Response(res); err != nil {
-			t.Fatal(err)
-		}
-		body, err := io.ReadAll(res.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Status != "401 bad token "+Redacted || res.Header.Get("Location") != "/login?token="+Redacted ||
-			!strings.HasPrefix(res.Header.Get("X-Echo"), "Basic ") || !strings.Contains(res.Header.Get("X-Echo"), Redacted) {
-			t.Errorf("status %q, headers %v", res.Status, res.Header)
-		}
-		for k, vs := range res.Header {
-			for _, v := range append(vs, k) {
-				if testRedactor(false).Found([]byte(v)) {
-					t.Errorf("header %s: %q holds the secret", k, v)
-				}
-			}
-		}
-		if res.Header.Get("Content-Encoding") != "" || res.Header.Get("Content-Length") != "" || res.Header.Get("Trailer") != "" || res.Trailer != nil || res.ContentLength != -1 {
-			t.Errorf("headers %v, trailer %v, length %d", res.Header, res.Trailer, res.ContentLength)
-		}
-		if string(body) != `{"you sent": "`+Redacted+`"}` {
-			t.Errorf("body %s", body)
-		}
+		responseRedacted(t, echo, basic)
 	})
 	t.Run("deflate", func(t *testing.T) {
 		t.Parallel()
@@ -272,35 +220,105 @@ func TestResponse(t *testing.T) {
 	}
 	t.Run("refused", func(t *testing.T) {
 		t.Parallel()
-		for name, res := range map[string]*http.Response{
-			"status":    answer(400, "400 "+echo, nil, nil),
-			"location":  answer(302, "302 Found", http.Header{"Location": {"/x?t=" + percentEscape(secretForForms, 1, true)}}, nil),
-			"body":      answer(200, "200 OK", nil, []byte(basic)),
-			"gzip body": answer(200, "200 OK", http.Header{"Content-Encoding": {"gzip"}}, gz(echo)),
-		} {
-			if err := testRedactor(true).Response(res); !errors.Is(err, ErrEcho) {
-				t.Errorf("%s: %v, want ErrEcho", name, err)
+		responseRefused(t, echo, basic)
+	})
+}
+
+// gz is s gzipped.
+func gz(s string) []byte {
+	var b bytes.Buffer
+	w := gzip.NewWriter(&b)
+	io.WriteString(w, s)
+	w.Close()
+	return b.Bytes()
+}
+
+// zl is s in zlib's format (HTTP's deflate).
+func zl(s string) []byte {
+	var b bytes.Buffer
+	w := zlib.NewWriter(&b)
+	io.WriteString(w, s)
+	w.Close()
+	return b.Bytes()
+}
+
+// answer is a response as an API sends it, with the secret in a trailer.
+func answer(code int, status string, h http.Header, body []byte) *http.Response {
+	if h == nil {
+		h = http.Header{}
+	}
+	return &http.Response{StatusCode: code, Status: status, Header: h, Body: io.NopCloser(bytes.NewReader(body)),
+		ContentLength: int64(len(body)), Trailer: http.Header{"X-Trailer": {secretForForms}}}
+}
+
+// responseRedacted is TestResponse's "redacted"; echo and basic are the
+// secret as TestResponse encodes it.
+func responseRedacted(t *testing.T, echo, basic string) {
+	res := answer(401, "401 bad token "+secretForForms, http.Header{
+		"Location": {"/login?token=" + percentEscape(secretForForms, ^uint64(0), false)},
+		"X-Echo":   {"Basic " + basic},
+		"X-" + base64.RawURLEncoding.EncodeToString([]byte(secretForForms)): {"1"},
+		"Content-Encoding": {"gzip"},
+		"Trailer":          {"X-Trailer"},
+		"Content-Length":   {"99"},
+	}, gz(`{"you sent": "`+echo+`"}`))
+	if err := testRedactor(false).Response(res); err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != "401 bad token "+Redacted || res.Header.Get("Location") != "/login?token="+Redacted ||
+		!strings.HasPrefix(res.Header.Get("X-Echo"), "Basic ") || !strings.Contains(res.Header.Get("X-Echo"), Redacted) {
+		t.Errorf("status %q, headers %v", res.Status, res.Header)
+	}
+	for k, vs := range res.Header {
+		for _, v := range append(vs, k) {
+			if testRedactor(false).Found([]byte(v)) {
+				t.Errorf("header %s: %q holds the secret", k, v)
 			}
 		}
-		res := answer(200, "200 OK", http.Header{"Content-Encoding": {"gzip"}}, gz(`{"ok": true}`))
-		if err := testRedactor(true).Response(res); err != nil {
-			t.Fatal(err)
+	}
+	if res.Header.Get("Content-Encoding") != "" || res.Header.Get("Content-Length") != "" || res.Header.Get("Trailer") != "" || res.Trailer != nil || res.ContentLength != -1 {
+		t.Errorf("headers %v, trailer %v, length %d", res.Header, res.Trailer, res.ContentLength)
+	}
+	if string(body) != `{"you sent": "`+Redacted+`"}` {
+		t.Errorf("body %s", body)
+	}
+}
+
+// responseRefused is TestResponse's "refused"; echo and basic are the
+// secret as TestResponse encodes it.
+func responseRefused(t *testing.T, echo, basic string) {
+	for name, res := range map[string]*http.Response{
+		"status":    answer(400, "400 "+echo, nil, nil),
+		"location":  answer(302, "302 Found", http.Header{"Location": {"/x?t=" + percentEscape(secretForForms, 1, true)}}, nil),
+		"body":      answer(200, "200 OK", nil, []byte(basic)),
+		"gzip body": answer(200, "200 OK", http.Header{"Content-Encoding": {"gzip"}}, gz(echo)),
+	} {
+		if err := testRedactor(true).Response(res); !errors.Is(err, ErrEcho) {
+			t.Errorf("%s: %v, want ErrEcho", name, err)
 		}
-		if body, err := io.ReadAll(res.Body); err != nil || string(body) != `{"ok": true}` || res.ContentLength != int64(len(body)) {
-			t.Errorf("a clean answer: %q, %v, length %d", body, err, res.ContentLength)
-		}
-		// Past what is checked before the status goes, an echo ends the
-		// body with an error, and none of it is read.
-		long := strings.Repeat("x", maxCheckedBody+100) + echo + "tail"
-		res = answer(200, "200 OK", nil, []byte(long))
-		if err := testRedactor(true).Response(res); err != nil {
-			t.Fatal(err)
-		}
-		body, err := io.ReadAll(res.Body)
-		if !errors.Is(err, ErrEcho) || len(body) > maxCheckedBody+100 {
-			t.Errorf("a long echo: %d bytes, %v", len(body), err)
-		}
-	})
+	}
+	res := answer(200, "200 OK", http.Header{"Content-Encoding": {"gzip"}}, gz(`{"ok": true}`))
+	if err := testRedactor(true).Response(res); err != nil {
+		t.Fatal(err)
+	}
+	if body, err := io.ReadAll(res.Body); err != nil || string(body) != `{"ok": true}` || res.ContentLength != int64(len(body)) {
+		t.Errorf("a clean answer: %q, %v, length %d", body, err, res.ContentLength)
+	}
+	// Past what is checked before the status goes, an echo ends the
+	// body with an error, and none of it is read.
+	long := strings.Repeat("x", maxCheckedBody+100) + echo + "tail"
+	res = answer(200, "200 OK", nil, []byte(long))
+	if err := testRedactor(true).Response(res); err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(res.Body)
+	if !errors.Is(err, ErrEcho) || len(body) > maxCheckedBody+100 {
+		t.Errorf("a long echo: %d bytes, %v", len(body), err)
+	}
 }
 
 func TestDeclaredHeadersCodemodeSets(t *testing.T) {
