@@ -185,22 +185,7 @@ func TestFileThread(t *testing.T) {
 	}
 	t.Parallel()
 	uid := testUID()
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	userDir, rootOnly := filepath.Join(dir, "user"), filepath.Join(dir, "root-only")
-	if err := os.Mkdir(userDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(userDir, uid, uid); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(rootOnly, []byte("secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	userDir, rootOnly := fileThreadDirs(t, uid)
 	for _, tc := range []struct {
 		name       string
 		as         func(int, int, func() error) error
@@ -262,4 +247,26 @@ func TestFileThread(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fileThreadDirs makes TestFileThread's directory of uid's and a file only
+// root may read, beside it.
+func fileThreadDirs(t *testing.T, uid int) (userDir, rootOnly string) {
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	userDir, rootOnly = filepath.Join(dir, "user"), filepath.Join(dir, "root-only")
+	if err := os.Mkdir(userDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(userDir, uid, uid); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rootOnly, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return userDir, rootOnly
 }
