@@ -208,58 +208,11 @@ func TestSandbox(t *testing.T) {
 	})
 
 	t.Run("streams", func(t *testing.T) {
-		start := time.Now()
-		var times []time.Duration
-		exit, err := sb.c.Run(ctx, &runnerv1.Run{Language: "python", Code: "import time\nfor i in range(3):\n    print(i)\n    time.sleep(1)"},
-			func(_ wire.Stream, b []byte) {
-				for range bytes.Count(b, []byte("\n")) {
-					times = append(times, time.Since(start))
-				}
-			})
-		if err != nil || exit.GetCode() != 0 || len(times) != 3 {
-			t.Fatalf("exit %v, err %v, lines at %v", exit, err, times)
-		}
-		t.Logf("lines arrived at %v", times)
-		// The lines are printed 1 s apart. Buffering brings them all at
-		// once; on a loaded machine one late line shortens its gap to the
-		// next, so the bounds are loose.
-		for i := 1; i < 3; i++ {
-			if gap := times[i] - times[i-1]; gap < 250*time.Millisecond {
-				t.Fatalf("line %d came %v after line %d: buffered output (times %v)", i, gap, i-1, times)
-			}
-		}
-		if span := times[2] - times[0]; span < time.Second {
-			t.Fatalf("the lines came within %v of each other: buffered output (times %v)", span, times)
-		}
+		sandboxStreams(t, sb)
 	})
 
 	t.Run("runner protected", func(t *testing.T) {
-		// The runner is PID 1 and root; user code is another uid.
-		for _, tc := range []struct{ name, code string }{
-			{"signal", "kill -KILL 1"},
-			{"signal all", "kill -KILL -1; echo still here"},
-			{"read memory", "head -c 16 /proc/1/mem"},
-			{"read memory map", "cat /proc/1/maps"},
-			{"read environment", "cat /proc/1/environ"},
-			{"open its stdin", "echo x > /proc/1/fd/0"},
-			{"trace", "python3 -c 'import ctypes, sys; r = ctypes.CDLL(None).ptrace(16, 1, 0, 0); sys.exit(0 if r == 0 else 1)'"},
-			{"replace binary", "echo x > " + wire.RunnerPath},
-			{"write the root", "echo x > /etc/passwd || echo x > /usr/bin/x"},
-		} {
-			r := sb.mustRun(t, "bash", tc.code)
-			if tc.name == "signal all" {
-				if r.stdout != "" { // kill -1 also killed the shell itself
-					t.Logf("%s: %q", tc.name, r.stdout)
-				}
-				continue
-			}
-			if r.exit.GetCode() == 0 {
-				t.Errorf("%s: user code succeeded (stdout %q)", tc.name, r.stdout)
-			}
-		}
-		if r := sb.mustRun(t, "bash", "echo alive"); r.stdout != "alive\n" {
-			t.Fatalf("runner after the attacks: %q %q", r.stdout, r.stderr)
-		}
+		sandboxRunnerProtected(t, sb)
 	})
 
 	t.Run("no network", func(t *testing.T) {
@@ -270,40 +223,11 @@ func TestSandbox(t *testing.T) {
 	})
 
 	t.Run("timeout", func(t *testing.T) {
-		for _, tc := range []struct{ lang, code string }{
-			{"bash", "sleep 3600"},
-			{"python", "while True: pass"},
-			{"bash", "setsid sleep 3600 & nohup sleep 3600 & (sleep 3600 &); sleep 3600"},
-		} {
-			start := time.Now()
-			r := sb.run(ctx, &runnerv1.Run{Language: tc.lang, Code: tc.code, Timeout: durationpb.New(2 * time.Second)})
-			if r.err != nil || !r.exit.GetTimedOut() || r.exit.GetCode() != 137 {
-				t.Fatalf("%q: %v %v", tc.code, r.exit, r.err)
-			}
-			if d := time.Since(start); d > 6*time.Second {
-				t.Fatalf("%q: took %v", tc.code, d)
-			}
-			if got := sb.mustRun(t, "python", countUserProcs).stdout; got != "0\n" {
-				t.Fatalf("%q: user processes left after the timeout: %q", tc.code, got)
-			}
-		}
+		sandboxTimeout(t, sb)
 	})
 
 	t.Run("stdout flood", func(t *testing.T) {
-		const limit = 1 << 20
-		start := time.Now()
-		r := sb.run(ctx, &runnerv1.Run{Language: "python", OutputLimit: limit, Timeout: durationpb.New(60 * time.Second),
-			Code: "import sys\nb = b'x' * (1 << 20)\nfor _ in range(150):\n    sys.stdout.buffer.write(b)\nprint('end', file=sys.stderr)"})
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		t.Logf("150 MiB flood: %v, exit %v", time.Since(start), r.exit)
-		if got := len(r.stdout) + len(r.stderr); got != limit || !r.exit.GetTruncated() || r.exit.GetCode() != 0 {
-			t.Fatalf("passed on %d bytes, exit %v", got, r.exit)
-		}
-		if got := sb.mustRun(t, "python", "print('responsive')").stdout; got != "responsive\n" {
-			t.Fatalf("after the flood: %q", got)
-		}
+		sandboxStdoutFlood(t, sb)
 	})
 
 	t.Run("stateful python", func(t *testing.T) {
@@ -325,61 +249,172 @@ func TestSandbox(t *testing.T) {
 	})
 
 	t.Run("matplotlib figures", func(t *testing.T) {
-		plot := "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\nplt.figure(); plt.bar([1, 2], [3, 4]); plt.show()"
-		for _, stateful := range []bool{false, true} {
-			r := sb.run(ctx, &runnerv1.Run{Language: "python", Code: plot, Stateful: stateful})
-			if r.err != nil || r.exit.GetCode() != 0 {
-				t.Fatalf("stateful %v: %v %q", stateful, r.err, r.stderr)
-			}
-			if r.stderr != "" {
-				t.Errorf("stateful %v: stderr %q", stateful, r.stderr)
-			}
-			want := "figure-1.png image/png; figure-2.png image/png"
-			if stateful {
-				// The stateless run's figures are still there.
-				want = "figure-3.png image/png; figure-4.png image/png"
-			}
-			if got := strings.Join(artifactNames(r.exit), "; "); got != want {
-				t.Fatalf("stateful %v: artifacts %q, want %q", stateful, got, want)
-			}
-			for _, a := range r.exit.GetArtifacts() {
-				if _, err := png.Decode(bytes.NewReader(a.GetContent())); err != nil {
-					t.Errorf("%s: %v", a.GetName(), err)
-				}
-			}
-		}
-		// matplotlib reads the image's font list from its directory, which
-		// is not the workspace, and searches no fonts (it would fail to
-		// write the list there, and say so on stderr).
-		r0 := sb.mustRun(t, "python", "import os, matplotlib.pyplot as plt, matplotlib\n"+
-			"d = os.environ['MPLCONFIGDIR']\nprint(matplotlib.get_cachedir() == d, [n.split('-v')[0] for n in os.listdir(d)], [n for n in os.listdir('/workspace') if n.startswith('.')])")
-		if want := "True ['fontlist'] []\n"; r0.stdout != want || r0.stderr != "" {
-			t.Errorf("matplotlib's directory: %q %q, want %q", r0.stdout, r0.stderr, want)
-		}
-		// The modules are root's: user code cannot change what the next
-		// run's plt.show() does.
-		r := sb.mustRun(t, "bash", "stat -c '%U %a' "+wire.UserLib+" "+wire.UserLib+"/*; echo x > "+wire.UserLib+"/codemode_mpl.py || echo refused")
-		if want := "root 755\nroot 644\n"; !strings.HasPrefix(r.stdout, want) || !strings.HasSuffix(r.stdout, "refused\n") {
-			t.Errorf("python lib: %q %q", r.stdout, r.stderr)
-		}
+		sandboxMatplotlibFigures(t, sb)
 	})
 
 	t.Run("files", func(t *testing.T) {
-		if err := sb.c.WriteFile(ctx, &runnerv1.File{Path: "in/data.txt", Content: []byte("42")}); err != nil {
-			t.Fatal(err)
-		}
-		r := sb.mustRun(t, "bash", "stat -c '%U %a' in in/data.txt; cat in/data.txt > out.txt; ln -s /etc/passwd leak")
-		if r.stdout != "nobody 755\nnobody 644\n" {
-			t.Fatalf("owners: %q %q", r.stdout, r.stderr)
-		}
-		f, err := sb.c.ReadFile(ctx, "out.txt", 0)
-		if err != nil || string(f.GetContent()) != "42" {
-			t.Fatalf("ReadFile = %v, %v", f, err)
-		}
-		if _, err := sb.c.ReadFile(ctx, "leak", 0); err == nil {
-			t.Fatal("read through a link out of the workspace")
-		}
+		sandboxFiles(t, sb)
 	})
+}
+
+// sandboxStreams is TestSandbox's "streams".
+func sandboxStreams(t *testing.T, sb *sandbox) {
+	ctx := t.Context()
+	start := time.Now()
+	var times []time.Duration
+	exit, err := sb.c.Run(ctx, &runnerv1.Run{Language: "python", Code: "import time\nfor i in range(3):\n    print(i)\n    time.sleep(1)"},
+		func(_ wire.Stream, b []byte) {
+			for range bytes.Count(b, []byte("\n")) {
+				times = append(times, time.Since(start))
+			}
+		})
+	if err != nil || exit.GetCode() != 0 || len(times) != 3 {
+		t.Fatalf("exit %v, err %v, lines at %v", exit, err, times)
+	}
+	t.Logf("lines arrived at %v", times)
+	// The lines are printed 1 s apart. Buffering brings them all at
+	// once; on a loaded machine one late line shortens its gap to the
+	// next, so the bounds are loose.
+	for i := 1; i < 3; i++ {
+		if gap := times[i] - times[i-1]; gap < 250*time.Millisecond {
+			t.Fatalf("line %d came %v after line %d: buffered output (times %v)", i, gap, i-1, times)
+		}
+	}
+	if span := times[2] - times[0]; span < time.Second {
+		t.Fatalf("the lines came within %v of each other: buffered output (times %v)", span, times)
+	}
+}
+
+// sandboxRunnerProtected is TestSandbox's "runner protected".
+func sandboxRunnerProtected(t *testing.T, sb *sandbox) {
+	// The runner is PID 1 and root; user code is another uid.
+	for _, tc := range []struct{ name, code string }{
+		{"signal", "kill -KILL 1"},
+		{"signal all", "kill -KILL -1; echo still here"},
+		{"read memory", "head -c 16 /proc/1/mem"},
+		{"read memory map", "cat /proc/1/maps"},
+		{"read environment", "cat /proc/1/environ"},
+		{"open its stdin", "echo x > /proc/1/fd/0"},
+		{"trace", "python3 -c 'import ctypes, sys; r = ctypes.CDLL(None).ptrace(16, 1, 0, 0); sys.exit(0 if r == 0 else 1)'"},
+		{"replace binary", "echo x > " + wire.RunnerPath},
+		{"write the root", "echo x > /etc/passwd || echo x > /usr/bin/x"},
+	} {
+		r := sb.mustRun(t, "bash", tc.code)
+		if tc.name == "signal all" {
+			if r.stdout != "" { // kill -1 also killed the shell itself
+				t.Logf("%s: %q", tc.name, r.stdout)
+			}
+			continue
+		}
+		if r.exit.GetCode() == 0 {
+			t.Errorf("%s: user code succeeded (stdout %q)", tc.name, r.stdout)
+		}
+	}
+	if r := sb.mustRun(t, "bash", "echo alive"); r.stdout != "alive\n" {
+		t.Fatalf("runner after the attacks: %q %q", r.stdout, r.stderr)
+	}
+}
+
+// sandboxTimeout is TestSandbox's "timeout".
+func sandboxTimeout(t *testing.T, sb *sandbox) {
+	ctx := t.Context()
+	for _, tc := range []struct{ lang, code string }{
+		{"bash", "sleep 3600"},
+		{"python", "while True: pass"},
+		{"bash", "setsid sleep 3600 & nohup sleep 3600 & (sleep 3600 &); sleep 3600"},
+	} {
+		start := time.Now()
+		r := sb.run(ctx, &runnerv1.Run{Language: tc.lang, Code: tc.code, Timeout: durationpb.New(2 * time.Second)})
+		if r.err != nil || !r.exit.GetTimedOut() || r.exit.GetCode() != 137 {
+			t.Fatalf("%q: %v %v", tc.code, r.exit, r.err)
+		}
+		if d := time.Since(start); d > 6*time.Second {
+			t.Fatalf("%q: took %v", tc.code, d)
+		}
+		if got := sb.mustRun(t, "python", countUserProcs).stdout; got != "0\n" {
+			t.Fatalf("%q: user processes left after the timeout: %q", tc.code, got)
+		}
+	}
+}
+
+// sandboxStdoutFlood is TestSandbox's "stdout flood".
+func sandboxStdoutFlood(t *testing.T, sb *sandbox) {
+	ctx := t.Context()
+	const limit = 1 << 20
+	start := time.Now()
+	r := sb.run(ctx, &runnerv1.Run{Language: "python", OutputLimit: limit, Timeout: durationpb.New(60 * time.Second),
+		Code: "import sys\nb = b'x' * (1 << 20)\nfor _ in range(150):\n    sys.stdout.buffer.write(b)\nprint('end', file=sys.stderr)"})
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Logf("150 MiB flood: %v, exit %v", time.Since(start), r.exit)
+	if got := len(r.stdout) + len(r.stderr); got != limit || !r.exit.GetTruncated() || r.exit.GetCode() != 0 {
+		t.Fatalf("passed on %d bytes, exit %v", got, r.exit)
+	}
+	if got := sb.mustRun(t, "python", "print('responsive')").stdout; got != "responsive\n" {
+		t.Fatalf("after the flood: %q", got)
+	}
+}
+
+// sandboxMatplotlibFigures is TestSandbox's "matplotlib figures".
+func sandboxMatplotlibFigures(t *testing.T, sb *sandbox) {
+	ctx := t.Context()
+	plot := "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\nplt.figure(); plt.bar([1, 2], [3, 4]); plt.show()"
+	for _, stateful := range []bool{false, true} {
+		r := sb.run(ctx, &runnerv1.Run{Language: "python", Code: plot, Stateful: stateful})
+		if r.err != nil || r.exit.GetCode() != 0 {
+			t.Fatalf("stateful %v: %v %q", stateful, r.err, r.stderr)
+		}
+		if r.stderr != "" {
+			t.Errorf("stateful %v: stderr %q", stateful, r.stderr)
+		}
+		want := "figure-1.png image/png; figure-2.png image/png"
+		if stateful {
+			// The stateless run's figures are still there.
+			want = "figure-3.png image/png; figure-4.png image/png"
+		}
+		if got := strings.Join(artifactNames(r.exit), "; "); got != want {
+			t.Fatalf("stateful %v: artifacts %q, want %q", stateful, got, want)
+		}
+		for _, a := range r.exit.GetArtifacts() {
+			if _, err := png.Decode(bytes.NewReader(a.GetContent())); err != nil {
+				t.Errorf("%s: %v", a.GetName(), err)
+			}
+		}
+	}
+	// matplotlib reads the image's font list from its directory, which
+	// is not the workspace, and searches no fonts (it would fail to
+	// write the list there, and say so on stderr).
+	r0 := sb.mustRun(t, "python", "import os, matplotlib.pyplot as plt, matplotlib\n"+
+		"d = os.environ['MPLCONFIGDIR']\nprint(matplotlib.get_cachedir() == d, [n.split('-v')[0] for n in os.listdir(d)], [n for n in os.listdir('/workspace') if n.startswith('.')])")
+	if want := "True ['fontlist'] []\n"; r0.stdout != want || r0.stderr != "" {
+		t.Errorf("matplotlib's directory: %q %q, want %q", r0.stdout, r0.stderr, want)
+	}
+	// The modules are root's: user code cannot change what the next
+	// run's plt.show() does.
+	r := sb.mustRun(t, "bash", "stat -c '%U %a' "+wire.UserLib+" "+wire.UserLib+"/*; echo x > "+wire.UserLib+"/codemode_mpl.py || echo refused")
+	if want := "root 755\nroot 644\n"; !strings.HasPrefix(r.stdout, want) || !strings.HasSuffix(r.stdout, "refused\n") {
+		t.Errorf("python lib: %q %q", r.stdout, r.stderr)
+	}
+}
+
+// sandboxFiles is TestSandbox's "files".
+func sandboxFiles(t *testing.T, sb *sandbox) {
+	ctx := t.Context()
+	if err := sb.c.WriteFile(ctx, &runnerv1.File{Path: "in/data.txt", Content: []byte("42")}); err != nil {
+		t.Fatal(err)
+	}
+	r := sb.mustRun(t, "bash", "stat -c '%U %a' in in/data.txt; cat in/data.txt > out.txt; ln -s /etc/passwd leak")
+	if r.stdout != "nobody 755\nnobody 644\n" {
+		t.Fatalf("owners: %q %q", r.stdout, r.stderr)
+	}
+	f, err := sb.c.ReadFile(ctx, "out.txt", 0)
+	if err != nil || string(f.GetContent()) != "42" {
+		t.Fatalf("ReadFile = %v, %v", f, err)
+	}
+	if _, err := sb.c.ReadFile(ctx, "leak", 0); err == nil {
+		t.Fatal("read through a link out of the workspace")
+	}
 }
 
 // TestSandboxReset checks that a scrubbed sandbox shows nothing of the
@@ -611,26 +646,11 @@ func TestSandboxAbuse(t *testing.T) {
 func BenchmarkSandbox(b *testing.B) {
 	sb := startSandbox(b)
 	ctx := b.Context()
-	through := func(b *testing.B, run *runnerv1.Run) {
-		cpu := sb.cpuUsage(b)
-		var lat []time.Duration
-		c0 := cpu()
-		for b.Loop() {
-			start := time.Now()
-			exit, err := sb.c.Run(ctx, run, nil)
-			if err != nil || exit.GetCode() != 0 {
-				b.Fatalf("run: %v %v", exit, err)
-			}
-			lat = append(lat, time.Since(start))
-		}
-		b.ReportMetric(float64((cpu()-c0).Microseconds())/1000/float64(len(lat)), "cpu-ms")
-		testkit.ReportPercentiles(b, lat, time.Millisecond)
-	}
 	b.Run("runner/python-print", func(b *testing.B) {
-		through(b, &runnerv1.Run{Language: "python", Code: "print(1)"})
+		sb.benchRuns(b, &runnerv1.Run{Language: "python", Code: "print(1)"})
 	})
 	b.Run("runner/bash-echo", func(b *testing.B) {
-		through(b, &runnerv1.Run{Language: "bash", Code: "echo 1"})
+		sb.benchRuns(b, &runnerv1.Run{Language: "bash", Code: "echo 1"})
 	})
 	// A stateless run and the scrub that makes the sandbox fit for the
 	// next, unrelated one, as the agent's pool does them: wall time and the
@@ -638,40 +658,14 @@ func BenchmarkSandbox(b *testing.B) {
 	// includes the gVisor kernel's own work).
 	for _, lang := range []struct{ name, code string }{{"python", "print(1)"}, {"bash", "echo 1"}} {
 		b.Run("runner/"+lang.name+"-run+reset", func(b *testing.B) {
-			cpu := sb.cpuUsage(b)
-			run := &runnerv1.Run{Language: lang.name, Code: lang.code}
-			var runW, runC, resW, resC time.Duration
-			var lat []time.Duration
-			n := 0
-			for b.Loop() {
-				c0, t0 := cpu(), time.Now()
-				exit, err := sb.c.Run(ctx, run, nil)
-				if err != nil || exit.GetCode() != 0 {
-					b.Fatalf("run: %v %v", exit, err)
-				}
-				c1, t1 := cpu(), time.Now()
-				if err := sb.c.Reset(ctx); err != nil {
-					b.Fatalf("reset: %v", err)
-				}
-				c2, t2 := cpu(), time.Now()
-				runW, runC = runW+t1.Sub(t0), runC+c1-c0
-				resW, resC = resW+t2.Sub(t1), resC+c2-c1
-				lat = append(lat, t1.Sub(t0))
-				n++
-			}
-			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(n) }
-			b.ReportMetric(ms(runW), "run-ms")
-			b.ReportMetric(ms(runC), "run-cpu-ms")
-			b.ReportMetric(ms(resW), "reset-ms")
-			b.ReportMetric(ms(resC), "reset-cpu-ms")
-			testkit.ReportPercentiles(b, lat, time.Millisecond)
+			sb.benchRunReset(b, lang.name, lang.code)
 		})
 	}
 	b.Run("runner/python-session-statement", func(b *testing.B) {
 		if _, err := sb.c.Run(ctx, &runnerv1.Run{Language: "python", Code: "x = 0", Stateful: true}, nil); err != nil {
 			b.Fatal(err)
 		}
-		through(b, &runnerv1.Run{Language: "python", Code: "x += 1", Stateful: true})
+		sb.benchRuns(b, &runnerv1.Run{Language: "python", Code: "x += 1", Stateful: true})
 	})
 	// The same starts from a loop inside the sandbox: no runner, no
 	// stream, only the interpreter.
@@ -680,32 +674,91 @@ func BenchmarkSandbox(b *testing.B) {
 		{"in-sandbox-loop/bash-echo", "bash -c 'echo 1'"},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			// Ten starts per run of the loop, so that the cost of the run
-			// that holds the loop weighs little on the CPU time per start.
-			const starts = 10
-			cpu := sb.cpuUsage(b)
-			var lat []time.Duration
-			c0 := cpu()
-			for b.Loop() {
-				// bash's time keyword measures without starting anything
-				// else.
-				code := fmt.Sprintf("TIMEFORMAT=%%3R; for i in {1..%d}; do { time %s >/dev/null; } 2>&1; done", starts, tc.cmd)
-				exit, err := sb.c.Run(ctx, &runnerv1.Run{Language: "bash", Code: code}, func(_ wire.Stream, out []byte) {
-					for f := range strings.FieldsSeq(string(out)) {
-						var sec float64
-						if _, err := fmt.Sscan(f, &sec); err == nil {
-							lat = append(lat, time.Duration(sec*float64(time.Second)))
-						}
-					}
-				})
-				if err != nil || exit.GetCode() != 0 {
-					b.Fatalf("run: %v %v", exit, err)
-				}
-			}
-			b.ReportMetric(float64((cpu()-c0).Microseconds())/1000/float64(len(lat)), "cpu-ms")
-			testkit.ReportPercentiles(b, lat, time.Millisecond)
+			sb.benchInSandboxLoop(b, tc.cmd)
 		})
 	}
+}
+
+// benchRuns runs run over and over: latency and the sandbox's CPU time per
+// run.
+func (sb *sandbox) benchRuns(b *testing.B, run *runnerv1.Run) {
+	ctx := b.Context()
+	cpu := sb.cpuUsage(b)
+	var lat []time.Duration
+	c0 := cpu()
+	for b.Loop() {
+		start := time.Now()
+		exit, err := sb.c.Run(ctx, run, nil)
+		if err != nil || exit.GetCode() != 0 {
+			b.Fatalf("run: %v %v", exit, err)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.ReportMetric(float64((cpu()-c0).Microseconds())/1000/float64(len(lat)), "cpu-ms")
+	testkit.ReportPercentiles(b, lat, time.Millisecond)
+}
+
+// benchRunReset is BenchmarkSandbox's "runner/<lang>-run+reset": a run of
+// code in lang and a reset, each timed apart.
+func (sb *sandbox) benchRunReset(b *testing.B, lang, code string) {
+	ctx := b.Context()
+	cpu := sb.cpuUsage(b)
+	run := &runnerv1.Run{Language: lang, Code: code}
+	var runW, runC, resW, resC time.Duration
+	var lat []time.Duration
+	n := 0
+	for b.Loop() {
+		c0, t0 := cpu(), time.Now()
+		exit, err := sb.c.Run(ctx, run, nil)
+		if err != nil || exit.GetCode() != 0 {
+			b.Fatalf("run: %v %v", exit, err)
+		}
+		c1, t1 := cpu(), time.Now()
+		if err := sb.c.Reset(ctx); err != nil {
+			b.Fatalf("reset: %v", err)
+		}
+		c2, t2 := cpu(), time.Now()
+		runW, runC = runW+t1.Sub(t0), runC+c1-c0
+		resW, resC = resW+t2.Sub(t1), resC+c2-c1
+		lat = append(lat, t1.Sub(t0))
+		n++
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(n) }
+	b.ReportMetric(ms(runW), "run-ms")
+	b.ReportMetric(ms(runC), "run-cpu-ms")
+	b.ReportMetric(ms(resW), "reset-ms")
+	b.ReportMetric(ms(resC), "reset-cpu-ms")
+	testkit.ReportPercentiles(b, lat, time.Millisecond)
+}
+
+// benchInSandboxLoop is BenchmarkSandbox's "in-sandbox-loop/...": cmd
+// started from a bash loop in the sandbox.
+func (sb *sandbox) benchInSandboxLoop(b *testing.B, cmd string) {
+	ctx := b.Context()
+	// Ten starts per run of the loop, so that the cost of the run
+	// that holds the loop weighs little on the CPU time per start.
+	const starts = 10
+	cpu := sb.cpuUsage(b)
+	var lat []time.Duration
+	c0 := cpu()
+	for b.Loop() {
+		// bash's time keyword measures without starting anything
+		// else.
+		code := fmt.Sprintf("TIMEFORMAT=%%3R; for i in {1..%d}; do { time %s >/dev/null; } 2>&1; done", starts, cmd)
+		exit, err := sb.c.Run(ctx, &runnerv1.Run{Language: "bash", Code: code}, func(_ wire.Stream, out []byte) {
+			for f := range strings.FieldsSeq(string(out)) {
+				var sec float64
+				if _, err := fmt.Sscan(f, &sec); err == nil {
+					lat = append(lat, time.Duration(sec*float64(time.Second)))
+				}
+			}
+		})
+		if err != nil || exit.GetCode() != 0 {
+			b.Fatalf("run: %v %v", exit, err)
+		}
+	}
+	b.ReportMetric(float64((cpu()-c0).Microseconds())/1000/float64(len(lat)), "cpu-ms")
+	testkit.ReportPercentiles(b, lat, time.Millisecond)
 }
 
 // cpuUsage returns a function that reads the CPU time the sandbox has

@@ -21,13 +21,7 @@ func inode(t *testing.T, path string) uint64 {
 // holding exactly the seed's files, whatever a run did to it, and that it
 // rewrites nothing when the run only read them.
 func TestMPLConfigReset(t *testing.T) {
-	seed := t.TempDir()
-	if err := os.WriteFile(filepath.Join(seed, "fontlist-v1.json"), []byte(`{"fonts": 1}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Mkdir(filepath.Join(seed, "not-a-file"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	seed := mplSeed(t)
 	c := &mplConfig{dir: filepath.Join(t.TempDir(), "matplotlib"), seed: seed, uid: os.Getuid(), gid: os.Getgid()}
 	list := filepath.Join(c.dir, "fontlist-v1.json")
 	check := func(when string) {
@@ -100,6 +94,19 @@ func TestMPLConfigReset(t *testing.T) {
 	if fi, err := os.Stat(bare.dir); err != nil || !fi.IsDir() || len(bare.names()) != 0 {
 		t.Errorf("without a seed: %v %v, files %v", fi, err, bare.names())
 	}
+}
+
+// mplSeed makes TestMPLConfigReset's seed: a font list, and a directory
+// that is not copied.
+func mplSeed(t *testing.T) string {
+	seed := t.TempDir()
+	if err := os.WriteFile(filepath.Join(seed, "fontlist-v1.json"), []byte(`{"fonts": 1}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(seed, "not-a-file"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return seed
 }
 
 // names are the files in c's directory, sorted.

@@ -405,51 +405,8 @@ func TestFiles(t *testing.T) {
 		t.Fatalf("setup: %v %s", r.exit, r.stderr)
 	}
 
-	if err := h.c.WriteFile(ctx, &runnerv1.File{Path: "a/b/c.txt", Content: []byte("hello"), Mode: 0o600}); err != nil {
-		t.Fatal(err)
-	}
-	f, err := h.c.ReadFile(ctx, "a/b/c.txt", 0)
-	if err != nil || string(f.GetContent()) != "hello" || f.GetMode() != 0o600 || f.GetPath() != "a/b/c.txt" {
-		t.Fatalf("ReadFile = %v, %v", f, err)
-	}
-	if isRoot() {
-		for _, p := range []string{"a", "a/b", "a/b/c.txt"} {
-			var st syscall.Stat_t
-			if err := syscall.Stat(filepath.Join(h.ws, p), &st); err != nil || int(st.Uid) != h.uid || int(st.Gid) != h.uid {
-				t.Fatalf("%s owned by %d:%d (%v), want the user %d", p, st.Uid, st.Gid, err, h.uid)
-			}
-		}
-	}
-	// The user can change what the runner wrote.
-	if r := h.mustRun("bash", "echo more >> a/b/c.txt && cat a/b/c.txt"); r.stdout != "hellomore\n" {
-		t.Fatalf("user append: %q %q", r.stdout, r.stderr)
-	}
-	// Overwrite truncates.
-	if err := h.c.WriteFile(ctx, &runnerv1.File{Path: "a/b/c.txt", Content: []byte("x")}); err != nil {
-		t.Fatal(err)
-	}
-	if f, _ := h.c.ReadFile(ctx, "a/b/c.txt", 0); string(f.GetContent()) != "x" || f.GetMode() != 0o644 {
-		t.Fatalf("after overwrite: %v", f)
-	}
-	// A link that stays inside the workspace is fine.
-	if f, err := h.c.ReadFile(ctx, "in-link", 0); err != nil || string(f.GetContent()) != "inner\n" {
-		t.Fatalf("ReadFile(in-link) = %v, %v", f, err)
-	}
-
-	l, err := h.c.List(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, fi := range l.GetFiles() {
-		names = append(names, fmt.Sprintf("%s:%v", fi.GetPath(), fi.GetDir()))
-	}
-	if got, want := strings.Join(names, " "), "a:true fifo:false in-link:false inner.txt:false out-dir:false out-file:false outputs:true sub:true"; got != want {
-		t.Fatalf("List = %s, want %s", got, want)
-	}
-	if l, err := h.c.List(ctx, "a/b"); err != nil || len(l.GetFiles()) != 1 || l.GetFiles()[0].GetPath() != "a/b/c.txt" || l.GetFiles()[0].GetSize() != 1 {
-		t.Fatalf("List(a/b) = %v, %v", l, err)
-	}
+	filesWriteAndRead(t, h)
+	filesList(t, h)
 
 	refused := []struct {
 		name string
@@ -500,6 +457,62 @@ func TestFiles(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(h.ws), "pwned.txt")); err == nil {
 		t.Fatal("a file was written outside the workspace")
+	}
+}
+
+// filesWriteAndRead is TestFiles's writes and reads that succeed: owners,
+// modes, the user's own changes, an overwrite and a link inside.
+func filesWriteAndRead(t *testing.T, h *harness) {
+	ctx := t.Context()
+	if err := h.c.WriteFile(ctx, &runnerv1.File{Path: "a/b/c.txt", Content: []byte("hello"), Mode: 0o600}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := h.c.ReadFile(ctx, "a/b/c.txt", 0)
+	if err != nil || string(f.GetContent()) != "hello" || f.GetMode() != 0o600 || f.GetPath() != "a/b/c.txt" {
+		t.Fatalf("ReadFile = %v, %v", f, err)
+	}
+	if isRoot() {
+		for _, p := range []string{"a", "a/b", "a/b/c.txt"} {
+			var st syscall.Stat_t
+			if err := syscall.Stat(filepath.Join(h.ws, p), &st); err != nil || int(st.Uid) != h.uid || int(st.Gid) != h.uid {
+				t.Fatalf("%s owned by %d:%d (%v), want the user %d", p, st.Uid, st.Gid, err, h.uid)
+			}
+		}
+	}
+	// The user can change what the runner wrote.
+	if r := h.mustRun("bash", "echo more >> a/b/c.txt && cat a/b/c.txt"); r.stdout != "hellomore\n" {
+		t.Fatalf("user append: %q %q", r.stdout, r.stderr)
+	}
+	// Overwrite truncates.
+	if err := h.c.WriteFile(ctx, &runnerv1.File{Path: "a/b/c.txt", Content: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if f, _ := h.c.ReadFile(ctx, "a/b/c.txt", 0); string(f.GetContent()) != "x" || f.GetMode() != 0o644 {
+		t.Fatalf("after overwrite: %v", f)
+	}
+	// A link that stays inside the workspace is fine.
+	if f, err := h.c.ReadFile(ctx, "in-link", 0); err != nil || string(f.GetContent()) != "inner\n" {
+		t.Fatalf("ReadFile(in-link) = %v, %v", f, err)
+	}
+}
+
+// filesList is TestFiles's listings of the workspace as its setup and
+// filesWriteAndRead left it.
+func filesList(t *testing.T, h *harness) {
+	ctx := t.Context()
+	l, err := h.c.List(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, fi := range l.GetFiles() {
+		names = append(names, fmt.Sprintf("%s:%v", fi.GetPath(), fi.GetDir()))
+	}
+	if got, want := strings.Join(names, " "), "a:true fifo:false in-link:false inner.txt:false out-dir:false out-file:false outputs:true sub:true"; got != want {
+		t.Fatalf("List = %s, want %s", got, want)
+	}
+	if l, err := h.c.List(ctx, "a/b"); err != nil || len(l.GetFiles()) != 1 || l.GetFiles()[0].GetPath() != "a/b/c.txt" || l.GetFiles()[0].GetSize() != 1 {
+		t.Fatalf("List(a/b) = %v, %v", l, err)
 	}
 }
 
