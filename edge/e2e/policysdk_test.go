@@ -1,14 +1,10 @@
 package e2e
 
 import (
-	"encoding/json"
-	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
@@ -113,23 +109,10 @@ func startSDKPolicyEdge(t *testing.T, s *Stack) *Process {
 		return map[string]any{"name": name, "path": path, "sha256": policytest.Digest(t, path),
 			"phase": phase, "order": order, "config": config}
 	}
-	b, _ := json.Marshal(map[string]any{"policies": []map[string]any{
+	cfg := map[string]any{"policies": []map[string]any{
 		p("tenantblock-rust", filepath.Join(rust, "tenantblock-rust.wasm"), "request", 5, "mallory"),
 		p("tenantblock-c", filepath.Join(c, "tenantblock-c.wasm"), "request", 6, "eve"),
 		p("redact-c", filepath.Join(c, "redact-c.wasm"), "result", 10, ""),
-	}})
-	config := filepath.Join(dir, "policies.json")
-	if err := os.WriteFile(config, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	keys := filepath.Join(dir, "keys.json")
-	if err := os.WriteFile(keys, []byte(fmt.Sprintf(`{%q: "bob", %q: "mallory", %q: "eve"}`, sdkKeyBob, sdkKeyMallory, sdkKeyEve)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	edge, err := s.StartEdge(nil, "--api-keys", keys, "--policy-config", config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
-	return edge
+	}}
+	return startEdgeWithPolicies(t, s, dir, cfg, map[string]string{sdkKeyBob: "bob", sdkKeyMallory: "mallory", sdkKeyEve: "eve"})
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -123,16 +122,31 @@ func seedEdge(t *testing.T, s *Stack) *Process {
 			"phase": "request", "order": 5, "config": "mallory",
 		}},
 	}
-	b, _ := json.Marshal(cfg)
+	return startEdgeWithPolicies(t, s, dir, cfg, map[string]string{seedKeyAlice: "alice", seedKeyBob: "bob", seedKeyMallory: "mallory"})
+}
+
+// startEdgeWithPolicies starts an edge of s whose policy configuration is
+// cfg (paths relative to dir) and whose API keys are keys (key -> tenant),
+// stopped when the test ends.
+func startEdgeWithPolicies(t *testing.T, s *Stack, dir string, cfg any, keys map[string]string) *Process {
+	t.Helper()
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	config := filepath.Join(dir, "policies.json")
 	if err := os.WriteFile(config, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	keys := filepath.Join(dir, "keys.json")
-	if err := os.WriteFile(keys, []byte(fmt.Sprintf(`{%q: "alice", %q: "bob", %q: "mallory"}`, seedKeyAlice, seedKeyBob, seedKeyMallory)), 0o600); err != nil {
+	kb, err := json.Marshal(keys)
+	if err != nil {
 		t.Fatal(err)
 	}
-	edge, err := s.StartEdge(nil, "--api-keys", keys, "--policy-config", config)
+	keysFile := filepath.Join(dir, "keys.json")
+	if err := os.WriteFile(keysFile, kb, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	edge, err := s.StartEdge(nil, "--api-keys", keysFile, "--policy-config", config)
 	if err != nil {
 		t.Fatal(err)
 	}
