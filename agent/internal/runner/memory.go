@@ -65,7 +65,8 @@ type memWatch struct {
 
 // watchMemory starts watching the sandbox's memory usage until done is
 // closed. Its fired channel is closed if usage comes within memoryHeadroom of
-// the sandbox's limit, or reaches runLimit (if not 0). Without a readable
+// the sandbox's limit, or reaches runLimit (if not 0), above what a
+// preloaded parent held when the run began. Without a readable
 // memory cgroup, or without any limit, fired is nil (never ready).
 func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) *memWatch {
 	w := &memWatch{}
@@ -81,7 +82,14 @@ func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) *memWatch {
 		w.limit = limit
 	}
 	if runLimit > 0 {
-		threshold = min(threshold, runLimit)
+		// Beside a preloaded parent, the sandbox holds the parent's
+		// memory before the run does anything: the run's own limit is
+		// counted above what the sandbox held when it began.
+		var base uint64
+		if s.holdsParent() {
+			base, _ = preadUint(usage)
+		}
+		threshold = min(threshold, base+runLimit)
 	}
 	if threshold == 1<<64-1 {
 		return w

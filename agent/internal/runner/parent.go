@@ -38,6 +38,13 @@ func (s *server) preloadedParent(lang language) *preload.Parent {
 	return z
 }
 
+// holdsParent reports whether the sandbox holds a preloaded parent.
+func (s *server) holdsParent() bool {
+	s.prestartMu.Lock()
+	defer s.prestartMu.Unlock()
+	return s.parent != nil && s.parent.Alive()
+}
+
 // dropParent ends the parent, if there is one. Called with prestartMu held.
 func (s *server) dropParent() {
 	if s.parent == nil {
