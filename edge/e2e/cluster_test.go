@@ -110,7 +110,8 @@ func (w *witness) count(path string) int {
 // maxSandboxes (its --max-sandboxes), each joining by heartbeat, and waits
 // until all are healthy. Each keeps all its sandboxes warm (--min-active),
 // so that no sandbox starts while a test measures shares: on a busy host a
-// start takes seconds, and holds the run waiting for it.
+// start takes seconds, and holds the run waiting for it. The agents do not
+// preload (see the argument).
 func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 	t.Helper()
 	dockertest.Need(t)
@@ -138,7 +139,11 @@ func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 		c.args[name] = []string{"--name", name, "--runner", filepath.Join(binDir, "runner"), "--state-dir", state,
 			"--controlplanes", c.ControlPlane.URL(), "--heartbeat-interval", "500ms",
 			"--max-sandboxes", fmt.Sprint(n), "--min-active", fmt.Sprint(n), "--max-sessions", "1",
-			"--egress-hosts", witnessHost + "=127.0.0.1"}
+			"--egress-hosts", witnessHost + "=127.0.0.1",
+			// Routing is measured here, not preloading: without parents
+			// a run of print(1) costs its agent the same CPU on every
+			// sandbox, which the shares this test checks rely on.
+			"--preload="}
 		if err := c.startAgent(name, "127.0.0.1:0"); err != nil {
 			t.Fatal(err)
 		}
