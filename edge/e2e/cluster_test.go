@@ -140,9 +140,9 @@ func startCluster(t *testing.T, maxSandboxes ...int) *cluster {
 			"--controlplanes", c.ControlPlane.URL(), "--heartbeat-interval", "500ms",
 			"--max-sandboxes", fmt.Sprint(n), "--min-active", fmt.Sprint(n), "--max-sessions", "1",
 			"--egress-hosts", witnessHost + "=127.0.0.1",
-			// Routing is measured here, not preloading: without parents
-			// a run of print(1) costs its agent the same CPU on every
-			// sandbox, which the shares this test checks rely on.
+			// Routing is measured here, not preloading: a dozen parents
+			// on two CPUs only add to the noise in the shares checked
+			// (one agent took 22 of 90 runs with them, in a fresh clone).
 			"--preload="}
 		if err := c.startAgent(name, "127.0.0.1:0"); err != nil {
 			t.Fatal(err)
