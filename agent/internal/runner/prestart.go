@@ -167,7 +167,9 @@ func (s *server) takePrestarted(lang language, stateless bool, code string) *pre
 	}
 	pre := s.pre
 	s.pre = nil
-	if pre != nil && stateless && pre.lang == lang.Name && pre.proc.Alive() {
+	// A forked interpreter dies with its parent: one whose parent was
+	// killed may still look alive until it is reaped.
+	if pre != nil && stateless && pre.lang == lang.Name && pre.proc.Alive() && !(pre.forked && (proc.Exited(pre.proc.Pid) || s.parent == nil || !s.parent.Alive())) {
 		if pre.forked || !wantsParent || !s.parentAlive(lang) {
 			return pre
 		}

@@ -281,7 +281,7 @@ func (z *Parent) Alive() bool {
 	case <-z.ended:
 		return false
 	default:
-		return z.proc.Alive()
+		return z.proc.Alive() && !proc.Exited(z.proc.Pid)
 	}
 }
 

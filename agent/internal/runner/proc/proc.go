@@ -374,6 +374,14 @@ type Stat struct {
 	Pgid  int
 }
 
+// Exited reports whether process pid has ended though it may not be reaped
+// yet (a zombie), or is gone: what Proc.Alive learns only once the reaper
+// has waited for it.
+func Exited(pid int) bool {
+	st, ok := ReadStat(pid)
+	return !ok || st.State == 'Z' || st.State == 'X'
+}
+
 // ReadStat parses the state and process group of /proc/pid/stat. The
 // command name may hold spaces and parentheses, so fields are counted after
 // the last ')'.
