@@ -164,6 +164,7 @@ func (s *server) takePrestarted(lang language, stateless bool, code string) *pre
 		}
 		wantsParent = lang.Parent != nil && preload.NamesModule(code, s.cfg.preload)
 		s.prestartForked = wantsParent
+		s.parentWanted = s.parentWanted || wantsParent
 	}
 	pre := s.pre
 	s.pre = nil
