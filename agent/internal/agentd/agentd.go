@@ -143,6 +143,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		Metrics:  poolMetrics,
 		Gate:     gate,
 		CPUSets:  sets,
+
+		NamesPreloaded: namesPreloaded(cfg),
 	})
 	if err != nil {
 		driver.Close()
@@ -199,6 +201,20 @@ func openDocker(ctx context.Context, cfg Config, logger *slog.Logger) (*sandbox.
 		return nil, fmt.Errorf("sandbox image %s is not present locally: build it with `make setup` (agent/host/setup.sh), or pull it where a registry is reachable", cfg.Image)
 	}
 	return driver, nil
+}
+
+// namesPreloaded says whether a stateless run would use its sandbox's
+// preloaded parent: its language has one and its code names a preloaded
+// module. Nil when the sandboxes preload nothing.
+func namesPreloaded(cfg Config) func(language, code string) bool {
+	mods := languages.PreloadList(cfg.Preload)
+	if !cfg.Prestart || len(mods) == 0 {
+		return nil
+	}
+	return func(language, code string) bool {
+		l, ok := languages.Lookup(language)
+		return ok && l.Parent != nil && languages.NamesModule(code, mods)
+	}
 }
 
 // sandboxSpec is the container every sandbox is: the image with the

@@ -109,7 +109,7 @@ func TestPreloadIsolation(t *testing.T) {
 			t.Fatalf("run B before A: code %d, stdout %q, stderr %q; want %q", r.exit.GetCode(), r.stdout, r.stderr, want)
 		}
 		// Naming numpy has the run forked from the parent (see
-		// preload.NamesModule).
+		// languages.NamesModule).
 		a, b = "import numpy\n"+a, "import numpy\n"+b
 		if r := sb.mustRun(t, "python", a); r.exit.GetCode() != 0 {
 			t.Fatalf("run A: code %d, stdout %q, stderr %q", r.exit.GetCode(), r.stdout, r.stderr)
