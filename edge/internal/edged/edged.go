@@ -7,6 +7,7 @@ package edged
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -37,6 +38,7 @@ import (
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
+	"github.com/codemode-go/codemode/internal/tlsconfig"
 )
 
 // Version is reported to MCP clients.
@@ -46,6 +48,10 @@ const Version = "0.1.0"
 type Config struct {
 	// Addr to listen on.
 	Addr string
+	// TLSCert and TLSKey are the files of the certificate chain and key
+	// (PEM) the edge serves HTTPS with, read again when they change; both
+	// empty: plain HTTP (h2c and HTTP/1.1).
+	TLSCert, TLSKey string
 	// ControlPlanes are the control planes' base URLs, e.g.
 	// http://127.0.0.1:8080. With several, calls go to the first that
 	// accepts a connection, and move to the next only when one refuses
@@ -294,6 +300,10 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 func configFlags(fs *cli.Flags) func() Config {
 	addr := fs.String("addr", DefaultAddr, "address to serve the API, MCP and the web page on")
 	fs.Env("addr", "EDGE_ADDR")
+	tlsCert := fs.String("tls-cert", "", "certificate chain (PEM) to serve HTTPS with, read again when it changes (with --tls-key); empty: plain HTTP")
+	fs.Env("tls-cert", "CODEMODE_TLS_CERT")
+	tlsKey := fs.String("tls-key", "", "key (PEM) of --tls-cert, read again when it changes")
+	fs.Env("tls-key", "CODEMODE_TLS_KEY")
 	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port); several, comma-separated: calls go to the first that accepts a connection and move to the next only when one refuses it (a run is never sent twice)")
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
 	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names, mode 0600 or 0400 (one its group or others may read or write is refused); empty for no authentication")
@@ -335,7 +345,7 @@ func configFlags(fs *cli.Flags) func() Config {
 	apiMaxBytes := fs.Int64("api-max-response-bytes", directtools.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
 	return func() Config {
-		return Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, Egress: *egressConfig,
+		return Config{Addr: *addr, TLSCert: *tlsCert, TLSKey: *tlsKey, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, Egress: *egressConfig,
 			PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 			PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
 			Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
@@ -379,6 +389,14 @@ func authenticate(tenants *tenant.Resolver) func(*http.Request) (context.Context
 
 // Serve serves the edge on ln until ctx is done.
 func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
+	var tlsCfg *tls.Config
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		var err error
+		if tlsCfg, err = tlsconfig.Server(tlsconfig.ServerOptions{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey, Logger: logger.With("component", "tls")}); err != nil {
+			ln.Close()
+			return fmt.Errorf("--tls-cert, --tls-key: %w", err)
+		}
+	}
 	tenants, err := tenant.Load(cfg.APIKeys)
 	if err != nil {
 		ln.Close()
@@ -421,6 +439,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 
 	srv := server.New(logger)
 	srv.Limits = cfg.Limits
+	srv.TLS = tlsCfg
 	browsers := cfg.browsers()
 	srv.Browsers = &browsers
 	srv.Authenticate = authenticate(tenants)

@@ -1,0 +1,204 @@
+package e2e
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/tlsconfig"
+)
+
+// protoRecorder is a transport that records the HTTP version of each
+// response and the serial number of the certificate each served.
+type protoRecorder struct {
+	rt      http.RoundTripper
+	mu      sync.Mutex
+	protos  []string
+	serials []string
+}
+
+func (p *protoRecorder) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := p.rt.RoundTrip(r)
+	if err == nil {
+		p.mu.Lock()
+		p.protos = append(p.protos, res.Proto)
+		if res.TLS != nil && len(res.TLS.PeerCertificates) > 0 {
+			p.serials = append(p.serials, res.TLS.PeerCertificates[0].SerialNumber.String())
+		}
+		p.mu.Unlock()
+	}
+	return res, err
+}
+
+func (p *protoRecorder) last() (proto, serial string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.protos) > 0 {
+		proto = p.protos[len(p.protos)-1]
+	}
+	if len(p.serials) > 0 {
+		serial = p.serials[len(p.serials)-1]
+	}
+	return proto, serial
+}
+
+// tlsClient trusts pool; h2 offers HTTP/2 by ALPN, else only HTTP/1.1.
+func tlsClient(pool *x509.CertPool, h2 bool) (*http.Client, *protoRecorder) {
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: h2}
+	if !h2 {
+		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	}
+	rec := &protoRecorder{rt: tr}
+	return &http.Client{Transport: rec}, rec
+}
+
+// An edge with --tls-cert and --tls-key serves every door over HTTPS:
+// Connect and gRPC over HTTP/2 (ALPN), gRPC-Web and Connect over HTTP/1.1,
+// MCP; it refuses plain HTTP and clients that do not trust its CA; and a
+// certificate replaced on disk is served to new connections while an open
+// one goes on.
+func TestEdgeOverTLS(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	ca, err := tlsconfig.NewCA("codemode e2e CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	issue := func() (cert, key, serial string) {
+		t.Helper()
+		is, err := ca.Issue([]string{"127.0.0.1", "localhost"}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, key, err = is.WriteFiles(dir, "edge")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := tlsconfig.LoadKeyPair(cert, key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cert, key, c.Certificate().Leaf.SerialNumber.String()
+	}
+	cert, key, first := issue()
+	edge, err := s.StartEdge(nil, "--tls-cert", cert, "--tls-key", key)
+	if err != nil {
+		t.Fatalf("start edge with TLS: %v", err)
+	}
+	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
+	base := "https://" + edge.Addr
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+
+	h2, h2rec := tlsClient(pool, true)
+	h1, h1rec := tlsClient(pool, false)
+	execute := func(t *testing.T, c *http.Client, opts ...connect.ClientOption) {
+		t.Helper()
+		client := edgev1connect.NewExecutionServiceClient(c, base, opts...)
+		res, err := client.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(6*7)"}))
+		if err != nil {
+			t.Fatalf("execute: %v\n%s", err, edge.Logs())
+		}
+		if r := res.Msg.GetResult(); r.GetStdout() != "42\n" || r.GetExitCode() != 0 {
+			t.Fatalf("result %v, want stdout 42", r)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		c     *http.Client
+		rec   *protoRecorder
+		opts  []connect.ClientOption
+		proto string
+	}{
+		{"connect over h2", h2, h2rec, nil, "HTTP/2.0"},
+		{"grpc over h2", h2, h2rec, []connect.ClientOption{connect.WithGRPC()}, "HTTP/2.0"},
+		{"grpc-web over HTTP/1.1", h1, h1rec, []connect.ClientOption{connect.WithGRPCWeb()}, "HTTP/1.1"},
+		{"connect over HTTP/1.1", h1, h1rec, nil, "HTTP/1.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			execute(t, tc.c, tc.opts...)
+			if proto, serial := tc.rec.last(); proto != tc.proto || serial != first {
+				t.Errorf("answered over %s with certificate %s, want %s with %s", proto, serial, tc.proto, first)
+			}
+		})
+	}
+
+	t.Run("mcp", func(t *testing.T) {
+		client := mcp.NewClient(&mcp.Implementation{Name: "e2e-tls", Version: "1"}, nil)
+		cs, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: h2}, nil)
+		if err != nil {
+			t.Fatalf("connect: %v\n%s", err, edge.Logs())
+		}
+		defer cs.Close()
+		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"language": "python", "code": "print(6*7)"}})
+		if err != nil || res.IsError || !strings.Contains(testkit.ToolText(res), "42") {
+			t.Fatalf("execute_code over TLS: %v %v", err, res)
+		}
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		// Plain HTTP to the TLS port: Go's server answers 400 and serves
+		// nothing.
+		res, err := http.Post("http://"+edge.Addr+"/codemode.edge.v1.ExecutionService/Execute", "application/json", strings.NewReader(`{"code":"print(1)"}`))
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode != http.StatusBadRequest {
+				t.Errorf("plain HTTP to the TLS port: HTTP %d, want 400", res.StatusCode)
+			}
+		}
+		// A client that does not trust the CA.
+		untrusting, _ := tlsClient(x509.NewCertPool(), true)
+		_, err = untrusting.Get(base + "/status")
+		var unknown x509.UnknownAuthorityError
+		if !errors.As(err, &unknown) {
+			t.Errorf("client without the CA: %v, want an unknown-authority error", err)
+		}
+	})
+
+	t.Run("reloaded", func(t *testing.T) {
+		// An HTTP/2 connection open before the change.
+		execute(t, h2)
+		_, _, second := issue()
+		if second == first {
+			t.Fatal("same serial twice")
+		}
+		fresh := func() string {
+			c, rec := tlsClient(pool, true)
+			defer c.CloseIdleConnections()
+			execute(t, c)
+			_, serial := rec.last()
+			return serial
+		}
+		testkit.WaitFor(t, 10*time.Second, "the new certificate on new connections", func() bool { return fresh() == second })
+		// The connection opened before goes on with the certificate it
+		// was opened with.
+		execute(t, h2, connect.WithGRPC())
+		if _, serial := h2rec.last(); serial != first {
+			t.Errorf("open connection: certificate %s, want %s (the one it began with)", serial, first)
+		}
+		// A broken file keeps the certificate in use.
+		if err := os.WriteFile(filepath.Join(dir, "edge.crt"), []byte("not a certificate"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		testkit.WaitFor(t, 10*time.Second, "the broken file logged", func() bool {
+			if got := fresh(); got != second {
+				t.Fatalf("after a broken certificate file: served %s, want %s", got, second)
+			}
+			return strings.Contains(edge.Logs(), "reload TLS certificate; serving the one loaded before")
+		})
+	})
+}

@@ -1,0 +1,161 @@
+// Package tlsconfig builds the TLS configuration of every service's
+// listener: a certificate and key read from files and read again when the
+// files change, so that a renewed certificate is served without a restart
+// and without dropping a connection.
+//
+// It is the one place that decides TLS versions and ALPN protocols; the one
+// place that serves is package server (Server.TLS).
+package tlsconfig
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+)
+
+// ReloadCheck is how often, at most, the files are looked at again: a
+// handshake after that looks at their size and modification time and
+// reads them if either changed.
+const ReloadCheck = time.Second
+
+// KeyPair is a certificate and its key, read from files and read again
+// when they change. A change that does not load (a certificate written
+// before its key, a broken file) keeps the pair in use and is logged; the
+// next change is tried again.
+type KeyPair struct {
+	certFile, keyFile string
+	log               *slog.Logger
+
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	stamp   stamp
+	checked time.Time
+}
+
+// stamp is what says a file changed: size and modification time of both.
+type stamp struct {
+	certSize, keySize int64
+	certMod, keyMod   time.Time
+}
+
+// LoadKeyPair reads the certificate chain (PEM) in certFile and its key in
+// keyFile. They must load now.
+func LoadKeyPair(certFile, keyFile string, log *slog.Logger) (*KeyPair, error) {
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("want both a certificate file and a key file")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	k := &KeyPair{certFile: certFile, keyFile: keyFile, log: log}
+	st, err := k.stat()
+	if err != nil {
+		return nil, err
+	}
+	cert, err := k.load()
+	if err != nil {
+		return nil, err
+	}
+	k.cert, k.stamp, k.checked = cert, st, time.Now()
+	return k, nil
+}
+
+// Certificate returns the pair in use, read again first if ReloadCheck has
+// passed since the last look and the files changed.
+func (k *KeyPair) Certificate() *tls.Certificate {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	now := time.Now()
+	if now.Sub(k.checked) < ReloadCheck {
+		return k.cert
+	}
+	k.checked = now
+	st, err := k.stat()
+	if err != nil {
+		k.log.Warn("look at TLS certificate files; serving the one loaded before", "error", err)
+		return k.cert
+	}
+	if st == k.stamp {
+		return k.cert
+	}
+	cert, err := k.load()
+	if err != nil {
+		// Not marked as seen: the next look tries again, so that a key
+		// written after its certificate is picked up.
+		k.log.Warn("reload TLS certificate; serving the one loaded before", "error", err)
+		return k.cert
+	}
+	k.cert, k.stamp = cert, st
+	k.log.Info("TLS certificate reloaded", "cert", k.certFile, "subject", cert.Leaf.Subject.String(), "not_after", cert.Leaf.NotAfter)
+	return cert
+}
+
+func (k *KeyPair) stat() (stamp, error) {
+	c, err := os.Stat(k.certFile)
+	if err != nil {
+		return stamp{}, fmt.Errorf("TLS certificate: %w", err)
+	}
+	kf, err := os.Stat(k.keyFile)
+	if err != nil {
+		return stamp{}, fmt.Errorf("TLS key: %w", err)
+	}
+	return stamp{certSize: c.Size(), keySize: kf.Size(), certMod: c.ModTime(), keyMod: kf.ModTime()}, nil
+}
+
+func (k *KeyPair) load() (*tls.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load TLS certificate %s and key %s: %w", k.certFile, k.keyFile, err)
+	}
+	if cert.Leaf == nil {
+		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil, fmt.Errorf("parse TLS certificate %s: %w", k.certFile, err)
+		}
+	}
+	return &cert, nil
+}
+
+// ServerOptions say how a service's listener does TLS.
+type ServerOptions struct {
+	// CertFile and KeyFile are the server's certificate chain and key (PEM),
+	// read again when they change.
+	CertFile, KeyFile string
+	Logger            *slog.Logger
+}
+
+// Server returns the TLS configuration of a listener: TLS 1.2 or later,
+// ALPN h2 then http/1.1 (gRPC needs h2; Connect and gRPC-Web take
+// either), the certificate from o's files.
+func Server(o ServerOptions) (*tls.Config, error) {
+	pair, err := LoadKeyPair(o.CertFile, o.KeyFile, o.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2", "http/1.1"},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return pair.Certificate(), nil
+		},
+	}, nil
+}
+
+// CertPool reads the PEM certificates in file into a pool, for a client
+// that trusts them (a development CA, say).
+func CertPool(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("read CA certificates: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(bytes.TrimSpace(b)) {
+		return nil, fmt.Errorf("read CA certificates: no PEM certificate in %s", file)
+	}
+	return pool, nil
+}
