@@ -65,58 +65,74 @@ func tlsClient(pool *x509.CertPool, h2 bool) (*http.Client, *protoRecorder) {
 	return &http.Client{Transport: rec}, rec
 }
 
-// An edge with --tls-cert and --tls-key serves every door over HTTPS:
-// Connect and gRPC over HTTP/2 (ALPN), gRPC-Web and Connect over HTTP/1.1,
-// MCP; it refuses plain HTTP and clients that do not trust its CA; and a
-// certificate replaced on disk is served to new connections while an open
-// one goes on.
-func TestEdgeOverTLS(t *testing.T) {
-	t.Parallel()
-	s := shared(t)
+// tlsEdge is an edge of the shared stack serving TLS with a certificate
+// of its own CA.
+type tlsEdge struct {
+	*Process
+	base string // https://ADDR
+	ca   *tlsconfig.CA
+	pool *x509.CertPool // trusts ca
+	dir  string         // of edge.crt and edge.key
+}
+
+// startTLSEdge starts a tlsEdge; first is its certificate's serial number.
+func startTLSEdge(t *testing.T, s *Stack) (e *tlsEdge, first string) {
+	t.Helper()
 	ca, err := tlsconfig.NewCA("codemode e2e CA", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	issue := func() (cert, key, serial string) {
-		t.Helper()
-		is, err := ca.Issue([]string{"127.0.0.1", "localhost"}, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert, key, err = is.WriteFiles(dir, "edge")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := tlsconfig.LoadKeyPair(cert, key, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cert, key, c.Certificate().Leaf.SerialNumber.String()
-	}
-	cert, key, first := issue()
-	edge, err := s.StartEdge(nil, "--tls-cert", cert, "--tls-key", key)
+	e = &tlsEdge{ca: ca, pool: x509.NewCertPool(), dir: t.TempDir()}
+	e.pool.AddCert(ca.Cert)
+	cert, key, first := e.issue(t)
+	e.Process, err = s.StartEdge(nil, "--tls-cert", cert, "--tls-key", key)
 	if err != nil {
 		t.Fatalf("start edge with TLS: %v", err)
 	}
-	t.Cleanup(func() { _ = edge.Stop(30 * time.Second) })
-	base := "https://" + edge.Addr
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
+	t.Cleanup(func() { _ = e.Stop(30 * time.Second) })
+	e.base = "https://" + e.Addr
+	return e, first
+}
 
-	h2, h2rec := tlsClient(pool, true)
-	h1, h1rec := tlsClient(pool, false)
-	execute := func(t *testing.T, c *http.Client, opts ...connect.ClientOption) {
-		t.Helper()
-		client := edgev1connect.NewExecutionServiceClient(c, base, opts...)
-		res, err := client.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(6*7)"}))
-		if err != nil {
-			t.Fatalf("execute: %v\n%s", err, edge.Logs())
-		}
-		if r := res.Msg.GetResult(); r.GetStdout() != "42\n" || r.GetExitCode() != 0 {
-			t.Fatalf("result %v, want stdout 42", r)
-		}
+// issue writes a new certificate and key for the edge's files.
+func (e *tlsEdge) issue(t *testing.T) (cert, key, serial string) {
+	t.Helper()
+	is, err := e.ca.Issue([]string{"127.0.0.1", "localhost"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
 	}
+	cert, key, err = is.WriteFiles(e.dir, "edge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tlsconfig.LoadKeyPair(cert, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert, key, c.Certificate().Leaf.SerialNumber.String()
+}
+
+// execute runs print(6*7) through c and the protocol of opts.
+func (e *tlsEdge) execute(t *testing.T, c *http.Client, opts ...connect.ClientOption) {
+	t.Helper()
+	client := edgev1connect.NewExecutionServiceClient(c, e.base, opts...)
+	res, err := client.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(6*7)"}))
+	if err != nil {
+		t.Fatalf("execute: %v\n%s", err, e.Logs())
+	}
+	if r := res.Msg.GetResult(); r.GetStdout() != "42\n" || r.GetExitCode() != 0 {
+		t.Fatalf("result %v, want stdout 42", r)
+	}
+}
+
+// An edge with --tls-cert and --tls-key serves every door over HTTPS:
+// Connect and gRPC over HTTP/2 (ALPN), gRPC-Web and Connect over HTTP/1.1,
+// MCP; it refuses plain HTTP and clients that do not trust its CA.
+func TestEdgeOverTLS(t *testing.T) {
+	t.Parallel()
+	e, first := startTLSEdge(t, shared(t))
+	h2, h2rec := tlsClient(e.pool, true)
+	h1, h1rec := tlsClient(e.pool, false)
 	for _, tc := range []struct {
 		name  string
 		c     *http.Client
@@ -130,18 +146,17 @@ func TestEdgeOverTLS(t *testing.T) {
 		{"connect over HTTP/1.1", h1, h1rec, nil, "HTTP/1.1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			execute(t, tc.c, tc.opts...)
+			e.execute(t, tc.c, tc.opts...)
 			if proto, serial := tc.rec.last(); proto != tc.proto || serial != first {
 				t.Errorf("answered over %s with certificate %s, want %s with %s", proto, serial, tc.proto, first)
 			}
 		})
 	}
-
 	t.Run("mcp", func(t *testing.T) {
 		client := mcp.NewClient(&mcp.Implementation{Name: "e2e-tls", Version: "1"}, nil)
-		cs, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: h2}, nil)
+		cs, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: e.base + "/mcp", HTTPClient: h2}, nil)
 		if err != nil {
-			t.Fatalf("connect: %v\n%s", err, edge.Logs())
+			t.Fatalf("connect: %v\n%s", err, e.Logs())
 		}
 		defer cs.Close()
 		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"language": "python", "code": "print(6*7)"}})
@@ -149,11 +164,10 @@ func TestEdgeOverTLS(t *testing.T) {
 			t.Fatalf("execute_code over TLS: %v %v", err, res)
 		}
 	})
-
 	t.Run("refused", func(t *testing.T) {
 		// Plain HTTP to the TLS port: Go's server answers 400 and serves
 		// nothing.
-		res, err := http.Post("http://"+edge.Addr+"/codemode.edge.v1.ExecutionService/Execute", "application/json", strings.NewReader(`{"code":"print(1)"}`))
+		res, err := http.Post("http://"+e.Addr+"/codemode.edge.v1.ExecutionService/Execute", "application/json", strings.NewReader(`{"code":"print(1)"}`))
 		if err == nil {
 			res.Body.Close()
 			if res.StatusCode != http.StatusBadRequest {
@@ -162,43 +176,45 @@ func TestEdgeOverTLS(t *testing.T) {
 		}
 		// A client that does not trust the CA.
 		untrusting, _ := tlsClient(x509.NewCertPool(), true)
-		_, err = untrusting.Get(base + "/status")
+		_, err = untrusting.Get(e.base + "/status")
 		var unknown x509.UnknownAuthorityError
 		if !errors.As(err, &unknown) {
 			t.Errorf("client without the CA: %v, want an unknown-authority error", err)
 		}
 	})
+}
 
-	t.Run("reloaded", func(t *testing.T) {
-		// An HTTP/2 connection open before the change.
-		execute(t, h2)
-		_, _, second := issue()
-		if second == first {
-			t.Fatal("same serial twice")
+// A certificate replaced on disk is served to new connections while a
+// connection opened before goes on with its own; a broken file keeps the
+// certificate in use.
+func TestEdgeReloadsItsCertificate(t *testing.T) {
+	t.Parallel()
+	e, first := startTLSEdge(t, shared(t))
+	h2, h2rec := tlsClient(e.pool, true)
+	e.execute(t, h2) // an HTTP/2 connection open before the change
+	_, _, second := e.issue(t)
+	if second == first {
+		t.Fatal("same serial twice")
+	}
+	fresh := func() string {
+		c, rec := tlsClient(e.pool, true)
+		defer c.CloseIdleConnections()
+		e.execute(t, c)
+		_, serial := rec.last()
+		return serial
+	}
+	testkit.WaitFor(t, 10*time.Second, "the new certificate on new connections", func() bool { return fresh() == second })
+	e.execute(t, h2, connect.WithGRPC())
+	if _, serial := h2rec.last(); serial != first {
+		t.Errorf("open connection: certificate %s, want %s (the one it began with)", serial, first)
+	}
+	if err := os.WriteFile(filepath.Join(e.dir, "edge.crt"), []byte("not a certificate"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 10*time.Second, "the broken file logged", func() bool {
+		if got := fresh(); got != second {
+			t.Fatalf("after a broken certificate file: served %s, want %s", got, second)
 		}
-		fresh := func() string {
-			c, rec := tlsClient(pool, true)
-			defer c.CloseIdleConnections()
-			execute(t, c)
-			_, serial := rec.last()
-			return serial
-		}
-		testkit.WaitFor(t, 10*time.Second, "the new certificate on new connections", func() bool { return fresh() == second })
-		// The connection opened before goes on with the certificate it
-		// was opened with.
-		execute(t, h2, connect.WithGRPC())
-		if _, serial := h2rec.last(); serial != first {
-			t.Errorf("open connection: certificate %s, want %s (the one it began with)", serial, first)
-		}
-		// A broken file keeps the certificate in use.
-		if err := os.WriteFile(filepath.Join(dir, "edge.crt"), []byte("not a certificate"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		testkit.WaitFor(t, 10*time.Second, "the broken file logged", func() bool {
-			if got := fresh(); got != second {
-				t.Fatalf("after a broken certificate file: served %s, want %s", got, second)
-			}
-			return strings.Contains(edge.Logs(), "reload TLS certificate; serving the one loaded before")
-		})
+		return strings.Contains(e.Logs(), "reload TLS certificate; serving the one loaded before")
 	})
 }
