@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/tlsconfig"
 )
 
@@ -217,4 +219,91 @@ func TestEdgeReloadsItsCertificate(t *testing.T) {
 		}
 		return strings.Contains(e.Logs(), "reload TLS certificate; serving the one loaded before")
 	})
+}
+
+// With certificates of a cluster CA on every service, every link is TLS:
+// the edge calls the control plane over https, the control plane the agent,
+// and the agent's heartbeats reach the control plane; a run goes through
+// all of them. The internal ports refuse plain HTTP and clients that do
+// not trust the CA.
+func TestTLSOnEveryLink(t *testing.T) {
+	t.Parallel()
+	dockertest.Need(t)
+	ca, err := tlsconfig.NewCA("codemode e2e cluster CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := ca.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "ca.crt")
+	tlsArgs := func(name string) []string {
+		t.Helper()
+		is, err := ca.Issue([]string{"127.0.0.1", "localhost"}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, key, err := is.WriteFiles(dir, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []string{"--tls-cert", cert, "--tls-key", key, "--cluster-ca", caFile}
+	}
+	s := &Stack{Secret: newSecret()}
+	s.ControlPlane, err = start("controlplane", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0", "--agents="}, tlsArgs("controlplane")...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.ControlPlane.Stop(10 * time.Second) })
+	state, err := os.MkdirTemp(binDir, "agent-state-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("e2e-tls-%d", os.Getpid())
+	// The control plane as host:port: with --cluster-ca, https.
+	s.Agent, err = start("agent", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0", "--name", name, "--runner", filepath.Join(binDir, "runner"),
+		"--state-dir", state, "--controlplanes", s.ControlPlane.Addr, "--heartbeat-interval", "500ms", "--min-active", "1", "--preload="},
+		tlsArgs("agent")...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Agent.Stop(30 * time.Second) })
+	s.Edge, err = start("edge", append(s.ClusterEnv(), "CODE_EXECUTION_HOST="+s.ControlPlane.Addr), "--addr", "127.0.0.1:0", "--cluster-ca", caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Edge.Stop(10 * time.Second) })
+
+	c := edgev1connect.NewExecutionServiceClient(httpClient, s.Edge.URL(), connect.WithGRPC())
+	testkit.WaitFor(t, 60*time.Second, "a run through TLS links", func() bool {
+		res, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(6*7)"}))
+		return err == nil && res.Msg.GetResult().GetStdout() == "42\n"
+	})
+	logs := s.Logs()
+	for _, want := range []string{`"scheme":"https"`} {
+		if strings.Count(logs, want) < 2 {
+			t.Errorf("the control plane and the agent do not both serve %s:\n%s", want, logs)
+		}
+	}
+	// The internal ports speak TLS only, and only to who trusts the CA.
+	for _, p := range []*Process{s.ControlPlane, s.Agent} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+p.Addr+"/status", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+s.Secret)
+		res, err := httpClient.Do(req)
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode != http.StatusBadRequest {
+				t.Errorf("h2c to %s: HTTP %d, want refused", p.Addr, res.StatusCode)
+			}
+		}
+		untrusting, _ := tlsClient(x509.NewCertPool(), true)
+		var unknown x509.UnknownAuthorityError
+		if _, err := untrusting.Get("https://" + p.Addr + "/status"); !errors.As(err, &unknown) {
+			t.Errorf("client without the CA to %s: %v, want an unknown-authority error", p.Addr, err)
+		}
+	}
 }

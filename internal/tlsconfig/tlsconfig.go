@@ -17,6 +17,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/codemode-go/codemode/internal/cli"
 )
 
 // ReloadCheck is how often, at most, the files are looked at again: a
@@ -158,4 +160,44 @@ func CertPool(file string) (*x509.CertPool, error) {
 		return nil, fmt.Errorf("read CA certificates: no PEM certificate in %s", file)
 	}
 	return pool, nil
+}
+
+// Client returns the TLS configuration of a client that trusts only the
+// CA certificates in caFile (a cluster's CA): TLS 1.2 or later.
+func Client(caFile string) (*tls.Config, error) {
+	pool, err := CertPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+}
+
+// Files are a service's --tls-cert and --tls-key: the certificate chain and
+// key it serves HTTPS with. Both empty: plain HTTP.
+type Files struct {
+	Cert, Key string
+}
+
+// Flags defines --tls-cert and --tls-key (CODEMODE_TLS_CERT,
+// CODEMODE_TLS_KEY) on f; the returned function reads them after f is
+// parsed.
+func Flags(f *cli.Flags) func() Files {
+	cert := f.String("tls-cert", "", "certificate chain (PEM) to serve HTTPS with, read again when it changes (with --tls-key); empty: plain HTTP")
+	f.Env("tls-cert", "CODEMODE_TLS_CERT")
+	key := f.String("tls-key", "", "key (PEM) of --tls-cert, read again when it changes")
+	f.Env("tls-key", "CODEMODE_TLS_KEY")
+	return func() Files { return Files{Cert: *cert, Key: *key} }
+}
+
+// Server returns the listener's configuration for the files (see Server),
+// nil when both are empty.
+func (fs Files) Server(log *slog.Logger) (*tls.Config, error) {
+	if fs.Cert == "" && fs.Key == "" {
+		return nil, nil
+	}
+	c, err := Server(ServerOptions{CertFile: fs.Cert, KeyFile: fs.Key, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert, --tls-key: %w", err)
+	}
+	return c, nil
 }

@@ -352,6 +352,11 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	srv := server.New(a.log.With("component", "server"))
 	srv.ShutdownTimeout = a.cfg.ShutdownTimeout
+	var err error
+	if srv.TLS, err = a.cfg.TLS.Server(a.log.With("component", "tls")); err != nil {
+		ln.Close()
+		return err
+	}
 	if a.cfg.Secret != nil {
 		srv.Authenticate = a.cfg.Secret.Authenticate
 	}
@@ -373,7 +378,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 		defer close(beating)
 		a.heartbeat(hctx, advertiseAddr(a.cfg.AdvertiseAddr, ln.Addr().String()))
 	}()
-	err := srv.Serve(ctx, ln)
+	err = srv.Serve(ctx, ln)
 	stopBeating()
 	<-beating
 	a.srvMu.Lock()
