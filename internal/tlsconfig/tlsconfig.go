@@ -14,11 +14,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/codemode-go/codemode/internal/cli"
+	"golang.org/x/crypto/acme"
+	"golang.org/x/crypto/acme/autocert"
 )
 
 // ReloadCheck is how often, at most, the files are looked at again: a
@@ -200,4 +205,110 @@ func (fs Files) Server(log *slog.Logger) (*tls.Config, error) {
 		return nil, fmt.Errorf("--tls-cert, --tls-key: %w", err)
 	}
 	return c, nil
+}
+
+// ACMEOptions say how a listener gets its certificates over ACME (RFC 8555)
+// from a CA such as Let's Encrypt, answering its TLS-ALPN-01 challenges
+// itself: the listener must be what the CA reaches on port 443 of each
+// host.
+type ACMEOptions struct {
+	// Hosts are the names certificates are asked for; a handshake for any
+	// other name is refused.
+	Hosts []string
+	// Directory is the ACME server's directory URL; empty: Let's Encrypt's
+	// production directory (autocert's default).
+	Directory string
+	// DirectoryCA, if set, is a PEM file of the CAs that sign the ACME
+	// server's own HTTPS certificate (a private ACME server); empty: the
+	// system's roots.
+	DirectoryCA string
+	// CacheDir keeps the account key and the certificates across restarts
+	// (mode 0700); renewals are written there too.
+	CacheDir string
+	// Email is the account's contact, for the CA's expiry notices; empty:
+	// none.
+	Email  string
+	Logger *slog.Logger
+}
+
+// ACME returns the TLS configuration of a listener whose certificates come
+// over ACME: asked for on the first handshake naming one of o.Hosts, kept in
+// o.CacheDir, and renewed in the background once two thirds of their life
+// has passed (autocert's default), each renewed certificate served to new
+// connections.
+func ACME(o ACMEOptions) (*tls.Config, error) {
+	if len(o.Hosts) == 0 {
+		return nil, errors.New("ACME: want at least one host name")
+	}
+	if o.CacheDir == "" {
+		return nil, errors.New("ACME: want a cache directory, so that a restart does not ask the CA again")
+	}
+	client := &acme.Client{DirectoryURL: o.Directory, UserAgent: "codemode"}
+	if o.DirectoryCA != "" {
+		tc, err := Client(o.DirectoryCA)
+		if err != nil {
+			return nil, fmt.Errorf("ACME directory CA: %w", err)
+		}
+		client.HTTPClient = &http.Client{Transport: &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment}, Timeout: time.Minute}
+	}
+	m := &autocert.Manager{
+		Prompt:     autocert.AcceptTOS,
+		HostPolicy: autocert.HostWhitelist(o.Hosts...),
+		Cache:      autocert.DirCache(o.CacheDir),
+		Email:      o.Email,
+		Client:     client,
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var mu sync.Mutex
+	served := map[string]string{} // host: serial number last served
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2", "http/1.1", acme.ALPNProto},
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			c, err := m.GetCertificate(hello)
+			if err != nil {
+				log.Warn("ACME certificate", "server_name", hello.ServerName, "error", err)
+				return nil, err
+			}
+			if c.Leaf != nil && !slices.Contains(hello.SupportedProtos, acme.ALPNProto) {
+				serial := c.Leaf.SerialNumber.String()
+				mu.Lock()
+				if served[hello.ServerName] != serial {
+					served[hello.ServerName] = serial
+					log.Info("serving ACME certificate", "server_name", hello.ServerName, "serial", serial, "not_after", c.Leaf.NotAfter)
+				}
+				mu.Unlock()
+			}
+			return c, nil
+		},
+	}, nil
+}
+
+// ACMEFlags defines the flags of ACMEOptions on f (--acme-hosts,
+// --acme-directory, --acme-directory-ca, --acme-cache-dir, --acme-email,
+// each with its CODEMODE_ACME_ variable); the returned function reads them
+// after f is parsed. No --acme-hosts: no ACME.
+func ACMEFlags(f *cli.Flags) func() ACMEOptions {
+	hosts := f.String("acme-hosts", "", "comma-separated host names to get certificates for over ACME (TLS-ALPN-01: the edge must be what the CA reaches on port 443 of each); instead of --tls-cert")
+	f.Env("acme-hosts", "CODEMODE_ACME_HOSTS")
+	dir := f.String("acme-directory", "", "ACME directory URL; empty: Let's Encrypt's production directory")
+	f.Env("acme-directory", "CODEMODE_ACME_DIRECTORY")
+	ca := f.String("acme-directory-ca", "", "PEM file of the CAs that sign the ACME server's own HTTPS certificate (a private ACME server); empty: the system's")
+	f.Env("acme-directory-ca", "CODEMODE_ACME_DIRECTORY_CA")
+	cache := f.String("acme-cache-dir", "", "directory keeping the ACME account key and certificates across restarts; required with --acme-hosts")
+	f.Env("acme-cache-dir", "CODEMODE_ACME_CACHE_DIR")
+	email := f.String("acme-email", "", "contact address of the ACME account, for the CA's expiry notices")
+	f.Env("acme-email", "CODEMODE_ACME_EMAIL")
+	return func() ACMEOptions {
+		var hs []string
+		for _, h := range strings.Split(*hosts, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				hs = append(hs, h)
+			}
+		}
+		return ACMEOptions{Hosts: hs, Directory: *dir, DirectoryCA: *ca, CacheDir: *cache, Email: *email}
+	}
 }

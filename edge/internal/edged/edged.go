@@ -7,6 +7,7 @@ package edged
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -51,6 +52,9 @@ type Config struct {
 	// serves HTTPS with, read again when they change; both empty: plain
 	// HTTP (h2c and HTTP/1.1).
 	TLS tlsconfig.Files
+	// ACME, with Hosts, gets the edge's certificates over ACME instead
+	// (see tlsconfig.ACME).
+	ACME tlsconfig.ACMEOptions
 	// ControlPlanes are the control planes' base URLs, e.g.
 	// http://127.0.0.1:8080. With several, calls go to the first that
 	// accepts a connection, and move to the next only when one refuses
@@ -170,6 +174,24 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// tlsConfig is the configuration of the edge's listener: from the
+// certificate files, or over ACME; nil: plain HTTP.
+func (c Config) tlsConfig(log *slog.Logger) (*tls.Config, error) {
+	if len(c.ACME.Hosts) == 0 {
+		return c.TLS.Server(log)
+	}
+	if c.TLS != (tlsconfig.Files{}) {
+		return nil, errors.New("--acme-hosts and --tls-cert: give one or the other")
+	}
+	o := c.ACME
+	o.Logger = log
+	tc, err := tlsconfig.ACME(o)
+	if err != nil {
+		return nil, fmt.Errorf("--acme-hosts: %w", err)
+	}
+	return tc, nil
+}
+
 // ParseControlPlanes splits a comma-separated list of control planes,
 // taking host:port as links would (see cluster.Links.URL: https:// with a
 // cluster CA, http:// without).
@@ -207,6 +229,8 @@ func (c Config) browsers() server.Browsers {
 			b.Hosts = []string{"*"}
 		}
 	}
+	// The names the edge gets certificates for are its own.
+	b.Hosts = append(slices.Clip(b.Hosts), c.ACME.Hosts...)
 	// An IP address is always answered; a name in Addr is the edge's own.
 	if host, _, err := net.SplitHostPort(c.Addr); err == nil && host != "" && net.ParseIP(host) == nil {
 		b.Hosts = append(slices.Clip(b.Hosts), host)
@@ -298,6 +322,7 @@ func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 	addr := fs.String("addr", DefaultAddr, "address to serve the API, MCP and the web page on")
 	fs.Env("addr", "EDGE_ADDR")
 	tlsFiles := tlsconfig.Flags(fs)
+	acmeOptions := tlsconfig.ACMEFlags(fs)
 	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port); several, comma-separated: calls go to the first that accepts a connection and move to the next only when one refuses it (a run is never sent twice)")
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
 	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names, mode 0600 or 0400 (one its group or others may read or write is refused); empty for no authentication")
@@ -339,7 +364,7 @@ func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 	apiMaxBytes := fs.Int64("api-max-response-bytes", directtools.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
 	return func(links *cluster.Links) Config {
-		return Config{Addr: *addr, TLS: tlsFiles(), ControlPlanes: ParseControlPlanes(*cp, links), APIKeys: *keys, Egress: *egressConfig,
+		return Config{Addr: *addr, TLS: tlsFiles(), ACME: acmeOptions(), ControlPlanes: ParseControlPlanes(*cp, links), APIKeys: *keys, Egress: *egressConfig,
 			PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 			PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
 			Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
@@ -383,7 +408,7 @@ func authenticate(tenants *tenant.Resolver) func(*http.Request) (context.Context
 
 // Serve serves the edge on ln until ctx is done.
 func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
-	tlsCfg, err := cfg.TLS.Server(logger.With("component", "tls"))
+	tlsCfg, err := cfg.tlsConfig(logger.With("component", "tls"))
 	if err != nil {
 		ln.Close()
 		return err
