@@ -209,6 +209,12 @@ func TestEdgeACME(t *testing.T) {
 		second, _ := serial()
 		return second != first
 	})
+	// A name the edge was not given gets no certificate.
+	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "other.codemode.test"})
+	if err == nil {
+		conn.Close()
+		t.Errorf("handshake for a name not in --acme-hosts succeeded")
+	}
 	if !strings.Contains(edge.Logs(), "serving ACME certificate") {
 		t.Errorf("the edge did not log the certificates it serves:\n%s", edge.Logs())
 	}
