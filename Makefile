@@ -52,10 +52,16 @@ space := $(subst ,, )
 # the edges' and Redis's.
 cluster_deny := $(subst $(space),$(comma),$(strip $(foreach a,$(CLUSTER_CONTROLPLANES) $(CLUSTER_EDGES) $(CLUSTER_REDIS),:$(lastword $(subst :, ,$(a))))))
 
+# `make dist`: release archives of every binary, in DIST, for DIST_PLATFORMS
+# (GOOS/GOARCH, space-separated), stamped with VERSION (default: git describe).
+DIST           ?= dist
+DIST_PLATFORMS ?= linux/amd64
+VERSION        ?=
+
 # Where `make certs` keeps a development CA and the edge's certificate.
 CERTS_DIR ?= $(CODEMODE_STATE_DIR)/certs
 
-.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password certs clean policies bench bench-agent bench-policy
+.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password certs dist clean policies bench bench-agent bench-policy
 
 all: build
 
@@ -119,6 +125,10 @@ cluster-secret:
 # goes into a redis:// URL as it is; mode 0600)
 cluster-redis-password:
 	$(call secret_file,$(CLUSTER_REDIS_PASSWORD_FILE),tr '+/' '-_' | tr -d '=')
+
+## dist: reproducible release archives of edge, controlplane, agent and runner, with SHA256SUMS, in $(DIST)
+dist:
+	VERSION='$(VERSION)' DIST='$(DIST)' DIST_PLATFORMS='$(DIST_PLATFORMS)' bash deploy/dist.sh
 
 ## certs: a development CA (made once) and a certificate for the edge on localhost, in $(CERTS_DIR); see docs/deploying.md
 certs:

@@ -10,8 +10,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/codemode-go/codemode/internal/version"
 )
 
 // Flags is a flag set whose flags may each also be set by an environment
@@ -97,8 +100,14 @@ func SignalContext(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // Main runs a binary's Run function with the process's arguments, standard
-// streams and environment, and exits non-zero if it fails.
+// streams and environment, and exits non-zero if it fails. `--version` (or
+// `-version`, `version`) as the only argument prints the build's version
+// instead (see package version).
 func Main(run func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error) {
+	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version" || os.Args[1] == "version") {
+		fmt.Println(version.String(filepath.Base(os.Args[0])))
+		return
+	}
 	ctx, stop := SignalContext(context.Background())
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()

@@ -39,10 +39,8 @@ import (
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
 	"github.com/codemode-go/codemode/internal/tlsconfig"
+	"github.com/codemode-go/codemode/internal/version"
 )
-
-// Version is reported to MCP clients.
-const Version = "0.1.0"
 
 // Config is the edge's configuration.
 type Config struct {
@@ -462,7 +460,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
 	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
-		Version: Version, APIs: catalog, Egress: egress, Tracing: cfg.Tracing}).Handlers()
+		Version: version.Version(), APIs: catalog, Egress: egress, Tracing: cfg.Tracing}).Handlers()
 	srv.HandleTooLarge("/mcp", cfg.Tracing.Handler("/mcp", withCode), mcpserver.RefuseTooLarge)
 	// The tools without code execution at two paths: /no-code/mcp for
 	// clients that take any URL not ending in /mcp for a mistake and

@@ -17,6 +17,7 @@ import (
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/version"
 )
 
 // StdioCommand is the first argument that selects RunStdio.
@@ -58,7 +59,7 @@ func RunStdio(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		hc = cluster.WithBearer(hc, *key)
 	}
 	client := edgev1connect.NewExecutionServiceClient(hc, strings.TrimRight(*edgeURL, "/"))
-	servers := mcpserver.New(mcpserver.Config{Open: mcpserver.Remote(client), Logger: logger.With("component", "mcp-stdio"), Version: Version})
+	servers := mcpserver.New(mcpserver.Config{Open: mcpserver.Remote(client), Logger: logger.With("component", "mcp-stdio"), Version: version.Version()})
 	srv := servers.Server(ctx, nil, !*noCode)
 	t := &mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}}
 	err = srv.Run(ctx, t)
