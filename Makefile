@@ -61,7 +61,7 @@ VERSION        ?=
 # Where `make certs` keeps a development CA and the edge's certificate.
 CERTS_DIR ?= $(CODEMODE_STATE_DIR)/certs
 
-.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password certs dist clean policies bench bench-agent bench-policy
+.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password certs dist images clean policies bench bench-agent bench-policy
 
 all: build
 
@@ -129,6 +129,10 @@ cluster-redis-password:
 ## dist: reproducible release archives of edge, controlplane, agent and runner, with SHA256SUMS, in $(DIST)
 dist:
 	VERSION='$(VERSION)' DIST='$(DIST)' DIST_PLATFORMS='$(DIST_PLATFORMS)' bash deploy/dist.sh
+
+## images: OCI images of the edge and the control plane (from scratch, non-root, with a health check) in the local Docker Engine; IMAGE_TAG, IMAGE_PREFIX
+images: setup
+	VERSION='$(VERSION)' bash deploy/images/images.sh
 
 ## certs: a development CA (made once) and a certificate for the edge on localhost, in $(CERTS_DIR); see docs/deploying.md
 certs:

@@ -40,7 +40,8 @@ apt_install() {
 }
 
 # --- 1. packages -----------------------------------------------------------
-apt_install docker.io debootstrap ca-certificates iproute2 wabt
+# systemd: for systemd-analyze, which checks the agent's unit in the tests.
+apt_install docker.io debootstrap ca-certificates iproute2 wabt systemd
 # redis-server: the tests and make up-cluster start their own on a loopback
 # port; the package must not start the system's. Where no policy-rc.d says so
 # already, one answering 101 ("not allowed") keeps invoke-rc.d from starting it.
@@ -207,3 +208,29 @@ codemode-sandbox:*)
   ;;
 esac
 log "ready: dockerd $(docker version --format '{{.Server.Version}}'), runsc at /usr/local/bin/runsc (built from $RUNSC_VERSION), image $IMAGE"
+
+# --- 5. the agent as a systemd service (only when asked) -----------------------
+# CODEMODE_INSTALL_AGENT=1 with CODEMODE_AGENT_BIN and CODEMODE_RUNNER_BIN (the
+# binaries of a release archive, `make dist`) installs them, the unit
+# codemode-agent.service and, if missing, /etc/codemode/agent.env; with systemd
+# running it enables and starts the unit. Where dockerd runs under systemd, the
+# unit's Requires=docker.service orders the agent after it.
+if [ "${CODEMODE_INSTALL_AGENT:-}" = 1 ]; then
+  : "${CODEMODE_AGENT_BIN:?set CODEMODE_AGENT_BIN to the agent binary to install}"
+  : "${CODEMODE_RUNNER_BIN:?set CODEMODE_RUNNER_BIN to the runner binary to install}"
+  install -D -m 0755 "$CODEMODE_AGENT_BIN" /usr/local/bin/codemode-agent
+  install -D -m 0755 "$CODEMODE_RUNNER_BIN" /usr/local/lib/codemode/runner
+  install -D -m 0644 "$(dirname "$0")/codemode-agent.service" /etc/systemd/system/codemode-agent.service
+  if [ ! -e /etc/codemode/agent.env ]; then
+    install -d -m 0755 /etc/codemode
+    install -m 0600 /dev/null /etc/codemode/agent.env
+    printf '# Settings of codemode-agent.service: VARIABLE=value lines (agent --help names them).\n' >/etc/codemode/agent.env
+  fi
+  if [ -d /run/systemd/system ]; then
+    systemctl daemon-reload
+    systemctl enable --now codemode-agent.service
+    log "codemode-agent.service enabled and started"
+  else
+    log "installed codemode-agent.service; systemd is not running here, so it is not started"
+  fi
+fi

@@ -104,7 +104,10 @@ func ParseAgents(s string) []string {
 }
 
 // Run is the controlplane program.
-func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) error {
+func Run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == server.HealthCommand {
+		return server.RunHealthCheck(ctx, "controlplane", args[1:], DefaultAddr, "CONTROLPLANE_ADDR", os.Getenv, stdout, stderr)
+	}
 	fs := cli.NewFlags("controlplane", stderr)
 	addr := fs.String("addr", DefaultAddr, "address to serve gRPC, gRPC-Web, Connect, POST /run and GET /status on; without a cluster secret, loopback only (a bare port binds 127.0.0.1)")
 	fs.Env("addr", "CONTROLPLANE_ADDR")

@@ -265,6 +265,9 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if len(args) > 0 && args[0] == StdioCommand {
 		return RunStdio(ctx, args[1:], stdin, stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == server.HealthCommand {
+		return server.RunHealthCheck(ctx, "edge", args[1:], DefaultAddr, "EDGE_ADDR", os.Getenv, stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == policytool.Command {
 		return policytool.Run(ctx, args[1:], stdin, stdout, stderr)
 	}
@@ -274,8 +277,9 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	logFormat, logLevel := cli.LogFlags(fs)
 	metricsAddr := telemetry.MetricsFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n  %-24s check, run or time a policy module (see edge %s --help)\n\nFlags:\n",
-			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand, "edge "+policytool.Command+" COMMAND", policytool.Command)
+		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n  %-24s check, run or time a policy module (see edge %s --help)\n  %-24s ask the edge at --addr whether it serves (exit 0) or not\n  %-24s print the version\n\nFlags:\n",
+			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand, "edge "+policytool.Command+" COMMAND", policytool.Command,
+			"edge "+server.HealthCommand+" [--addr A]", "edge --version")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args, os.Getenv); err != nil {
