@@ -89,6 +89,8 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/grpc v1.83.2 // indirect
 	gotest.tools/v3 v3.5.2 // indirect
+	helm.sh/helm/v4 v4.3.2 // indirect
+	k8s.io/api v0.37.2 // indirect
 )
 
 tool (

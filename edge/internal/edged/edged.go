@@ -8,6 +8,7 @@ package edged
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -61,6 +62,11 @@ type Config struct {
 	// APIKeys is a JSON file mapping API keys to tenant names; empty: no
 	// authentication, every caller is the tenant "anonymous".
 	APIKeys string
+	// APIKeysJSON is the same mapping given in the environment
+	// (CODEMODE_API_KEYS_JSON, never a flag): for orchestrators that hand
+	// secrets to non-root containers as variables, since a mounted file
+	// they can read is readable by its group too. Used when APIKeys is empty.
+	APIKeysJSON string
 	// Egress is a JSON file saying what each tenant's runs may reach
 	// outside their sandboxes (see tenant.EgressConfig); empty: nothing.
 	Egress string
@@ -172,6 +178,28 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// keyed says whether callers must present API keys.
+func (c Config) keyed() bool { return c.APIKeys != "" || c.APIKeysJSON != "" }
+
+// tenants resolves API keys: from the APIKeys file, else from APIKeysJSON.
+func (c Config) tenants() (*tenant.Resolver, error) {
+	if c.APIKeys != "" || c.APIKeysJSON == "" {
+		return tenant.Load(c.APIKeys)
+	}
+	var m map[string]string
+	if err := json.Unmarshal([]byte(c.APIKeysJSON), &m); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", APIKeysJSONEnv, err)
+	}
+	r, err := tenant.New(m)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", APIKeysJSONEnv, err)
+	}
+	return r, nil
+}
+
+// APIKeysJSONEnv holds the API keys themselves (see Config.APIKeysJSON).
+const APIKeysJSONEnv = "CODEMODE_API_KEYS_JSON"
+
 // tlsConfig is the configuration of the edge's listener: from the
 // certificate files, or over ACME; nil: plain HTTP.
 func (c Config) tlsConfig(log *slog.Logger) (*tls.Config, error) {
@@ -219,7 +247,7 @@ func ParseList(s string) []string {
 // open up.
 func (c Config) browsers() server.Browsers {
 	b := server.Browsers{Origins: c.AllowedOrigins, Hosts: c.AllowedHosts}
-	if c.APIKeys != "" {
+	if c.keyed() {
 		if len(b.Origins) == 0 {
 			b.Origins = []string{"*"}
 		}
@@ -295,7 +323,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	secret := links.Secret
 	cfg := readConfig(links)
-	cfg.Links, cfg.MetricsAddr = links, *metricsAddr
+	cfg.Links, cfg.MetricsAddr, cfg.APIKeysJSON = links, *metricsAddr, os.Getenv(APIKeysJSONEnv)
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -327,7 +355,7 @@ func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 	acmeOptions := tlsconfig.ACMEFlags(fs)
 	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port); several, comma-separated: calls go to the first that accepts a connection and move to the next only when one refuses it (a run is never sent twice)")
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
-	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names, mode 0600 or 0400 (one its group or others may read or write is refused); empty for no authentication")
+	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names, mode 0600 or 0400 (one its group or others may read or write is refused); or the mapping itself in CODEMODE_API_KEYS_JSON; empty for no authentication")
 	fs.Env("api-keys", "CODEMODE_API_KEYS")
 	egressConfig := fs.String("egress", "", "JSON file saying what each tenant's runs may reach outside their sandboxes (hosts, ports, limits); empty: nothing")
 	fs.Env("egress", "CODEMODE_EGRESS")
@@ -378,7 +406,7 @@ func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 // bindAddr returns the address the edge may serve on: any address when it
 // has API keys or is told to be public, else loopback only.
 func bindAddr(cfg Config) (string, error) {
-	if cfg.APIKeys != "" || cfg.PublicWithoutKeys {
+	if cfg.keyed() || cfg.PublicWithoutKeys {
 		return cfg.Addr, nil
 	}
 	a, err := cluster.LoopbackAddr(cfg.Addr)
@@ -415,7 +443,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		ln.Close()
 		return err
 	}
-	tenants, err := tenant.Load(cfg.APIKeys)
+	tenants, err := cfg.tenants()
 	if err != nil {
 		ln.Close()
 		return err

@@ -1,7 +1,9 @@
 package edged
 
 import (
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -58,5 +60,26 @@ func TestParseList(t *testing.T) {
 	}
 	if got := ParseList(""); got != nil {
 		t.Fatalf("empty: got %q", got)
+	}
+}
+
+// API keys given in the environment work as a keys file does: they make the
+// edge keyed, resolve to their tenants, and a bad value is refused.
+func TestAPIKeysFromEnvironment(t *testing.T) {
+	c := Config{APIKeysJSON: `{"k-alpha-0123456789": "alpha"}`}
+	if !c.keyed() {
+		t.Error("keys in the environment: not keyed")
+	}
+	r, err := c.tenants()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := r.Resolve(http.Header{"Authorization": {"Bearer k-alpha-0123456789"}}); err != nil || got != "alpha" {
+		t.Errorf("Resolve = %q %v, want alpha", got, err)
+	}
+	for _, bad := range []string{`{`, `{"short": "alpha"}`, `{"k-alpha-0123456789": "Not A Name"}`} {
+		if _, err := (Config{APIKeysJSON: bad}).tenants(); err == nil || !strings.Contains(err.Error(), APIKeysJSONEnv) {
+			t.Errorf("%s: %v, want an error naming %s", bad, err, APIKeysJSONEnv)
+		}
 	}
 }
