@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/codemode-go/codemode/edge/internal/execution"
+	"github.com/codemode-go/codemode/edge/internal/oidctoken"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
@@ -32,6 +33,12 @@ func (h *Handler) call(ctx context.Context, req connect.AnyRequest, ex *executio
 	c, err := h.caller(ctx, req)
 	if err != nil {
 		return execution.Call{}, err
+	}
+	if id, ok := tenant.IdentityFromContext(ctx); ok && ex.GetSessionId() != "" {
+		// The door checked Execute; a run in a session needs Sessions too.
+		if err := tenant.Require(id, oidctoken.Sessions); err != nil {
+			return execution.Call{}, err
+		}
 	}
 	return execution.Call{Execution: ex, Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID}, nil
 }

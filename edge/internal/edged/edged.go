@@ -7,6 +7,8 @@ package edged
 
 import (
 	"context"
+
+	"connectrpc.com/connect"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +26,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/failover"
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
+	"github.com/codemode-go/codemode/edge/internal/oidctoken"
 	"github.com/codemode-go/codemode/edge/internal/policy"
 	"github.com/codemode-go/codemode/edge/internal/policytool"
 	"github.com/codemode-go/codemode/edge/internal/ratelimit"
@@ -54,6 +57,9 @@ type Config struct {
 	// APIKeys is a JSON file mapping API keys to tenant names; empty: no
 	// authentication, every caller is the tenant "anonymous".
 	APIKeys string
+	// OIDC is a JSON file naming the OpenID providers whose bearer tokens
+	// the edge accepts beside API keys (see oidctoken.Config); empty: none.
+	OIDC string
 	// Egress is a JSON file saying what each tenant's runs may reach
 	// outside their sandboxes (see tenant.EgressConfig); empty: nothing.
 	Egress string
@@ -121,6 +127,10 @@ const (
 	DefaultAddr         = ":8000"
 	DefaultControlPlane = "http://127.0.0.1:8080"
 )
+
+// oidcFetchTimeout bounds one fetch of an issuer's discovery document or
+// keys.
+const oidcFetchTimeout = 10 * time.Second
 
 // policyWatchInterval is how often the policy configuration file is checked.
 const policyWatchInterval = 2 * time.Second
@@ -197,7 +207,7 @@ func ParseList(s string) []string {
 // open up.
 func (c Config) browsers() server.Browsers {
 	b := server.Browsers{Origins: c.AllowedOrigins, Hosts: c.AllowedHosts}
-	if c.APIKeys != "" {
+	if c.authenticates() {
 		if len(b.Origins) == 0 {
 			b.Origins = []string{"*"}
 		}
@@ -211,6 +221,10 @@ func (c Config) browsers() server.Browsers {
 	}
 	return b
 }
+
+// authenticates reports whether every caller must show a credential: an
+// API key or a token.
+func (c Config) authenticates() bool { return c.APIKeys != "" || c.OIDC != "" }
 
 // controlPlaneClient is the client of the control planes at urls: with
 // several, it dials the first that accepts (see internal/failover), and
@@ -298,6 +312,8 @@ func configFlags(fs *cli.Flags) func() Config {
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
 	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names, mode 0600 or 0400 (one its group or others may read or write is refused); empty for no authentication")
 	fs.Env("api-keys", "CODEMODE_API_KEYS")
+	oidcConfig := fs.String("oidc-config", "", "JSON file naming the OpenID providers whose bearer tokens (JWT access tokens) are accepted beside API keys: issuer, audiences, tenant claim and its allow-list, scopes (see docs/identity.md); empty for none")
+	fs.Env("oidc-config", "CODEMODE_OIDC_CONFIG")
 	egressConfig := fs.String("egress", "", "JSON file saying what each tenant's runs may reach outside their sandboxes (hosts, ports, limits); empty: nothing")
 	fs.Env("egress", "CODEMODE_EGRESS")
 	policyConfig := fs.String("policy-config", "", "Wasm policy configuration file (JSON), reloaded when it changes; empty for no policies")
@@ -335,7 +351,7 @@ func configFlags(fs *cli.Flags) func() Config {
 	apiMaxBytes := fs.Int64("api-max-response-bytes", directtools.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
 	return func() Config {
-		return Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, Egress: *egressConfig,
+		return Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, OIDC: *oidcConfig, Egress: *egressConfig,
 			PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 			PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
 			Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
@@ -347,7 +363,7 @@ func configFlags(fs *cli.Flags) func() Config {
 // bindAddr returns the address the edge may serve on: any address when it
 // has API keys or is told to be public, else loopback only.
 func bindAddr(cfg Config) (string, error) {
-	if cfg.APIKeys != "" || cfg.PublicWithoutKeys {
+	if cfg.authenticates() || cfg.PublicWithoutKeys {
 		return cfg.Addr, nil
 	}
 	a, err := cluster.LoopbackAddr(cfg.Addr)
@@ -367,13 +383,41 @@ func needsKey(path string) bool {
 		path == "/mcp" || path == "/no-code/mcp" || path == "/mcp-no-code-execute" || path == "/run" || path == "/status"
 }
 
-// authenticate resolves the tenant of a request to a door, before its body is read.
+// rightFor is the right a request to path needs (see needsKey): each
+// Connect method its own, /run and /mcp running code, /status reading,
+// the MCP door without code execution calling APIs. What a call does
+// beyond its door (a run in a session, MCP's session tools) is checked
+// where it is known.
+func rightFor(path string) oidctoken.Rights {
+	switch path {
+	case edgev1connect.ExecutionServiceExecuteProcedure, edgev1connect.ExecutionServiceExecuteStreamProcedure, "/run", "/mcp":
+		return oidctoken.Execute
+	case edgev1connect.ExecutionServiceCreateSessionProcedure, edgev1connect.ExecutionServiceCloseSessionProcedure,
+		edgev1connect.ExecutionServiceListFilesProcedure, edgev1connect.ExecutionServiceReadFileProcedure,
+		edgev1connect.ExecutionServiceWriteFileProcedure:
+		return oidctoken.Sessions
+	case "/no-code/mcp", "/mcp-no-code-execute":
+		return oidctoken.APIs
+	}
+	return oidctoken.Read
+}
+
+// authenticate resolves the identity of a request to a door, before its
+// body is read, and refuses one without the right the door needs.
 func authenticate(tenants *tenant.Resolver) func(*http.Request) (context.Context, error) {
 	return func(r *http.Request) (context.Context, error) {
-		if needsKey(r.URL.Path) {
-			return tenants.Authenticate(r)
+		if !needsKey(r.URL.Path) {
+			return r.Context(), nil
 		}
-		return r.Context(), nil
+		ctx, err := tenants.Authenticate(r)
+		if err != nil {
+			return nil, connect.NewError(tenant.Code(err), err)
+		}
+		id, _ := tenant.IdentityFromContext(ctx)
+		if err := tenant.Require(id, rightFor(r.URL.Path)); err != nil {
+			return nil, err
+		}
+		return ctx, nil
 	}
 }
 
@@ -383,6 +427,22 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	if err != nil {
 		ln.Close()
 		return err
+	}
+	if cfg.OIDC != "" {
+		oc, err := oidctoken.Load(cfg.OIDC)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		v, err := oidctoken.New(oc, &http.Client{Timeout: oidcFetchTimeout}, logger.With("component", "oidc"))
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("oidc config: %w", err)
+		}
+		if tenants, err = tenants.WithTokens(v, oc); err != nil {
+			ln.Close()
+			return err
+		}
 	}
 	egress, err := tenant.LoadEgress(cfg.Egress)
 	if err != nil {
