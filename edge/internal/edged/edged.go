@@ -8,7 +8,6 @@ package edged
 import (
 	"context"
 
-	"connectrpc.com/connect"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +19,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/codemode-go/codemode/edge/internal/connectapi"
 	"github.com/codemode-go/codemode/edge/internal/directtools"

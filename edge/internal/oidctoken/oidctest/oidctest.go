@@ -217,8 +217,8 @@ func (c opClient) GrantTypes() []oidc.GrantType {
 	return []oidc.GrantType{oidc.GrantTypeClientCredentials, oidc.GrantTypeCode}
 }
 func (c opClient) LoginURL(id string) string { return "/login?authRequestID=" + id }
-func (c opClient) RedirectURIs() []string   { return c.c.RedirectURIs }
-func (c opClient) DevMode() bool            { return true }
+func (c opClient) RedirectURIs() []string    { return c.c.RedirectURIs }
+func (c opClient) DevMode() bool             { return true }
 
 func (s *store) wrap(c *Client) op.Client {
 	base := storage.NativeClient(c.ID, c.RedirectURIs...)
