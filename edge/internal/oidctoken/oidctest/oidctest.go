@@ -63,25 +63,37 @@ type Provider struct {
 // Start runs a provider on 127.0.0.1 until t ends.
 func Start(t testing.TB) *Provider {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := New()
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// New runs a provider on 127.0.0.1 until Close.
+func New() (*Provider, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
 	issuer := "http://" + ln.Addr().String()
-	s := &store{Storage: storage.NewStorage(storage.NewUserStore(issuer)), clients: map[string]*Client{}, resources: map[string][]string{}}
+	s := &store{Storage: storage.NewStorage(storage.NewUserStore(issuer)), clients: map[string]*Client{}}
 	s.rotate()
 	cfg := &op.Config{CryptoKey: sha256.Sum256([]byte(issuer)), CodeMethodS256: true, AuthMethodPost: true}
 	p, err := op.NewProvider(cfg, s, op.StaticIssuer(issuer), op.WithAllowInsecure())
 	if err != nil {
-		t.Fatal(err)
+		ln.Close()
+		return nil, err
 	}
 	callback := op.AuthCallbackURL(p)
+	user := storage.NewUserStore(issuer).GetUserByID("id1").Username
 	mux := http.NewServeMux()
 	// The login every authorization request is sent to: it signs in the
 	// provider's first user at once and goes back to the provider.
 	mux.HandleFunc("/login", func(w http.ResponseWriter, r *http.Request) {
 		id := r.URL.Query().Get("authRequestID")
-		if err := s.Storage.CheckUsernamePassword(storage.NewUserStore(issuer).GetUserByID("id1").Username, "verysecure", id); err != nil {
+		if err := s.Storage.CheckUsernamePassword(user, "verysecure", id); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
@@ -90,9 +102,11 @@ func Start(t testing.TB) *Provider {
 	mux.Handle("/", p)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	return &Provider{Issuer: issuer, store: s, srv: srv}
+	return &Provider{Issuer: issuer, store: s, srv: srv}, nil
 }
+
+// Close stops the provider.
+func (p *Provider) Close() { p.srv.Close() }
 
 // Register adds c (its ID made up when empty) and returns it.
 func (p *Provider) Register(c Client) Client {
@@ -146,11 +160,10 @@ func (p *Provider) KeyID() string {
 type store struct {
 	*storage.Storage
 
-	mu        sync.Mutex
-	key       *rsa.PrivateKey
-	kid       string
-	clients   map[string]*Client
-	resources map[string][]string // auth request id -> resource indicators
+	mu  sync.Mutex
+	key *rsa.PrivateKey
+	kid string
+	clients map[string]*Client
 }
 
 func (s *store) rotate() {

@@ -1,0 +1,316 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/codemode-go/codemode/edge/internal/oidctoken/oidctest"
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/testkit"
+)
+
+// edgeAudience is the audience the test edges accept tokens for.
+const edgeAudience = "codemode-e2e"
+
+// allScopes grant every right.
+var allScopes = []string{"codemode:execute", "codemode:sessions", "codemode:apis"}
+
+var (
+	providerOnce sync.Once
+	providerErr  error
+	provider     *oidctest.Provider
+)
+
+// sharedProvider is the OpenID provider of the package's tests, on
+// loopback. Its key never changes: a test that rotates keys starts its
+// own.
+func sharedProvider(t *testing.T) *oidctest.Provider {
+	t.Helper()
+	providerOnce.Do(func() { provider, providerErr = oidctest.New() })
+	if providerErr != nil {
+		t.Fatalf("start OpenID provider: %v", providerErr)
+	}
+	return provider
+}
+
+// oidcConfig writes an edge's configuration trusting p's tokens for
+// edgeAudience, with org-a and org-b the tenants team-a and team-b.
+func oidcConfig(t *testing.T, p *oidctest.Provider, audiences ...string) string {
+	t.Helper()
+	if len(audiences) == 0 {
+		audiences = []string{edgeAudience}
+	}
+	cfg := map[string]any{"issuers": []map[string]any{{
+		"issuer": p.Issuer, "audiences": audiences, "tenantClaim": "org_id",
+		"tenants": map[string]string{"org-a": "team-a", "org-b": "team-b"},
+		// Follow a rotation at the first token of a new key.
+		"minKeysRefresh": "1ms",
+	}}}
+	b, _ := json.Marshal(cfg)
+	path := filepath.Join(t.TempDir(), "oidc.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// tenantToken returns a token of p for org (org-a: team-a) with scopes.
+func tenantToken(t *testing.T, p *oidctest.Provider, org string, scopes ...string) string {
+	t.Helper()
+	c := p.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": org}})
+	return p.Token(t, c, scopes...)
+}
+
+// credentialKind names how each of two tenants authenticates.
+type credentialKind struct {
+	name           string
+	tokenA, tokenB bool // else an API key
+}
+
+// credentialKinds: two tenants with API keys, with tokens, and one of each.
+// Each kind keeps tenants apart the same way.
+var credentialKinds = []credentialKind{
+	{name: "api keys"},
+	{name: "tokens", tokenA: true, tokenB: true},
+	{name: "key and token", tokenB: true},
+}
+
+// edge starts an edge in front of s that accepts both API keys and the
+// shared provider's tokens, and returns it with the credentials of team-a
+// and team-b, of kind k.
+func (k credentialKind) edge(t *testing.T, s *Stack) (edge *Process, credA, credB string) {
+	t.Helper()
+	if !k.tokenA && !k.tokenB {
+		return keyedEdge(t, s)
+	}
+	keyA, keyB := "ka-"+newSecret()[:24], "kb-"+newSecret()[:24]
+	file := filepath.Join(t.TempDir(), "keys.json")
+	b, _ := json.Marshal(map[string]string{keyA: "team-a", keyB: "team-b"})
+	if err := os.WriteFile(file, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := sharedProvider(t)
+	edge, err := s.StartEdge(nil, "--api-keys", file, "--oidc-config", oidcConfig(t, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { edge.Stop(30 * time.Second) })
+	credA, credB = keyA, keyB
+	if k.tokenA {
+		credA = tenantToken(t, p, "org-a", allScopes...)
+	}
+	if k.tokenB {
+		credB = tenantToken(t, p, "org-b", allScopes...)
+	}
+	return edge, credA, credB
+}
+
+// edgeDoor is one of the edge's doors, called with a bearer credential ("":
+// none): it returns the HTTP status, the Connect code (for Connect doors,
+// else derived from the status) and the WWW-Authenticate header when it
+// can see it.
+type edgeDoor struct {
+	name string
+	call func(t *testing.T, base, bearer string) (status int, code connect.Code, challenge string)
+}
+
+func httpDoor(name, method, path, body string) edgeDoor {
+	return edgeDoor{name: name, call: func(t *testing.T, base, bearer string) (int, connect.Code, string) {
+		req, err := http.NewRequestWithContext(t.Context(), method, base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		code := connect.Code(0)
+		switch res.StatusCode {
+		case http.StatusUnauthorized:
+			code = connect.CodeUnauthenticated
+		case http.StatusForbidden:
+			code = connect.CodePermissionDenied
+		}
+		return res.StatusCode, code, res.Header.Get("WWW-Authenticate")
+	}}
+}
+
+// everyDoor: Connect's Execute on each protocol, both MCP endpoints,
+// /run and /status.
+func everyDoor() []edgeDoor {
+	var doors []edgeDoor
+	for _, p := range protocols {
+		doors = append(doors, edgeDoor{name: p.name, call: func(t *testing.T, base, bearer string) (int, connect.Code, string) {
+			c := edgev1connect.NewExecutionServiceClient(bearerClient(bearer), base, p.opts...)
+			_, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(6*7)"}))
+			var ce *connect.Error
+			challenge := ""
+			if err != nil && asConnectError(err, &ce) {
+				challenge = ce.Meta().Get("WWW-Authenticate")
+			}
+			if err == nil {
+				return http.StatusOK, 0, ""
+			}
+			return 0, connect.CodeOf(err), challenge
+		}})
+	}
+	return append(doors,
+		httpDoor("mcp", http.MethodPost, "/mcp", mcpInitialize),
+		httpDoor("mcp-no-code-execute", http.MethodPost, "/mcp-no-code-execute", mcpInitialize),
+		httpDoor("run", http.MethodPost, "/run", `{"code":"print(6*7)","language":"python"}`),
+		httpDoor("status", http.MethodGet, "/status", ""),
+	)
+}
+
+// TestTokensAtEveryDoor: a token of the trusted provider, for this edge's
+// audience and a served tenant, opens every door; every kind of bad token
+// is refused at every door, with unauthenticated (HTTP 401) when the token
+// is not one the edge accepts, permission_denied (403) when it is valid
+// but its tenant is not served or its scopes do not grant the call.
+func TestTokensAtEveryDoor(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	p := sharedProvider(t)
+	other := oidctest.Start(t) // a provider the edge does not trust
+	edge, err := s.StartEdge(nil, "--oidc-config", oidcConfig(t, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { edge.Stop(30 * time.Second) })
+
+	good := tenantToken(t, p, "org-a", allScopes...)
+	expired := p.Token(t, p.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}, TTL: -time.Minute}), allScopes...)
+	wrongAudience := p.Token(t, p.Register(oidctest.Client{Audience: []string{"another-service"}, Claims: map[string]any{"org_id": "org-a"}}), allScopes...)
+	wrongIssuer := other.Token(t, other.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}}), allScopes...)
+	outside := tenantToken(t, p, "org-unlisted", allScopes...)
+	noScope := tenantToken(t, p, "org-a", "openid")
+
+	for _, d := range everyDoor() {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			if status, code, _ := d.call(t, edge.URL(), good); code != 0 {
+				t.Fatalf("valid token: HTTP %d %v, want success", status, code)
+			}
+			for _, tc := range []struct {
+				name   string
+				bearer string
+				want   connect.Code
+				scope  string // in the insufficient_scope challenge
+			}{
+				{"no token", "", connect.CodeUnauthenticated, ""},
+				{"expired", expired, connect.CodeUnauthenticated, ""},
+				{"wrong audience", wrongAudience, connect.CodeUnauthenticated, ""},
+				{"wrong issuer", wrongIssuer, connect.CodeUnauthenticated, ""},
+				{"alg none", oidctest.AlgNone(good), connect.CodeUnauthenticated, ""},
+				{"HMAC with the public key", p.HMACWithPublicKey(good), connect.CodeUnauthenticated, ""},
+				{"another key's signature", oidctest.SignedByAnotherKey(good), connect.CodeUnauthenticated, ""},
+				{"tenant outside the allow-list", outside, connect.CodePermissionDenied, ""},
+				{"no scope", noScope, connect.CodePermissionDenied, "insufficient_scope"},
+			} {
+				status, code, challenge := d.call(t, edge.URL(), tc.bearer)
+				if code != tc.want {
+					t.Errorf("%s: HTTP %d %v, want %v", tc.name, status, code, tc.want)
+				}
+				if !strings.HasPrefix(challenge, "Bearer") && (status != 0 || d.name == "connect") {
+					t.Errorf("%s: WWW-Authenticate %q, want a Bearer challenge", tc.name, challenge)
+				}
+				if tc.scope != "" && status != 0 && !strings.Contains(challenge, tc.scope) {
+					t.Errorf("%s: WWW-Authenticate %q, want %s", tc.name, challenge, tc.scope)
+				}
+			}
+		})
+	}
+
+	// Scopes grant what they name: a read-only token reads its status but
+	// runs nothing; without codemode:sessions a token runs code but opens
+	// no session; without codemode:apis it cannot use the API door.
+	t.Run("scopes", func(t *testing.T) {
+		t.Parallel()
+		readOnly := tenantToken(t, p, "org-a", "codemode:read")
+		execOnly := tenantToken(t, p, "org-a", "codemode:execute")
+		if status, _, _ := httpDoor("status", http.MethodGet, "/status", "").call(t, edge.URL(), readOnly); status != http.StatusOK {
+			t.Errorf("read-only token, /status: HTTP %d, want 200", status)
+		}
+		c := edgev1connect.NewExecutionServiceClient(bearerClient(readOnly), edge.URL())
+		_, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}))
+		var ce *connect.Error
+		if connect.CodeOf(err) != connect.CodePermissionDenied || !asConnectError(err, &ce) || !strings.Contains(ce.Message(), "codemode:execute") {
+			t.Errorf("read-only token, Execute: %v, want permission_denied naming codemode:execute", err)
+		}
+		if _, err := c.ListLanguages(t.Context(), connect.NewRequest(&edgev1.ListLanguagesRequest{})); err != nil {
+			t.Errorf("read-only token, ListLanguages: %v", err)
+		}
+		e := edgev1connect.NewExecutionServiceClient(bearerClient(execOnly), edge.URL())
+		if _, err := e.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
+			t.Errorf("execute token, Execute: %v", err)
+		}
+		if _, err := e.CreateSession(t.Context(), connect.NewRequest(&edgev1.CreateSessionRequest{Language: "python"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Errorf("execute token, CreateSession: %v, want permission_denied", err)
+		}
+		if _, err := e.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)", SessionId: "s-" + newSecret()[:8]})); connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Errorf("execute token, Execute in a session: %v, want permission_denied", err)
+		}
+		if status, _, challenge := httpDoor("mcp-no-code-execute", http.MethodPost, "/mcp-no-code-execute", mcpInitialize).call(t, edge.URL(), execOnly); status != http.StatusForbidden || !strings.Contains(challenge, `scope="codemode:apis"`) {
+			t.Errorf("execute token, /mcp-no-code-execute: HTTP %d %q, want 403 naming codemode:apis", status, challenge)
+		}
+		// On /mcp, the session tools need codemode:sessions.
+		cs := keyedMCP(t, edge.URL()+"/mcp", execOnly)
+		if r := call(t, cs, "execute_code", map[string]any{"language": "python", "code": "print(6*7)"}); r.IsError || structured(t, r)["stdout"] != "42\n" {
+			t.Errorf("execute token, execute_code: %s", testkit.ToolText(r))
+		}
+		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_session", Arguments: map[string]any{"language": "python"}})
+		if err == nil && !res.IsError {
+			t.Errorf("execute token, create_session: %s, want an error", testkit.ToolText(res))
+		}
+	})
+}
+
+// TestTokenKeyRotation: the provider replaces its signing key while the
+// edge runs; tokens of the new key work at once, without a restart, and
+// tokens of the old key, which the provider no longer publishes, stop
+// working as soon as the edge has fetched the new keys, though it had
+// accepted (and cached) them before.
+func TestTokenKeyRotation(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	p := oidctest.Start(t) // its own: the shared provider's key never changes
+	edge, err := s.StartEdge(nil, "--oidc-config", oidcConfig(t, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { edge.Stop(30 * time.Second) })
+	status := httpDoor("status", http.MethodGet, "/status", "")
+	old := tenantToken(t, p, "org-a", "codemode:read")
+	if code, _, _ := status.call(t, edge.URL(), old); code != http.StatusOK {
+		t.Fatalf("before rotation: HTTP %d", code)
+	}
+	p.Rotate()
+	fresh := tenantToken(t, p, "org-a", "codemode:read")
+	if code, _, _ := status.call(t, edge.URL(), fresh); code != http.StatusOK {
+		t.Fatalf("token of the new key: HTTP %d, want 200 without restarting the edge", code)
+	}
+	if code, _, _ := status.call(t, edge.URL(), old); code != http.StatusUnauthorized {
+		t.Fatalf("token of the retired key: HTTP %d, want 401", code)
+	}
+}
+
+func asConnectError(err error, target **connect.Error) bool { return errors.As(err, target) }
