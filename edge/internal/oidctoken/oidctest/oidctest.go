@@ -160,9 +160,9 @@ func (p *Provider) KeyID() string {
 type store struct {
 	*storage.Storage
 
-	mu  sync.Mutex
-	key *rsa.PrivateKey
-	kid string
+	mu      sync.Mutex
+	key     *rsa.PrivateKey
+	kid     string
 	clients map[string]*Client
 }
 
