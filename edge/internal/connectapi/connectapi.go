@@ -40,7 +40,7 @@ func (h *Handler) call(ctx context.Context, req connect.AnyRequest, ex *executio
 			return execution.Call{}, err
 		}
 	}
-	return execution.Call{Execution: ex, Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID}, nil
+	return execution.Call{Execution: ex, Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID, Subject: c.Subject}, nil
 }
 
 // caller returns who makes req: its tenant (resolved before the body was
@@ -50,7 +50,8 @@ func (h *Handler) caller(ctx context.Context, req connect.AnyRequest) (execution
 	if err != nil {
 		return execution.Caller{}, connect.NewError(connect.CodeUnauthenticated, err)
 	}
-	return execution.Caller{Tenant: t, Door: req.Peer().Protocol, RequestID: req.Header().Get(server.RequestIDHeader)}, nil
+	id, _ := tenant.IdentityFromContext(ctx)
+	return execution.Caller{Tenant: t, Door: req.Peer().Protocol, RequestID: req.Header().Get(server.RequestIDHeader), Subject: id.Subject}, nil
 }
 
 // Execute implements ExecutionService.

@@ -59,7 +59,7 @@ func Local(svc *execution.Service, calls *directtools.Service, tenants *tenant.R
 		if err != nil {
 			return nil, "", err
 		}
-		c := execution.Caller{Tenant: id.Tenant, Door: "mcp", RequestID: h.Get(server.RequestIDHeader)}
+		c := execution.Caller{Tenant: id.Tenant, Door: "mcp", RequestID: h.Get(server.RequestIDHeader), Subject: id.Subject}
 		if c.RequestID == "" {
 			c.RequestID = execution.NewRequestID()
 		}
@@ -87,7 +87,7 @@ func (l *local) mayRun(ex *executionv1.Execution) error {
 }
 
 func (l *local) call(ex *executionv1.Execution) execution.Call {
-	return execution.Call{Execution: ex, Tenant: l.c.Tenant, Door: l.c.Door, RequestID: l.c.RequestID}
+	return execution.Call{Execution: ex, Tenant: l.c.Tenant, Door: l.c.Door, RequestID: l.c.RequestID, Subject: l.c.Subject}
 }
 
 func (l *local) Execute(ctx context.Context, ex *executionv1.Execution) (*executionv1.Result, error) {
@@ -150,7 +150,7 @@ func (l *local) CallAPI(ctx context.Context, tool *apicatalog.Tool, arguments []
 	if err := l.may(oidctoken.APIs); err != nil {
 		return nil, err
 	}
-	return l.calls.Call(ctx, directtools.Call{Tool: tool, Arguments: arguments, Tenant: l.c.Tenant, RequestID: l.c.RequestID})
+	return l.calls.Call(ctx, directtools.Call{Tool: tool, Arguments: arguments, Tenant: l.c.Tenant, RequestID: l.c.RequestID, Subject: l.c.Subject})
 }
 
 // errNoAPICalls is the error of an API tool called where no edge makes

@@ -50,7 +50,7 @@ func RunHandler(svc *execution.Service) http.Handler {
 				return nil, err
 			}
 		}
-		return svc.Execute(ctx, execution.Call{Execution: ex, Tenant: id.Tenant, Door: Door, RequestID: requestID})
+		return svc.Execute(ctx, execution.Call{Execution: ex, Tenant: id.Tenant, Door: Door, RequestID: requestID, Subject: id.Subject})
 	})
 }
 
