@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -314,3 +316,89 @@ func TestTokenKeyRotation(t *testing.T) {
 }
 
 func asConnectError(err error, target **connect.Error) bool { return errors.As(err, target) }
+
+// freeAddr returns a loopback address with a port free a moment ago, for
+// an edge whose URL its configuration must name.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestMCPAuthorization: with an issuer configured, the MCP endpoints are
+// OAuth resource servers (MCP authorization, RFC 9728): each serves its
+// Protected Resource Metadata naming the provider, answers a request
+// without a token with 401 and a challenge pointing to that metadata, a
+// bad token with invalid_token, a token without the scope with 403
+// insufficient_scope naming it, and a token for another resource with
+// 401. Then the official MCP TypeScript SDK's client completes its OAuth
+// flow from the 401 alone and runs code (edge/web/test/oauth.test.mjs).
+func TestMCPAuthorization(t *testing.T) {
+	t.Parallel()
+	dir := webDir(t, "@modelcontextprotocol/sdk")
+	s := shared(t)
+	p := sharedProvider(t)
+	addr := freeAddr(t)
+	base := "http://" + addr
+	edge, err := s.StartEdge(nil, "--addr", addr, "--oidc-config", oidcConfig(t, p, base+"/mcp", base+"/mcp-no-code-execute", base+"/no-code/mcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { edge.Stop(30 * time.Second) })
+
+	for _, path := range []string{"/mcp", "/mcp-no-code-execute", "/no-code/mcp", ""} {
+		res, err := http.Get(base + "/.well-known/oauth-protected-resource" + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var md struct {
+			Resource             string   `json:"resource"`
+			AuthorizationServers []string `json:"authorization_servers"`
+			ScopesSupported      []string `json:"scopes_supported"`
+		}
+		err = json.NewDecoder(res.Body).Decode(&md)
+		res.Body.Close()
+		if err != nil || res.StatusCode != http.StatusOK || md.Resource != base+path ||
+			len(md.AuthorizationServers) != 1 || md.AuthorizationServers[0] != p.Issuer || !slices.Contains(md.ScopesSupported, "codemode:execute") {
+			t.Errorf("metadata of %q: HTTP %d %+v %v, want resource %s, server %s, scope codemode:execute", path, res.StatusCode, md, err, base+path, p.Issuer)
+		}
+	}
+
+	tokenFor := func(aud string, scopes ...string) string {
+		c := p.Register(oidctest.Client{Audience: []string{aud}, Claims: map[string]any{"org_id": "org-a"}})
+		return p.Token(t, c, scopes...)
+	}
+	good := tokenFor(base+"/mcp", allScopes...)
+	for _, tc := range []struct {
+		name, path, bearer string
+		status             int
+		challenge          []string
+	}{
+		{"no token", "/mcp", "", http.StatusUnauthorized, []string{`resource_metadata="` + base + `/.well-known/oauth-protected-resource/mcp"`}},
+		{"no token, no-code", "/mcp-no-code-execute", "", http.StatusUnauthorized, []string{`resource_metadata="` + base + `/.well-known/oauth-protected-resource/mcp-no-code-execute"`}},
+		{"forged token", "/mcp", oidctest.SignedByAnotherKey(good), http.StatusUnauthorized, []string{`error="invalid_token"`, `resource_metadata="`}},
+		{"token for another resource", "/mcp", tokenFor(base+"/elsewhere", allScopes...), http.StatusUnauthorized, []string{`error="invalid_token"`, "audience"}},
+		{"no execute scope", "/mcp", tokenFor(base+"/mcp", "codemode:read"), http.StatusForbidden, []string{`error="insufficient_scope"`, `scope="codemode:execute"`, `resource_metadata="`}},
+		{"no apis scope", "/mcp-no-code-execute", tokenFor(base+"/mcp-no-code-execute", "codemode:execute"), http.StatusForbidden, []string{`error="insufficient_scope"`, `scope="codemode:apis"`}},
+		{"valid", "/mcp", good, http.StatusOK, nil},
+	} {
+		status, _, challenge := httpDoor(tc.name, http.MethodPost, tc.path, mcpInitialize).call(t, base, tc.bearer)
+		if status != tc.status {
+			t.Errorf("%s: HTTP %d, want %d", tc.name, status, tc.status)
+		}
+		for _, want := range tc.challenge {
+			if !strings.HasPrefix(challenge, "Bearer ") || !strings.Contains(challenge, want) {
+				t.Errorf("%s: WWW-Authenticate %q, want a Bearer challenge with %s", tc.name, challenge, want)
+			}
+		}
+	}
+
+	redirect := "http://127.0.0.1:9/callback" // never reached: the test reads the redirect
+	c := p.Register(oidctest.Client{RedirectURIs: []string{redirect}, Claims: map[string]any{"org_id": "org-a"}})
+	nodeTest(t, dir, "oauth.test.mjs", base, edge.Logs, "CODEMODE_OAUTH_CLIENT_ID="+c.ID,
+		"CODEMODE_OAUTH_REDIRECT_URI="+redirect, "CODEMODE_OAUTH_ISSUER="+p.Issuer)
+}

@@ -20,8 +20,6 @@ import (
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/codemode-go/codemode/edge/internal/connectapi"
 	"github.com/codemode-go/codemode/edge/internal/directtools"
 	"github.com/codemode-go/codemode/edge/internal/execution"
@@ -61,6 +59,11 @@ type Config struct {
 	// OIDC is a JSON file naming the OpenID providers whose bearer tokens
 	// the edge accepts beside API keys (see oidctoken.Config); empty: none.
 	OIDC string
+	// PublicURL is the edge's URL as its clients reach it
+	// (https://codemode.example.com), which MCP's Protected Resource
+	// Metadata names as the resource; empty: each request's scheme and
+	// Host. Set it behind a proxy that terminates TLS.
+	PublicURL string
 	// Egress is a JSON file saying what each tenant's runs may reach
 	// outside their sandboxes (see tenant.EgressConfig); empty: nothing.
 	Egress string
@@ -154,6 +157,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("control plane URL %q: want http://host:port", cp))
 		case u.Path != "" && u.Path != "/" && len(c.ControlPlanes) > 1:
 			errs = append(errs, fmt.Errorf("control plane URL %q: several control planes take no path", cp))
+		}
+	}
+	if c.PublicURL != "" {
+		if u, err := url.Parse(c.PublicURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || strings.Trim(u.Path, "/") != "" {
+			errs = append(errs, fmt.Errorf("public URL %q: want scheme://host[:port], no path", c.PublicURL))
 		}
 	}
 	if err := c.Limits.Validate(); err != nil {
@@ -315,6 +323,8 @@ func configFlags(fs *cli.Flags) func() Config {
 	fs.Env("api-keys", "CODEMODE_API_KEYS")
 	oidcConfig := fs.String("oidc-config", "", "JSON file naming the OpenID providers whose bearer tokens (JWT access tokens) are accepted beside API keys: issuer, audiences, tenant claim and its allow-list, scopes (see docs/identity.md); empty for none")
 	fs.Env("oidc-config", "CODEMODE_OIDC_CONFIG")
+	publicURL := fs.String("public-url", "", "the edge's URL as clients reach it (https://codemode.example.com), named as the resource in MCP's OAuth metadata; empty: each request's scheme and host")
+	fs.Env("public-url", "CODEMODE_PUBLIC_URL")
 	egressConfig := fs.String("egress", "", "JSON file saying what each tenant's runs may reach outside their sandboxes (hosts, ports, limits); empty: nothing")
 	fs.Env("egress", "CODEMODE_EGRESS")
 	policyConfig := fs.String("policy-config", "", "Wasm policy configuration file (JSON), reloaded when it changes; empty for no policies")
@@ -352,7 +362,7 @@ func configFlags(fs *cli.Flags) func() Config {
 	apiMaxBytes := fs.Int64("api-max-response-bytes", directtools.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
 	return func() Config {
-		return Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, OIDC: *oidcConfig, Egress: *egressConfig,
+		return Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, OIDC: *oidcConfig, PublicURL: *publicURL, Egress: *egressConfig,
 			PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 			PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
 			Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
@@ -401,25 +411,6 @@ func rightFor(path string) oidctoken.Rights {
 		return oidctoken.APIs
 	}
 	return oidctoken.Read
-}
-
-// authenticate resolves the identity of a request to a door, before its
-// body is read, and refuses one without the right the door needs.
-func authenticate(tenants *tenant.Resolver) func(*http.Request) (context.Context, error) {
-	return func(r *http.Request) (context.Context, error) {
-		if !needsKey(r.URL.Path) {
-			return r.Context(), nil
-		}
-		ctx, err := tenants.Authenticate(r)
-		if err != nil {
-			return nil, connect.NewError(tenant.Code(err), err)
-		}
-		id, _ := tenant.IdentityFromContext(ctx)
-		if err := tenant.Require(id, rightFor(r.URL.Path)); err != nil {
-			return nil, err
-		}
-		return ctx, nil
-	}
 }
 
 // Serve serves the edge on ln until ctx is done.
@@ -484,7 +475,11 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	srv.Limits = cfg.Limits
 	browsers := cfg.browsers()
 	srv.Browsers = &browsers
-	srv.Authenticate = authenticate(tenants)
+	mcpAuth := newMCPAuth(cfg.PublicURL, tenants.Tokens())
+	srv.Authenticate = authenticate(tenants, mcpAuth)
+	if mcpAuth != nil {
+		mcpAuth.handle(srv.Handle)
+	}
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
 	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),

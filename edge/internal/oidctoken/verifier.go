@@ -475,3 +475,15 @@ func (is *issuer) fetch(ctx context.Context, now time.Time) (*keySet, error) {
 	}
 	return ks, nil
 }
+
+// Scopes returns the scopes that grant rights, over every issuer.
+func (v *Verifier) Scopes() []string {
+	var out []string
+	for _, is := range v.issuers {
+		for s := range is.scopes {
+			out = append(out, s)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}

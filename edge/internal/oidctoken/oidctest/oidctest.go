@@ -78,7 +78,8 @@ func New() (*Provider, error) {
 		return nil, err
 	}
 	issuer := "http://" + ln.Addr().String()
-	s := &store{Storage: storage.NewStorage(storage.NewUserStore(issuer)), clients: map[string]*Client{}}
+	s := &store{Storage: storage.NewStorage(storage.NewUserStore(issuer)), clients: map[string]*Client{},
+		pending: map[string][]string{}, audiences: map[string][]string{}}
 	s.rotate()
 	cfg := &op.Config{CryptoKey: sha256.Sum256([]byte(issuer)), CodeMethodS256: true, AuthMethodPost: true}
 	p, err := op.NewProvider(cfg, s, op.StaticIssuer(issuer), op.WithAllowInsecure())
@@ -99,6 +100,16 @@ func New() (*Provider, error) {
 		}
 		http.Redirect(w, r, callback(r.Context(), id), http.StatusFound)
 	})
+	// The authorization endpoint, remembering the resource indicators
+	// (RFC 8707) of each request: its tokens are for them.
+	mux.Handle("/authorize", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if res := r.URL.Query()["resource"]; len(res) > 0 {
+			s.mu.Lock()
+			s.pending[r.URL.Query().Get("client_id")+"\x00"+r.URL.Query().Get("state")] = res
+			s.mu.Unlock()
+		}
+		p.ServeHTTP(w, r)
+	}))
 	mux.Handle("/", p)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
@@ -163,7 +174,9 @@ type store struct {
 	mu      sync.Mutex
 	key     *rsa.PrivateKey
 	kid     string
-	clients map[string]*Client
+	clients   map[string]*Client
+	pending   map[string][]string // client id, state -> resource indicators
+	audiences map[string][]string // auth request id -> resource indicators
 }
 
 func (s *store) rotate() {
@@ -284,9 +297,57 @@ func audienceOf(c *Client) []string {
 	return []string{c.ID}
 }
 
+// CreateAuthRequest records the request's resource indicators as the
+// audience of its tokens.
+func (s *store) CreateAuthRequest(ctx context.Context, req *oidc.AuthRequest, userID string) (op.AuthRequest, error) {
+	ar, err := s.Storage.CreateAuthRequest(ctx, req, userID)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := req.ClientID + "\x00" + req.State
+	if res, ok := s.pending[key]; ok {
+		s.audiences[ar.GetID()] = res
+		delete(s.pending, key)
+	}
+	return ar, nil
+}
+
+// authRequest is an authorization request whose tokens are for the
+// resources it named.
+type authRequest struct {
+	*storage.AuthRequest
+	audience []string
+}
+
+func (a authRequest) GetAudience() []string { return a.audience }
+
+func (s *store) withAudience(ar op.AuthRequest, err error) (op.AuthRequest, error) {
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if aud, ok := s.audiences[ar.GetID()]; ok {
+		return authRequest{AuthRequest: ar.(*storage.AuthRequest), audience: aud}, nil
+	}
+	return ar, nil
+}
+
+func (s *store) AuthRequestByID(ctx context.Context, id string) (op.AuthRequest, error) {
+	return s.withAudience(s.Storage.AuthRequestByID(ctx, id))
+}
+
+func (s *store) AuthRequestByCode(ctx context.Context, code string) (op.AuthRequest, error) {
+	return s.withAudience(s.Storage.AuthRequestByCode(ctx, code))
+}
+
 // clientOf returns the client a token request is for.
 func (s *store) clientOf(req op.TokenRequest) (*Client, bool) {
 	switch r := req.(type) {
+	case authRequest:
+		return s.client(r.ApplicationID)
 	case *storage.AuthRequest:
 		return s.client(r.ApplicationID)
 	case *oidc.JWTTokenRequest:
