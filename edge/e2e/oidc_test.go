@@ -97,19 +97,8 @@ func (k credentialKind) edge(t *testing.T, s *Stack) (edge *Process, credA, cred
 	if !k.tokenA && !k.tokenB {
 		return keyedEdge(t, s)
 	}
-	keyA, keyB := "ka-"+newSecret()[:24], "kb-"+newSecret()[:24]
-	file := filepath.Join(t.TempDir(), "keys.json")
-	b, _ := json.Marshal(map[string]string{keyA: "team-a", keyB: "team-b"})
-	if err := os.WriteFile(file, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	edge, credA, credB = edgeWithKeysAndTokens(t, s)
 	p := sharedProvider(t)
-	edge, err := s.StartEdge(nil, "--api-keys", file, "--oidc-config", oidcConfig(t, p))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { edge.Stop(30 * time.Second) })
-	credA, credB = keyA, keyB
 	if k.tokenA {
 		credA = tenantToken(t, p, "org-a", allScopes...)
 	}
@@ -117,6 +106,25 @@ func (k credentialKind) edge(t *testing.T, s *Stack) (edge *Process, credA, cred
 		credB = tenantToken(t, p, "org-b", allScopes...)
 	}
 	return edge, credA, credB
+}
+
+// edgeWithKeysAndTokens starts an edge in front of s with API keys for
+// team-a and team-b that also accepts the shared provider's tokens (org-a
+// is team-a, org-b team-b), and returns it with the two keys.
+func edgeWithKeysAndTokens(t *testing.T, s *Stack) (edge *Process, keyA, keyB string) {
+	t.Helper()
+	keyA, keyB = "ka-"+newSecret()[:24], "kb-"+newSecret()[:24]
+	file := filepath.Join(t.TempDir(), "keys.json")
+	b, _ := json.Marshal(map[string]string{keyA: "team-a", keyB: "team-b"})
+	if err := os.WriteFile(file, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	edge, err := s.StartEdge(nil, "--api-keys", file, "--oidc-config", oidcConfig(t, sharedProvider(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { edge.Stop(30 * time.Second) })
+	return edge, keyA, keyB
 }
 
 // edgeDoor is one of the edge's doors, called with a bearer credential ("":
