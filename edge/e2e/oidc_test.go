@@ -38,7 +38,7 @@ var (
 // sharedProvider is the OpenID provider of the package's tests, on
 // loopback. Its key never changes: a test that rotates keys starts its
 // own.
-func sharedProvider(t *testing.T) *oidctest.Provider {
+func sharedProvider(t testing.TB) *oidctest.Provider {
 	t.Helper()
 	providerOnce.Do(func() { provider, providerErr = oidctest.New() })
 	if providerErr != nil {
@@ -49,14 +49,21 @@ func sharedProvider(t *testing.T) *oidctest.Provider {
 
 // oidcConfig writes an edge's configuration trusting p's tokens for
 // edgeAudience, with org-a and org-b the tenants team-a and team-b.
-func oidcConfig(t *testing.T, p *oidctest.Provider, audiences ...string) string {
+func oidcConfig(t testing.TB, p *oidctest.Provider, audiences ...string) string {
+	t.Helper()
+	return oidcConfigFor(t, p, map[string]string{"org-a": "team-a", "org-b": "team-b"}, audiences...)
+}
+
+// oidcConfigFor is oidcConfig with the allow-list tenants (org_id ->
+// tenant).
+func oidcConfigFor(t testing.TB, p *oidctest.Provider, tenants map[string]string, audiences ...string) string {
 	t.Helper()
 	if len(audiences) == 0 {
 		audiences = []string{edgeAudience}
 	}
 	cfg := map[string]any{"issuers": []map[string]any{{
 		"issuer": p.Issuer, "audiences": audiences, "tenantClaim": "org_id",
-		"tenants": map[string]string{"org-a": "team-a", "org-b": "team-b"},
+		"tenants": tenants,
 		// Follow a rotation at the first token of a new key.
 		"minKeysRefresh": "1ms",
 	}}}
