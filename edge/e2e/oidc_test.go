@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -257,6 +261,28 @@ func TestTokensAtEveryDoor(t *testing.T) {
 		})
 	}
 
+	// The edge's log names a token's caller by the hash of its issuer and
+	// subject, never by the subject itself.
+	t.Run("log", func(t *testing.T) {
+		t.Parallel()
+		sub := subjectOf(t, good)
+		sum := sha256.Sum256([]byte(p.Issuer + "\x00" + sub))
+		hash := hex.EncodeToString(sum[:16])
+		c := edgev1connect.NewExecutionServiceClient(bearerClient(good), edge.URL())
+		if _, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
+			t.Fatal(err)
+		}
+		testkit.Eventually(t, 10*time.Second, func() error {
+			if !strings.Contains(edge.Logs(), `"subject":"`+hash+`"`) {
+				return fmt.Errorf("the edge's log has no subject %s", hash)
+			}
+			return nil
+		})
+		if strings.Contains(edge.Logs(), `"`+sub+`"`) {
+			t.Errorf("the edge's log names the subject %q", sub)
+		}
+	})
+
 	// Scopes grant what they name: a read-only token reads its status but
 	// runs nothing; without codemode:sessions a token runs code but opens
 	// no session; without codemode:apis it cannot use the API door.
@@ -416,4 +442,53 @@ func TestMCPAuthorization(t *testing.T) {
 	c := p.Register(oidctest.Client{RedirectURIs: []string{redirect}, Claims: map[string]any{"org_id": "org-a"}})
 	nodeTest(t, dir, "oauth.test.mjs", base, edge.Logs, "CODEMODE_OAUTH_CLIENT_ID="+c.ID,
 		"CODEMODE_OAUTH_REDIRECT_URI="+redirect, "CODEMODE_OAUTH_ISSUER="+p.Issuer)
+}
+
+// TestWebSignInInChromium: with an issuer that has a client for the
+// playground, the playground signs the user in through the provider in
+// Debian's Chromium (authorization code with PKCE) and runs code with the
+// token over gRPC-Web (edge/web/test/signin.test.mjs).
+func TestWebSignInInChromium(t *testing.T) {
+	t.Parallel()
+	dir := webDir(t, "playwright-core")
+	if _, err := os.Stat(chromiumPath); err != nil {
+		t.Fatalf("%s is missing: run %s (it runs apt-get install -y chromium)", chromiumPath, webSetup)
+	}
+	s := shared(t)
+	p := sharedProvider(t)
+	addr := freeAddr(t)
+	base := "http://" + addr
+	c := p.Register(oidctest.Client{RedirectURIs: []string{base + "/"}, Claims: map[string]any{"org_id": "org-a"}})
+	cfg := map[string]any{"issuers": []map[string]any{{
+		"issuer": p.Issuer, "audiences": []string{base, base + "/mcp"}, "tenantClaim": "org_id",
+		"tenants": map[string]string{"org-a": "team-a"}, "playgroundClientId": c.ID,
+	}}}
+	b, _ := json.Marshal(cfg)
+	file := filepath.Join(t.TempDir(), "oidc.json")
+	if err := os.WriteFile(file, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	edge, err := s.StartEdge(nil, "--addr", addr, "--oidc-config", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { edge.Stop(30 * time.Second) })
+	nodeTest(t, dir, "signin.test.mjs", base, edge.Logs, "CHROMIUM="+chromiumPath, "CODEMODE_OAUTH_ISSUER="+p.Issuer)
+}
+
+// subjectOf returns the sub claim of token (not verified).
+func subjectOf(t *testing.T, token string) string {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		Sub string `json:"sub"`
+	}
+	if err := json.Unmarshal(b, &c); err != nil || c.Sub == "" {
+		t.Fatalf("token has no sub: %v", err)
+	}
+	return c.Sub
 }

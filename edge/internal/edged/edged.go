@@ -495,6 +495,16 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	}
 	srv.Handle("/run", cfg.Tracing.Handler("/run", runapi.RunHandler(svc)))
 	srv.Handle("/status", runapi.StatusHandler(svc))
-	srv.Handle("/", web.Handler())
+	var webOpts []web.Option
+	if v := tenants.Tokens(); v != nil {
+		webOpts = append(webOpts, web.WithSignIn(func(ctx context.Context) (any, string, error) {
+			s, ok, err := v.SignIn(ctx)
+			if !ok {
+				return nil, "", nil // no issuer has a client for the playground
+			}
+			return s, s.TokenEndpoint, err
+		}))
+	}
+	srv.Handle("/", web.Handler(webOpts...))
 	return srv.Serve(ctx, ln)
 }

@@ -192,6 +192,7 @@ func (s *Service) logExecution(ctx context.Context, call Call, ex *executionv1.E
 	e := telemetry.Execution{
 		RequestID: call.RequestID,
 		Tenant:    call.Tenant,
+		Subject:   call.Subject,
 		Door:      call.Door,
 		Language:  ex.GetLanguage(),
 		SessionID: call.Execution.GetSessionId(),

@@ -101,6 +101,11 @@ type Issuer struct {
 	// MinKeysRefresh is the least time between two fetches caused by
 	// tokens naming an unknown key; empty: DefaultMinKeysRefresh.
 	MinKeysRefresh Duration `json:"minKeysRefresh,omitempty"`
+	// PlaygroundClientID is the client id the web playground signs users in
+	// with (a public client: authorization code with PKCE, redirect URI the
+	// edge's page, "<public URL>/"); empty: the playground does not offer
+	// sign-in with this issuer. The first issuer with one is used.
+	PlaygroundClientID string `json:"playgroundClientId,omitempty"`
 }
 
 // Duration is a time.Duration written in JSON as a string ("30s").
@@ -161,7 +166,7 @@ func (c Config) Validate() error {
 	if c.CacheSize < 0 {
 		errs = append(errs, fmt.Errorf("cache size %d is negative", c.CacheSize))
 	}
-	seen := map[string]bool{}
+	seen, playground := map[string]bool{}, 0
 	for _, is := range c.Issuers {
 		if err := is.validate(); err != nil {
 			errs = append(errs, fmt.Errorf("issuer %q: %w", is.Issuer, err))
@@ -170,6 +175,12 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("issuer %q is listed twice", is.Issuer))
 		}
 		seen[is.Issuer] = true
+		if is.PlaygroundClientID != "" {
+			playground++
+		}
+	}
+	if playground > 1 {
+		errs = append(errs, errors.New("more than one issuer has a playgroundClientId"))
 	}
 	return errors.Join(errs...)
 }

@@ -318,6 +318,8 @@ type issuer struct {
 	mu       sync.Mutex // serialises fetches; guards what follows
 	jwksURI  string     // from discovery
 	algs     []jose.SignatureAlgorithm
+	authURL  string // authorization_endpoint, from discovery
+	tokenURL string // token_endpoint, from discovery
 	lastTry  time.Time // of the last fetch, failed or not
 	lastFail error
 }
@@ -428,6 +430,8 @@ func (is *issuer) fetch(ctx context.Context, now time.Time) (*keySet, error) {
 			Issuer  string   `json:"issuer"`
 			JWKSURI string   `json:"jwks_uri"`
 			Algs    []string `json:"id_token_signing_alg_values_supported"`
+			Auth    string   `json:"authorization_endpoint"`
+			Token   string   `json:"token_endpoint"`
 		}
 		if err := is.getJSON(ctx, strings.TrimRight(is.cfg.Issuer, "/")+"/.well-known/openid-configuration", &doc); err != nil {
 			return nil, fmt.Errorf("discover: %w", err)
@@ -454,7 +458,7 @@ func (is *issuer) fetch(ctx context.Context, now time.Time) (*keySet, error) {
 		if len(algs) == 0 {
 			return nil, fmt.Errorf("discover: the issuer signs with no asymmetric algorithm (lists %s)", strings.Join(allowed, ", "))
 		}
-		is.jwksURI, is.algs = doc.JWKSURI, algs
+		is.jwksURI, is.algs, is.authURL, is.tokenURL = doc.JWKSURI, algs, doc.Auth, doc.Token
 	}
 	var set jose.JSONWebKeySet
 	if err := is.getJSON(ctx, is.jwksURI, &set); err != nil {
@@ -486,4 +490,42 @@ func (v *Verifier) Scopes() []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// SignIn is what a web page needs to sign a user in with the authorization
+// code flow and PKCE: the issuer's endpoints, its client id and the
+// scopes to ask for.
+type SignIn struct {
+	Issuer                string   `json:"issuer"`
+	ClientID              string   `json:"clientId"`
+	AuthorizationEndpoint string   `json:"authorizationEndpoint"`
+	TokenEndpoint         string   `json:"tokenEndpoint"`
+	Scopes                []string `json:"scopes"`
+}
+
+// SignIn returns the playground's sign-in settings: those of the issuer
+// with a PlaygroundClientID, whose discovery document it fetches if it has
+// not yet. ok is false when no issuer has one.
+func (v *Verifier) SignIn(ctx context.Context) (s SignIn, ok bool, err error) {
+	for _, is := range v.issuers {
+		if is.cfg.PlaygroundClientID == "" {
+			continue
+		}
+		if _, err := is.keySet(ctx, v.now(), false); err != nil {
+			return SignIn{}, true, err
+		}
+		is.mu.Lock()
+		defer is.mu.Unlock()
+		if is.authURL == "" || is.tokenURL == "" {
+			return SignIn{}, true, fmt.Errorf("%w: its discovery document names no authorization or token endpoint", ErrIssuerUnavailable)
+		}
+		scopes := []string{"openid"}
+		for sc := range is.scopes {
+			scopes = append(scopes, sc)
+		}
+		slices.Sort(scopes[1:])
+		return SignIn{Issuer: is.cfg.Issuer, ClientID: is.cfg.PlaygroundClientID, AuthorizationEndpoint: is.authURL,
+			TokenEndpoint: is.tokenURL, Scopes: scopes}, true, nil
+	}
+	return SignIn{}, false, nil
 }
