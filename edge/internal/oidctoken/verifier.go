@@ -318,8 +318,8 @@ type issuer struct {
 	mu       sync.Mutex // serialises fetches; guards what follows
 	jwksURI  string     // from discovery
 	algs     []jose.SignatureAlgorithm
-	authURL  string // authorization_endpoint, from discovery
-	tokenURL string // token_endpoint, from discovery
+	authURL  string    // authorization_endpoint, from discovery
+	tokenURL string    // token_endpoint, from discovery
 	lastTry  time.Time // of the last fetch, failed or not
 	lastFail error
 }

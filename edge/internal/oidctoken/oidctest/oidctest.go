@@ -171,9 +171,9 @@ func (p *Provider) KeyID() string {
 type store struct {
 	*storage.Storage
 
-	mu      sync.Mutex
-	key     *rsa.PrivateKey
-	kid     string
+	mu        sync.Mutex
+	key       *rsa.PrivateKey
+	kid       string
 	clients   map[string]*Client
 	pending   map[string][]string // client id, state -> resource indicators
 	audiences map[string][]string // auth request id -> resource indicators
