@@ -1,6 +1,7 @@
 package oidctoken_test
 
 import (
+	"context"
 	"crypto"
 	"crypto/hmac"
 	"crypto/rand"
@@ -15,6 +16,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -188,6 +190,22 @@ func TestVerify(t *testing.T) {
 		}
 	})
 
+	t.Run("concurrent", func(t *testing.T) {
+		fresh := newVerifier(t, config(p.Issuer))
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 50 {
+					if id, err := fresh.Verify(t.Context(), tok); err != nil || id.Tenant != "team-a" {
+						t.Errorf("Verify: %+v %v", id, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	})
+
 	// Last: it changes the provider's key.
 	t.Run("key rotation", func(t *testing.T) {
 		old := p.Token(t, good, "codemode:execute")
@@ -308,4 +326,25 @@ func reportPercentiles(b *testing.B, durs []time.Duration) {
 	if len(durs) > 1000 {
 		b.Logf("n=%d p50=%s p99=%s p99.9=%s max=%s", len(durs), at(0.50), at(0.99), at(0.999), durs[len(durs)-1])
 	}
+}
+
+// FuzzVerify: no bytes make Verify panic, and none but a token the
+// provider issued is accepted (seeded with one and its forgeries).
+func FuzzVerify(f *testing.F) {
+	p := oidctest.Start(f)
+	v := newVerifier(f, config(p.Issuer))
+	c := p.Register(oidctest.Client{Audience: []string{audience}, Claims: map[string]any{"org_id": "org-a"}})
+	tok := p.Token(f, c, "codemode:execute")
+	for _, s := range []string{tok, oidctest.AlgNone(tok), p.HMACWithPublicKey(tok), oidctest.SignedByAnotherKey(tok), "a.b.c", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		id, err := v.Verify(context.Background(), s)
+		if err == nil && s != tok {
+			// Only an encoding of the same signed bytes may pass.
+			if id.Tenant != "team-a" || id.Issuer != p.Issuer {
+				t.Fatalf("accepted %q as %+v", s, id)
+			}
+		}
+	})
 }
