@@ -283,6 +283,24 @@ func TestTokensAtEveryDoor(t *testing.T) {
 		}
 	})
 
+	// An MCP session belongs to the tenant and subject that opened it: the
+	// same user's next token goes on in it (a client that refreshes its
+	// token keeps its session); another user of the same tenant gets the
+	// 404 of an unknown session.
+	t.Run("mcp sessions follow the subject", func(t *testing.T) {
+		t.Parallel()
+		user := p.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}})
+		cs := keyedMCP(t, edge.URL()+"/mcp", p.Token(t, user, allScopes...))
+		ping := `{"jsonrpc":"2.0","id":9,"method":"ping"}`
+		if got := mcpRequest(t, edge.URL()+"/mcp", http.MethodPost, ping, p.Token(t, user, allScopes...), cs.ID()); got.status != http.StatusOK {
+			t.Errorf("the same user's next token in its session: %s, want 200", got)
+		}
+		other := tenantToken(t, p, "org-a", allScopes...)
+		if got := mcpRequest(t, edge.URL()+"/mcp", http.MethodPost, ping, other, cs.ID()); got.status != http.StatusNotFound {
+			t.Errorf("another user of the tenant in the session: %s, want 404", got)
+		}
+	})
+
 	// Scopes grant what they name: a read-only token reads its status but
 	// runs nothing; without codemode:sessions a token runs code but opens
 	// no session; without codemode:apis it cannot use the API door.
