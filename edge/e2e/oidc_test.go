@@ -22,6 +22,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/codemode-go/codemode/edge/internal/oidctoken/oidctest"
+	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/testkit"
@@ -509,4 +510,57 @@ func subjectOf(t *testing.T, token string) string {
 		t.Fatalf("token has no sub: %v", err)
 	}
 	return c.Sub
+}
+
+// TestTokenSubjectReachesPolicies: a Wasm policy sees the hashed subject of
+// a caller with a token (RequestInput.subject), and an empty one for an
+// API key; the sandbox never gets it.
+func TestTokenSubjectReachesPolicies(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	p := sharedProvider(t)
+	dir := t.TempDir()
+	mods, err := policytest.BuildInto(dir, "gohostile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := mods.Path(t, "gohostile")
+	b, _ := json.Marshal(map[string]any{"policies": []map[string]any{{
+		"name": "gohostile", "path": filepath.Base(path), "sha256": policytest.Digest(t, path), "phase": "request", "order": 1,
+	}}})
+	policies := filepath.Join(dir, "policies.json")
+	if err := os.WriteFile(policies, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	key := "ka-" + newSecret()[:24]
+	keys := filepath.Join(dir, "keys.json")
+	if err := os.WriteFile(keys, []byte(`{"`+key+`": "team-a"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	edge, err := s.StartEdge(nil, "--api-keys", keys, "--oidc-config", oidcConfig(t, p), "--policy-config", policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { edge.Stop(30 * time.Second) })
+
+	token := tenantToken(t, p, "org-a", allScopes...)
+	sum := sha256.Sum256([]byte(p.Issuer + "\x00" + subjectOf(t, token)))
+	for _, tc := range []struct{ name, bearer, want string }{
+		{"token", token, "subject=" + hex.EncodeToString(sum[:16])},
+		{"api key", key, "subject="},
+	} {
+		c := edgev1connect.NewExecutionServiceClient(bearerClient(tc.bearer), edge.URL())
+		_, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "subject"}))
+		var ce *connect.Error
+		if !asConnectError(err, &ce) || ce.Code() != connect.CodePermissionDenied || !strings.HasSuffix(ce.Message(), tc.want) {
+			t.Errorf("%s: %v, want the policy's denial ending %q", tc.name, err, tc.want)
+		}
+	}
+	// The sandbox has no trace of it.
+	c := edgev1connect.NewExecutionServiceClient(bearerClient(token), edge.URL())
+	res, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python",
+		Code: "import os\nprint(sorted(k for k, v in os.environ.items() if " + fmt.Sprintf("%q", hex.EncodeToString(sum[:16])) + " in v or 'org-a' in v))"}))
+	if err != nil || res.Msg.GetResult().GetStdout() != "[]\n" {
+		t.Errorf("the sandbox's environment: %v %v, want nothing naming the caller", res.Msg.GetResult(), err)
+	}
 }
