@@ -52,7 +52,10 @@ space := $(subst ,, )
 # the edges' and Redis's.
 cluster_deny := $(subst $(space),$(comma),$(strip $(foreach a,$(CLUSTER_CONTROLPLANES) $(CLUSTER_EDGES) $(CLUSTER_REDIS),:$(lastword $(subst :, ,$(a))))))
 
-.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password clean policies bench bench-agent bench-policy
+# Where `make certs` keeps a development CA and the edge's certificate.
+CERTS_DIR ?= $(CODEMODE_STATE_DIR)/certs
+
+.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password certs clean policies bench bench-agent bench-policy
 
 all: build
 
@@ -116,6 +119,10 @@ cluster-secret:
 # goes into a redis:// URL as it is; mode 0600)
 cluster-redis-password:
 	$(call secret_file,$(CLUSTER_REDIS_PASSWORD_FILE),tr '+/' '-_' | tr -d '=')
+
+## certs: a development CA (made once) and a certificate for the edge on localhost, in $(CERTS_DIR); see docs/deploying.md
+certs:
+	$(GO) run ./internal/tlsconfig/devcerts -dir $(CERTS_DIR) -cert edge=localhost,127.0.0.1,::1
 
 ## up: set up, build, and run agent, control plane and edge on this host; Ctrl-C stops all three
 up: setup build cluster-secret

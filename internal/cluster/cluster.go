@@ -16,15 +16,19 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"strings"
 
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/secretfile"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/tlsconfig"
 )
 
 // Environment variables of the secret.
@@ -122,15 +126,6 @@ func (s *Secret) Browsers() *server.Browsers {
 	return &server.Browsers{Hosts: []string{"*"}}
 }
 
-// Client returns c with a transport that sends the secret with every
-// request. A nil Secret returns c unchanged.
-func (s *Secret) Client(c *http.Client) *http.Client {
-	if s == nil {
-		return c
-	}
-	return WithBearer(c, s.token)
-}
-
 // WithBearer returns c with a transport that sends token as a bearer
 // token (Authorization: Bearer token) with every request.
 func WithBearer(c *http.Client, token string) *http.Client {
@@ -146,9 +141,18 @@ func WithBearer(c *http.Client, token string) *http.Client {
 type bearer struct {
 	token string
 	base  http.RoundTripper
+	// guard refuses requests that would carry the token in clear text off
+	// loopback (see inClear).
+	guard bool
 }
 
 func (b *bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	if b.guard && inClear(r.URL) {
+		if r.Body != nil {
+			r.Body.Close()
+		}
+		return nil, fmt.Errorf("%s: %w", r.URL.Host, ErrSecretInClear)
+	}
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", b.token)
 	return b.base.RoundTrip(r)
@@ -205,4 +209,115 @@ func LoopbackAddr(addr string) (string, error) {
 		return addr, nil
 	}
 	return "", fmt.Errorf("%s: %w", addr, ErrNotLoopback)
+}
+
+// Links say how a service calls the others of its cluster: with the
+// secret, and over TLS to peers whose certificates the cluster's CA
+// signed. Why TLS plus the secret rather than mutual TLS: RATIONALE.md.
+type Links struct {
+	// Secret is sent with every call; nil: none (loopback only).
+	Secret *Secret
+	// TLS trusts the cluster's CA; nil: peers are reached over plain
+	// HTTP/2 (h2c), on loopback or a network that protects them.
+	TLS *tls.Config
+	// Insecure lets the secret go in clear text to an address off loopback.
+	Insecure bool
+}
+
+// LinkFlags defines the flags of the secret (see Flags), --cluster-ca and
+// --insecure-internal on f. The returned function loads them after f is
+// parsed.
+func LinkFlags(f *cli.Flags) func(getenv func(string) string) (*Links, error) {
+	loadSecret := Flags(f)
+	ca := f.String("cluster-ca", "", "PEM file of the CA that signed the other services' certificates: calls to them go over TLS (https://), trusting only it; host:port then means https://host:port")
+	f.Env("cluster-ca", "CODEMODE_CLUSTER_CA")
+	insecure := f.Bool("insecure-internal", false, "allow sending the cluster secret over plain TCP to addresses off loopback (a network that encrypts and authenticates peers itself, such as WireGuard); without it such calls are refused")
+	f.Env("insecure-internal", "CODEMODE_INSECURE_INTERNAL")
+	return func(getenv func(string) string) (*Links, error) {
+		s, err := loadSecret(getenv)
+		if err != nil {
+			return nil, err
+		}
+		l := &Links{Secret: s, Insecure: *insecure}
+		if *ca != "" {
+			if l.TLS, err = tlsconfig.Client(*ca); err != nil {
+				return nil, fmt.Errorf("--cluster-ca: %w", err)
+			}
+		}
+		return l, nil
+	}
+}
+
+// SecretOrNil is l's secret; nil for a nil Links.
+func (l *Links) SecretOrNil() *Secret {
+	if l == nil {
+		return nil
+	}
+	return l.Secret
+}
+
+// URL returns the base URL of a peer given as a URL or as host:port:
+// https://host:port with the cluster's CA, http://host:port without.
+func (l *Links) URL(addr string) string {
+	if strings.Contains(addr, "://") {
+		return strings.TrimSuffix(addr, "/")
+	}
+	if l != nil && l.TLS != nil {
+		return "https://" + addr
+	}
+	return "http://" + addr
+}
+
+// Client returns a client of the cluster's services: c (nil: a new
+// server.NewClient) trusting the cluster's CA, sending the secret with
+// every request, and refusing to send it over plain HTTP to a host off
+// loopback unless Insecure. A nil Links returns c as it is.
+func (l *Links) Client(c *http.Client) *http.Client {
+	if c == nil {
+		c = server.NewClient()
+	}
+	if l == nil {
+		return c
+	}
+	if l.TLS != nil {
+		out := *c
+		if t, ok := c.Transport.(*http.Transport); ok {
+			t = t.Clone()
+			t.TLSClientConfig = l.TLS.Clone()
+			out.Transport = t
+		}
+		c = &out
+	}
+	if l.Secret == nil {
+		return c
+	}
+	out := *c
+	out.Transport = &bearer{token: "Bearer " + l.Secret.token, base: transportOf(c), guard: !l.Insecure}
+	return &out
+}
+
+func transportOf(c *http.Client) http.RoundTripper {
+	if c.Transport == nil {
+		return http.DefaultTransport
+	}
+	return c.Transport
+}
+
+// ErrSecretInClear is the refusal to send the cluster secret over plain
+// HTTP to a host off loopback.
+var ErrSecretInClear = errors.New("refusing to send the cluster secret over plain TCP off loopback: give the services certificates of a cluster CA (--tls-cert, --tls-key, --cluster-ca) and use https://, or, on a network that protects the link itself, --insecure-internal")
+
+// inClear reports whether a request to u would carry the secret in clear
+// text off loopback: plain http:// to a host that is not a loopback
+// address or localhost.
+func inClear(u *url.URL) bool {
+	if u.Scheme != "http" {
+		return false
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, "localhost") {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err != nil || !ip.Unmap().IsLoopback()
 }

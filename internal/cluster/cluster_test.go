@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,7 +94,7 @@ func TestClientSendsTheSecret(t *testing.T) {
 		client *http.Client
 		want   int
 	}{
-		{"with", s.Client(srv.Client()), http.StatusOK},
+		{"with", (&Links{Secret: s}).Client(srv.Client()), http.StatusOK},
 		{"without", srv.Client(), http.StatusUnauthorized},
 	} {
 		res, err := tt.client.Post(srv.URL+"/x", "text/plain", bytes.NewReader(nil))
@@ -251,3 +252,64 @@ func TestBrowsers(t *testing.T) {
 		})
 	}
 }
+
+// failTransport fails the test if a request reaches it.
+type failTransport struct{ t *testing.T }
+
+func (f failTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	f.t.Errorf("request to %s was sent", r.URL)
+	return nil, errors.New("not sent")
+}
+
+// The secret is never sent in clear text off loopback: plain http:// to a
+// host that is not a loopback address or localhost is refused before
+// anything is dialled, unless Insecure; https:// and loopback go through.
+func TestSecretNotSentInClear(t *testing.T) {
+	s, err := NewSecret(strings.Repeat("s", MinSecretLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		url   string
+		clear bool
+	}{
+		{"http://127.0.0.1:8080/x", false},
+		{"http://127.9.9.9:8080/x", false},
+		{"http://[::1]:8080/x", false},
+		{"http://localhost:8080/x", false},
+		{"http://LOCALHOST/x", false},
+		{"http://[::ffff:127.0.0.1]:8080/x", false},
+		{"https://controlplane.internal:8080/x", false},
+		{"http://controlplane.internal:8080/x", true},
+		{"http://localhost.example:8080/x", true},
+		{"http://192.0.2.10:8080/x", true}, // TEST-NET-1: never dialled here
+		{"http://[2001:db8::1]:8080/x", true},
+	} {
+		u, err := url.Parse(tc.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := inClear(u); got != tc.clear {
+			t.Errorf("inClear(%s) = %v, want %v", tc.url, got, tc.clear)
+		}
+	}
+	c := (&Links{Secret: s}).Client(&http.Client{Transport: failTransport{t}})
+	_, err = c.Get("http://controlplane.internal:8080/status")
+	if !errors.Is(err, ErrSecretInClear) {
+		t.Errorf("plain HTTP off loopback: %v, want ErrSecretInClear", err)
+	}
+	// With Insecure the request goes on to the transport.
+	var sent *http.Request
+	insecure := (&Links{Secret: s, Insecure: true}).Client(&http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent = r
+		return nil, errors.New("stop here")
+	})})
+	_, _ = insecure.Get("http://controlplane.internal:8080/status")
+	if sent == nil || sent.Header.Get("Authorization") != "Bearer "+strings.Repeat("s", MinSecretLen) {
+		t.Errorf("--insecure-internal: request not handed on with the secret")
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -8,12 +8,15 @@ import (
 	"time"
 )
 
-// NewClient returns an HTTP client that speaks HTTP/2 without TLS (h2c) to
-// plain http:// addresses, as gRPC between codemode's services needs. It
-// keeps connections open and is safe for concurrent use.
+// NewClient returns an HTTP client that speaks HTTP/2, as gRPC between
+// codemode's services needs: without TLS (h2c) to plain http:// addresses,
+// over TLS to https:// ones (give its transport a TLSClientConfig that
+// trusts the peer's CA; see cluster.Links). It keeps connections open and
+// is safe for concurrent use.
 func NewClient() *http.Client {
 	var protocols http.Protocols
 	protocols.SetUnencryptedHTTP2(true)
+	protocols.SetHTTP2(true)
 	return &http.Client{
 		Transport: &http.Transport{
 			Protocols: &protocols,

@@ -12,6 +12,7 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -54,6 +55,11 @@ type Server struct {
 	// else Bearer realm="codemode". Otherwise the request goes on with the context it
 	// returns, which may carry what it learnt (a tenant).
 	Authenticate func(r *http.Request) (context.Context, error)
+
+	// TLS, when set, makes Serve speak TLS (HTTP/1.1 and HTTP/2 by ALPN),
+	// and no plain HTTP; build it with tlsconfig.Server. Nil: plain HTTP/1.1
+	// and HTTP/2 without TLS (h2c).
+	TLS *tls.Config
 
 	// Limits bound request bodies, connections and their timeouts (see
 	// Limits). Set them before building handlers with HandlerOptions: the
@@ -232,10 +238,15 @@ func validRequestID(id string) bool {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
+	if s.TLS != nil {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true)
+	}
 	srv := &http.Server{
 		Handler:           s.Handler(),
 		Protocols:         &protocols,
+		TLSConfig:         s.TLS,
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		IdleTimeout:       s.Limits.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
@@ -243,8 +254,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	s.SetServing(true)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(s.Limits.listener(ln)) }()
-	s.logger.Info("listening", "addr", ln.Addr().String(), "services", s.services)
+	scheme := "http"
+	if s.TLS != nil {
+		scheme = "https"
+		// The certificate comes from TLSConfig.GetCertificate.
+		go func() { errc <- srv.ServeTLS(s.Limits.listener(ln), "", "") }()
+	} else {
+		go func() { errc <- srv.Serve(s.Limits.listener(ln)) }()
+	}
+	s.logger.Info("listening", "addr", ln.Addr().String(), "scheme", scheme, "services", s.services)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve %s: %w", ln.Addr(), err)

@@ -143,6 +143,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 		Metrics:  poolMetrics,
 		Gate:     gate,
 		CPUSets:  sets,
+
+		NamesPreloaded: namesPreloaded(cfg),
 	})
 	if err != nil {
 		driver.Close()
@@ -199,6 +201,20 @@ func openDocker(ctx context.Context, cfg Config, logger *slog.Logger) (*sandbox.
 		return nil, fmt.Errorf("sandbox image %s is not present locally: build it with `make setup` (agent/host/setup.sh), or pull it where a registry is reachable", cfg.Image)
 	}
 	return driver, nil
+}
+
+// namesPreloaded says whether a stateless run would use its sandbox's
+// preloaded parent: its language has one and its code names a preloaded
+// module. Nil when the sandboxes preload nothing.
+func namesPreloaded(cfg Config) func(language, code string) bool {
+	mods := languages.PreloadList(cfg.Preload)
+	if !cfg.Prestart || len(mods) == 0 {
+		return nil
+	}
+	return func(language, code string) bool {
+		l, ok := languages.Lookup(language)
+		return ok && l.Parent != nil && languages.NamesModule(code, mods)
+	}
 }
 
 // sandboxSpec is the container every sandbox is: the image with the
@@ -336,6 +352,11 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	srv := server.New(a.log.With("component", "server"))
 	srv.ShutdownTimeout = a.cfg.ShutdownTimeout
+	var err error
+	if srv.TLS, err = a.cfg.TLS.Server(a.log.With("component", "tls")); err != nil {
+		ln.Close()
+		return err
+	}
 	if a.cfg.Secret != nil {
 		srv.Authenticate = a.cfg.Secret.Authenticate
 	}
@@ -357,7 +378,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 		defer close(beating)
 		a.heartbeat(hctx, advertiseAddr(a.cfg.AdvertiseAddr, ln.Addr().String()))
 	}()
-	err := srv.Serve(ctx, ln)
+	err = srv.Serve(ctx, ln)
 	stopBeating()
 	<-beating
 	a.srvMu.Lock()

@@ -21,6 +21,7 @@ import (
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/limits"
 	"github.com/codemode-go/codemode/internal/telemetry"
+	"github.com/codemode-go/codemode/internal/tlsconfig"
 )
 
 // Config configures an agent. ParseConfig fills it from flags and
@@ -148,6 +149,12 @@ type Config struct {
 	// Secret is the cluster secret every caller must send; nil: none, and
 	// the agent serves on loopback only.
 	Secret *cluster.Secret
+	// Links are how the agent calls the control planes (heartbeats): with
+	// Secret, over TLS with a cluster CA. Nil: plain h2c.
+	Links *cluster.Links
+	// TLS are the certificate and key the agent serves HTTPS with; empty:
+	// plain HTTP.
+	TLS tlsconfig.Files
 
 	// StateDir keeps what the agent must remember across restarts: the
 	// journal of its sessions, so that sessions lost in a restart answer
@@ -227,18 +234,19 @@ func ParseConfig(args []string, getenv func(string) string, w io.Writer) (Config
 	cfg.sessionFlags(f)
 	cfg.egressFlags(f)
 	cfg.clusterFlags(f)
-	loadSecret := cluster.Flags(f)
+	loadLinks := cluster.LinkFlags(f)
+	tlsFiles := tlsconfig.Flags(f)
 	format, level := cli.LogFlags(f)
 	metricsAddr := telemetry.MetricsFlags(f)
 	if err := f.Parse(args, getenv); err != nil {
 		return Config{}, err
 	}
 	cfg.MetricsAddr = *metricsAddr
-	secret, err := loadSecret(getenv)
+	links, err := loadLinks(getenv)
 	if err != nil {
 		return Config{}, err
 	}
-	cfg.Secret = secret
+	cfg.Secret, cfg.Links, cfg.TLS = links.Secret, links, tlsFiles()
 	switch cfg.StateDir {
 	case "":
 		base := getenv("CODEMODE_STATE_DIR")
@@ -459,7 +467,7 @@ func (c *Config) Validate() error {
 		check(err == nil && host != "" && port != "" && (ipErr != nil || !ip.IsUnspecified()), "advertise-addr %q: want a reachable host:port", c.AdvertiseAddr)
 	}
 	for _, u := range c.ControlPlanes {
-		_, err := url.Parse(controlPlaneURL(u))
+		_, err := url.Parse(c.Links.URL(u))
 		check(err == nil, "controlplanes %q: %v", u, err)
 	}
 	return errors.Join(errs...)

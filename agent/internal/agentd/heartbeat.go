@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,17 +16,8 @@ import (
 
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	"github.com/codemode-go/codemode/gen/codemode/controlplane/v1/controlplanev1connect"
-	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/cluster"
 )
-
-// controlPlaneURL returns the base URL of a control plane given as a URL or
-// as host:port.
-func controlPlaneURL(s string) string {
-	if strings.Contains(s, "://") {
-		return strings.TrimSuffix(s, "/")
-	}
-	return "http://" + s
-}
 
 // advertiseAddr is the address the control planes reach the agent at:
 // configured, else the listener's, with the host name in place of an
@@ -55,10 +45,14 @@ func (a *Agent) heartbeat(ctx context.Context, addr string) {
 	if len(a.cfg.ControlPlanes) == 0 {
 		return
 	}
-	client := a.cfg.Secret.Client(server.NewClient())
+	links := a.cfg.Links
+	if links == nil {
+		links = &cluster.Links{Secret: a.cfg.Secret}
+	}
+	client := links.Client(nil)
 	var wg sync.WaitGroup
 	for _, cp := range a.cfg.ControlPlanes {
-		c := controlplanev1connect.NewControlPlaneServiceClient(client, controlPlaneURL(cp))
+		c := controlplanev1connect.NewControlPlaneServiceClient(client, links.URL(cp))
 		log := a.log.With("component", "heartbeat", "controlplane", cp)
 		wg.Go(func() { a.beat(ctx, c, addr, log) })
 	}

@@ -75,6 +75,10 @@ type Config struct {
 	// evenly, and a run takes a warm sandbox on the set with the least
 	// work under way. Empty: none is pinned.
 	CPUSets []string
+	// NamesPreloaded, if set, says whether a stateless run of language
+	// with code would use the sandboxes' preloaded parent (see
+	// preloadDemand); nil: the runners preload nothing.
+	NamesPreloaded func(language, code string) bool
 }
 
 // Defaults.
@@ -128,6 +132,7 @@ type Pool struct {
 	changed  chan struct{} // closed and replaced on every change
 	nextFill time.Time     // no warm start before this (back-off after failures)
 	failures int
+	demand   preloadDemand
 
 	kick  chan struct{}
 	check chan struct{}
@@ -466,6 +471,7 @@ func (p *Pool) unfitLocked(sb *Sandbox, reusable bool) string {
 // Hold takes a sandbox for a session, as Acquire does. Give it back with
 // Drop, which destroys it.
 func (p *Pool) Hold(ctx context.Context, memory int64) (*Sandbox, error) {
+	p.demand.noteSession()
 	sb, err := p.Acquire(ctx, memory)
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,6 +39,8 @@ type fakeDriver struct {
 	// counts them.
 	failStarts bool
 	attempts   atomic.Int64
+	// commands are the started containers' commands, in order.
+	commands [][]string
 }
 
 var _ sandbox.Driver = (*fakeDriver)(nil)
@@ -62,6 +65,7 @@ func (d *fakeDriver) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Cont
 		return nil, errors.New("start: no such image")
 	}
 	d.started++
+	d.commands = append(d.commands, spec.Command)
 	id := fmt.Sprintf("c%03d", d.started)
 	gate := d.gate
 	d.mu.Unlock()
@@ -276,6 +280,80 @@ func TestPoolRecyclesBoundedTimes(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
 		}
+	}
+}
+
+// A new sandbox starts its preloaded parent with it while one of the
+// pool's last MaxReuse stateless runs named a preloaded module, or a
+// session was opened since; otherwise its runner starts the parent only
+// when a run wants it.
+func TestPoolPreloadDemand(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, func(c *Config) {
+		c.Max = 1
+		c.NamesPreloaded = func(language, code string) bool { return language == "python" && code == "import numpy" }
+	})
+	lazy := func(i int) bool {
+		t.Helper()
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if i >= len(d.commands) {
+			t.Fatalf("sandbox %d not started; commands %q", i, d.commands)
+		}
+		return slices.Contains(d.commands[i], "-preload-start=false")
+	}
+	runs := func(codes ...string) {
+		t.Helper()
+		testkit.WaitFor(t, 10*time.Second, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+		sb, err := p.Acquire(t.Context(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, code := range codes {
+			if err := run(t, sb, code); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p.Release(t.Context(), sb, true) // MaxReuse 3: destroyed
+	}
+	for i, tc := range []struct {
+		codes []string
+		lazy  bool // the sandbox started after these runs
+	}{
+		{[]string{"x", "x", "x"}, true},             // three in a row named none
+		{[]string{"import numpy", "x", "x"}, false}, // one of the last three did
+		{[]string{"x", "x", "x"}, true},             // none again
+		{[]string{"import numpy", "x", "import numpy"}, false},
+	} {
+		runs(tc.codes...)
+		if i == 0 && lazy(0) {
+			t.Errorf("the first sandbox starts without its parent")
+		}
+		testkit.WaitFor(t, 10*time.Second, "a new sandbox", func() bool {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return len(d.commands) > i+1
+		})
+		if got := lazy(i + 1); got != tc.lazy {
+			t.Errorf("after runs %q: new sandbox lazy %v, want %v", tc.codes, got, tc.lazy)
+		}
+	}
+	// A session counts as a run that names a preloaded module.
+	runs("x", "x", "x")
+	testkit.WaitFor(t, 10*time.Second, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+	sb, err := p.Hold(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Drop(sb)
+	testkit.WaitFor(t, 10*time.Second, "a new sandbox", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return len(d.commands) > 6
+	})
+	if lazy(6) {
+		t.Errorf("the sandbox started after a session starts without its parent")
 	}
 }
 

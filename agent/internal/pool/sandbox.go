@@ -69,6 +69,9 @@ func (s *Sandbox) Versions() map[string]string { return s.ready.GetVersions() }
 // which says why, and the pool destroys the sandbox when it is given back.
 func (s *Sandbox) Run(ctx context.Context, run *runnerv1.Run, out func(wire.Stream, []byte), egress wire.Egress) (*runnerv1.Exit, error) {
 	s.uses++
+	if !run.GetStateful() {
+		s.p.demand.noteRun(s.p.cfg.NamesPreloaded, run.GetLanguage(), run.GetCode())
+	}
 	exit, err := s.rc.RunEgress(ctx, run, out, egress)
 	if errors.Is(err, wire.ErrRunnerGone) {
 		return exit, s.p.died(ctx, s, err)
@@ -171,6 +174,9 @@ func (p *Pool) open(ctx context.Context, memory int64) (_ *Sandbox, err error) {
 		// them all, and the others start without the probes (a process
 		// per language).
 		spec.Command = append(slices.Clip(spec.Command), "-versions=false")
+	}
+	if p.cfg.NamesPreloaded != nil && !p.demand.wanted(p.cfg.MaxReuse) {
+		spec.Command = append(slices.Clip(spec.Command), "-preload-start=false")
 	}
 	var id atomic.Value
 	id.Store("")

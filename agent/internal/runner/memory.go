@@ -13,8 +13,27 @@ import (
 )
 
 // memoryPoll is how often the memory watchdog looks at the sandbox's usage
-// while a run is going.
+// while a run is going and far from its threshold.
 const memoryPoll = 10 * time.Millisecond
+
+// memoryPollNear is how often it looks when usage is within
+// memoryNearThreshold of the threshold, where an allocator faster than a
+// few GiB/s (one Python loop of bytearray(16 << 20)) could otherwise cross
+// the rest of the headroom between two polls, or while the watchdog waits
+// for a CPU on a loaded host. Each look costs ~0.1 ms under gVisor, so it is
+// paid only near the limit.
+const (
+	memoryPollNear      = time.Millisecond
+	memoryNearThreshold = 128 << 20
+)
+
+// memoryPollAfter is the wait before the next look at usage u.
+func memoryPollAfter(u, threshold uint64) time.Duration {
+	if u+memoryNearThreshold >= threshold {
+		return memoryPollNear
+	}
+	return memoryPoll
+}
 
 // memoryHeadroom is what the watchdog keeps free below the sandbox's memory
 // limit. Under gVisor the host's OOM killer kills the whole sandbox (runner
@@ -96,7 +115,7 @@ func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) *memWatch {
 	}
 	w.fired = make(chan struct{})
 	go func() {
-		t := time.NewTicker(memoryPoll)
+		t := time.NewTimer(memoryPoll)
 		defer t.Stop()
 		for {
 			select {
@@ -105,8 +124,10 @@ func (s *server) watchMemory(done <-chan struct{}, runLimit uint64) *memWatch {
 			case <-t.C:
 				u, ok := preadUint(usage)
 				if !ok {
+					t.Reset(memoryPoll)
 					continue
 				}
+				t.Reset(memoryPollAfter(u, threshold))
 				if u > w.peak.Load() {
 					w.peak.Store(u)
 				}

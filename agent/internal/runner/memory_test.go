@@ -3,6 +3,7 @@ package runner
 import (
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestDiedOfMemory(t *testing.T) {
@@ -27,6 +28,27 @@ func TestDiedOfMemory(t *testing.T) {
 	} {
 		if got := tc.st.diedOfMemory(tc.ws); got != tc.want {
 			t.Errorf("%s: diedOfMemory = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The watchdog looks more often near its threshold, where a fast allocator
+// could cross the rest of the headroom between two polls.
+func TestMemoryPollAfter(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		u, threshold uint64
+		want         time.Duration
+	}{
+		{0, 448 * mib, memoryPoll},
+		{300 * mib, 448 * mib, memoryPoll},
+		{320 * mib, 448 * mib, memoryPollNear},
+		{440 * mib, 448 * mib, memoryPollNear},
+		{500 * mib, 448 * mib, memoryPollNear},
+		{100 * mib, 64 * mib, memoryPollNear},
+	} {
+		if got := memoryPollAfter(tc.u, tc.threshold); got != tc.want {
+			t.Errorf("memoryPollAfter(%d MiB, %d MiB) = %v, want %v", tc.u/mib, tc.threshold/mib, got, tc.want)
 		}
 	}
 }

@@ -11,10 +11,11 @@ import (
 // is started and replaced, and what it forks.
 
 // preloadedParent returns lang's parent, started or replaced if need be, or
-// nil when lang has none or preloading is off. Called with prestartMu held,
-// in a clean sandbox.
+// nil when lang has none, preloading is off, or no parent is wanted yet
+// (see server.parentWanted). Called with prestartMu held, in a clean
+// sandbox.
 func (s *server) preloadedParent(lang language) *preload.Parent {
-	if lang.Parent == nil || lang.Prestart == nil || len(s.cfg.preload) == 0 || s.parentFailures >= maxPrestartFailures {
+	if lang.Parent == nil || lang.Prestart == nil || len(s.cfg.preload) == 0 || !s.parentWanted || s.parentFailures >= maxPrestartFailures {
 		return nil
 	}
 	if z := s.parent; z != nil {

@@ -60,6 +60,39 @@ func TestPreloadChoosesInterpreter(t *testing.T) {
 	}
 }
 
+// With -preload-start=false a sandbox whose runs name no preloaded module
+// never starts a parent; the first run that names one starts in a fresh
+// interpreter, and the Reset after it starts the parent, which forks the
+// next such run.
+func TestPreloadStartsOnDemand(t *testing.T) {
+	t.Parallel()
+	sb := startPreloaded(t, "-preload-start=false")
+	run := func(code string) string {
+		t.Helper()
+		r := sb.mustRun(t, "python", code)
+		sb.reset(t)
+		if r.exit.GetCode() != 0 {
+			t.Fatalf("run %q: %v %q %q", code, r.exit, r.stdout, r.stderr)
+		}
+		return strings.TrimSpace(r.stdout)
+	}
+	for range 2 {
+		// The parent's /proc files have the user's uid under gVisor.
+		if got := run(countUserProcs); got != "0" {
+			t.Fatalf("other processes of the user in a sandbox whose runs named no module: %s", got)
+		}
+	}
+	if got := run("import os, numpy; print(os.getppid())"); got != "1" {
+		t.Fatalf("first run naming numpy: parent %s, want a fresh interpreter (1)", got)
+	}
+	if got := run("import os, numpy; print(os.getppid())"); got == "1" {
+		t.Fatalf("second run naming numpy ran in a fresh interpreter")
+	}
+	if got := run(countUserProcs); got != "1" {
+		t.Fatalf("processes of the user beside a run that names no module, parent included: %s, want 1", got)
+	}
+}
+
 // TestPreloadIsolation runs, in one sandbox whose Python runs are forked
 // from a preloaded parent, run A then (after the scrub) run B, as two
 // unrelated callers would: nothing A does to the modules the parent
@@ -76,7 +109,7 @@ func TestPreloadIsolation(t *testing.T) {
 			t.Fatalf("run B before A: code %d, stdout %q, stderr %q; want %q", r.exit.GetCode(), r.stdout, r.stderr, want)
 		}
 		// Naming numpy has the run forked from the parent (see
-		// preload.NamesModule).
+		// languages.NamesModule).
 		a, b = "import numpy\n"+a, "import numpy\n"+b
 		if r := sb.mustRun(t, "python", a); r.exit.GetCode() != 0 {
 			t.Fatalf("run A: code %d, stdout %q, stderr %q", r.exit.GetCode(), r.stdout, r.stderr)

@@ -6,7 +6,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/codemode-go/codemode/agent/internal/runner/preload"
+	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 )
@@ -162,8 +162,9 @@ func (s *server) takePrestarted(lang language, stateless bool, code string) *pre
 		if lang.Prestart != nil {
 			s.prestartLang = lang.Name
 		}
-		wantsParent = lang.Parent != nil && preload.NamesModule(code, s.cfg.preload)
+		wantsParent = lang.Parent != nil && languages.NamesModule(code, s.cfg.preload)
 		s.prestartForked = wantsParent
+		s.parentWanted = s.parentWanted || wantsParent
 	}
 	pre := s.pre
 	s.pre = nil

@@ -94,6 +94,10 @@ type config struct {
 	// it is replaced.
 	preload     []string
 	parentForks int
+	// preloadStart starts the parent when the sandbox starts; otherwise
+	// only after a stateless run that named a preloaded module (see
+	// parentWanted).
+	preloadStart bool
 	// versions makes the runner ask each language for its version before
 	// it says it is ready (see versions).
 	versions bool
@@ -125,6 +129,7 @@ func defaultConfig(log *slog.Logger) config {
 		drainGrace:   100 * time.Millisecond,
 		prestart:     true,
 		parentForks:  100,
+		preloadStart: true,
 		versions:     true,
 		lib:          wire.UserLib,
 		mplSeed:      MPLSeed,
@@ -150,6 +155,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	prestart := fs.Bool("prestart", true, "start an interpreter ahead of the next stateless run, in the language of the last one (Python at first)")
 	preload := fs.String("preload", "", "comma-separated modules a preloaded parent imports before it forks each prestarted Python interpreter (\"default\": the languages table's list); empty: none, each interpreter starts fresh")
 	parentForks := fs.Int("parent-forks", 100, "interpreters a preloaded parent forks before it is replaced")
+	preloadStart := fs.Bool("preload-start", true, "start the preloaded parent with the sandbox; false: only after the first stateless run that names a preloaded module (a sandbox whose runs import nothing then never pays for it)")
 	lib := fs.String("lib", wire.UserLib, "root-only directory for the modules lent to user code (matplotlib's plt.show() saving figures as artifacts, Node's fetch through the egress proxy); skipped if missing")
 	proxy := fs.Bool("egress-proxy", true, fmt.Sprintf("serve the egress proxy on the sandbox's loopback, port %d", wire.ProxyPort))
 	fs.Usage = func() {
@@ -171,6 +177,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg.prestart = *prestart
 	cfg.preload = languages.PreloadList(*preload)
 	cfg.parentForks = max(*parentForks, 1)
+	cfg.preloadStart = *preloadStart
 	cfg.versions = *versions
 	cfg.lib = *lib
 	if !*proxy {
@@ -264,6 +271,11 @@ type server struct {
 	// parent starts that failed in a row.
 	parent         *preload.Parent
 	parentFailures int
+	// parentWanted: a parent is started (or replaced) at the next Reset.
+	// Set from the start with config.preloadStart, else by the first
+	// stateless run that names a preloaded module; never unset, so a
+	// sandbox's parent, once started, is kept and replaced as need be.
+	parentWanted bool
 	// Whether the next prestarted interpreter is forked from the parent:
 	// whether the last stateless run named a preloaded module (none at
 	// first: code that imports nothing is the most common).
@@ -300,6 +312,8 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 
 		mqueues: mq,
 		mqErr:   mqErr,
+
+		parentWanted: cfg.preloadStart,
 	}
 	if cfg.prestart {
 		s.prestartLang = languages.Default

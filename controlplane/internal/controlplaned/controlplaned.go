@@ -22,6 +22,7 @@ import (
 	"github.com/codemode-go/codemode/internal/runhttp"
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
+	"github.com/codemode-go/codemode/internal/tlsconfig"
 )
 
 // Config is the control plane's configuration.
@@ -39,6 +40,12 @@ type Config struct {
 	// Secret authenticates the edges' calls and this control plane's calls
 	// to the agents; nil: none, and the control plane serves on loopback only.
 	Secret *cluster.Secret
+	// Links are how the control plane calls the agents: with Secret, over
+	// TLS with a cluster CA (see cluster.Links). Nil: plain h2c.
+	Links *cluster.Links
+	// TLS are the certificate and key the control plane serves HTTPS with;
+	// empty: plain HTTP.
+	TLS tlsconfig.Files
 	// MetricsAddr is the loopback address to serve Prometheus metrics on,
 	// at /metrics; empty: none.
 	MetricsAddr string
@@ -107,7 +114,8 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	fs.Env("poll-interval", "POLL_INTERVAL")
 	resolve := fs.Duration("resolve-interval", DefaultResolveInterval, "how often to resolve host names in --agents again")
 	fs.Env("resolve-interval", "RESOLVE_INTERVAL")
-	loadSecret := cluster.Flags(fs)
+	loadLinks := cluster.LinkFlags(fs)
+	tlsFiles := tlsconfig.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
 	metricsAddr := telemetry.MetricsFlags(fs)
 	redisURL := fs.String("redis-url", "", "Redis keeping session bindings and agents' heartbeats for every control plane given the same URL, redis://[user:password@]host:port[/db] (rediss:// for TLS); empty: this control plane's memory, for one replica")
@@ -121,12 +129,13 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	secret, err := loadSecret(os.Getenv)
+	links, err := loadLinks(os.Getenv)
 	if err != nil {
 		return err
 	}
-	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll, ResolveInterval: *resolve, Secret: secret, MetricsAddr: *metricsAddr,
-		RedisURL: *redisURL, RedisPrefix: *redisPrefix}
+	secret := links.Secret
+	cfg := Config{Addr: *addr, Agents: ParseAgents(*agents), PollInterval: *poll, ResolveInterval: *resolve, Secret: secret, Links: links, TLS: tlsFiles(),
+		MetricsAddr: *metricsAddr, RedisURL: *redisURL, RedisPrefix: *redisPrefix}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -148,6 +157,15 @@ func Run(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) e
 
 // Serve serves the control plane on ln until ctx is done.
 func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
+	tlsCfg, err := cfg.TLS.Server(logger.With("component", "tls"))
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	links := cfg.Links
+	if links == nil {
+		links = &cluster.Links{Secret: cfg.Secret}
+	}
 	var store router.Store // nil: memory
 	if cfg.RedisURL != "" {
 		rs, err := redisstore.New(cfg.RedisURL, cfg.RedisPrefix, cfg.Secret.Key(redisstore.KeyPurpose), logger.With("component", "redisstore"))
@@ -167,7 +185,8 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		Addresses:       cfg.Agents,
 		PollInterval:    cfg.PollInterval,
 		ResolveInterval: cfg.ResolveInterval,
-		HTTPClient:      cfg.Secret.Client(server.NewClient()),
+		HTTPClient:      links.Client(nil),
+		BaseURL:         links.URL,
 		ClientOptions:   cfg.Tracing.ClientOptions(),
 		Logger:          logger,
 		Store:           store,
@@ -185,6 +204,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		return err
 	}
 	srv := server.New(logger)
+	srv.TLS = tlsCfg
 	if cfg.Secret != nil {
 		srv.Authenticate = cfg.Secret.Authenticate
 	}

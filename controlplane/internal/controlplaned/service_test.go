@@ -460,7 +460,7 @@ func startControlPlaneWith(t *testing.T, cfg Config) controlplanev1connect.Contr
 			t.Errorf("serve: %v", err)
 		}
 	})
-	return controlplanev1connect.NewControlPlaneServiceClient(cfg.Secret.Client(server.NewClient()), "http://"+ln.Addr().String())
+	return controlplanev1connect.NewControlPlaneServiceClient((&cluster.Links{Secret: cfg.Secret}).Client(nil), "http://"+ln.Addr().String())
 }
 
 // TestControlPlaneIgnoresAgentsForgedInRedis: a control plane reads from

@@ -214,8 +214,10 @@ type Config struct {
 	ResolveInterval time.Duration
 	// Resolver resolves names in Addresses; nil: net.DefaultResolver.
 	Resolver Resolver
-	// HTTPClient reaches the agents; it must speak h2c.
+	// HTTPClient reaches the agents: h2c, or HTTP/2 over TLS.
 	HTTPClient *http.Client
+	// BaseURL is the base URL of the agent at host:port; nil: http://.
+	BaseURL func(addr string) string
 	// ClientOptions are passed to every agent client.
 	ClientOptions []connect.ClientOption
 	Logger        *slog.Logger
@@ -335,7 +337,10 @@ func (r *Router) addLocked(addr string) *Agent {
 		return a
 	}
 	base := addr
-	if !strings.Contains(base, "://") {
+	switch {
+	case r.cfg.BaseURL != nil:
+		base = r.cfg.BaseURL(addr)
+	case !strings.Contains(base, "://"):
 		base = "http://" + base
 	}
 	a := &Agent{

@@ -7,7 +7,7 @@ package edged
 
 import (
 	"context"
-
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +39,7 @@ import (
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
+	"github.com/codemode-go/codemode/internal/tlsconfig"
 )
 
 // Version is reported to MCP clients.
@@ -48,6 +49,13 @@ const Version = "0.1.0"
 type Config struct {
 	// Addr to listen on.
 	Addr string
+	// TLS are the files of the certificate chain and key (PEM) the edge
+	// serves HTTPS with, read again when they change; both empty: plain
+	// HTTP (h2c and HTTP/1.1).
+	TLS tlsconfig.Files
+	// ACME, with Hosts, gets the edge's certificates over ACME instead
+	// (see tlsconfig.ACME).
+	ACME tlsconfig.ACMEOptions
 	// ControlPlanes are the control planes' base URLs, e.g.
 	// http://127.0.0.1:8080. With several, calls go to the first that
 	// accepts a connection, and move to the next only when one refuses
@@ -77,9 +85,11 @@ type Config struct {
 	// PolicyAdminToken enables the PolicyAdminService for callers that send
 	// it as a bearer token; empty: the admin service refuses every call.
 	PolicyAdminToken string
-	// ClusterSecret is sent with every call to the control plane, and keys
-	// the mapping of session ids; nil: none (a loopback-only deployment).
-	ClusterSecret *cluster.Secret
+	// Links are how the edge calls the control planes (see cluster.Links):
+	// their Secret is sent with every call and keys the mapping of session
+	// ids (nil: none, a loopback-only deployment), over TLS with a cluster
+	// CA. Nil: no secret, plain h2c.
+	Links *cluster.Links
 	// PublicWithoutKeys lets an edge with no API keys serve on an address
 	// other than loopback: an open door where anyone who reaches it runs
 	// code. Without it, such an edge serves on loopback only.
@@ -153,8 +163,8 @@ func (c Config) Validate() error {
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("control plane URL: %w", err))
-		case u.Scheme != "http" || u.Host == "":
-			errs = append(errs, fmt.Errorf("control plane URL %q: want http://host:port", cp))
+		case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
+			errs = append(errs, fmt.Errorf("control plane URL %q: want http://host:port or https://host:port", cp))
 		case u.Path != "" && u.Path != "/" && len(c.ControlPlanes) > 1:
 			errs = append(errs, fmt.Errorf("control plane URL %q: several control planes take no path", cp))
 		}
@@ -182,18 +192,31 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// tlsConfig is the configuration of the edge's listener: from the
+// certificate files, or over ACME; nil: plain HTTP.
+func (c Config) tlsConfig(log *slog.Logger) (*tls.Config, error) {
+	if len(c.ACME.Hosts) == 0 {
+		return c.TLS.Server(log)
+	}
+	if c.TLS != (tlsconfig.Files{}) {
+		return nil, errors.New("--acme-hosts and --tls-cert: give one or the other")
+	}
+	o := c.ACME
+	o.Logger = log
+	tc, err := tlsconfig.ACME(o)
+	if err != nil {
+		return nil, fmt.Errorf("--acme-hosts: %w", err)
+	}
+	return tc, nil
+}
+
 // ParseControlPlanes splits a comma-separated list of control planes,
-// taking host:port as http://host:port.
-func ParseControlPlanes(s string) []string {
+// taking host:port as links would (see cluster.Links.URL: https:// with a
+// cluster CA, http:// without).
+func ParseControlPlanes(s string, links *cluster.Links) []string {
 	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		if !strings.Contains(f, "://") {
-			f = "http://" + f
-		}
-		out = append(out, f)
+	for _, f := range ParseList(s) {
+		out = append(out, links.URL(f))
 	}
 	return out
 }
@@ -224,6 +247,8 @@ func (c Config) browsers() server.Browsers {
 			b.Hosts = []string{"*"}
 		}
 	}
+	// The names the edge gets certificates for are its own.
+	b.Hosts = append(slices.Clip(b.Hosts), c.ACME.Hosts...)
 	// An IP address is always answered; a name in Addr is the edge's own.
 	if host, _, err := net.SplitHostPort(c.Addr); err == nil && host != "" && net.ParseIP(host) == nil {
 		b.Hosts = append(slices.Clip(b.Hosts), host)
@@ -249,7 +274,7 @@ func controlPlaneClient(urls []string, logger *slog.Logger) *http.Client {
 		p, _ := url.Parse(u) // validated
 		host := p.Host
 		if p.Port() == "" {
-			host = net.JoinHostPort(p.Hostname(), "80")
+			host = net.JoinHostPort(p.Hostname(), map[string]string{"http": "80", "https": "443"}[p.Scheme])
 		}
 		addrs = append(addrs, host)
 	}
@@ -269,7 +294,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	fs := cli.NewFlags("edge", stderr)
 	readConfig := configFlags(fs)
-	loadSecret := cluster.Flags(fs)
+	loadLinks := cluster.LinkFlags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
 	metricsAddr := telemetry.MetricsFlags(fs)
 	fs.Usage = func() {
@@ -284,12 +309,13 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
-	secret, err := loadSecret(os.Getenv)
+	links, err := loadLinks(os.Getenv)
 	if err != nil {
 		return err
 	}
-	cfg := readConfig()
-	cfg.ClusterSecret, cfg.MetricsAddr = secret, *metricsAddr
+	secret := links.Secret
+	cfg := readConfig(links)
+	cfg.Links, cfg.MetricsAddr = links, *metricsAddr
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -314,9 +340,11 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // configFlags declares the edge's flags but those of the cluster secret,
 // the log and the metrics, each with its environment variable, and
 // returns what reads them into a Config once they are parsed.
-func configFlags(fs *cli.Flags) func() Config {
+func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 	addr := fs.String("addr", DefaultAddr, "address to serve the API, MCP and the web page on")
 	fs.Env("addr", "EDGE_ADDR")
+	tlsFiles := tlsconfig.Flags(fs)
+	acmeOptions := tlsconfig.ACMEFlags(fs)
 	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port); several, comma-separated: calls go to the first that accepts a connection and move to the next only when one refuses it (a run is never sent twice)")
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
 	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names, mode 0600 or 0400 (one its group or others may read or write is refused); empty for no authentication")
@@ -361,8 +389,8 @@ func configFlags(fs *cli.Flags) func() Config {
 	fs.Env("api-timeout", "CODEMODE_API_TIMEOUT")
 	apiMaxBytes := fs.Int64("api-max-response-bytes", directtools.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
-	return func() Config {
-		return Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, OIDC: *oidcConfig, PublicURL: *publicURL, Egress: *egressConfig,
+	return func(links *cluster.Links) Config {
+		return Config{Addr: *addr, TLS: tlsFiles(), ACME: acmeOptions(), ControlPlanes: ParseControlPlanes(*cp, links), APIKeys: *keys, OIDC: *oidcConfig, PublicURL: *publicURL, Egress: *egressConfig,
 			PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 			PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
 			Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
@@ -415,6 +443,11 @@ func rightFor(path string) oidctoken.Rights {
 
 // Serve serves the edge on ln until ctx is done.
 func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
+	tlsCfg, err := cfg.tlsConfig(logger.With("component", "tls"))
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	tenants, err := tenant.Load(cfg.APIKeys)
 	if err != nil {
 		ln.Close()
@@ -446,7 +479,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		ln.Close()
 		return err
 	}
-	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.ClusterSecret.Client(controlPlaneClient(cfg.ControlPlanes, logger)), strings.TrimRight(cfg.ControlPlanes[0], "/"),
+	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.Links.Client(controlPlaneClient(cfg.ControlPlanes, logger)), strings.TrimRight(cfg.ControlPlanes[0], "/"),
 		cfg.Tracing.ClientOptions()...)
 	var svc *execution.Service // set before anything is served
 	knownLanguage := func(name string) bool { return svc.KnownLanguage(name) }
@@ -466,13 +499,14 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		ln.Close()
 		return err
 	}
-	svc = execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.ClusterSecret.Key(execution.SessionKeyPurpose)),
+	svc = execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.Links.SecretOrNil().Key(execution.SessionKeyPurpose)),
 		execution.WithAdmission(limits), execution.WithEgress(egress), execution.WithMetrics(metrics))
 	calls := directtools.New(logger.With("component", "apicall"), directtools.WithPolicies(policies), directtools.WithAdmission(limits),
 		directtools.WithTimeout(cfg.APITimeout), directtools.WithMaxResponseBytes(cfg.APIMaxResponseBytes))
 
 	srv := server.New(logger)
 	srv.Limits = cfg.Limits
+	srv.TLS = tlsCfg
 	browsers := cfg.browsers()
 	srv.Browsers = &browsers
 	mcpAuth := newMCPAuth(cfg.PublicURL, tenants.Tokens())

@@ -189,9 +189,9 @@ func TestFuelBudget(t *testing.T) {
 // burners keep every core busy, and, beside it, endless loops against
 // another engine. No request of the chain may fail, and every loop must be
 // stopped by fuel: the budget is the guests' work, not the time they wait
-// for a CPU.
+// for a CPU. It does not run in parallel with the package's other tests:
+// its burners would hold them back for as long as it runs, and it them.
 func TestNoMisfireUnderCPUContention(t *testing.T) {
-	t.Parallel()
 	e := newEngine(t, exampleChain(t))
 	hp := pol(t, "gohostile", PhaseRequest, 0, "")
 	hp.PoolSize = 1

@@ -61,6 +61,7 @@ type moduleFlags struct {
 	memoryPages     *uint
 	fuel            *uint64
 	labels          *string
+	cacheDir        *string
 	fs              *cli.Flags
 	module          string
 	requirePhaseSet bool
@@ -79,6 +80,8 @@ func newFlags(name string, stderr io.Writer) *moduleFlags {
 	fs.Env("fuel", "CODEMODE_POLICY_FUEL")
 	f.labels = fs.String("labels", "", "route labels the module may set, as KEY=V1|V2,KEY2 (a key alone: any value)")
 	fs.Env("labels", "CODEMODE_POLICY_LABELS")
+	f.cacheDir = fs.String("cache-dir", "", "directory that keeps compiled modules across runs, as the edge's --policy-cache-dir; empty: compile on every run")
+	fs.Env("cache-dir", "CODEMODE_POLICY_CACHE_DIR")
 	return f
 }
 
@@ -116,7 +119,7 @@ type setup struct {
 	fuel                  uint64
 	labels                map[string][]string
 	poolSize              int
-	// cacheDir keeps compiled code across runs (tests); empty: memory only.
+	// cacheDir keeps compiled code across runs; empty: memory only.
 	cacheDir string
 }
 
@@ -211,5 +214,6 @@ func (f *moduleFlags) setup(phase string) (setup, error) {
 	return setup{
 		module: f.module, phase: phase, config: *f.config,
 		memoryPages: uint32(*f.memoryPages), fuel: *f.fuel, labels: labels,
+		cacheDir: *f.cacheDir,
 	}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -22,9 +23,14 @@ func wat(t *testing.T, name string) string {
 	return out
 }
 
-// run runs `edge policy ARGS...` and returns its output and error.
+// run runs `edge policy ARGS...` and returns its output and error. A
+// command on a module keeps its compiled code in the tests' shared cache
+// (compiling a Go module takes seconds, tens under -race).
 func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
+	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+		args = append(slices.Clip(args), "--cache-dir", policytest.CacheDir(t))
+	}
 	var out bytes.Buffer
 	err := Run(t.Context(), args, nil, &out, &out)
 	return out.String(), err

@@ -305,30 +305,3 @@ func KernelSource(lang languages.Language) string {
 	}
 	return lang.Kernel[len(lang.Kernel)-1]
 }
-
-// NamesModule says whether code names one of modules' top-level packages as
-// a word ("import pandas as pd", "from matplotlib import pyplot"): a guess,
-// made before the code runs, of whether it imports them. A wrong guess
-// costs time, not isolation.
-func NamesModule(code string, modules []string) bool {
-	for _, m := range modules {
-		top, _, _ := strings.Cut(m, ".")
-		for i := 0; ; {
-			j := strings.Index(code[i:], top)
-			if j < 0 {
-				break
-			}
-			j += i
-			end := j + len(top)
-			if (j == 0 || !identByte(code[j-1])) && (end == len(code) || !identByte(code[end])) {
-				return true
-			}
-			i = end
-		}
-	}
-	return false
-}
-
-func identByte(c byte) bool {
-	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-}
