@@ -202,7 +202,7 @@ func (v *Verifier) verify(ctx context.Context, raw string, now time.Time) (Ident
 	}
 	is, ok := v.issuers[unverified.Issuer]
 	if !ok {
-		return Identity{}, nil, "", invalid("issuer %q is not trusted here", unverified.Issuer)
+		return Identity{}, nil, "", invalid("its issuer is not trusted here")
 	}
 	ks, err := is.keySet(ctx, now, false)
 	if err != nil {

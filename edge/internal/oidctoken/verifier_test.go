@@ -108,7 +108,7 @@ func TestVerify(t *testing.T) {
 		{name: "no codemode scope", token: p.Token(t, good, "email"), tenant: "team-a", rights: 0},
 		{name: "expired", token: p.Token(t, expired, "codemode:execute"), err: oidctoken.ErrInvalid, msg: "expired"},
 		{name: "wrong audience", token: p.Token(t, wrongAud, "codemode:execute"), err: oidctoken.ErrInvalid, msg: "audience"},
-		{name: "wrong issuer", token: other.Token(t, foreign, "codemode:execute"), err: oidctoken.ErrInvalid, msg: "not trusted"},
+		{name: "wrong issuer", token: other.Token(t, foreign, "codemode:execute"), err: oidctoken.ErrInvalid, msg: "issuer is not trusted"},
 		{name: "tenant outside the allow-list", token: p.Token(t, outside, "codemode:execute"), err: oidctoken.ErrTenantNotAllowed},
 		{name: "two tenants", token: p.Token(t, twoTenants, "codemode:execute"), err: oidctoken.ErrTenantNotAllowed, msg: "both"},
 		{name: "no tenant claim", token: p.Token(t, noTenant, "codemode:execute"), err: oidctoken.ErrTenantNotAllowed},
