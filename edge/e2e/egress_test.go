@@ -128,7 +128,8 @@ func startEgressStack(t testing.TB) *egressStack {
 		t.Fatal(err)
 	}
 	s.Edge, err = start("edge", append(s.ClusterEnv(), "CODE_EXECUTION_HOST="+s.ControlPlane.URL()),
-		"--addr", fmt.Sprintf("127.0.0.1:%d", edgePort), "--api-keys", keysFile, "--egress", egressFile, "--policy-config", policies)
+		"--addr", fmt.Sprintf("127.0.0.1:%d", edgePort), "--api-keys", keysFile, "--egress", egressFile, "--policy-config", policies,
+		"--oidc-config", oidcConfigFor(t, sharedProvider(t), map[string]string{"org-alice": "alice", "org-bob": "bob"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,6 +299,21 @@ func TestEgress(t *testing.T) {
 	t.Run("a policy narrows", ec.policyNarrows)
 	t.Run("a policy cannot widen", ec.policyCannotWiden)
 	t.Run("callers cannot set egress", ec.callersCannotSetEgress)
+	t.Run("a token is its tenant's egress", ec.tokensAreTheirTenants)
+}
+
+// tokensAreTheirTenants: a token of alice reaches what alice's rules
+// allow; one of bob, who has none, reaches nothing.
+func (ec *egressCase) tokensAreTheirTenants(t *testing.T) {
+	p := sharedProvider(t)
+	alice, bob := tenantToken(t, p, "org-alice", allScopes...), tenantToken(t, p, "org-bob", allScopes...)
+	f := fetchers(ec.httpURL, ec.httpsURL)["curl"]
+	if r := ec.es.run(t, alice, f.lang, f.code, ""); !strings.Contains(r.GetStdout(), "hello over http") {
+		t.Errorf("alice's token: stdout %q stderr %q, want alice's egress", r.GetStdout(), r.GetStderr())
+	}
+	if r := ec.es.run(t, bob, f.lang, f.code, ""); strings.Contains(r.GetStdout(), "hello over") || r.GetEgress().GetRefused() != 2 {
+		t.Errorf("bob's token reached a server: stdout %q, egress %v", r.GetStdout(), r.GetEgress())
+	}
 }
 
 // egressCase is TestEgress' stack and the URLs of its servers.

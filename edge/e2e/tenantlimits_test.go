@@ -27,7 +27,8 @@ import (
 // --max-sessions-per-tenant sessions is refused another on every door,
 // with an error naming the limit, while another tenant still opens one; an
 // idle timeout above --max-session-idle-ttl is refused; and GET /status
-// shows each tenant its own sessions and no load.
+// shows each tenant its own sessions and no load. A tenant's token is the
+// tenant: it meets the limit its keys reached and sees the same sessions.
 func TestTenantSessionLimits(t *testing.T) {
 	t.Parallel()
 	dockertest.Need(t)
@@ -37,7 +38,7 @@ func TestTenantSessionLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)
-	edge, keyA, keyB := keyedEdge(t, s)
+	edge, keyA, keyB := edgeWithKeysAndTokens(t, s)
 	a := edgev1connect.NewExecutionServiceClient(bearerClient(keyA), edge.URL())
 	b := edgev1connect.NewExecutionServiceClient(bearerClient(keyB), edge.URL())
 	ctx := t.Context()
@@ -99,6 +100,14 @@ func TestTenantSessionLimits(t *testing.T) {
 
 	// GET /status: each tenant its own sessions, nobody the load.
 	checkStatusPerTenant(t, edge, keyA, keyB)
+
+	// Tokens of the same tenants: the same limit, the same sessions.
+	p := sharedProvider(t)
+	tokenA, tokenB := tenantToken(t, p, "org-a", allScopes...), tenantToken(t, p, "org-b", allScopes...)
+	if _, err := open(edgev1connect.NewExecutionServiceClient(bearerClient(tokenA), edge.URL()), 0); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), named) {
+		t.Errorf("team-a's third session, with a token: %v, want resource_exhausted: %s", err, named)
+	}
+	checkStatusPerTenant(t, edge, tokenA, tokenB)
 }
 
 // checkStatusPerTenant checks GET /status through edge: team-a (keyA) sees its 2

@@ -232,10 +232,22 @@ func bearerClient(key string) *http.Client {
 // TestTenantsCannotReachEachOthersSessions has tenant B try, through every
 // door, to run in, read, write, list and close tenant A's session, by the
 // id A uses: B finds nothing, and A's session is untouched.
+//
+// It runs with API keys, with tokens, and with one of each: tenants are
+// kept apart alike whatever their credentials.
 func TestTenantsCannotReachEachOthersSessions(t *testing.T) {
 	t.Parallel()
+	for _, kind := range credentialKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel()
+			tenantsCannotReachEachOthersSessions(t, kind)
+		})
+	}
+}
+
+func tenantsCannotReachEachOthersSessions(t *testing.T, kind credentialKind) {
 	s := shared(t)
-	edge, keyA, keyB := keyedEdge(t, s)
+	edge, keyA, keyB := kind.edge(t, s)
 	a := edgev1connect.NewExecutionServiceClient(bearerClient(keyA), edge.URL())
 	sess, err := a.CreateSession(t.Context(), connect.NewRequest(&edgev1.CreateSessionRequest{Language: "python"}))
 	if err != nil {
@@ -334,10 +346,21 @@ func keyedMCP(t *testing.T, endpoint, key string) *mcp.ClientSession {
 // exactly what a session id nobody has gets, HTTP 404, and shows none of
 // A's files; A's sessions keep working, and the edge's log never holds
 // their ids, only their hashes.
+//
+// It runs with API keys, with tokens, and with one of each.
 func TestTenantsCannotUseEachOthersMCPSessions(t *testing.T) {
 	t.Parallel()
+	for _, kind := range credentialKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel()
+			tenantsCannotUseEachOthersMCPSessions(t, kind)
+		})
+	}
+}
+
+func tenantsCannotUseEachOthersMCPSessions(t *testing.T, kind credentialKind) {
 	s := shared(t)
-	edge, keyA, keyB := keyedEdge(t, s)
+	edge, keyA, keyB := kind.edge(t, s)
 	withCode := keyedMCP(t, edge.URL()+"/mcp", keyA)
 	withoutCode := keyedMCP(t, edge.URL()+"/mcp-no-code-execute", keyA)
 	alias := keyedMCP(t, edge.URL()+"/no-code/mcp", keyA)

@@ -11,12 +11,15 @@ package web
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"embed"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"path"
 	"regexp"
 	"strconv"
@@ -61,13 +64,34 @@ type asset struct {
 // files next to it. It answers GET and HEAD, honours If-None-Match, and sends
 // gzip to clients that accept it. Any other path is 404, so mounting it at "/"
 // leaves unknown RPC paths answered as not found. It is safe for concurrent use.
-func Handler() http.Handler {
+func Handler(opts ...Option) http.Handler {
 	assets, err := load(dist)
 	if err != nil {
 		// dist is embedded at build time; a broken one is a build defect.
 		panic(fmt.Sprintf("web: load embedded dist: %v", err))
 	}
-	return handler{assets: assets}
+	h := handler{assets: assets}
+	for _, o := range opts {
+		o(&h)
+	}
+	return h
+}
+
+// An Option configures Handler.
+type Option func(*handler)
+
+// SignInPath is where the page reads its sign-in settings.
+const SignInPath = "/signin.json"
+
+// WithSignIn lets the page sign users in with an OpenID provider: settings
+// returns what the page needs (served as JSON at SignInPath) and the
+// provider's token endpoint, which the page's Content-Security-Policy then
+// lets it call (the page goes to the authorization endpoint by navigating,
+// which connect-src does not govern). A nil v and error: no sign-in (204,
+// as without this option). An error is answered 503; the page then offers
+// no sign-in.
+func WithSignIn(settings func(ctx context.Context) (v any, tokenEndpoint string, err error)) Option {
+	return func(h *handler) { h.signIn = settings }
 }
 
 // load reads every file of dist/ and prepares its headers and gzip form.
@@ -137,9 +161,51 @@ func compress(body []byte) ([]byte, error) {
 
 type handler struct {
 	assets map[string]*asset
+	signIn func(ctx context.Context) (any, string, error) // nil: no sign-in
+}
+
+// contentSecurityPolicy is the policy of a response to r: the page's, with
+// the token endpoint of the sign-in provider added to connect-src.
+func (h handler) contentSecurityPolicy(r *http.Request) string {
+	if h.signIn == nil {
+		return ContentSecurityPolicy
+	}
+	_, token, err := h.signIn(r.Context())
+	u, perr := url.Parse(token)
+	if err != nil || perr != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return ContentSecurityPolicy
+	}
+	return strings.Replace(ContentSecurityPolicy, "connect-src 'self'", "connect-src 'self' "+u.Scheme+"://"+u.Host, 1)
+}
+
+func (h handler) serveSignIn(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	var v any
+	var err error
+	if h.signIn != nil {
+		v, _, err = h.signIn(r.Context())
+	}
+	if v == nil && err == nil {
+		// No sign-in: an empty answer, which a browser does not report as
+		// an error in the page's console.
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == SignInPath && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		h.serveSignIn(w, r)
+		return
+	}
 	a, ok := h.assets[r.URL.Path]
 	if !ok {
 		http.NotFound(w, r)
@@ -162,7 +228,7 @@ func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("Content-Type", a.contentType)
 	hdr.Set("Cache-Control", a.cacheControl)
 	hdr.Set("ETag", etag)
-	hdr.Set("Content-Security-Policy", ContentSecurityPolicy)
+	hdr.Set("Content-Security-Policy", h.contentSecurityPolicy(r))
 	hdr.Set("X-Content-Type-Options", "nosniff")
 	hdr.Set("Referrer-Policy", "no-referrer")
 	hdr.Set("Cross-Origin-Opener-Policy", "same-origin")

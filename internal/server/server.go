@@ -49,8 +49,10 @@ type Server struct {
 	// Authenticate, when set, is called with every request but CORS
 	// preflights, before anything reads its body. An error refuses the
 	// request as unauthenticated (in the request's own protocol: a Connect,
-	// gRPC or gRPC-Web error, else HTTP 401 with a JSON body), and the body
-	// is never read. Otherwise the request goes on with the context it
+	// gRPC or gRPC-Web error, else HTTP 401 with a JSON body), or with the
+	// code of a *connect.Error it wraps, and the body is never read. The
+	// answer's WWW-Authenticate header is the one in that error's metadata,
+	// else Bearer realm="codemode". Otherwise the request goes on with the context it
 	// returns, which may carry what it learnt (a tenant).
 	Authenticate func(r *http.Request) (context.Context, error)
 
@@ -152,8 +154,17 @@ func (s *Server) authenticated(h http.Handler) http.Handler {
 		ctx, err := s.Authenticate(r)
 		if err != nil {
 			s.logger.Debug("request refused", "request_id", r.Header.Get(RequestIDHeader), "path", r.URL.Path, "remote", r.RemoteAddr, "error", err)
-			w.Header().Set("WWW-Authenticate", `Bearer realm="codemode"`)
-			WriteError(w, r, connect.NewError(connect.CodeUnauthenticated, err))
+			var ce *connect.Error
+			if !errors.As(err, &ce) {
+				ce = connect.NewError(connect.CodeUnauthenticated, err)
+			}
+			challenge := ce.Meta().Get("WWW-Authenticate")
+			if challenge == "" {
+				challenge = `Bearer realm="codemode"`
+			}
+			ce.Meta().Del("WWW-Authenticate")
+			w.Header().Set("WWW-Authenticate", challenge)
+			WriteError(w, r, ce)
 			return
 		}
 		h.ServeHTTP(w, r.WithContext(ctx))

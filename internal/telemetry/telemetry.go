@@ -46,6 +46,7 @@ func Outcome(res *executionv1.Result, err error) string {
 type Execution struct {
 	RequestID string
 	Tenant    string
+	Subject   string // a hash of the caller's token subject; empty for none
 	Door      string // empty where the service does not know it
 	Language  string
 	Agent     string // the agent that ran it, if any
@@ -59,12 +60,15 @@ type Execution struct {
 func (e *Execution) Outcome() string { return Outcome(e.Result, e.Err) }
 
 // Log writes e as the service's one info line about it, "execution", with
-// stable keys: request_id, tenant, door, language, agent, session_id,
+// stable keys: request_id, tenant, subject (when there is one), door, language, agent, session_id,
 // outcome, exit_code, duration (the program's own, from its result) and
 // elapsed (end to end in this service).
 func (e *Execution) Log(ctx context.Context, log *slog.Logger) {
 	attrs := make([]slog.Attr, 0, 11)
 	attrs = append(attrs, slog.String("request_id", e.RequestID), slog.String("tenant", e.Tenant))
+	if e.Subject != "" {
+		attrs = append(attrs, slog.String("subject", e.Subject))
+	}
 	if e.Door != "" {
 		attrs = append(attrs, slog.String("door", e.Door))
 	}

@@ -365,6 +365,7 @@ static bool decode_request_input(const uint8_t *b, size_t len, cm_request_input 
 			r.err |= s.err;
 			break;
 		}
+		case 8: in->subject = bytes(&r, t); break;
 		default: skip(&r, t);
 		}
 	}

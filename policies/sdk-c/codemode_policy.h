@@ -114,6 +114,7 @@ typedef struct {
 	size_t n_annotations;
 	cm_egress egress; /* as earlier policies left it; no rules: nothing */
 	cm_api_call api_call;
+	cm_str subject; /* a hash of a token caller's issuer and subject; empty for API keys */
 } cm_request_input;
 
 /* What came of a run; codemode.execution.v1.Result. */

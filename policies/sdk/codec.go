@@ -43,6 +43,8 @@ func (in *RequestInput) Unmarshal(b []byte) error {
 			if s.err != nil {
 				r.fail()
 			}
+		case 8:
+			in.Subject = r.str(typ)
 		default:
 			r.skip(typ)
 		}

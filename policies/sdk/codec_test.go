@@ -31,6 +31,7 @@ func fullRequestInput() *policyv1.RequestInput {
 		Tenant:      "acme",
 		Door:        "mcp",
 		RequestId:   "req-42",
+		Subject:     "5d41402abc4b2a76b9719d911017c592",
 		Annotations: map[string]string{"k": "v", "empty": ""},
 		Egress: &executionv1.Egress{
 			Allow: []*executionv1.EgressRule{
@@ -77,7 +78,7 @@ func TestRequestInputMatchesProtobuf(t *testing.T) {
 					Files:       []File{{Path: "a.txt", Content: []byte("A")}, {Path: "dir/b.bin"}},
 					MemoryBytes: 1 << 28, OutputBytes: 4096,
 				},
-				Tenant: "acme", Door: "mcp", RequestID: "req-42",
+				Tenant: "acme", Door: "mcp", RequestID: "req-42", Subject: "5d41402abc4b2a76b9719d911017c592",
 				Annotations: map[string]string{"k": "v", "empty": ""},
 				Egress:      fullEgress(),
 				APICall: &APICall{
@@ -337,7 +338,7 @@ func FuzzRequestInput(f *testing.F) {
 		}
 		e := ref.GetExecution()
 		want := RequestInput{
-			Tenant: ref.GetTenant(), Door: ref.GetDoor(), RequestID: ref.GetRequestId(),
+			Tenant: ref.GetTenant(), Door: ref.GetDoor(), RequestID: ref.GetRequestId(), Subject: ref.GetSubject(),
 			Execution: Execution{
 				Language: e.GetLanguage(), Code: e.GetCode(), SessionID: e.GetSessionId(),
 				Timeout: e.GetTimeout().AsDuration(), Stdin: e.GetStdin(),

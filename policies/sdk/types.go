@@ -108,6 +108,10 @@ type RequestInput struct {
 	// configuration as earlier policies of the chain narrowed it. No rules:
 	// nothing.
 	Egress Egress
+	// Subject is who the caller is within its tenant when it came with a
+	// token of an OpenID provider: a hash of the issuer and the token's
+	// subject; empty for API keys.
+	Subject string
 	// APICall is set when the request is a call of a declared API tool
 	// (door "mcp-api"), which the edge makes itself; Execution then means
 	// nothing.

@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/codemode-go/codemode/edge/internal/execution"
+	"github.com/codemode-go/codemode/edge/internal/oidctoken"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
@@ -33,7 +34,13 @@ func (h *Handler) call(ctx context.Context, req connect.AnyRequest, ex *executio
 	if err != nil {
 		return execution.Call{}, err
 	}
-	return execution.Call{Execution: ex, Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID}, nil
+	if id, ok := tenant.IdentityFromContext(ctx); ok && ex.GetSessionId() != "" {
+		// The door checked Execute; a run in a session needs Sessions too.
+		if err := tenant.Require(id, oidctoken.Sessions); err != nil {
+			return execution.Call{}, err
+		}
+	}
+	return execution.Call{Execution: ex, Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID, Subject: c.Subject}, nil
 }
 
 // caller returns who makes req: its tenant (resolved before the body was
@@ -43,7 +50,8 @@ func (h *Handler) caller(ctx context.Context, req connect.AnyRequest) (execution
 	if err != nil {
 		return execution.Caller{}, connect.NewError(connect.CodeUnauthenticated, err)
 	}
-	return execution.Caller{Tenant: t, Door: req.Peer().Protocol, RequestID: req.Header().Get(server.RequestIDHeader)}, nil
+	id, _ := tenant.IdentityFromContext(ctx)
+	return execution.Caller{Tenant: t, Door: req.Peer().Protocol, RequestID: req.Header().Get(server.RequestIDHeader), Subject: id.Subject}, nil
 }
 
 // Execute implements ExecutionService.

@@ -134,6 +134,9 @@ type Call struct {
 	Tenant string
 	// RequestID identifies the call in logs and to policies.
 	RequestID string
+	// Subject is a hash of who asks within the tenant, for callers with a
+	// token; "" otherwise.
+	Subject string
 }
 
 // Response is the API's answer.
@@ -165,7 +168,7 @@ type Response struct {
 func (s *Service) Call(ctx context.Context, c Call) (res *Response, err error) {
 	start := time.Now()
 	t := c.Tool
-	log := s.logger.With("request_id", c.RequestID, "tenant", c.Tenant, "door", Door, "api", t.API.Name, "tool", t.Name)
+	log := s.logger.With("request_id", c.RequestID, "tenant", c.Tenant, "subject", c.Subject, "door", Door, "api", t.API.Name, "tool", t.Name)
 	var cause error // what the log gets instead of err, which is for the caller
 	defer func() {
 		if err == nil {
@@ -253,7 +256,7 @@ func (s *Service) vet(ctx context.Context, c Call, call *apicatalog.Call) error 
 	}
 	_, err := s.policies.EvaluateRequest(ctx, policy.RequestInput{
 		Execution: &executionv1.Execution{},
-		Tenant:    c.Tenant, Door: Door, RequestID: c.RequestID,
+		Tenant:    c.Tenant, Door: Door, RequestID: c.RequestID, Subject: c.Subject,
 		APICall: &policyv1.ApiCall{
 			Api: c.Tool.API.Name, Tool: c.Tool.Name, ArgumentsJson: string(call.Arguments),
 			Method: call.Method, Url: call.URL.String(),

@@ -26,6 +26,7 @@ import (
 	"github.com/codemode-go/codemode/edge/internal/execution"
 	"github.com/codemode-go/codemode/edge/internal/failover"
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
+	"github.com/codemode-go/codemode/edge/internal/oidctoken"
 	"github.com/codemode-go/codemode/edge/internal/policy"
 	"github.com/codemode-go/codemode/edge/internal/policytool"
 	"github.com/codemode-go/codemode/edge/internal/ratelimit"
@@ -67,6 +68,14 @@ type Config struct {
 	// secrets to non-root containers as variables, since a mounted file
 	// they can read is readable by its group too. Used when APIKeys is empty.
 	APIKeysJSON string
+	// OIDC is a JSON file naming the OpenID providers whose bearer tokens
+	// the edge accepts beside API keys (see oidctoken.Config); empty: none.
+	OIDC string
+	// PublicURL is the edge's URL as its clients reach it
+	// (https://codemode.example.com), which MCP's Protected Resource
+	// Metadata names as the resource; empty: each request's scheme and
+	// Host. Set it behind a proxy that terminates TLS.
+	PublicURL string
 	// Egress is a JSON file saying what each tenant's runs may reach
 	// outside their sandboxes (see tenant.EgressConfig); empty: nothing.
 	Egress string
@@ -137,6 +146,10 @@ const (
 	DefaultControlPlane = "http://127.0.0.1:8080"
 )
 
+// oidcFetchTimeout bounds one fetch of an issuer's discovery document or
+// keys.
+const oidcFetchTimeout = 10 * time.Second
+
 // policyWatchInterval is how often the policy configuration file is checked.
 const policyWatchInterval = 2 * time.Second
 
@@ -158,6 +171,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("control plane URL %q: want http://host:port or https://host:port", cp))
 		case u.Path != "" && u.Path != "/" && len(c.ControlPlanes) > 1:
 			errs = append(errs, fmt.Errorf("control plane URL %q: several control planes take no path", cp))
+		}
+	}
+	if c.PublicURL != "" {
+		if u, err := url.Parse(c.PublicURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || strings.Trim(u.Path, "/") != "" {
+			errs = append(errs, fmt.Errorf("public URL %q: want scheme://host[:port], no path", c.PublicURL))
 		}
 	}
 	if err := c.Limits.Validate(); err != nil {
@@ -247,7 +265,7 @@ func ParseList(s string) []string {
 // open up.
 func (c Config) browsers() server.Browsers {
 	b := server.Browsers{Origins: c.AllowedOrigins, Hosts: c.AllowedHosts}
-	if c.keyed() {
+	if c.authenticates() {
 		if len(b.Origins) == 0 {
 			b.Origins = []string{"*"}
 		}
@@ -263,6 +281,10 @@ func (c Config) browsers() server.Browsers {
 	}
 	return b
 }
+
+// authenticates reports whether every caller must show a credential: an
+// API key or a token.
+func (c Config) authenticates() bool { return c.keyed() || c.OIDC != "" }
 
 // controlPlaneClient is the client of the control planes at urls: with
 // several, it dials the first that accepts (see internal/failover), and
@@ -357,6 +379,10 @@ func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
 	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names, mode 0600 or 0400 (one its group or others may read or write is refused); or the mapping itself in CODEMODE_API_KEYS_JSON; empty for no authentication")
 	fs.Env("api-keys", "CODEMODE_API_KEYS")
+	oidcConfig := fs.String("oidc-config", "", "JSON file naming the OpenID providers whose bearer tokens (JWT access tokens) are accepted beside API keys: issuer, audiences, tenant claim and its allow-list, scopes (see docs/identity.md); empty for none")
+	fs.Env("oidc-config", "CODEMODE_OIDC_CONFIG")
+	publicURL := fs.String("public-url", "", "the edge's URL as clients reach it (https://codemode.example.com), named as the resource in MCP's OAuth metadata; empty: each request's scheme and host")
+	fs.Env("public-url", "CODEMODE_PUBLIC_URL")
 	egressConfig := fs.String("egress", "", "JSON file saying what each tenant's runs may reach outside their sandboxes (hosts, ports, limits); empty: nothing")
 	fs.Env("egress", "CODEMODE_EGRESS")
 	policyConfig := fs.String("policy-config", "", "Wasm policy configuration file (JSON), reloaded when it changes; empty for no policies")
@@ -394,7 +420,7 @@ func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 	apiMaxBytes := fs.Int64("api-max-response-bytes", directtools.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
 	return func(links *cluster.Links) Config {
-		return Config{Addr: *addr, TLS: tlsFiles(), ACME: acmeOptions(), ControlPlanes: ParseControlPlanes(*cp, links), APIKeys: *keys, Egress: *egressConfig,
+		return Config{Addr: *addr, TLS: tlsFiles(), ACME: acmeOptions(), ControlPlanes: ParseControlPlanes(*cp, links), APIKeys: *keys, OIDC: *oidcConfig, PublicURL: *publicURL, Egress: *egressConfig,
 			PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 			PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
 			Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
@@ -406,7 +432,7 @@ func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 // bindAddr returns the address the edge may serve on: any address when it
 // has API keys or is told to be public, else loopback only.
 func bindAddr(cfg Config) (string, error) {
-	if cfg.keyed() || cfg.PublicWithoutKeys {
+	if cfg.authenticates() || cfg.PublicWithoutKeys {
 		return cfg.Addr, nil
 	}
 	a, err := cluster.LoopbackAddr(cfg.Addr)
@@ -426,14 +452,23 @@ func needsKey(path string) bool {
 		path == "/mcp" || path == "/no-code/mcp" || path == "/mcp-no-code-execute" || path == "/run" || path == "/status"
 }
 
-// authenticate resolves the tenant of a request to a door, before its body is read.
-func authenticate(tenants *tenant.Resolver) func(*http.Request) (context.Context, error) {
-	return func(r *http.Request) (context.Context, error) {
-		if needsKey(r.URL.Path) {
-			return tenants.Authenticate(r)
-		}
-		return r.Context(), nil
+// rightFor is the right a request to path needs (see needsKey): each
+// Connect method its own, /run and /mcp running code, /status reading,
+// the MCP door without code execution calling APIs. What a call does
+// beyond its door (a run in a session, MCP's session tools) is checked
+// where it is known.
+func rightFor(path string) oidctoken.Rights {
+	switch path {
+	case edgev1connect.ExecutionServiceExecuteProcedure, edgev1connect.ExecutionServiceExecuteStreamProcedure, "/run", "/mcp":
+		return oidctoken.Execute
+	case edgev1connect.ExecutionServiceCreateSessionProcedure, edgev1connect.ExecutionServiceCloseSessionProcedure,
+		edgev1connect.ExecutionServiceListFilesProcedure, edgev1connect.ExecutionServiceReadFileProcedure,
+		edgev1connect.ExecutionServiceWriteFileProcedure:
+		return oidctoken.Sessions
+	case "/no-code/mcp", "/mcp-no-code-execute":
+		return oidctoken.APIs
 	}
+	return oidctoken.Read
 }
 
 // Serve serves the edge on ln until ctx is done.
@@ -447,6 +482,22 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	if err != nil {
 		ln.Close()
 		return err
+	}
+	if cfg.OIDC != "" {
+		oc, err := oidctoken.Load(cfg.OIDC)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		v, err := oidctoken.New(oc, &http.Client{Timeout: oidcFetchTimeout}, logger.With("component", "oidc"))
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("oidc config: %w", err)
+		}
+		if tenants, err = tenants.WithTokens(v, oc); err != nil {
+			ln.Close()
+			return err
+		}
 	}
 	egress, err := tenant.LoadEgress(cfg.Egress)
 	if err != nil {
@@ -488,7 +539,11 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	srv.TLS = tlsCfg
 	browsers := cfg.browsers()
 	srv.Browsers = &browsers
-	srv.Authenticate = authenticate(tenants)
+	mcpAuth := newMCPAuth(cfg.PublicURL, tenants.Tokens())
+	srv.Authenticate = authenticate(tenants, mcpAuth)
+	if mcpAuth != nil {
+		mcpAuth.handle(srv.Handle)
+	}
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
 	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
@@ -504,6 +559,16 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	}
 	srv.Handle("/run", cfg.Tracing.Handler("/run", runapi.RunHandler(svc)))
 	srv.Handle("/status", runapi.StatusHandler(svc))
-	srv.Handle("/", web.Handler())
+	var webOpts []web.Option
+	if v := tenants.Tokens(); v != nil {
+		webOpts = append(webOpts, web.WithSignIn(func(ctx context.Context) (any, string, error) {
+			s, ok, err := v.SignIn(ctx)
+			if !ok {
+				return nil, "", nil // no issuer has a client for the playground
+			}
+			return s, s.TokenEndpoint, err
+		}))
+	}
+	srv.Handle("/", web.Handler(webOpts...))
 	return srv.Serve(ctx, ln)
 }

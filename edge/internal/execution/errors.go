@@ -42,7 +42,7 @@ func (s *Service) publicError(c Caller, session string, errp *error) {
 		connect.CodeResourceExhausted, connect.CodeAlreadyExists, connect.CodeFailedPrecondition:
 		lvl = slog.LevelDebug
 	}
-	s.logger.Log(context.Background(), lvl, "request failed", "request_id", c.RequestID, "tenant", c.Tenant, "door", c.Door,
+	s.logger.Log(context.Background(), lvl, "request failed", "request_id", c.RequestID, "tenant", c.Tenant, "subject", c.Subject, "door", c.Door,
 		"code", connect.CodeOf(out).String(), "error", err)
 }
 

@@ -44,11 +44,14 @@ type Call struct {
 	Door string
 	// RequestID identifies the request in logs; the Service makes one if empty.
 	RequestID string
+	// Subject is a hash of who asks within the tenant, for callers with a
+	// token (see tenant.Identity); "" otherwise. Policies and logs see it.
+	Subject string
 }
 
 // caller returns who makes call.
 func (c *Call) caller() Caller {
-	return Caller{Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID}
+	return Caller{Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID, Subject: c.Subject}
 }
 
 // Service runs code through the control plane.
@@ -189,6 +192,7 @@ func (s *Service) logExecution(ctx context.Context, call Call, ex *executionv1.E
 	e := telemetry.Execution{
 		RequestID: call.RequestID,
 		Tenant:    call.Tenant,
+		Subject:   call.Subject,
 		Door:      call.Door,
 		Language:  ex.GetLanguage(),
 		SessionID: call.Execution.GetSessionId(),
@@ -250,6 +254,8 @@ func (s *Service) ExecuteStream(ctx context.Context, call Call, send func(*execu
 // door and the request id, as in Call.
 type Caller struct {
 	Tenant, Door, RequestID string
+	// Subject as in Call.
+	Subject string
 }
 
 // withID returns c with a request id, made if it has none.

@@ -45,7 +45,7 @@ func (s *Service) vetRequest(ctx context.Context, call Call, ex *executionv1.Exe
 		return vetted{ex: ex, egress: eg}, nil
 	}
 	v, err := s.policies.EvaluateRequest(ctx, policy.RequestInput{
-		Execution: ex, Tenant: call.Tenant, Door: call.Door, RequestID: call.RequestID, Egress: eg,
+		Execution: ex, Tenant: call.Tenant, Door: call.Door, RequestID: call.RequestID, Egress: eg, Subject: call.Subject,
 	})
 	if err != nil {
 		return vetted{}, policyError(err)
@@ -76,7 +76,7 @@ func (s *Service) placeSession(ctx context.Context, c Caller, language, scopedID
 	if c.RequestID == "" {
 		c.RequestID = NewRequestID()
 	}
-	call := Call{Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID}
+	call := Call{Tenant: c.Tenant, Door: c.Door, RequestID: c.RequestID, Subject: c.Subject}
 	v, err := s.vetRequest(ctx, call, &executionv1.Execution{Language: language, SessionId: scopedID})
 	if err != nil {
 		return nil, err

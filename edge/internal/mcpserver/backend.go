@@ -11,6 +11,7 @@ import (
 
 	"github.com/codemode-go/codemode/edge/internal/directtools"
 	"github.com/codemode-go/codemode/edge/internal/execution"
+	"github.com/codemode-go/codemode/edge/internal/oidctoken"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
@@ -54,15 +55,15 @@ type Opener func(ctx context.Context, h http.Header) (b Backend, requestID strin
 // of whoever opened the session.
 func Local(svc *execution.Service, calls *directtools.Service, tenants *tenant.Resolver) Opener {
 	return func(_ context.Context, h http.Header) (Backend, string, error) {
-		t, err := tenants.Resolve(h)
+		id, err := tenants.Identify(context.Background(), h)
 		if err != nil {
 			return nil, "", err
 		}
-		c := execution.Caller{Tenant: t, Door: "mcp", RequestID: h.Get(server.RequestIDHeader)}
+		c := execution.Caller{Tenant: id.Tenant, Door: "mcp", RequestID: h.Get(server.RequestIDHeader), Subject: id.Subject}
 		if c.RequestID == "" {
 			c.RequestID = execution.NewRequestID()
 		}
-		return &local{svc: svc, calls: calls, c: c}, c.RequestID, nil
+		return &local{svc: svc, calls: calls, c: c, id: id}, c.RequestID, nil
 	}
 }
 
@@ -70,37 +71,71 @@ type local struct {
 	svc   *execution.Service
 	calls *directtools.Service
 	c     execution.Caller
+	id    tenant.Identity // the rights of c's credential
+}
+
+// may returns nil when the caller holds want (see tenant.Require).
+func (l *local) may(want oidctoken.Rights) error { return tenant.Require(l.id, want) }
+
+// mayRun returns nil when the caller may run ex: in a session, it needs
+// the right to sessions too.
+func (l *local) mayRun(ex *executionv1.Execution) error {
+	if ex.GetSessionId() != "" {
+		return l.may(oidctoken.Execute | oidctoken.Sessions)
+	}
+	return l.may(oidctoken.Execute)
 }
 
 func (l *local) call(ex *executionv1.Execution) execution.Call {
-	return execution.Call{Execution: ex, Tenant: l.c.Tenant, Door: l.c.Door, RequestID: l.c.RequestID}
+	return execution.Call{Execution: ex, Tenant: l.c.Tenant, Door: l.c.Door, RequestID: l.c.RequestID, Subject: l.c.Subject}
 }
 
 func (l *local) Execute(ctx context.Context, ex *executionv1.Execution) (*executionv1.Result, error) {
+	if err := l.mayRun(ex); err != nil {
+		return nil, err
+	}
 	return l.svc.Execute(ctx, l.call(ex))
 }
 
 func (l *local) ExecuteStream(ctx context.Context, ex *executionv1.Execution, send func(*executionv1.Event) error) error {
+	if err := l.mayRun(ex); err != nil {
+		return err
+	}
 	return l.svc.ExecuteStream(ctx, l.call(ex), send)
 }
 
 func (l *local) CreateSession(ctx context.Context, language string) (*executionv1.Session, error) {
+	if err := l.may(oidctoken.Sessions); err != nil {
+		return nil, err
+	}
 	return l.svc.CreateSession(ctx, l.c, language, 0)
 }
 
 func (l *local) CloseSession(ctx context.Context, id string) error {
+	if err := l.may(oidctoken.Sessions); err != nil {
+		return err
+	}
 	return l.svc.CloseSession(ctx, l.c, id)
 }
 
 func (l *local) ListFiles(ctx context.Context, id, path string) ([]*executionv1.FileInfo, bool, error) {
+	if err := l.may(oidctoken.Sessions); err != nil {
+		return nil, false, err
+	}
 	return l.svc.ListFiles(ctx, l.c, id, path)
 }
 
 func (l *local) ReadFile(ctx context.Context, id, path string) (*executionv1.File, error) {
+	if err := l.may(oidctoken.Sessions); err != nil {
+		return nil, err
+	}
 	return l.svc.ReadFile(ctx, l.c, id, path, 0)
 }
 
 func (l *local) WriteFile(ctx context.Context, id string, f *executionv1.File) error {
+	if err := l.may(oidctoken.Sessions); err != nil {
+		return err
+	}
 	return l.svc.WriteFile(ctx, l.c, id, f)
 }
 
@@ -112,7 +147,10 @@ func (l *local) CallAPI(ctx context.Context, tool *apicatalog.Tool, arguments []
 	if l.calls == nil {
 		return nil, errNoAPICalls
 	}
-	return l.calls.Call(ctx, directtools.Call{Tool: tool, Arguments: arguments, Tenant: l.c.Tenant, RequestID: l.c.RequestID})
+	if err := l.may(oidctoken.APIs); err != nil {
+		return nil, err
+	}
+	return l.calls.Call(ctx, directtools.Call{Tool: tool, Arguments: arguments, Tenant: l.c.Tenant, RequestID: l.c.RequestID, Subject: l.c.Subject})
 }
 
 // errNoAPICalls is the error of an API tool called where no edge makes

@@ -67,12 +67,19 @@ func bindSessions(h http.Handler) http.Handler {
 // Authorization header it was shown. With API keys the key decides the
 // tenant; without them every caller is the tenant anonymous, and a session
 // still belongs to the credential, if any, its client sent.
+//
+// A caller with a token (whose identity has a subject) is its subject, not
+// the token: a client that refreshes its token keeps its sessions.
 func ownerOf(r *http.Request) string {
-	t, _ := tenant.FromContext(r.Context())
+	id, _ := tenant.IdentityFromContext(r.Context())
 	h := sha256.New()
-	h.Write([]byte(t))
+	h.Write([]byte(id.Tenant))
 	h.Write([]byte{0})
-	h.Write([]byte(r.Header.Get("Authorization")))
+	if id.Subject != "" {
+		h.Write([]byte("subject:" + id.Subject))
+	} else {
+		h.Write([]byte(r.Header.Get("Authorization")))
+	}
 	return hex.EncodeToString(h.Sum(nil))
 }
 

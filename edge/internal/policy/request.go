@@ -32,6 +32,8 @@ type RequestInput struct {
 	// APICall is set when the request is a call of a declared API tool
 	// (door "mcp-api") rather than a run; policies see it as is.
 	APICall *policyv1.ApiCall
+	// Subject is the hash of the caller's token subject; "" for API keys.
+	Subject string
 }
 
 // RequestVerdict is the outcome of an allowed request.
@@ -74,7 +76,7 @@ func (e *Engine) EvaluateRequest(ctx context.Context, in RequestInput) (RequestV
 	p := &requestPhase{
 		e: e, g: g, ceiling: ceiling, limits: ceiling,
 		v:   RequestVerdict{Execution: in.Execution, Egress: in.Egress, Generation: g.id},
-		msg: &policyv1.RequestInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID, ApiCall: in.APICall},
+		msg: &policyv1.RequestInput{Tenant: in.Tenant, Door: in.Door, RequestId: in.RequestID, ApiCall: in.APICall, Subject: in.Subject},
 	}
 	c := chain{
 		phase:     "request",

@@ -142,7 +142,7 @@ func (l *loaded) Evaluate(ctx context.Context, input []byte) (Outcome, error) {
 		}
 		var v policy.RequestVerdict
 		v, err = l.engine.EvaluateRequest(ctx, policy.RequestInput{
-			Execution: in.Execution, Tenant: in.Tenant, Door: in.Door, RequestID: in.RequestId,
+			Execution: in.Execution, Tenant: in.Tenant, Door: in.Door, RequestID: in.RequestId, Subject: in.Subject,
 			Egress: in.Egress, APICall: in.ApiCall,
 		})
 		o.Execution, o.Route, o.Egress, o.Annotations = v.Execution, v.Route, v.Egress, v.Annotations

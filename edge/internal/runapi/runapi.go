@@ -20,6 +20,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/codemode-go/codemode/edge/internal/execution"
+	"github.com/codemode-go/codemode/edge/internal/oidctoken"
 	"github.com/codemode-go/codemode/edge/internal/tenant"
 	cpv1 "github.com/codemode-go/codemode/gen/codemode/controlplane/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
@@ -39,11 +40,17 @@ func errNoTenant() error {
 // running the code through svc as the request's tenant.
 func RunHandler(svc *execution.Service) http.Handler {
 	return runhttp.RunHandler(func(ctx context.Context, ex *executionv1.Execution, requestID string) (*executionv1.Result, error) {
-		t, ok := tenant.FromContext(ctx)
+		id, ok := tenant.IdentityFromContext(ctx)
 		if !ok {
 			return nil, errNoTenant()
 		}
-		return svc.Execute(ctx, execution.Call{Execution: ex, Tenant: t, Door: Door, RequestID: requestID})
+		if ex.GetSessionId() != "" {
+			// The door checked Execute; a run in a session needs Sessions too.
+			if err := tenant.Require(id, oidctoken.Sessions); err != nil {
+				return nil, err
+			}
+		}
+		return svc.Execute(ctx, execution.Call{Execution: ex, Tenant: id.Tenant, Door: Door, RequestID: requestID, Subject: id.Subject})
 	})
 }
 

@@ -3,12 +3,17 @@ package tenant
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"connectrpc.com/connect"
+	"github.com/codemode-go/codemode/edge/internal/oidctoken"
+	"github.com/codemode-go/codemode/edge/internal/oidctoken/oidctest"
 	"github.com/codemode-go/codemode/internal/secretfile"
 )
 
@@ -109,5 +114,59 @@ func TestLoadRefusesKeysOthersCanRead(t *testing.T) {
 				t.Errorf("mode %04o: %q, want the fix (chmod 600 %s) and no key", tt.mode, msg, path)
 			}
 		})
+	}
+}
+
+// TestTokensBesideKeys: on an edge with keys and an issuer, a key is its
+// tenant with every right, a token the tenant its claim maps to with its
+// scopes' rights, and anything else is refused with the code that says
+// why; an edge with keys only takes no token.
+func TestTokensBesideKeys(t *testing.T) {
+	t.Parallel()
+	p := oidctest.Start(t)
+	cfg := oidctoken.Config{Issuers: []oidctoken.Issuer{{Issuer: p.Issuer, Audiences: []string{"edge"}, TenantClaim: "org",
+		Tenants: map[string]string{"o1": "team-a", "o2": "team-b"}}}}
+	v, err := oidctoken.New(cfg, &http.Client{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := New(map[string]string{"k-0123456789abcdef": "team-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	both, err := keys.WithTokens(v, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenB := p.Token(t, p.Register(oidctest.Client{Audience: []string{"edge"}, Claims: map[string]any{"org": "o2"}}), "codemode:read")
+	outside := p.Token(t, p.Register(oidctest.Client{Audience: []string{"edge"}, Claims: map[string]any{"org": "o9"}}), "codemode:read")
+	h := func(bearer string) http.Header { return http.Header{"Authorization": {"Bearer " + bearer}} }
+	for _, tc := range []struct {
+		name   string
+		r      *Resolver
+		bearer string
+		want   Identity
+		code   connect.Code
+	}{
+		{"key", both, "k-0123456789abcdef", Identity{Tenant: "team-a", Rights: oidctoken.AllRights}, 0},
+		{"token", both, tokenB, Identity{Tenant: "team-b", Rights: oidctoken.Read}, 0},
+		{"token outside the allow-list", both, outside, Identity{}, connect.CodePermissionDenied},
+		{"forged token", both, oidctest.SignedByAnotherKey(tokenB), Identity{}, connect.CodeUnauthenticated},
+		{"token on an edge with keys only", keys, tokenB, Identity{}, connect.CodeUnauthenticated},
+	} {
+		id, err := tc.r.Identify(t.Context(), h(tc.bearer))
+		if tc.code != 0 {
+			if err == nil || Code(err) != tc.code {
+				t.Errorf("%s: %+v %v, want %v", tc.name, id, err, tc.code)
+			}
+			continue
+		}
+		id.Subject = "" // a hash, checked in oidctoken
+		if err != nil || id != tc.want {
+			t.Errorf("%s: %+v %v, want %+v", tc.name, id, err, tc.want)
+		}
+	}
+	if _, err := keys.WithTokens(v, oidctoken.Config{Issuers: []oidctoken.Issuer{{Tenants: map[string]string{"x": Anonymous}}}}); err == nil {
+		t.Error("a token tenant named anonymous was accepted")
 	}
 }

@@ -12,6 +12,7 @@ import { create } from "@bufbuild/protobuf";
 import { type Duration, DurationSchema } from "@bufbuild/protobuf/wkt";
 import { ExecutionService } from "./gen/codemode/edge/v1/edge_pb";
 import type { Artifact, Result } from "./gen/codemode/execution/v1/execution_pb";
+import * as signIn from "./signin";
 
 // Examples shown when a language is picked and the editor holds no edits.
 const examples: Record<string, string> = {
@@ -74,6 +75,7 @@ const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as 
 const ui = {
   conn: $<HTMLSpanElement>("conn"),
   apiKey: $<HTMLInputElement>("api-key"),
+  signIn: $<HTMLButtonElement>("sign-in"),
   language: $<HTMLSelectElement>("language"),
   session: $<HTMLInputElement>("session"),
   sessionId: $<HTMLElement>("session-id"),
@@ -95,9 +97,10 @@ ui.apiKey.addEventListener("change", () => {
   if (ui.conn.dataset.state === "error") void loadLanguages();
 });
 
+// A signed-in user's token goes before a key.
 const auth: Interceptor = (next) => (req) => {
-  const key = ui.apiKey.value.trim();
-  if (key !== "") req.header.set("Authorization", `Bearer ${key}`);
+  const bearer = signIn.token() ?? ui.apiKey.value.trim();
+  if (bearer !== "") req.header.set("Authorization", `Bearer ${bearer}`);
   return next(req);
 };
 
@@ -117,7 +120,7 @@ function setState(s: State) {
 
 function describe(err: unknown): string {
   if (err instanceof ConnectError) {
-    if (err.code === Code.Unauthenticated) return "unauthenticated: enter an API key above";
+    if (err.code === Code.Unauthenticated) return ui.signIn.hidden ? "unauthenticated: enter an API key above" : "unauthenticated: sign in or enter an API key above";
     return `${Code[err.code] ?? "error"}: ${err.rawMessage}`;
   }
   return err instanceof Error ? err.message : String(err);
@@ -426,4 +429,35 @@ ui.code.addEventListener("keydown", (e) => {
   }
 });
 
-void loadLanguages();
+// With a provider to sign in with, the page offers it, and finishes a
+// sign-in the provider sent it back from before it connects.
+async function start() {
+  const s = await signIn.settings();
+  if (s) {
+    const signedIn = () => {
+      const on = signIn.token() !== undefined;
+      ui.signIn.textContent = on ? "Sign out" : "Sign in";
+      ui.signIn.dataset.signedIn = on ? "true" : "false";
+    };
+    ui.signIn.hidden = false;
+    ui.signIn.addEventListener("click", () => {
+      if (signIn.token() !== undefined) {
+        signIn.signOut();
+        signedIn();
+        void loadLanguages();
+      } else {
+        void signIn.start(s);
+      }
+    });
+    try {
+      await signIn.finish(s);
+    } catch (err) {
+      ui.conn.dataset.state = "error";
+      ui.conn.textContent = describe(err);
+    }
+    signedIn();
+  }
+  await loadLanguages();
+}
+
+void start();

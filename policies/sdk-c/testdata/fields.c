@@ -35,7 +35,7 @@ static cm_request_decision request(const cm_request_input *in) {
 	for (size_t i = 0; i < e->n_files; i++)
 		add(execution, sizeof execution, "%s%.*s=%zu", i ? "," : "", S(e->files[i].path), e->files[i].content.len);
 	add(execution, sizeof execution, "|%" PRIu64 "|%" PRIu64, e->memory_bytes, e->output_bytes);
-	add(caller, sizeof caller, "%.*s|%.*s|%.*s", S(in->tenant), S(in->door), S(in->request_id));
+	add(caller, sizeof caller, "%.*s|%.*s|%.*s|%.*s", S(in->tenant), S(in->door), S(in->request_id), S(in->subject));
 	for (size_t i = 0; i < in->egress.n_allow; i++) {
 		const cm_egress_rule *r = &in->egress.allow[i];
 		add(egress, sizeof egress, "%s%.*s:", i ? "," : "", S(r->host));

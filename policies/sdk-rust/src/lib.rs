@@ -149,6 +149,10 @@ pub struct RequestInput {
     /// Set when the request is a call of a declared API tool (door
     /// "mcp-api"); the execution then means nothing.
     pub api_call: Option<ApiCall>,
+    /// Who the caller is within its tenant when it came with an OpenID
+    /// provider's token: a hash of the issuer and the token's subject;
+    /// empty for API keys.
+    pub subject: String,
 }
 
 /// Fields of the execution to replace; `None` leaves a field alone.

@@ -163,6 +163,7 @@ pub(crate) fn decode_request_input(b: &[u8]) -> R<RequestInput> {
             5 => r.map_entry(t, &mut in_.annotations)?,
             6 => decode_egress(&mut r.sub(t)?, &mut in_.egress)?,
             7 => decode_api_call(&mut r.sub(t)?, in_.api_call.get_or_insert_with(Default::default))?,
+            8 => in_.subject = r.string(t)?,
             _ => r.skip(t)?,
         }
     }

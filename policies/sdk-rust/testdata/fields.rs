@@ -29,7 +29,7 @@ fn request(input: &RequestInput) -> RequestDecision {
                 e.output_bytes
             ),
         )
-        .annotate("caller", format!("{}|{}|{}", input.tenant, input.door, input.request_id))
+        .annotate("caller", format!("{}|{}|{}|{}", input.tenant, input.door, input.request_id, input.subject))
         .annotate(
             "egress",
             format!("{}|{}|{}|{}", rules.join(","), l.connections, l.bytes, l.connection_time.as_nanos()),

@@ -211,7 +211,12 @@ type RequestInput struct {
 	Egress *v1.Egress `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
 	// Set instead of a meaningful execution when the request is a call of a
 	// declared API tool (door "mcp-api"), which the edge makes itself.
-	ApiCall       *ApiCall `protobuf:"bytes,7,opt,name=api_call,json=apiCall,proto3" json:"api_call,omitempty"`
+	ApiCall *ApiCall `protobuf:"bytes,7,opt,name=api_call,json=apiCall,proto3" json:"api_call,omitempty"`
+	// Who the caller is within its tenant, when it authenticated with a token
+	// of an OpenID provider: a hash of the issuer and the token's subject
+	// (32 hex digits), the same for every token of that user; empty for API
+	// keys and keyless edges. It never reaches the sandbox.
+	Subject       string `protobuf:"bytes,8,opt,name=subject,proto3" json:"subject,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +298,13 @@ func (x *RequestInput) GetApiCall() *ApiCall {
 		return x.ApiCall
 	}
 	return nil
+}
+
+func (x *RequestInput) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
 }
 
 // ApiCall is a call of a declared API tool on /mcp-no-code-execute.
@@ -953,7 +965,7 @@ var File_codemode_policy_v1_policy_proto protoreflect.FileDescriptor
 
 const file_codemode_policy_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcodemode/policy/v1/policy.proto\x12\x12codemode.policy.v1\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9d\x03\n" +
+	"\x1fcodemode/policy/v1/policy.proto\x12\x12codemode.policy.v1\x1a%codemode/execution/v1/execution.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb7\x03\n" +
 	"\fRequestInput\x12>\n" +
 	"\texecution\x18\x01 \x01(\v2 .codemode.execution.v1.ExecutionR\texecution\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x12\n" +
@@ -962,7 +974,8 @@ const file_codemode_policy_v1_policy_proto_rawDesc = "" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x12S\n" +
 	"\vannotations\x18\x05 \x03(\v21.codemode.policy.v1.RequestInput.AnnotationsEntryR\vannotations\x125\n" +
 	"\x06egress\x18\x06 \x01(\v2\x1d.codemode.execution.v1.EgressR\x06egress\x126\n" +
-	"\bapi_call\x18\a \x01(\v2\x1b.codemode.policy.v1.ApiCallR\aapiCall\x1a>\n" +
+	"\bapi_call\x18\a \x01(\v2\x1b.codemode.policy.v1.ApiCallR\aapiCall\x12\x18\n" +
+	"\asubject\x18\b \x01(\tR\asubject\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x80\x01\n" +

@@ -1,6 +1,7 @@
 // Command gohostile is a request-phase policy for tests that misbehaves on
 // request: code "panic" panics, "loop" spins forever, "alloc" allocates until
-// memory runs out, "sleep" sleeps for an hour; anything else is allowed.
+// memory runs out, "sleep" sleeps for an hour, "subject" is denied with the
+// caller's subject as the reason; anything else is allowed.
 package main
 
 import (
@@ -21,6 +22,8 @@ func init() {
 			}
 		case "sleep":
 			time.Sleep(time.Hour)
+		case "subject":
+			return sdk.Deny("subject=" + in.Subject)
 		case "alloc":
 			for {
 				sink = append(sink, make([]byte, 1<<20))
