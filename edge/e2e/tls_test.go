@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -306,4 +309,48 @@ func TestTLSOnEveryLink(t *testing.T) {
 			t.Errorf("client without the CA to %s: %v, want an unknown-authority error", p.Addr, err)
 		}
 	}
+}
+
+// The TLS edge's clients: the playground in Chromium over https (trusting
+// the edge's certificate by its key, no other certificate error ignored), the MCP TypeScript
+// SDK (NODE_EXTRA_CA_CERTS), and buf curl with --cacert over gRPC.
+func TestTLSClients(t *testing.T) {
+	t.Parallel()
+	e, _ := startTLSEdge(t, shared(t))
+	caFile := filepath.Join(e.dir, "ca.crt")
+	if err := e.ca.WriteFiles(e.dir); err != nil {
+		t.Fatal(err)
+	}
+	// Chromium matches the key of a certificate the server presents: the
+	// edge's own (its chain holds no CA).
+	leaf, err := tlsconfig.LoadKeyPair(filepath.Join(e.dir, "edge.crt"), filepath.Join(e.dir, "edge.key"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spki := sha256.Sum256(leaf.Certificate().Leaf.RawSubjectPublicKeyInfo)
+	t.Run("chromium", func(t *testing.T) {
+		if _, err := os.Stat(chromiumPath); err != nil {
+			t.Fatalf("%s is missing: run %s", chromiumPath, webSetup)
+		}
+		dir := webDir(t, "playwright-core")
+		nodeTest(t, dir, "browser.test.mjs", e.base, e.Logs, "CHROMIUM="+chromiumPath,
+			"CHROMIUM_TRUST_SPKI="+base64.StdEncoding.EncodeToString(spki[:]),
+			"CODEMODE_SCREENSHOT="+filepath.Join(t.TempDir(), "playground.png"))
+	})
+	t.Run("mcp typescript sdk", func(t *testing.T) {
+		dir := webDir(t, "@modelcontextprotocol/sdk")
+		nodeTest(t, dir, "tls.test.mjs", e.base, e.Logs, "NODE_EXTRA_CA_CERTS="+caFile)
+	})
+	t.Run("buf curl", func(t *testing.T) {
+		buf := strings.Fields(os.Getenv("BUF"))
+		if len(buf) == 0 {
+			buf = []string{"npx", "--yes", "@bufbuild/buf@1.75.0"}
+		}
+		args := append(buf[1:], "curl", "--protocol", "grpc", "--cacert", caFile,
+			"--data", `{"language":"python","code":"print(6*7)"}`, e.base+"/codemode.edge.v1.ExecutionService/Execute")
+		out, err := exec.CommandContext(t.Context(), buf[0], args...).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), `"stdout": "42\n"`) {
+			t.Fatalf("buf curl --cacert: %v\n%s", err, out)
+		}
+	})
 }

@@ -39,6 +39,10 @@ const baseArgs = [
 function args(rebound) {
   const map = rebound.map((name) => `MAP ${name} 127.0.0.1, `).join("");
   const out = [...baseArgs, `--host-resolver-rules=${map}MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1`];
+  // An edge serving HTTPS with a certificate of a test's own CA: Chromium
+  // trusts a chain holding a certificate whose key is in CHROMIUM_TRUST_SPKI
+  // (base64 SHA-256 of the key), and ignores no other certificate error.
+  if (process.env.CHROMIUM_TRUST_SPKI) out.push(`--ignore-certificate-errors-spki-list=${process.env.CHROMIUM_TRUST_SPKI}`);
   if (rebound.length > 0) out.push(`--proxy-bypass-list=${rebound.join(";")}`);
   return out;
 }
