@@ -490,7 +490,7 @@ func TestControlPlaneIgnoresAgentsForgedInRedis(t *testing.T) {
 		addr   string
 		free   int32
 	}{{secret, genuineAddr, 1}, {other, forgedAddr, 8}} {
-		s, err := redisstore.New(rds.URL, "test:", rec.secret.Key(redisstore.KeyPurpose), nil)
+		s, err := redisstore.New(rds.URL, "test:", rec.secret.Key(redisstore.KeyPurpose), nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -41,6 +41,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -95,15 +96,20 @@ const MinKeyLen = 32
 // that key derives from a fixed value and the MAC authenticates nothing, as
 // fits a control plane that serves loopback only, see
 // controlplane/RATIONALE.md). Records that fail their check are reported to
-// logger. It does not connect until first used; Ping
-// checks the server.
-func New(url, prefix string, key []byte, logger *slog.Logger) (*Store, error) {
+// logger. With rediss://, roots (if set) are the CAs that signed the
+// Redis's certificate, such as the cluster's (--cluster-ca); else the
+// system's. It does not connect until first used; Ping checks the server.
+func New(url, prefix string, key []byte, logger *slog.Logger, roots *tls.Config) (*Store, error) {
 	if len(key) < MinKeyLen {
 		return nil, fmt.Errorf("redis store: the key is %d bytes, want at least %d", len(key), MinKeyLen)
 	}
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("redis url: %w", err)
+	}
+	if opts.TLSConfig != nil && roots != nil {
+		// rediss:// to a Redis whose certificate a private CA signed.
+		opts.TLSConfig.RootCAs = roots.RootCAs
 	}
 	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = Timeout, Timeout, Timeout
 	opts.ContextTimeoutEnabled = true

@@ -3,11 +3,13 @@ package redisstore
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +22,7 @@ import (
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 	"github.com/codemode-go/codemode/internal/testkit/redistest"
+	"github.com/codemode-go/codemode/internal/tlsconfig"
 )
 
 // testKey seals the records of the tests' stores, as one cluster secret
@@ -32,7 +35,7 @@ func pair(t *testing.T) (*Store, *Store, *redistest.Server) {
 	srv := redistest.Start(t)
 	var out [2]*Store
 	for i := range out {
-		s, err := New(srv.URL, DefaultPrefix, testKey, nil)
+		s, err := New(srv.URL, DefaultPrefix, testKey, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -256,12 +259,12 @@ func TestForgedAgentsAreNotRoutedTo(t *testing.T) {
 	ctx := t.Context()
 	var logs bytes.Buffer
 	var logMu sync.Mutex
-	store, err := New(srv.URL, DefaultPrefix, testKey, slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil)))
+	store, err := New(srv.URL, DefaultPrefix, testKey, slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	other, err := New(srv.URL, DefaultPrefix, []byte("another cluster's key, 32 bytes or more"), nil)
+	other, err := New(srv.URL, DefaultPrefix, []byte("another cluster's key, 32 bytes or more"), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,7 +446,7 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	s, err := New("redis://"+addr+"/0", DefaultPrefix, testKey, nil)
+	s, err := New("redis://"+addr+"/0", DefaultPrefix, testKey, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +467,7 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 // GETEX on a loopback Redis, decoded.
 func BenchmarkSession(b *testing.B) {
 	srv := redistest.Start(b)
-	s, err := New(srv.URL, DefaultPrefix, testKey, nil)
+	s, err := New(srv.URL, DefaultPrefix, testKey, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -478,5 +481,69 @@ func BenchmarkSession(b *testing.B) {
 		if _, ok, err := s.Session(ctx, "s1"); err != nil || !ok {
 			b.Fatal(ok, err)
 		}
+	}
+}
+
+// Over rediss:// to Redis's own TLS, with a password, the store keeps and
+// reads records trusting the cluster's CA; a client that does not trust it,
+// or that speaks plain TCP to the TLS port, gets nothing.
+func TestRedisOverTLS(t *testing.T) {
+	t.Parallel()
+	ca, err := tlsconfig.NewCA("redis test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := ca.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	is, err := ca.Issue([]string{"127.0.0.1", "localhost"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, err := is.WriteFiles(dir, "redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "ca.crt")
+	srv := redistest.StartTLS(t, redistest.TLS{CertFile: cert, KeyFile: key, CAFile: caFile})
+	if !strings.HasPrefix(srv.URL, "rediss://") {
+		t.Fatalf("URL %s, want rediss://", srv.URL)
+	}
+	roots, err := tlsconfig.Client(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(srv.URL, DefaultPrefix, testKey, nil, roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Ping(t.Context()); err != nil {
+		t.Fatalf("ping over TLS: %v", err)
+	}
+	r, err := router.New(router.Config{Store: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(t.Context(), "127.0.0.1:30031", &agentv1.AgentStatus{Ready: true}, time.Minute); err != nil {
+		t.Fatalf("register over TLS: %v", err)
+	}
+	for _, tc := range []struct {
+		name, url string
+		roots     *tls.Config
+	}{
+		{"without the CA", srv.URL, nil},
+		{"plain TCP to the TLS port", strings.Replace(srv.URL, "rediss://", "redis://", 1), roots},
+		{"without the password", "rediss://" + srv.Addr + "/0", roots},
+	} {
+		other, err := New(tc.url, DefaultPrefix, testKey, nil, tc.roots)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := other.Ping(t.Context()); err == nil {
+			t.Errorf("%s: ping succeeded", tc.name)
+		}
+		other.Close()
 	}
 }

@@ -11,9 +11,12 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -64,7 +67,36 @@ func Start(tb testing.TB) *Server {
 	return nil
 }
 
-func start(tb testing.TB, path string) (*Server, error) {
+// TLS is the certificate and key a server started with StartTLS presents,
+// and the CA that signed them (PEM files).
+type TLS struct {
+	CertFile, KeyFile, CAFile string
+}
+
+// StartTLS starts a redis-server that speaks TLS only (Redis's built-in
+// TLS), with c's certificate, and stops it when tb ends. Its URL is
+// rediss://:Password@Addr/0.
+func StartTLS(tb testing.TB, c TLS) *Server {
+	tb.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatalf("redis-server is not installed: run agent/host/setup.sh (make setup), which installs Debian's redis-server: %v", err)
+	}
+	var last error
+	for range 3 {
+		s, err := startWith(tb, path, &c)
+		if err == nil {
+			return s
+		}
+		last = err
+	}
+	tb.Fatalf("start redis-server with TLS: %v", last)
+	return nil
+}
+
+func start(tb testing.TB, path string) (*Server, error) { return startWith(tb, path, nil) }
+
+func startWith(tb testing.TB, path string, tc *TLS) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -74,8 +106,13 @@ func start(tb testing.TB, path string) (*Server, error) {
 	_, _ = rand.Read(pw[:])
 	password := hex.EncodeToString(pw[:])
 	cmd := exec.Command(path, "-")
-	cmd.Stdin = strings.NewReader(fmt.Sprintf("port %d\nbind 127.0.0.1\nsave \"\"\nappendonly no\ndir %q\ndaemonize no\nloglevel warning\nrequirepass %s\n",
-		port, dir, password))
+	listen := fmt.Sprintf("port %d\n", port)
+	if tc != nil {
+		listen = fmt.Sprintf("port 0\ntls-port %d\ntls-cert-file %q\ntls-key-file %q\ntls-ca-cert-file %q\ntls-auth-clients no\n",
+			port, tc.CertFile, tc.KeyFile, tc.CAFile)
+	}
+	cmd.Stdin = strings.NewReader(fmt.Sprintf("%sbind 127.0.0.1\nsave \"\"\nappendonly no\ndir %q\ndaemonize no\nloglevel warning\nrequirepass %s\n",
+		listen, dir, password))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -99,10 +136,21 @@ func start(tb testing.TB, path string) (*Server, error) {
 	}()
 	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Password: password, cmd: cmd, exited: exited}
 	s.URL = "redis://:" + password + "@" + s.Addr + "/0"
+	var roots *x509.CertPool
+	if tc != nil {
+		s.URL = "rediss://:" + password + "@" + s.Addr + "/0"
+		b, err := os.ReadFile(tc.CAFile)
+		if err != nil {
+			_ = cmd.Process.Kill()
+			return nil, err
+		}
+		roots = x509.NewCertPool()
+		roots.AppendCertsFromPEM(b)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	for {
-		if err := ping(ctx, s.Addr, password); err == nil {
+		if err := ping(ctx, s.Addr, password, roots); err == nil {
 			break
 		}
 		select {
@@ -118,10 +166,17 @@ func start(tb testing.TB, path string) (*Server, error) {
 	return s, nil
 }
 
-// ping sends AUTH password and PING, and expects +OK and +PONG.
-func ping(ctx context.Context, addr, password string) error {
+// ping sends AUTH password and PING, and expects +OK and +PONG; over TLS
+// trusting roots if they are set.
+func ping(ctx context.Context, addr, password string, roots *x509.CertPool) error {
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	var c net.Conn
+	var err error
+	if roots != nil {
+		c, err = (&tls.Dialer{NetDialer: &d, Config: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}).DialContext(ctx, "tcp", addr)
+	} else {
+		c, err = d.DialContext(ctx, "tcp", addr)
+	}
 	if err != nil {
 		return err
 	}
