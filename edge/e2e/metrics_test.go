@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -186,6 +187,44 @@ func TestMetrics(t *testing.T) {
 	agent := settledAgentMetrics(t, s.Agent, 4)
 	checkAgentMetrics(t, agent)
 	checkNoTenantLabel(t, map[string]map[string]*dto.MetricFamily{"edge": edge, "control plane": cp, "agent": agent})
+	checkOperatorMetrics(t, s, map[string]map[string]*dto.MetricFamily{"edge": edge, "control plane": cp, "agent": agent})
+}
+
+// checkOperatorMetrics checks what operators read besides executions: each
+// service's build, the edge's MCP tool calls by tool and outcome, and
+// requests refused at validation.
+func checkOperatorMetrics(t *testing.T, s *Stack, services map[string]map[string]*dto.MetricFamily) {
+	for name, fams := range services {
+		if got := sample(fams, "codemode_build_info", nil); got != 1 {
+			t.Errorf("%s codemode_build_info = %v, want 1", name, got)
+		}
+	}
+	c := edgev1connect.NewExecutionServiceClient(httpClient, s.Edge.URL())
+	if _, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python"})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("a run without code: %v, want invalid_argument", err)
+	}
+	cs := mcpSession(t, s.Edge.URL()+"/mcp")
+	if _, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "list_languages"}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"language": "cobol", "code": "x"}})
+	if err != nil || !res.IsError {
+		t.Fatalf("execute_code in cobol: %v %v, want a tool error", res, err)
+	}
+	edge := scrape(t, s.Edge)
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"codemode_requests_invalid_total", map[string]string{"procedure": "/codemode.edge.v1.ExecutionService/Execute"}, 1},
+		{"codemode_mcp_tool_calls_total", map[string]string{"door": "mcp", "tool": "list_languages", "outcome": "ok"}, 1},
+		{"codemode_mcp_tool_calls_total", map[string]string{"door": "mcp", "tool": "execute_code", "outcome": "tool_error"}, 1},
+	} {
+		if got := sample(edge, c.name, c.labels); got != c.want {
+			t.Errorf("edge %s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
 }
 
 // executionsTotal is every service's counter of executions.

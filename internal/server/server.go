@@ -22,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	"buf.build/go/protovalidate"
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 	"connectrpc.com/grpcreflect"
@@ -56,6 +57,10 @@ type Server struct {
 	// returns, which may carry what it learnt (a tenant).
 	Authenticate func(r *http.Request) (context.Context, error)
 
+	// OnInvalid, when set, is called with the procedure of each request that
+	// protovalidate refused (invalid_argument before the handler ran).
+	OnInvalid func(procedure string)
+
 	// TLS, when set, makes Serve speak TLS (HTTP/1.1 and HTTP/2 by ALPN),
 	// and no plain HTTP; build it with tlsconfig.Server. Nil: plain HTTP/1.1
 	// and HTTP/2 without TLS (h2c).
@@ -78,12 +83,44 @@ type Server struct {
 // New returns a Server that logs to logger. Every handler made with its
 // HandlerOptions validates requests with protovalidate.
 func New(logger *slog.Logger) *Server {
-	return &Server{
+	s := &Server{
 		logger:          logger,
 		mux:             http.NewServeMux(),
 		health:          grpchealth.NewStaticChecker(),
-		opts:            []connect.HandlerOption{connect.WithInterceptors(validate.NewInterceptor())},
 		ShutdownTimeout: DefaultShutdownTimeout,
+	}
+	s.opts = []connect.HandlerOption{connect.WithInterceptors(invalidCounter{s}, validate.NewInterceptor())}
+	return s
+}
+
+// invalidCounter reports each request the validation refused to the
+// server's OnInvalid.
+type invalidCounter struct{ s *Server }
+
+func (c invalidCounter) note(procedure string, err error) {
+	var ve *protovalidate.ValidationError
+	if err != nil && c.s.OnInvalid != nil && errors.As(err, &ve) {
+		c.s.OnInvalid(procedure)
+	}
+}
+
+func (c invalidCounter) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		res, err := next(ctx, req)
+		c.note(req.Spec().Procedure, err)
+		return res, err
+	}
+}
+
+func (c invalidCounter) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (c invalidCounter) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		err := next(ctx, conn)
+		c.note(conn.Spec().Procedure, err)
+		return err
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
+	"github.com/codemode-go/codemode/internal/version"
 )
 
 // latencyBuckets suit runs: from a millisecond to two minutes.
@@ -29,6 +31,8 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	executions *prometheus.CounterVec
+	toolCalls  *prometheus.CounterVec
+	invalid    *prometheus.CounterVec
 	elapsed    *prometheus.HistogramVec
 	runtime    *prometheus.HistogramVec
 	queueWait  prometheus.Histogram
@@ -42,7 +46,13 @@ type Metrics struct {
 //     service saw each execution;
 //   - codemode_run_seconds{language}: the program's own run time, from its
 //     result;
-//   - codemode_queue_wait_seconds: time waiting for a sandbox (agent).
+//   - codemode_queue_wait_seconds: time waiting for a sandbox (agent);
+//   - codemode_build_info{version,commit,goversion}: 1, saying which build
+//     runs (see package version);
+//   - codemode_mcp_tool_calls_total{door,tool,outcome}: MCP tool calls
+//     (edge);
+//   - codemode_requests_invalid_total{procedure}: requests refused before
+//     anything ran because they failed validation.
 //
 // No metric has a tenant label: a tenant's name is theirs, and tenants are
 // many.
@@ -68,13 +78,43 @@ func NewMetrics() *Metrics {
 			Help:    "Time a stateless run waited for a warm sandbox.",
 			Buckets: latencyBuckets,
 		}),
+		toolCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "codemode_mcp_tool_calls_total",
+			Help: "MCP tool calls ended, by door (mcp, mcp-no-code-execute), tool and outcome (ok, tool_error, or the error's Connect code).",
+		}, []string{"door", "tool", "outcome"}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "codemode_requests_invalid_total",
+			Help: "Requests refused with invalid_argument before anything ran, by procedure.",
+		}, []string{"procedure"}),
 	}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "codemode_build_info",
+		Help:        "Always 1: the build of this process, in its labels.",
+		ConstLabels: prometheus.Labels{"version": version.Version(), "commit": version.Commit(), "goversion": runtime.Version()},
+	})
+	build.Set(1)
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.executions, m.elapsed, m.runtime, m.queueWait,
+		m.executions, m.elapsed, m.runtime, m.queueWait, m.toolCalls, m.invalid, build,
 	)
 	return m
+}
+
+// ObserveToolCall counts an MCP tool call at door that ended with outcome.
+func (m *Metrics) ObserveToolCall(door, tool, outcome string) {
+	if m == nil {
+		return
+	}
+	m.toolCalls.WithLabelValues(door, tool, outcome).Inc()
+}
+
+// ObserveInvalid counts a request to procedure refused by validation.
+func (m *Metrics) ObserveInvalid(procedure string) {
+	if m == nil {
+		return
+	}
+	m.invalid.WithLabelValues(procedure).Inc()
 }
 
 // ObserveExecution records e.

@@ -352,6 +352,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	srv := server.New(a.log.With("component", "server"))
 	srv.ShutdownTimeout = a.cfg.ShutdownTimeout
+	srv.OnInvalid = a.svc.metrics.ObserveInvalid
 	var err error
 	if srv.TLS, err = a.cfg.TLS.Server(a.log.With("component", "tls")); err != nil {
 		ln.Close()

@@ -208,6 +208,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	}
 	srv := server.New(logger)
 	srv.TLS = tlsCfg
+	srv.OnInvalid = svc.metrics.ObserveInvalid
 	if cfg.Secret != nil {
 		srv.Authenticate = cfg.Secret.Authenticate
 	}

@@ -537,6 +537,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	srv := server.New(logger)
 	srv.Limits = cfg.Limits
 	srv.TLS = tlsCfg
+	srv.OnInvalid = metrics.ObserveInvalid
 	browsers := cfg.browsers()
 	srv.Browsers = &browsers
 	mcpAuth := newMCPAuth(cfg.PublicURL, tenants.Tokens())
@@ -547,7 +548,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
 	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
-		Version: version.Version(), APIs: catalog, Egress: egress, Tracing: cfg.Tracing}).Handlers()
+		Version: version.Version(), APIs: catalog, Egress: egress, Tracing: cfg.Tracing, Metrics: metrics}).Handlers()
 	srv.HandleTooLarge("/mcp", cfg.Tracing.Handler("/mcp", withCode), mcpserver.RefuseTooLarge)
 	// The tools without code execution at two paths: /no-code/mcp for
 	// clients that take any URL not ending in /mcp for a mistake and

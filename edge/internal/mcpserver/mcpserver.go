@@ -12,6 +12,7 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -163,6 +165,8 @@ type Config struct {
 	// Retention bounds what the resources of runs keep (see Retention);
 	// zero fields take DefaultRetention's.
 	Retention Retention
+	// Metrics count tool calls by door, tool and outcome; nil: none.
+	Metrics *telemetry.Metrics
 }
 
 const (
@@ -241,6 +245,11 @@ func (s *Servers) newServer(withCode bool) *mcp.Server {
 			" The files a run leaves in /workspace/outputs, and the files of your sessions, are resources (resources/read)."
 	}
 	srv := mcp.NewServer(impl, opts)
+	door := "mcp-no-code-execute"
+	if withCode {
+		door = "mcp"
+	}
+	srv.AddReceivingMiddleware(countToolCalls(s.cfg.Metrics, door))
 	if s.cfg.Tracing.Enabled() {
 		srv.AddReceivingMiddleware(traceToolCalls(s.cfg.Tracing))
 	}
@@ -494,6 +503,33 @@ func (t *tools) addCodeTools(s *mcp.Server, langs *edgev1.ListLanguagesResponse)
 		Description: "Close a session and destroy its sandbox and files. Later calls with its id fail, saying it was closed.",
 		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: new(true), OpenWorldHint: new(false)},
 	}, t.closeSession)
+}
+
+// countToolCalls counts each tools/call at door by its tool and outcome:
+// ok, tool_error (a result with isError, such as a policy denial or a
+// program's failure to start), or the protocol error's code.
+func countToolCalls(m *telemetry.Metrics, door string) mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			call, ok := req.(*mcp.CallToolRequest)
+			if !ok || call.Params == nil || m == nil {
+				return next(ctx, method, req)
+			}
+			res, err := next(ctx, method, req)
+			outcome := "ok"
+			if r, ok := res.(*mcp.CallToolResult); err != nil {
+				outcome = "error"
+				var je *jsonrpc.Error
+				if errors.As(err, &je) {
+					outcome = fmt.Sprintf("jsonrpc_%d", je.Code)
+				}
+			} else if ok && r.IsError {
+				outcome = "tool_error"
+			}
+			m.ObserveToolCall(door, call.Params.Name, outcome)
+			return res, err
+		}
+	}
 }
 
 // traceToolCalls gives each tools/call a span, "tools/call NAME", whose
