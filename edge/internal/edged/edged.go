@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/codemode-go/codemode/edge/internal/chat"
 	"github.com/codemode-go/codemode/edge/internal/connectapi"
 	"github.com/codemode-go/codemode/edge/internal/directtools"
 	"github.com/codemode-go/codemode/edge/internal/execution"
@@ -111,6 +112,9 @@ type Config struct {
 	// Tracing exports the edge's spans (see telemetry.NewTracing); nil:
 	// none.
 	Tracing *telemetry.Tracing
+	// Chat configures the chat service's model (see internal/chat); no
+	// provider: the ChatService and POST /chat answer failed_precondition.
+	Chat chat.Config
 }
 
 // APIsNone as Config.APIs declares no APIs.
@@ -159,6 +163,9 @@ func (c Config) Validate() error {
 	}
 	if c.APIMaxResponseBytes < 0 {
 		errs = append(errs, fmt.Errorf("api max response bytes %d is negative", c.APIMaxResponseBytes))
+	}
+	if err := c.Chat.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -334,8 +341,9 @@ func configFlags(fs *cli.Flags) func() Config {
 	fs.Env("api-timeout", "CODEMODE_API_TIMEOUT")
 	apiMaxBytes := fs.Int64("api-max-response-bytes", directtools.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
+	readChat := chat.Flags(fs)
 	return func() Config {
-		return Config{Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, Egress: *egressConfig,
+		return Config{Chat: readChat(), Addr: *addr, ControlPlanes: ParseControlPlanes(*cp), APIKeys: *keys, Egress: *egressConfig,
 			PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 			PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
 			Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
@@ -364,7 +372,8 @@ func bindAddr(cfg Config) (string, error) {
 // reflection and the policy admin service (which has its own token) do not.
 func needsKey(path string) bool {
 	return strings.HasPrefix(path, "/"+edgev1connect.ExecutionServiceName+"/") ||
-		path == "/mcp" || path == "/no-code/mcp" || path == "/mcp-no-code-execute" || path == "/run" || path == "/status"
+		strings.HasPrefix(path, "/"+edgev1connect.ChatServiceName+"/") ||
+		path == "/mcp" || path == "/no-code/mcp" || path == "/mcp-no-code-execute" || path == "/run" || path == "/status" || path == "/chat"
 }
 
 // authenticate resolves the tenant of a request to a door, before its body is read.
@@ -426,8 +435,17 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	srv.Authenticate = authenticate(tenants)
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
-	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
-		Version: Version, APIs: catalog, Egress: egress, Tracing: cfg.Tracing}).Handlers()
+	servers := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
+		Version: Version, APIs: catalog, Egress: egress, Tracing: cfg.Tracing})
+	withCode, withoutCode := servers.Handlers()
+	chats, err := chat.New(cfg.Chat, servers, os.Getenv, logger.With("component", "chat"))
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	chatHandler := chat.NewHandler(chats)
+	srv.HandleService(edgev1connect.NewChatServiceHandler(chatHandler, srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
+	srv.Handle("/chat", cfg.Tracing.Handler("/chat", chatHandler.HTTPHandler()))
 	srv.HandleTooLarge("/mcp", cfg.Tracing.Handler("/mcp", withCode), mcpserver.RefuseTooLarge)
 	// The tools without code execution at two paths: /no-code/mcp for
 	// clients that take any URL not ending in /mcp for a mistake and
