@@ -1,0 +1,410 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
+	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/apistest"
+	"github.com/codemode-go/codemode/internal/testkit/modeltest"
+)
+
+// chatKey is the provider's API key of the chat edges, in a file.
+const chatKey = "sk-chat-e2e-0123456789abcdefghijklmnop"
+
+// The questions the scripted model knows, and what it does for each.
+const (
+	// askSquares: execute_code, or on the direct door the repositories
+	// tool; then an answer quoting the result.
+	askSquares = "What is the sum of the squares of the integers from 1 to 100?"
+	// askRepos: the repositories tool, or code fetching them from the
+	// declared API; then an answer quoting the result.
+	askRepos = "Which public repositories does octocat have?"
+	// askLoop: list_languages, forever.
+	askLoop = "Keep checking the languages."
+	// askSearch: execute_code searching the sandbox for the key.
+	askSearch = "Look around the sandbox."
+	// askPlot: execute_code drawing a plot.
+	askPlot = "Plot the squares of 0 to 9."
+	// askSlow: execute_code printing for a minute.
+	askSlow = "Count slowly."
+)
+
+// squaresCode computes askSquares' answer, 338350.
+const squaresCode = "print(sum(i * i for i in range(1, 101)))"
+
+// chatScript is the scripted model of the chat tests: each question gets a
+// tool call, then an answer quoting the tool's result. Tokens: a tool
+// call turn reports 100+len(messages) in and 20 out, an answer 200+len in
+// and 10 out.
+func chatScript(r modeltest.Request) modeltest.Reply {
+	q := r.Question()
+	last := r.Last()
+	if last.Role == "tool" && q != askLoop {
+		res := last.Results[0]
+		prefix := "The tool answered: "
+		// Anthropic's results say is_error; the chat service starts
+		// OpenAI's, which cannot, with "Error: ".
+		if res.IsError || strings.HasPrefix(res.Text, "Error: ") {
+			prefix = "The tool failed: "
+		}
+		return modeltest.Reply{Text: prefix + strings.TrimPrefix(strings.TrimSpace(res.Text), "Error: "), InputTokens: 200 + int64(len(r.Messages)), OutputTokens: 10}
+	}
+	call := func(name string, args map[string]any) modeltest.Reply {
+		b, _ := json.Marshal(args)
+		return modeltest.Reply{Text: "Let me check.", Calls: []modeltest.Call{{Name: name, Arguments: string(b)}},
+			InputTokens: 100 + int64(len(r.Messages)), OutputTokens: 20}
+	}
+	code := r.HasTool("execute_code")
+	switch q {
+	case askSquares:
+		if !code {
+			return modeltest.Reply{Text: "I cannot run code here; it is 338350 by the formula n(n+1)(2n+1)/6.", InputTokens: 90, OutputTokens: 30}
+		}
+		return call("execute_code", map[string]any{"language": "python", "code": squaresCode})
+	case askRepos:
+		if code {
+			return call("execute_code", map[string]any{"language": "python", "code": "import requests\n" +
+				"print(', '.join(r['name'] for r in requests.get('http://github.api.codemode/users/octocat/repos').json()))"})
+		}
+		return call("github_list_user_repos", map[string]any{"username": "octocat"})
+	case askLoop:
+		return call("list_languages", map[string]any{})
+	case askSearch:
+		return call("execute_code", map[string]any{"language": "python", "code": sandboxSearch(reverse(chatKey))})
+	case askPlot:
+		return call("execute_code", map[string]any{"language": "python", "code": "import matplotlib.pyplot as plt\n" +
+			"print('plotting')\nplt.plot([i * i for i in range(10)])\nplt.title('squares')\nplt.show()"})
+	case askSlow:
+		return call("execute_code", map[string]any{"language": "python", "session_id": "chat-slow",
+			"code": "import time\nfor i in range(600):\n    print(i, flush=True)\n    open('/workspace/ticks', 'a').write('.')\n    time.sleep(0.1)"})
+	}
+	return modeltest.Reply{Text: "I do not know.", InputTokens: 50, OutputTokens: 5}
+}
+
+// chatEdge is an edge with a chat provider, its scripted model, and the
+// fake GitHub its declared API points at.
+type chatEdge struct {
+	edge  *Process
+	model *modeltest.Server
+	fake  *apistest.GitHub
+}
+
+// startChatEdge starts an edge of s as startAPIToolsEdge does (alice and
+// mallory, mallory denied by policy), whose chat provider is a scripted
+// model of the given format, with the key in a file and at most 3 turns.
+func startChatEdge(t *testing.T, s *Stack, provider string) *chatEdge {
+	t.Helper()
+	ce := &chatEdge{fake: apistest.NewGitHub(t)}
+	if provider == "anthropic" {
+		ce.model = modeltest.NewAnthropic(t, chatScript)
+	} else {
+		ce.model = modeltest.NewOpenAI(t, chatScript)
+	}
+	keyFile := filepath.Join(t.TempDir(), "chat-key")
+	if err := os.WriteFile(keyFile, []byte(chatKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ce.edge = startAPIToolsEdge(t, s, ce.fake.URL, "--chat-provider", provider, "--chat-base-url", ce.model.URL,
+		"--chat-model", "scripted-"+provider, "--chat-key-file", keyFile, "--chat-max-turns", "3")
+	return ce
+}
+
+// chatClient is a ChatService client of edge as the tenant of key.
+func chatClient(edge *Process, key string) edgev1connect.ChatServiceClient {
+	return edgev1connect.NewChatServiceClient(&http.Client{Transport: bearer{key: key, next: httpClient.Transport}}, edge.URL())
+}
+
+// chatRun is what one conversation streamed.
+type chatRun struct {
+	events  []*edgev1.ChatResponse
+	text    string
+	calls   []*edgev1.ToolCall
+	results []*edgev1.ToolResult
+	output  string
+	usage   []*edgev1.Usage
+	done    *edgev1.Done
+}
+
+// all is every event as JSON, to search.
+func (r *chatRun) all() string {
+	var b strings.Builder
+	for _, ev := range r.events {
+		j, _ := protojson.Marshal(ev)
+		b.Write(j)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// chat runs one conversation of question on door and collects its events.
+func chat(t *testing.T, c edgev1connect.ChatServiceClient, door edgev1.Door, question string) *chatRun {
+	t.Helper()
+	st, err := c.Chat(t.Context(), connect.NewRequest(&edgev1.ChatRequest{Door: door,
+		Messages: []*edgev1.ChatMessage{{Role: edgev1.ChatMessage_ROLE_USER, Text: question}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	r := &chatRun{}
+	for st.Receive() {
+		r.add(st.Msg())
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("chat %q: %v", question, err)
+	}
+	if r.done == nil {
+		t.Fatalf("chat %q: no done event: %s", question, r.all())
+	}
+	return r
+}
+
+func (r *chatRun) add(ev *edgev1.ChatResponse) {
+	r.events = append(r.events, ev)
+	switch e := ev.GetEvent().(type) {
+	case *edgev1.ChatResponse_Text:
+		r.text += e.Text
+	case *edgev1.ChatResponse_ToolCall:
+		r.calls = append(r.calls, e.ToolCall)
+	case *edgev1.ChatResponse_ToolOutput:
+		r.output += e.ToolOutput.GetText()
+	case *edgev1.ChatResponse_ToolResult:
+		r.results = append(r.results, e.ToolResult)
+	case *edgev1.ChatResponse_Usage:
+		r.usage = append(r.usage, e.Usage)
+	case *edgev1.ChatResponse_Done:
+		r.done = e.Done
+	}
+}
+
+// TestChat puts each provider's scripted model in front of an edge's own
+// tools: code runs in a sandbox through /mcp's tools and the answer holds
+// what it computed; the direct door calls a declared API tool; a model
+// that loops is stopped at the turn bound; a policy's denial reaches the
+// model as a tool error and the conversation goes on; the tokens are the
+// sums of what the model reported; the key is in no event, result, log or
+// sandbox; POST /chat streams the same; an edge with no provider says how
+// to configure one.
+func TestChat(t *testing.T) {
+	t.Parallel()
+	s := shared(t)
+	t.Run("no provider", func(t *testing.T) {
+		st, err := chatClient(s.Edge, "").Chat(t.Context(), connect.NewRequest(&edgev1.ChatRequest{
+			Messages: []*edgev1.ChatMessage{{Role: edgev1.ChatMessage_ROLE_USER, Text: "hi"}}}))
+		if err == nil {
+			for st.Receive() {
+			}
+			err = st.Err()
+		}
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "--chat-provider") {
+			t.Fatalf("chat on an edge with no provider: %v", err)
+		}
+	})
+	for _, provider := range []string{"openai", "anthropic"} {
+		t.Run(provider, func(t *testing.T) {
+			t.Parallel()
+			ce := startChatEdge(t, s, provider)
+			alice := chatClient(ce.edge, apisKeyAlice)
+			var streams strings.Builder
+			keep := func(r *chatRun) *chatRun { streams.WriteString(r.all()); return r }
+			t.Run("code", func(t *testing.T) { ce.code(t, keep(chatTokens(t, ce, alice, edgev1.Door_DOOR_CODE, askSquares))) })
+			t.Run("direct", func(t *testing.T) { ce.direct(t, keep(chatTokens(t, ce, alice, edgev1.Door_DOOR_DIRECT, askRepos))) })
+			t.Run("turn bound", func(t *testing.T) { chatTurnBound(t, keep(chatTokens(t, ce, alice, edgev1.Door_DOOR_CODE, askLoop))) })
+			t.Run("policy denial", func(t *testing.T) {
+				chatDenied(t, keep(chatTokens(t, ce, chatClient(ce.edge, apisKeyMallory), edgev1.Door_DOOR_CODE, askSquares)))
+			})
+			t.Run("key in no sandbox", func(t *testing.T) {
+				r := keep(chat(t, alice, edgev1.Door_DOOR_CODE, askSearch))
+				if len(r.results) != 1 || !strings.Contains(r.results[0].GetText(), "found: [] environ: False control: ['/tmp/control']") {
+					t.Fatalf("search in the sandbox: %s", r.all())
+				}
+			})
+			t.Run("POST /chat", func(t *testing.T) { keep(ce.plainHTTP(t)) })
+			t.Run("cancel stops the code", func(t *testing.T) { ce.cancel(t, alice) })
+			if strings.Contains(streams.String(), chatKey) {
+				t.Error("the key is in a stream")
+			}
+			if logs := ce.edge.Logs() + s.Logs(); strings.Contains(logs, chatKey) {
+				t.Error("the key is in a log")
+			} else if !strings.Contains(ce.edge.Logs(), `"msg":"chat"`) {
+				t.Error("the edge logged no conversation")
+			}
+			for _, r := range ce.model.Requests() {
+				if !strings.Contains(r.Header.Get("Authorization")+r.Header.Get("X-Api-Key"), chatKey) {
+					t.Fatalf("a request reached the model without the key: %v", r.Header)
+				}
+			}
+		})
+	}
+}
+
+// chatTokens runs chat and checks the tokens: each usage event is what the
+// model reported for its turn, and the done event has their sums.
+func chatTokens(t *testing.T, ce *chatEdge, c edgev1connect.ChatServiceClient, door edgev1.Door, question string) *chatRun {
+	t.Helper()
+	in0, out0 := ce.model.Tokens()
+	r := chat(t, c, door, question)
+	in1, out1 := ce.model.Tokens()
+	var in, out uint64
+	for _, u := range r.usage {
+		in += u.GetInputTokens()
+		out += u.GetOutputTokens()
+	}
+	d := r.done
+	if d.GetInputTokens() != uint64(in1-in0) || d.GetOutputTokens() != uint64(out1-out0) || in != d.GetInputTokens() || out != d.GetOutputTokens() ||
+		int(d.GetTurns()) != len(r.usage) {
+		t.Errorf("tokens: done %d in %d out in %d turns, usage events %d in %d out in %d, the model reported %d in %d out",
+			d.GetInputTokens(), d.GetOutputTokens(), d.GetTurns(), in, out, len(r.usage), in1-in0, out1-out0)
+	}
+	return r
+}
+
+func (ce *chatEdge) code(t *testing.T, r *chatRun) {
+	d := r.done
+	if d.GetReason() != edgev1.Done_REASON_ANSWERED || !strings.Contains(d.GetAnswer(), "338350") || !strings.Contains(r.text, "338350") {
+		t.Fatalf("answer %v %q, streamed %q", d.GetReason(), d.GetAnswer(), r.text)
+	}
+	if len(r.calls) != 1 || r.calls[0].GetName() != "execute_code" || !strings.Contains(r.calls[0].GetArguments(), "range(1, 101)") ||
+		len(r.results) != 1 || r.results[0].GetIsError() || strings.TrimSpace(r.results[0].GetText()) != "338350" ||
+		!strings.Contains(r.results[0].GetStructured(), `"exit_code":0`) {
+		t.Fatalf("tool calls %v, results %v", r.calls, r.results)
+	}
+	// Two turns: 101+20 and 203+10 tokens by the script.
+	if d.GetTurns() != 2 || d.GetToolCalls() != 1 || d.GetInputTokens() != 101+203 || d.GetOutputTokens() != 30 {
+		t.Errorf("done %v", d)
+	}
+}
+
+func (ce *chatEdge) direct(t *testing.T, r *chatRun) {
+	if r.done.GetReason() != edgev1.Done_REASON_ANSWERED || !strings.Contains(r.done.GetAnswer(), "octocat/Hello-World") {
+		t.Fatalf("answer %v %.300q", r.done.GetReason(), r.done.GetAnswer())
+	}
+	if len(r.calls) != 1 || r.calls[0].GetName() != "github_list_user_repos" || len(r.results) != 1 || r.results[0].GetIsError() ||
+		!strings.Contains(r.results[0].GetStructured(), `"status":200`) {
+		t.Fatalf("tool calls %v, results %.300v", r.calls, r.results)
+	}
+	reqs := ce.fake.Requests()
+	if len(reqs) == 0 || reqs[len(reqs)-1].Path != "/users/octocat/repos" {
+		t.Fatalf("the fake API got %v", reqs)
+	}
+	// The model was offered the direct door's tools only.
+	last := ce.model.Requests()[len(ce.model.Requests())-1]
+	if last.HasTool("execute_code") || !last.HasTool("github_list_user_repos") {
+		t.Errorf("tools offered on the direct door: %v", last.Tools)
+	}
+}
+
+func chatTurnBound(t *testing.T, r *chatRun) {
+	d := r.done
+	if d.GetReason() != edgev1.Done_REASON_MAX_TURNS || !strings.Contains(d.GetMessage(), "stopped after 3 turns") ||
+		!strings.Contains(d.GetMessage(), "--chat-max-turns") || d.GetTurns() != 3 || d.GetToolCalls() != 3 || len(r.results) != 3 {
+		t.Fatalf("done %v, %d results", d, len(r.results))
+	}
+}
+
+func chatDenied(t *testing.T, r *chatRun) {
+	if len(r.results) != 1 || !r.results[0].GetIsError() || !strings.Contains(r.results[0].GetText(), "denied by policy tenantblock") {
+		t.Fatalf("results %v", r.results)
+	}
+	if d := r.done; d.GetReason() != edgev1.Done_REASON_ANSWERED || d.GetTurns() != 2 ||
+		!strings.Contains(d.GetAnswer(), "The tool failed: ") || !strings.Contains(d.GetAnswer(), "denied by policy tenantblock") {
+		t.Fatalf("done %v", d)
+	}
+}
+
+// plainHTTP asks through POST /chat: JSON lines, the last the done event.
+func (ce *chatEdge) plainHTTP(t *testing.T) *chatRun {
+	body := strings.NewReader(fmt.Sprintf(`{"message": %q, "door": "code"}`, askSquares))
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, ce.edge.URL()+"/chat", body)
+	req.Header.Set("Authorization", "Bearer "+apisKeyAlice)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "application/x-ndjson" {
+		t.Fatalf("POST /chat: %s %s", res.Status, res.Header.Get("Content-Type"))
+	}
+	r := &chatRun{}
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(nil, 8<<20)
+	for sc.Scan() {
+		ev := &edgev1.ChatResponse{}
+		if err := protojson.Unmarshal(sc.Bytes(), ev); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		r.add(ev)
+	}
+	if r.done == nil || r.done.GetReason() != edgev1.Done_REASON_ANSWERED || !strings.Contains(r.done.GetAnswer(), "338350") {
+		t.Fatalf("POST /chat streamed %s", r.all())
+	}
+	// Without a key: refused before anything runs.
+	req, _ = http.NewRequestWithContext(t.Context(), http.MethodPost, ce.edge.URL()+"/chat", strings.NewReader(`{"message": "hi"}`))
+	if res, err := httpClient.Do(req); err != nil || res.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("POST /chat without a key: %v %v", res.Status, err)
+	}
+	return r
+}
+
+// cancel cancels a conversation while its code runs in a session: the
+// run stops (its file stops growing).
+func (ce *chatEdge) cancel(t *testing.T, c edgev1connect.ChatServiceClient) {
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	st, err := c.Chat(ctx, connect.NewRequest(&edgev1.ChatRequest{
+		Messages: []*edgev1.ChatMessage{{Role: edgev1.ChatMessage_ROLE_USER, Text: askSlow}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &chatRun{}
+	for st.Receive() {
+		r.add(st.Msg())
+		if strings.Contains(r.output, "3\n") {
+			break
+		}
+	}
+	if !strings.Contains(r.output, "3\n") {
+		t.Fatalf("no output before the stream ended: %v %s", st.Err(), r.all())
+	}
+	stop()
+	st.Close()
+	exec := edgev1connect.NewExecutionServiceClient(&http.Client{Transport: bearer{key: apisKeyAlice, next: httpClient.Transport}}, ce.edge.URL())
+	// The cancellation reaches the agent within a moment: the run is
+	// killed, with its sandbox (the session gets a fresh one, without the
+	// file), or the file stops growing.
+	size := func() (int, error) {
+		res, err := exec.ReadFile(t.Context(), connect.NewRequest(&edgev1.ReadFileRequest{SessionId: "chat-slow", Path: "ticks"}))
+		return len(res.Msg.GetFile().GetContent()), err
+	}
+	err = testkit.Poll(15*time.Second, func() error {
+		a, err := size()
+		if connect.CodeOf(err) == connect.CodeNotFound {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
+		if b, err := size(); err != nil || a != b {
+			return fmt.Errorf("the run went on after the conversation was cancelled: %d then %d ticks (%v)", a, b, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = exec.CloseSession(t.Context(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: "chat-slow"}))
+}
