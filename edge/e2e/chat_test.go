@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/codemode-go/codemode/edge/internal/chatcompare"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/testkit"
@@ -61,7 +63,7 @@ func chatScript(r modeltest.Request) modeltest.Reply {
 		if res.IsError || strings.HasPrefix(res.Text, "Error: ") {
 			prefix = "The tool failed: "
 		}
-		return modeltest.Reply{Text: prefix + strings.TrimPrefix(strings.TrimSpace(res.Text), "Error: "), InputTokens: 200 + int64(len(r.Messages)), OutputTokens: 10}
+		return modeltest.Reply{Text: prefix + cut(strings.TrimPrefix(strings.TrimSpace(res.Text), "Error: "), 2000), InputTokens: 200 + int64(len(r.Messages)), OutputTokens: 10}
 	}
 	call := func(name string, args map[string]any) modeltest.Reply {
 		b, _ := json.Marshal(args)
@@ -76,11 +78,9 @@ func chatScript(r modeltest.Request) modeltest.Reply {
 		}
 		return call("execute_code", map[string]any{"language": "python", "code": squaresCode})
 	case askRepos:
-		if code {
-			return call("execute_code", map[string]any{"language": "python", "code": "import requests\n" +
-				"print(', '.join(r['name'] for r in requests.get('http://github.api.codemode/users/octocat/repos').json()))"})
+		if !code {
+			return call("github_list_user_repos", map[string]any{"username": "octocat"})
 		}
-		return call("github_list_user_repos", map[string]any{"username": "octocat"})
 	case askLoop:
 		return call("list_languages", map[string]any{})
 	case askSearch:
@@ -92,8 +92,23 @@ func chatScript(r modeltest.Request) modeltest.Reply {
 		return call("execute_code", map[string]any{"language": "python", "session_id": "chat-slow",
 			"code": "import time\nfor i in range(600):\n    print(i, flush=True)\n    open('/workspace/ticks', 'a').write('.')\n    time.sleep(0.1)"})
 	}
-	return modeltest.Reply{Text: "I do not know.", InputTokens: 50, OutputTokens: 5}
+	// Any other question (compare's tasks): code computes something,
+	// the direct door calls the API tool the question names.
+	if code {
+		return call("execute_code", map[string]any{"language": "python", "code": "print('checked', sum(range(10)))"})
+	}
+	switch ql := strings.ToLower(q); {
+	case strings.Contains(ql, "closed"):
+		return call("github_list_user_closed_pull_requests", map[string]any{"username": "octocat"})
+	case strings.Contains(ql, "pull request"):
+		return call("github_list_user_pull_requests", map[string]any{"username": "octocat"})
+	case strings.Contains(ql, "issue"):
+		return call("github_list_user_issues", map[string]any{"username": "octocat"})
+	}
+	return call("github_list_user_repos", map[string]any{"username": "octocat"})
 }
+
+func cut(s string, n int) string { return s[:min(len(s), n)] }
 
 // chatEdge is an edge with a chat provider, its scripted model, and the
 // fake GitHub its declared API points at.
@@ -234,6 +249,9 @@ func TestChat(t *testing.T) {
 			})
 			t.Run("POST /chat", func(t *testing.T) { keep(ce.plainHTTP(t)) })
 			t.Run("cancel stops the code", func(t *testing.T) { ce.cancel(t, alice) })
+			if provider == "openai" {
+				t.Run("compare", ce.compare)
+			}
 			if strings.Contains(streams.String(), chatKey) {
 				t.Error("the key is in a stream")
 			}
@@ -407,4 +425,62 @@ func (ce *chatEdge) cancel(t *testing.T, c edgev1connect.ChatServiceClient) {
 		t.Fatal(err)
 	}
 	_, _ = exec.CloseSession(t.Context(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: "chat-slow"}))
+}
+
+// compare runs `edge chat compare` on the example task file: its table and
+// reports hold, per door, the turns, tool calls and tokens the scripted
+// model was asked for and reported.
+func (ce *chatEdge) compare(t *testing.T) {
+	dir := t.TempDir()
+	md, js := filepath.Join(dir, "report.md"), filepath.Join(dir, "report.json")
+	before := len(ce.model.Requests())
+	cmd := exec.CommandContext(t.Context(), filepath.Join(binDir, "edge"), "chat", "compare", "--tasks", filepath.Join(moduleRoot(), "docs/chat/github-tasks.jsonl"),
+		"--url", ce.edge.URL(), "--markdown", md, "--json", js)
+	cmd.Env = append(os.Environ(), "CODEMODE_API_KEY="+apisKeyAlice)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("edge chat compare: %v\n%s", err, out)
+	}
+	var rep chatcompare.Report
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	// What the model was asked on each door: a request offering
+	// execute_code is the code door's.
+	var want [2]chatcompare.Totals
+	for _, r := range ce.model.Requests()[before:] {
+		d := 1
+		if r.HasTool("execute_code") {
+			d = 0
+		}
+		want[d].Turns++
+		want[d].ToolCalls += uint64(len(r.Reply.Calls))
+		want[d].InputTokens += uint64(r.Reply.InputTokens)
+		want[d].OutputTokens += uint64(r.Reply.OutputTokens)
+	}
+	for i, got := range []chatcompare.Totals{rep.Code, rep.Direct} {
+		if got.Turns != want[i].Turns || got.ToolCalls != want[i].ToolCalls || got.InputTokens != want[i].InputTokens || got.OutputTokens != want[i].OutputTokens {
+			t.Errorf("door %d: report %+v, the model was asked %+v", i, got, want[i])
+		}
+	}
+	if len(rep.Results) != 5 || rep.Direct.Turns != 10 || rep.Direct.Matched != 2 || rep.Direct.Checked != 2 || rep.Code.Checked != 2 || rep.Code.Matched != 0 ||
+		rep.Provider != "openai" || rep.Model != "scripted-openai" {
+		t.Errorf("report %+v", rep)
+	}
+	if r := rep.Results[0]; !strings.Contains(r.Direct.Answer, "octocat/Hello-World") || !strings.Contains(r.Code.Answer, "checked 45") || *r.Direct.Matched != true || *r.Code.Matched {
+		t.Errorf("first task %+v", r)
+	}
+	total := fmt.Sprintf("total code %d %d %d %d", rep.Code.Turns, rep.Code.ToolCalls, rep.Code.InputTokens, rep.Code.OutputTokens)
+	if !strings.Contains(string(out), "input tokens") || !strings.Contains(strings.Join(strings.Fields(string(out)), " "), total) {
+		t.Errorf("table:\n%s (want a line %q)", out, total)
+	}
+	m, err := os.ReadFile(md)
+	if err != nil || !strings.Contains(string(m), fmt.Sprintf("| **total** | direct | %d | %d | %d | %d |", rep.Direct.Turns, rep.Direct.ToolCalls, rep.Direct.InputTokens, rep.Direct.OutputTokens)) {
+		t.Errorf("markdown report (%v):\n%s", err, m)
+	}
+	t.Logf("edge chat compare:\n%s", out)
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/codemode-go/codemode/edge/internal/chat"
+	"github.com/codemode-go/codemode/edge/internal/chatcompare"
 	"github.com/codemode-go/codemode/edge/internal/connectapi"
 	"github.com/codemode-go/codemode/edge/internal/directtools"
 	"github.com/codemode-go/codemode/edge/internal/execution"
@@ -39,6 +40,10 @@ import (
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
+
+// ChatCommand is the first argument that selects the chat's commands
+// (edge chat compare).
+const ChatCommand = "chat"
 
 // Version is reported to MCP clients.
 const Version = "0.1.0"
@@ -251,14 +256,18 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if len(args) > 0 && args[0] == policytool.Command {
 		return policytool.Run(ctx, args[1:], stdin, stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == ChatCommand {
+		return chatcompare.RunChat(ctx, args[1:], stdout, stderr)
+	}
 	fs := cli.NewFlags("edge", stderr)
 	readConfig := configFlags(fs)
 	loadSecret := cluster.Flags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
 	metricsAddr := telemetry.MetricsFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n  %-24s check, run or time a policy module (see edge %s --help)\n\nFlags:\n",
-			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand, "edge "+policytool.Command+" COMMAND", policytool.Command)
+		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n  %-24s check, run or time a policy module (see edge %s --help)\n  %-24s compare code mode with direct tools through an edge's chat (see edge %s %s --help)\n\nFlags:\n",
+			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand, "edge "+policytool.Command+" COMMAND", policytool.Command,
+			"edge "+ChatCommand+" "+chatcompare.Command, ChatCommand, chatcompare.Command)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args, os.Getenv); err != nil {

@@ -24,6 +24,8 @@ type Request struct {
 	// Tools are the names of the tools offered.
 	Tools  []string
 	Header http.Header
+	// Reply is what the server answered (in Requests).
+	Reply Reply
 }
 
 // Message is one message of a request.
@@ -124,7 +126,10 @@ func (s *Server) answer(req Request) Reply {
 	rep := s.script(req)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.reqs = append(s.reqs, req)
+	defer func() {
+		req.Reply = rep
+		s.reqs = append(s.reqs, req)
+	}()
 	s.in += rep.InputTokens
 	s.out += rep.OutputTokens
 	for i := range rep.Calls {
