@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -86,10 +87,13 @@ func chatScript(r modeltest.Request) modeltest.Reply {
 	case askSearch:
 		return call("execute_code", map[string]any{"language": "python", "code": sandboxSearch(reverse(chatKey))})
 	case askPlot:
-		return call("execute_code", map[string]any{"language": "python", "code": "import matplotlib.pyplot as plt\n" +
-			"print('plotting')\nplt.plot([i * i for i in range(10)])\nplt.title('squares')\nplt.show()"})
+		// The first line comes a second before the plot: the page shows
+		// it while the code still runs.
+		return call("execute_code", map[string]any{"language": "python", "code": "import time\nprint('plotting', flush=True)\ntime.sleep(1)\n" +
+			"import matplotlib.pyplot as plt\nplt.plot([i * i for i in range(10)])\nplt.title('squares')\nplt.show()"})
 	case askSlow:
-		return call("execute_code", map[string]any{"language": "python", "session_id": "chat-slow",
+		// A session of each provider's edge: both edges serve alice.
+		return call("execute_code", map[string]any{"language": "python", "session_id": slowSession(r.Model),
 			"code": "import time\nfor i in range(600):\n    print(i, flush=True)\n    open('/workspace/ticks', 'a').write('.')\n    time.sleep(0.1)"})
 	}
 	// Any other question (compare's tasks): code computes something,
@@ -107,6 +111,9 @@ func chatScript(r modeltest.Request) modeltest.Reply {
 	}
 	return call("github_list_user_repos", map[string]any{"username": "octocat"})
 }
+
+// slowSession is the session askSlow's code runs in on the edge of model.
+func slowSession(model string) string { return "chat-slow-" + strings.TrimPrefix(model, "scripted-") }
 
 func cut(s string, n int) string { return s[:min(len(s), n)] }
 
@@ -251,14 +258,22 @@ func TestChat(t *testing.T) {
 			t.Run("cancel stops the code", func(t *testing.T) { ce.cancel(t, alice) })
 			if provider == "openai" {
 				t.Run("compare", ce.compare)
+				t.Run("playground", ce.playground)
 			}
 			if strings.Contains(streams.String(), chatKey) {
 				t.Error("the key is in a stream")
 			}
+			// The edge's logs are read as they come: the last line may lag.
+			if err := testkit.Poll(5*time.Second, func() error {
+				if !strings.Contains(ce.edge.Logs(), `"msg":"chat"`) {
+					return errors.New("the edge logged no conversation")
+				}
+				return nil
+			}); err != nil {
+				t.Error(err)
+			}
 			if logs := ce.edge.Logs() + s.Logs(); strings.Contains(logs, chatKey) {
 				t.Error("the key is in a log")
-			} else if !strings.Contains(ce.edge.Logs(), `"msg":"chat"`) {
-				t.Error("the edge logged no conversation")
 			}
 			for _, r := range ce.model.Requests() {
 				if !strings.Contains(r.Header.Get("Authorization")+r.Header.Get("X-Api-Key"), chatKey) {
@@ -400,12 +415,13 @@ func (ce *chatEdge) cancel(t *testing.T, c edgev1connect.ChatServiceClient) {
 	}
 	stop()
 	st.Close()
+	session := slowSession(ce.model.Requests()[0].Model)
 	exec := edgev1connect.NewExecutionServiceClient(&http.Client{Transport: bearer{key: apisKeyAlice, next: httpClient.Transport}}, ce.edge.URL())
 	// The cancellation reaches the agent within a moment: the run is
 	// killed, with its sandbox (the session gets a fresh one, without the
 	// file), or the file stops growing.
 	size := func() (int, error) {
-		res, err := exec.ReadFile(t.Context(), connect.NewRequest(&edgev1.ReadFileRequest{SessionId: "chat-slow", Path: "ticks"}))
+		res, err := exec.ReadFile(t.Context(), connect.NewRequest(&edgev1.ReadFileRequest{SessionId: session, Path: "ticks"}))
 		return len(res.Msg.GetFile().GetContent()), err
 	}
 	err = testkit.Poll(15*time.Second, func() error {
@@ -424,7 +440,7 @@ func (ce *chatEdge) cancel(t *testing.T, c edgev1connect.ChatServiceClient) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _ = exec.CloseSession(t.Context(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: "chat-slow"}))
+	_, _ = exec.CloseSession(t.Context(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: session}))
 }
 
 // compare runs `edge chat compare` on the example task file: its table and
@@ -483,4 +499,17 @@ func (ce *chatEdge) compare(t *testing.T) {
 		t.Errorf("markdown report (%v):\n%s", err, m)
 	}
 	t.Logf("edge chat compare:\n%s", out)
+}
+
+// playground drives the chat tab in Chromium (edge/web/test/chat.test.mjs)
+// with the plot question. It leaves a screenshot at $CODEMODE_CHAT_SCREENSHOT
+// when that is set, else in the test's temp dir.
+func (ce *chatEdge) playground(t *testing.T) {
+	dir := webDir(t, "playwright-core")
+	shot := os.Getenv("CODEMODE_CHAT_SCREENSHOT")
+	if shot == "" {
+		shot = filepath.Join(t.TempDir(), "chat.png")
+	}
+	nodeTest(t, dir, "chat.test.mjs", ce.edge.URL(), ce.edge.Logs, "CHROMIUM="+chromiumPath, "CODEMODE_API_KEY="+apisKeyAlice,
+		"CODEMODE_CHAT_QUESTION="+askPlot, "CODEMODE_SCREENSHOT="+shot)
 }

@@ -12,6 +12,7 @@ import { create } from "@bufbuild/protobuf";
 import { type Duration, DurationSchema } from "@bufbuild/protobuf/wkt";
 import { ExecutionService } from "./gen/codemode/edge/v1/edge_pb";
 import type { Artifact, Result } from "./gen/codemode/execution/v1/execution_pb";
+import { setupChat } from "./chat";
 
 // Examples shown when a language is picked and the editor holds no edits.
 const examples: Record<string, string> = {
@@ -92,7 +93,9 @@ const keyStore = "codemode.apiKey";
 ui.apiKey.value = sessionStorage.getItem(keyStore) ?? "";
 ui.apiKey.addEventListener("change", () => {
   sessionStorage.setItem(keyStore, ui.apiKey.value.trim());
-  if (ui.conn.dataset.state === "error") void loadLanguages();
+  if (ui.conn.dataset.state === "error") setupChat(transport, describe);
+
+void loadLanguages();
 });
 
 const auth: Interceptor = (next) => (req) => {
@@ -102,13 +105,11 @@ const auth: Interceptor = (next) => (req) => {
 };
 
 // The edge serves this page next to its API, so the API is at the page's base.
-const client = createClient(
-  ExecutionService,
-  createGrpcWebTransport({
-    baseUrl: new URL(".", document.baseURI).href.replace(/\/$/, ""),
-    interceptors: [auth],
-  }),
-);
+const transport = createGrpcWebTransport({
+  baseUrl: new URL(".", document.baseURI).href.replace(/\/$/, ""),
+  interceptors: [auth],
+});
+const client = createClient(ExecutionService, transport);
 
 type State = "loading" | "idle" | "running" | "done" | "error";
 function setState(s: State) {
