@@ -13,11 +13,11 @@ package chat
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/codemode-go/codemode/internal/cli"
+	"github.com/codemode-go/codemode/internal/secretfile"
 )
 
 // Providers.
@@ -126,7 +126,7 @@ func (c Config) baseURL() string {
 func (c Config) key(getenv func(string) string) (string, error) {
 	switch {
 	case c.KeyFile != "":
-		b, err := os.ReadFile(c.KeyFile)
+		b, err := secretfile.Read(c.KeyFile)
 		if err != nil {
 			return "", fmt.Errorf("read chat key: %w", err)
 		}
@@ -157,7 +157,7 @@ func Flags(fs *cli.Flags) func() Config {
 	fs.Env("chat-base-url", "CODEMODE_CHAT_BASE_URL")
 	model := fs.String("chat-model", "", "model name, as the provider knows it")
 	fs.Env("chat-model", "CODEMODE_CHAT_MODEL")
-	keyFile := fs.String("chat-key-file", "", "file holding the provider's API key")
+	keyFile := fs.String("chat-key-file", "", "file holding the provider's API key, mode 0600 or 0400 (one its group or others may read or write is refused)")
 	fs.Env("chat-key-file", "CODEMODE_CHAT_KEY_FILE")
 	keyEnv := fs.String("chat-key-env", "", "name of an environment variable holding the provider's API key (e.g. OPENAI_API_KEY), instead of a file")
 	fs.Env("chat-key-env", "CODEMODE_CHAT_KEY_ENV")
