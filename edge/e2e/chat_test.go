@@ -44,6 +44,8 @@ const (
 	askPlot = "Plot the squares of 0 to 9."
 	// askSlow: execute_code printing for a minute.
 	askSlow = "Count slowly."
+	// askBig: list_languages, forever, each turn reporting 600 tokens in.
+	askBig = "Read everything, again and again."
 )
 
 // squaresCode computes askSquares' answer, 338350.
@@ -56,7 +58,7 @@ const squaresCode = "print(sum(i * i for i in range(1, 101)))"
 func chatScript(r modeltest.Request) modeltest.Reply {
 	q := r.Question()
 	last := r.Last()
-	if last.Role == "tool" && q != askLoop {
+	if last.Role == "tool" && q != askLoop && q != askBig {
 		res := last.Results[0]
 		prefix := "The tool answered: "
 		// Anthropic's results say is_error; the chat service starts
@@ -84,6 +86,10 @@ func chatScript(r modeltest.Request) modeltest.Reply {
 		}
 	case askLoop:
 		return call("list_languages", map[string]any{})
+	case askBig:
+		rep := call("list_languages", map[string]any{})
+		rep.InputTokens = 600
+		return rep
 	case askSearch:
 		return call("execute_code", map[string]any{"language": "python", "code": sandboxSearch(reverse(chatKey))})
 	case askPlot:
@@ -127,8 +133,9 @@ type chatEdge struct {
 
 // startChatEdge starts an edge of s as startAPIToolsEdge does (alice and
 // mallory, mallory denied by policy), whose chat provider is a scripted
-// model of the given format, with the key in a file and at most 3 turns.
-func startChatEdge(t *testing.T, s *Stack, provider string) *chatEdge {
+// model of the given format, with the key in a file and at most 3 turns;
+// extra are more flags.
+func startChatEdge(t *testing.T, s *Stack, provider string, extra ...string) *chatEdge {
 	t.Helper()
 	ce := &chatEdge{fake: apistest.NewGitHub(t)}
 	if provider == "anthropic" {
@@ -140,8 +147,8 @@ func startChatEdge(t *testing.T, s *Stack, provider string) *chatEdge {
 	if err := os.WriteFile(keyFile, []byte(chatKey+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ce.edge = startAPIToolsEdge(t, s, ce.fake.URL, "--chat-provider", provider, "--chat-base-url", ce.model.URL,
-		"--chat-model", "scripted-"+provider, "--chat-key-file", keyFile, "--chat-max-turns", "3")
+	ce.edge = startAPIToolsEdge(t, s, ce.fake.URL, append([]string{"--chat-provider", provider, "--chat-base-url", ce.model.URL,
+		"--chat-model", "scripted-" + provider, "--chat-key-file", keyFile, "--chat-max-turns", "3"}, extra...)...)
 	return ce
 }
 
@@ -234,6 +241,10 @@ func TestChat(t *testing.T) {
 		if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "--chat-provider") {
 			t.Fatalf("chat on an edge with no provider: %v", err)
 		}
+	})
+	t.Run("bounds", func(t *testing.T) {
+		t.Parallel()
+		chatBounds(t, s)
 	})
 	for _, provider := range []string{"openai", "anthropic"} {
 		t.Run(provider, func(t *testing.T) {
@@ -512,4 +523,38 @@ func (ce *chatEdge) playground(t *testing.T) {
 	}
 	nodeTest(t, dir, "chat.test.mjs", ce.edge.URL(), ce.edge.Logs, "CHROMIUM="+chromiumPath, "CODEMODE_API_KEY="+apisKeyAlice,
 		"CODEMODE_CHAT_QUESTION="+askPlot, "CODEMODE_SCREENSHOT="+shot)
+}
+
+// chatBounds stops conversations at each bound of an edge whose chats may
+// take 10 turns, 2 tool calls, 1000 tokens and 4 seconds, each with a
+// Done saying which bound and the flag that sets it.
+func chatBounds(t *testing.T, s *Stack) {
+	ce := startChatEdge(t, s, "openai", "--chat-model", "scripted-bounds", // its own session for askSlow
+		"--chat-max-turns", "10", "--chat-max-tool-calls", "2", "--chat-max-tokens", "1000", "--chat-max-duration", "4s")
+	t.Cleanup(func() {
+		exec := edgev1connect.NewExecutionServiceClient(&http.Client{Transport: bearer{key: apisKeyAlice, next: httpClient.Transport}}, ce.edge.URL())
+		_, _ = exec.CloseSession(context.Background(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: slowSession("scripted-bounds")}))
+	})
+	alice := chatClient(ce.edge, apisKeyAlice)
+	for _, tc := range []struct {
+		question string
+		reason   edgev1.Done_Reason
+		message  string
+		turns    uint32
+		calls    uint32
+	}{
+		// A third call would be one too many.
+		{askLoop, edgev1.Done_REASON_MAX_TOOL_CALLS, "stopped at 2 tool calls, the most a conversation may make (--chat-max-tool-calls)", 3, 2},
+		// 1240 tokens after two turns: no third.
+		{askBig, edgev1.Done_REASON_MAX_TOKENS, "stopped after 1240 tokens, over the 1000 a conversation may use (--chat-max-tokens)", 2, 2},
+		// The code would print for a minute.
+		{askSlow, edgev1.Done_REASON_MAX_DURATION, "stopped after 4s, the longest a conversation may take (--chat-max-duration)", 1, 1},
+	} {
+		t.Run(tc.reason.String(), func(t *testing.T) {
+			r := chatTokens(t, ce, alice, edgev1.Door_DOOR_CODE, tc.question)
+			if d := r.done; d.GetReason() != tc.reason || d.GetMessage() != tc.message || d.GetTurns() != tc.turns || d.GetToolCalls() != tc.calls {
+				t.Fatalf("done %v", d)
+			}
+		})
+	}
 }
