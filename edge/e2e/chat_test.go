@@ -375,12 +375,14 @@ func (ce *chatEdge) plainHTTP(t *testing.T) *chatRun {
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, ce.edge.URL()+"/chat", body)
 	req.Header.Set("Authorization", "Bearer "+apisKeyAlice)
 	req.Header.Set("Content-Type", "application/json")
-	res, err := httpClient.Do(req)
+	// HTTP/1.1, as curl speaks it: each event is flushed as it comes.
+	h1 := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	res, err := h1.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "application/x-ndjson" {
+	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "application/x-ndjson" || res.ProtoMajor != 1 {
 		t.Fatalf("POST /chat: %s %s", res.Status, res.Header.Get("Content-Type"))
 	}
 	r := &chatRun{}

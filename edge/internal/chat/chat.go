@@ -83,12 +83,12 @@ var errNoProvider = connect.NewError(connect.CodeFailedPrecondition, errors.New(
 // not an error; an error is the caller's cancellation, a failure of send,
 // or the tools not being reachable.
 func (s *Service) Chat(ctx context.Context, h http.Header, req *edgev1.ChatRequest, send func(*edgev1.ChatResponse) error) error {
-	if s.model == nil {
-		return errNoProvider
-	}
 	msgs, err := conversation(req)
 	if err != nil {
 		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	if s.model == nil {
+		return errNoProvider
 	}
 	c := &conv{s: s, send: send, start: time.Now(), requestID: h.Get(server.RequestIDHeader)}
 	outer := ctx
