@@ -99,7 +99,7 @@ func chatScript(r modeltest.Request) modeltest.Reply {
 			"import matplotlib.pyplot as plt\nplt.plot([i * i for i in range(10)])\nplt.title('squares')\nplt.show()"})
 	case askSlow:
 		// A session of each provider's edge: both edges serve alice.
-		return call("execute_code", map[string]any{"language": "python", "session_id": slowSession(r.Model),
+		return call("execute_code", map[string]any{"language": "python", "session_id": slowSession(r.Model), "timeout_seconds": 90,
 			"code": "import time\nfor i in range(600):\n    print(i, flush=True)\n    open('/workspace/ticks', 'a').write('.')\n    time.sleep(0.1)"})
 	}
 	// Any other question (compare's tasks): code computes something,
@@ -432,7 +432,8 @@ func (ce *chatEdge) cancel(t *testing.T, c edgev1connect.ChatServiceClient) {
 	exec := edgev1connect.NewExecutionServiceClient(&http.Client{Transport: bearer{key: apisKeyAlice, next: httpClient.Transport}}, ce.edge.URL())
 	// The cancellation reaches the agent within a moment: the run is
 	// killed, with its sandbox (the session gets a fresh one, without the
-	// file), or the file stops growing.
+	// file), or the file stops growing well before the minute the code
+	// would print for (a read may wait for the session's run to end).
 	size := func() (int, error) {
 		res, err := exec.ReadFile(t.Context(), connect.NewRequest(&edgev1.ReadFileRequest{SessionId: session, Path: "ticks"}))
 		return len(res.Msg.GetFile().GetContent()), err
@@ -448,10 +449,21 @@ func (ce *chatEdge) cancel(t *testing.T, c edgev1connect.ChatServiceClient) {
 		if b, err := size(); err != nil || a != b {
 			return fmt.Errorf("the run went on after the conversation was cancelled: %d then %d ticks (%v)", a, b, err)
 		}
+		if a > 100 {
+			return fmt.Errorf("the run went on for %d ticks after the conversation was cancelled at 4", a)
+		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if err := testkit.Poll(5*time.Second, func() error {
+		if !strings.Contains(ce.edge.Logs(), `"reason":"canceled"`) {
+			return errors.New("the edge logged no cancelled conversation")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 	_, _ = exec.CloseSession(t.Context(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: session}))
 }
@@ -535,7 +547,15 @@ func chatBounds(t *testing.T, s *Stack) {
 		"--chat-max-turns", "10", "--chat-max-tool-calls", "2", "--chat-max-tokens", "1000", "--chat-max-duration", "4s")
 	t.Cleanup(func() {
 		exec := edgev1connect.NewExecutionServiceClient(&http.Client{Transport: bearer{key: apisKeyAlice, next: httpClient.Transport}}, ce.edge.URL())
-		_, _ = exec.CloseSession(context.Background(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: slowSession("scripted-bounds")}))
+		if err := testkit.Poll(5*time.Second, func() error {
+		if !strings.Contains(ce.edge.Logs(), `"reason":"canceled"`) {
+			return errors.New("the edge logged no cancelled conversation")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	_, _ = exec.CloseSession(context.Background(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: slowSession("scripted-bounds")}))
 	})
 	alice := chatClient(ce.edge, apisKeyAlice)
 	for _, tc := range []struct {

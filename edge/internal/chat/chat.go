@@ -107,12 +107,19 @@ func (s *Service) Chat(ctx context.Context, h http.Header, req *edgev1.ChatReque
 		return err
 	}
 	done, err := c.run(outer, ctx, cs, msgs, tools)
+	// One line per conversation, however it ended: a cancelled one too.
+	reason := done.GetReason().String()
+	if err != nil {
+		reason = "canceled"
+		if outer.Err() == nil {
+			reason = "error"
+		}
+	}
+	s.logger.InfoContext(outer, "chat", "request_id", c.requestID, "door", req.GetDoor().String(), "reason", reason,
+		"turns", c.turns, "tool_calls", c.calls, "input_tokens", c.in, "output_tokens", c.out, "duration", time.Since(c.start))
 	if err != nil {
 		return err
 	}
-	s.logger.InfoContext(ctx, "chat", "request_id", c.requestID, "door", req.GetDoor().String(), "reason", done.GetReason().String(),
-		"turns", done.GetTurns(), "tool_calls", done.GetToolCalls(), "input_tokens", done.GetInputTokens(), "output_tokens", done.GetOutputTokens(),
-		"duration", time.Since(c.start))
 	return c.emit(&edgev1.ChatResponse{Event: &edgev1.ChatResponse_Done{Done: done}})
 }
 
