@@ -547,15 +547,7 @@ func chatBounds(t *testing.T, s *Stack) {
 		"--chat-max-turns", "10", "--chat-max-tool-calls", "2", "--chat-max-tokens", "1000", "--chat-max-duration", "4s")
 	t.Cleanup(func() {
 		exec := edgev1connect.NewExecutionServiceClient(&http.Client{Transport: bearer{key: apisKeyAlice, next: httpClient.Transport}}, ce.edge.URL())
-		if err := testkit.Poll(5*time.Second, func() error {
-		if !strings.Contains(ce.edge.Logs(), `"reason":"canceled"`) {
-			return errors.New("the edge logged no cancelled conversation")
-		}
-		return nil
-	}); err != nil {
-		t.Error(err)
-	}
-	_, _ = exec.CloseSession(context.Background(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: slowSession("scripted-bounds")}))
+		_, _ = exec.CloseSession(context.Background(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: slowSession("scripted-bounds")}))
 	})
 	alice := chatClient(ce.edge, apisKeyAlice)
 	for _, tc := range []struct {
