@@ -13,11 +13,14 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/internal/server"
+	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
 // systemPrompt tells the model what it is for; the tools' descriptions
@@ -115,6 +118,13 @@ func (s *Service) Chat(ctx context.Context, h http.Header, req *edgev1.ChatReque
 			reason = "error"
 		}
 	}
+	// The span of the request (the Connect handler's or POST /chat's):
+	// what the conversation did, never what was said.
+	trace.SpanFromContext(outer).SetAttributes(telemetry.AttrRequestID.String(c.requestID),
+		attribute.String("gen_ai.provider.name", s.cfg.Provider), attribute.String("gen_ai.request.model", s.cfg.Model),
+		attribute.String("codemode.chat.door", req.GetDoor().String()), attribute.String("codemode.chat.reason", reason),
+		attribute.Int("codemode.chat.turns", c.turns), attribute.Int("codemode.chat.tool_calls", c.calls),
+		attribute.Int64("gen_ai.usage.input_tokens", c.in), attribute.Int64("gen_ai.usage.output_tokens", c.out))
 	s.logger.InfoContext(outer, "chat", "request_id", c.requestID, "door", req.GetDoor().String(), "reason", reason,
 		"turns", c.turns, "tool_calls", c.calls, "input_tokens", c.in, "output_tokens", c.out, "duration", time.Since(c.start))
 	if err != nil {
