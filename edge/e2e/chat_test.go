@@ -541,10 +541,11 @@ func (ce *chatEdge) playground(t *testing.T) {
 
 // chatBounds stops conversations at each bound of an edge whose chats may
 // take 10 turns, 2 tool calls, 1000 tokens and 4 seconds, each with a
-// Done saying which bound and the flag that sets it.
+// Done saying which bound and the flag that sets it; and a tenant may
+// have one conversation under way at once: a second is refused.
 func chatBounds(t *testing.T, s *Stack) {
 	ce := startChatEdge(t, s, "openai", "--chat-model", "scripted-bounds", // its own session for askSlow
-		"--chat-max-turns", "10", "--chat-max-tool-calls", "2", "--chat-max-tokens", "1000", "--chat-max-duration", "4s")
+		"--chat-max-turns", "10", "--chat-max-tool-calls", "2", "--chat-max-tokens", "1000", "--chat-max-duration", "4s", "--chat-tenant-conversations", "1")
 	t.Cleanup(func() {
 		exec := edgev1connect.NewExecutionServiceClient(&http.Client{Transport: bearer{key: apisKeyAlice, next: httpClient.Transport}}, ce.edge.URL())
 		_, _ = exec.CloseSession(context.Background(), connect.NewRequest(&edgev1.CloseSessionRequest{SessionId: slowSession("scripted-bounds")}))
@@ -571,4 +572,27 @@ func chatBounds(t *testing.T, s *Stack) {
 			}
 		})
 	}
+	// Last: the cancelled conversation may hold its place a moment.
+	t.Run("one conversation at once", func(t *testing.T) {
+		ctx, stop := context.WithCancel(t.Context())
+		defer stop()
+		st, err := alice.Chat(ctx, connect.NewRequest(&edgev1.ChatRequest{Messages: []*edgev1.ChatMessage{{Role: edgev1.ChatMessage_ROLE_USER, Text: askSlow}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		if !st.Receive() { // the first event: the conversation is under way
+			t.Fatalf("the first conversation ended: %v", st.Err())
+		}
+		second, err := alice.Chat(t.Context(), connect.NewRequest(&edgev1.ChatRequest{Messages: []*edgev1.ChatMessage{{Role: edgev1.ChatMessage_ROLE_USER, Text: askLoop}}}))
+		if err == nil {
+			for second.Receive() {
+			}
+			err = second.Err()
+		}
+		if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "--chat-tenant-conversations") {
+			t.Fatalf("a second conversation at once: %v", err)
+		}
+		stop()
+	})
 }

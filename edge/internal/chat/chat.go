@@ -18,6 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/edge/internal/mcpserver"
+	"github.com/codemode-go/codemode/edge/internal/ratelimit"
+	"github.com/codemode-go/codemode/edge/internal/tenant"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
@@ -37,6 +39,8 @@ type Service struct {
 	key     string // to keep out of what the caller reads
 	servers *mcpserver.Servers
 	logger  *slog.Logger
+	// conversations counts each tenant's conversations under way.
+	conversations *ratelimit.Limiter
 }
 
 // New returns the chat Service of cfg over servers (the edge's MCP
@@ -48,6 +52,7 @@ func New(cfg Config, servers *mcpserver.Servers, getenv func(string) string, log
 		return nil, err
 	}
 	s := &Service{cfg: cfg, limits: cfg.Limits.withDefaults(), servers: servers, logger: logger}
+	s.conversations = ratelimit.New(ratelimit.Config{Concurrency: s.limits.TenantConversations})
 	if !cfg.Enabled() {
 		return s, nil
 	}
@@ -93,6 +98,15 @@ func (s *Service) Chat(ctx context.Context, h http.Header, req *edgev1.ChatReque
 	if s.model == nil {
 		return errNoProvider
 	}
+	// The edge's authentication put the tenant in ctx (the door needs a
+	// key); without keys every caller is the one tenant.
+	who, _ := tenant.FromContext(ctx)
+	release, err := s.conversations.Acquire(who)
+	if err != nil {
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
+			"this tenant has %d conversations under way, the most it may have at once (--chat-tenant-conversations): retry when one has ended", s.limits.TenantConversations))
+	}
+	defer release()
 	c := &conv{s: s, send: send, start: time.Now(), requestID: h.Get(server.RequestIDHeader)}
 	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.limits.MaxDuration)

@@ -33,6 +33,8 @@ const (
 	DefaultMaxTokens    = 200_000
 	DefaultMaxDuration  = 5 * time.Minute
 	DefaultTurnTokens   = 4096
+	// DefaultTenantConversations bounds one tenant's conversations at once.
+	DefaultTenantConversations = 4
 )
 
 // Config configures the chat service.
@@ -65,6 +67,9 @@ type Limits struct {
 	// TurnTokens bounds one answer's tokens, where the API asks for a
 	// bound (Anthropic's max_tokens).
 	TurnTokens int64
+	// TenantConversations bounds the conversations of one tenant under
+	// way at once; more are refused with resource_exhausted.
+	TenantConversations int
 }
 
 func (l Limits) withDefaults() Limits {
@@ -82,6 +87,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.TurnTokens <= 0 {
 		l.TurnTokens = DefaultTurnTokens
+	}
+	if l.TenantConversations <= 0 {
+		l.TenantConversations = DefaultTenantConversations
 	}
 	return l
 }
@@ -105,7 +113,7 @@ func (c Config) Validate() error {
 	if c.KeyFile != "" && c.KeyEnv != "" {
 		errs = append(errs, errors.New("chat key: give a file or an environment variable, not both"))
 	}
-	if c.Limits.MaxTurns < 0 || c.Limits.MaxToolCalls < 0 || c.Limits.MaxTokens < 0 || c.Limits.MaxDuration < 0 || c.Limits.TurnTokens < 0 {
+	if c.Limits.MaxTurns < 0 || c.Limits.MaxToolCalls < 0 || c.Limits.MaxTokens < 0 || c.Limits.MaxDuration < 0 || c.Limits.TurnTokens < 0 || c.Limits.TenantConversations < 0 {
 		errs = append(errs, errors.New("chat limits must not be negative"))
 	}
 	return errors.Join(errs...)
@@ -171,8 +179,11 @@ func Flags(fs *cli.Flags) func() Config {
 	fs.Env("chat-max-duration", "CODEMODE_CHAT_MAX_DURATION")
 	turnTokens := fs.Int64("chat-turn-tokens", DefaultTurnTokens, "output tokens of one answer, where the API asks for a bound (Anthropic's max_tokens)")
 	fs.Env("chat-turn-tokens", "CODEMODE_CHAT_TURN_TOKENS")
+	conversations := fs.Int("chat-tenant-conversations", DefaultTenantConversations, "conversations of one tenant under way at once; more are refused with resource_exhausted")
+	fs.Env("chat-tenant-conversations", "CODEMODE_CHAT_TENANT_CONVERSATIONS")
 	return func() Config {
 		return Config{Provider: strings.ToLower(strings.TrimSpace(*provider)), BaseURL: *baseURL, Model: *model, KeyFile: *keyFile, KeyEnv: *keyEnv,
-			Limits: Limits{MaxTurns: *turns, MaxToolCalls: *calls, MaxTokens: *tokens, MaxDuration: *duration, TurnTokens: *turnTokens}}
+			Limits: Limits{MaxTurns: *turns, MaxToolCalls: *calls, MaxTokens: *tokens, MaxDuration: *duration, TurnTokens: *turnTokens,
+				TenantConversations: *conversations}}
 	}
 }
