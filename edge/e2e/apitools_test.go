@@ -72,8 +72,8 @@ const (
 // startAPIToolsEdge starts an edge of s whose API declaration is the
 // shipped GitHub one pointed at fakeURL, with apisToken in a file, the API
 // keys of alice and mallory, the tenantblock policy denying mallory, and
-// egress to the API for every tenant.
-func startAPIToolsEdge(t *testing.T, s *Stack, fakeURL string) *Process {
+// egress to the API for every tenant; extra are more flags.
+func startAPIToolsEdge(t *testing.T, s *Stack, fakeURL string, extra ...string) *Process {
 	t.Helper()
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "github-token")
@@ -109,7 +109,7 @@ func startAPIToolsEdge(t *testing.T, s *Stack, fakeURL string) *Process {
 	egress := filepath.Join(dir, "egress.json")
 	writeJSON(t, egress, map[string]any{"default": map[string]any{"allow": []map[string]any{{"host": "github.api.codemode"}}}})
 
-	edge, err := s.StartEdge(nil, "--apis", declFile, "--api-keys", keys, "--policy-config", policies, "--egress", egress)
+	edge, err := s.StartEdge(nil, append([]string{"--apis", declFile, "--api-keys", keys, "--policy-config", policies, "--egress", egress}, extra...)...)
 	if err != nil {
 		t.Fatalf("start edge: %v", err)
 	}

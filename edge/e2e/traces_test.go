@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +26,7 @@ import (
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
+	"github.com/codemode-go/codemode/internal/testkit/modeltest"
 )
 
 // receivedSpan is a span an OTLP receiver was sent, with the service.name
@@ -245,11 +248,12 @@ func TestTraces(t *testing.T) {
 	// The source's marker must appear in no span; the program prints
 	// something else.
 	marker := fmt.Sprintf("source-marker-%d", stamp)
-	tc := &tracesCase{s: s, rec: rec, stamp: stamp, marker: marker, code: fmt.Sprintf("marker = %q\nprint(len(marker))", marker)}
+	tc := &tracesCase{s: s, rec: rec, env: env, stamp: stamp, marker: marker, code: fmt.Sprintf("marker = %q\nprint(len(marker))", marker)}
 	t.Run("connect", tc.connect)
 	t.Run("stream", tc.stream)
 	t.Run("run", tc.run)
 	t.Run("mcp", tc.mcp)
+	t.Run("chat", tc.chat)
 	t.Run("edge without the variables", tc.edgeWithoutTheVariables)
 	t.Run("no code or secrets", tc.noCodeOrSecrets)
 }
@@ -258,6 +262,7 @@ func TestTraces(t *testing.T) {
 type tracesCase struct {
 	s      *Stack
 	rec    *otlpReceiver
+	env    []string // what makes a service export its spans to rec
 	stamp  int64
 	marker string // in the program's source, never printed
 	code   string
@@ -413,6 +418,39 @@ func (tc *tracesCase) mcp(t *testing.T) {
 	tc.checkChain(t, tr, tool, id, "Execute")
 }
 
+// chat asks a scripted model, through an edge of the stack with a chat
+// provider, a question it answers with execute_code: the tool call is a
+// span below the ChatService's, in one trace with the control plane's and
+// the agent's spans of the run; the chat's span has the request id and
+// the tokens.
+func (tc *tracesCase) chat(t *testing.T) {
+	model := modeltest.NewOpenAI(t, chatScript)
+	keyFile := filepath.Join(t.TempDir(), "chat-key")
+	if err := os.WriteFile(keyFile, []byte(chatKey), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	edge, err := tc.s.StartEdge(tc.env, "--chat-provider", "openai", "--chat-base-url", model.URL, "--chat-model", "scripted-traces", "--chat-key-file", keyFile)
+	if err != nil {
+		t.Fatalf("start edge: %v", err)
+	}
+	defer edge.Stop(30 * time.Second)
+	id := fmt.Sprintf("trace-chat-%d", tc.stamp)
+	hc := server.NewClient()
+	hc.Transport = headerTransport{key: server.RequestIDHeader, value: id, base: hc.Transport}
+	if r := chat(t, edgev1connect.NewChatServiceClient(hc, edge.URL()), edgev1.Door_DOOR_CODE, askSquares); !strings.Contains(r.done.GetAnswer(), "338350") {
+		t.Fatalf("answer %q", r.done.GetAnswer())
+	}
+	const rpc = "codemode.edge.v1.ChatService/Chat"
+	// The chat asks for the run's output as it comes: ExecuteStream.
+	tr := tc.rec.trace(t, edgeService, rpc, id, append(traceHandlers("ExecuteStream"), edgeService+" tools/call execute_code")...)
+	tool := one(t, tr, edgeService, "tools/call execute_code", tracev1.Span_SPAN_KIND_INTERNAL)
+	if door := one(t, tr, edgeService, rpc, tracev1.Span_SPAN_KIND_SERVER); !descends(tr, tool, door) {
+		t.Errorf("the tool call's span is not below the chat's:\n%s", describe(tr))
+	} else if door.attr("gen_ai.usage.input_tokens") != "304" || door.attr("codemode.chat.turns") != "2" {
+		t.Errorf("the chat's span has tokens %q, turns %q", door.attr("gen_ai.usage.input_tokens"), door.attr("codemode.chat.turns"))
+	}
+}
+
 // edgeWithoutTheVariables runs the program through an edge that exports
 // no spans.
 func (tc *tracesCase) edgeWithoutTheVariables(t *testing.T) {
@@ -469,6 +507,9 @@ func (tc *tracesCase) noCodeOrSecrets(t *testing.T) {
 		for _, text := range texts {
 			if strings.Contains(text, tc.marker) || strings.Contains(text, "marker = ") {
 				t.Errorf("%s span %q carries the program's source: %q", sp.service, sp.GetName(), text)
+			}
+			if strings.Contains(text, chatKey) {
+				t.Errorf("%s span %q carries the chat provider's key: %q", sp.service, sp.GetName(), text)
 			}
 			if strings.Contains(text, tc.s.Secret) || strings.Contains(strings.ToLower(text), "bearer") {
 				t.Errorf("%s span %q carries the cluster secret or a bearer header: %q", sp.service, sp.GetName(), text)

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/codemode-go/codemode/edge/internal/chat"
+	"github.com/codemode-go/codemode/edge/internal/chatcompare"
 	"github.com/codemode-go/codemode/edge/internal/connectapi"
 	"github.com/codemode-go/codemode/edge/internal/directtools"
 	"github.com/codemode-go/codemode/edge/internal/execution"
@@ -43,6 +45,10 @@ import (
 	"github.com/codemode-go/codemode/internal/tlsconfig"
 	"github.com/codemode-go/codemode/internal/version"
 )
+
+// ChatCommand is the first argument that selects the chat's commands
+// (edge chat compare).
+const ChatCommand = "chat"
 
 // Config is the edge's configuration.
 type Config struct {
@@ -135,6 +141,9 @@ type Config struct {
 	// Tracing exports the edge's spans (see telemetry.NewTracing); nil:
 	// none.
 	Tracing *telemetry.Tracing
+	// Chat configures the chat service's model (see internal/chat); no
+	// provider: the ChatService and POST /chat answer failed_precondition.
+	Chat chat.Config
 }
 
 // APIsNone as Config.APIs declares no APIs.
@@ -192,6 +201,9 @@ func (c Config) Validate() error {
 	}
 	if c.APIMaxResponseBytes < 0 {
 		errs = append(errs, fmt.Errorf("api max response bytes %d is negative", c.APIMaxResponseBytes))
+	}
+	if err := c.Chat.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -321,14 +333,18 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if len(args) > 0 && args[0] == policytool.Command {
 		return policytool.Run(ctx, args[1:], stdin, stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == ChatCommand {
+		return chatcompare.RunChat(ctx, args[1:], stdout, stderr)
+	}
 	fs := cli.NewFlags("edge", stderr)
 	readConfig := configFlags(fs)
 	loadLinks := cluster.LinkFlags(fs)
 	logFormat, logLevel := cli.LogFlags(fs)
 	metricsAddr := telemetry.MetricsFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n  %-24s check, run or time a policy module (see edge %s --help)\n  %-24s ask the edge at --addr whether it serves (exit 0) or not\n  %-24s print the version\n\nFlags:\n",
+		fmt.Fprintf(stderr, "Usage:\n  %-24s serve the API, MCP and the web page\n  %-24s serve MCP over stdio, forwarding to an edge (see edge %s --help)\n  %-24s check, run or time a policy module (see edge %s --help)\n  %-24s compare code mode with direct tools through an edge's chat (see edge %s %s --help)\n  %-24s ask the edge at --addr whether it serves (exit 0) or not\n  %-24s print the version\n\nFlags:\n",
 			"edge [flags]", "edge "+StdioCommand+" [flags]", StdioCommand, "edge "+policytool.Command+" COMMAND", policytool.Command,
+			"edge "+ChatCommand+" "+chatcompare.Command, ChatCommand, chatcompare.Command,
 			"edge "+server.HealthCommand+" [--addr A]", "edge --version")
 		fs.PrintDefaults()
 	}
@@ -419,8 +435,9 @@ func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 	fs.Env("api-timeout", "CODEMODE_API_TIMEOUT")
 	apiMaxBytes := fs.Int64("api-max-response-bytes", directtools.DefaultMaxResponseBytes, "bytes of an API's answer an API tool returns; more is cut, saying so")
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
+	readChat := chat.Flags(fs)
 	return func(links *cluster.Links) Config {
-		return Config{Addr: *addr, TLS: tlsFiles(), ACME: acmeOptions(), ControlPlanes: ParseControlPlanes(*cp, links), APIKeys: *keys, OIDC: *oidcConfig, PublicURL: *publicURL, Egress: *egressConfig,
+		return Config{Chat: readChat(), Addr: *addr, TLS: tlsFiles(), ACME: acmeOptions(), ControlPlanes: ParseControlPlanes(*cp, links), APIKeys: *keys, OIDC: *oidcConfig, PublicURL: *publicURL, Egress: *egressConfig,
 			PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 			PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
 			Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
@@ -449,7 +466,8 @@ func bindAddr(cfg Config) (string, error) {
 // reflection and the policy admin service (which has its own token) do not.
 func needsKey(path string) bool {
 	return strings.HasPrefix(path, "/"+edgev1connect.ExecutionServiceName+"/") ||
-		path == "/mcp" || path == "/no-code/mcp" || path == "/mcp-no-code-execute" || path == "/run" || path == "/status"
+		strings.HasPrefix(path, "/"+edgev1connect.ChatServiceName+"/") ||
+		path == "/mcp" || path == "/no-code/mcp" || path == "/mcp-no-code-execute" || path == "/run" || path == "/status" || path == "/chat"
 }
 
 // rightFor is the right a request to path needs (see needsKey): each
@@ -459,7 +477,8 @@ func needsKey(path string) bool {
 // where it is known.
 func rightFor(path string) oidctoken.Rights {
 	switch path {
-	case edgev1connect.ExecutionServiceExecuteProcedure, edgev1connect.ExecutionServiceExecuteStreamProcedure, "/run", "/mcp":
+	case edgev1connect.ExecutionServiceExecuteProcedure, edgev1connect.ExecutionServiceExecuteStreamProcedure, "/run", "/mcp",
+		edgev1connect.ChatServiceChatProcedure, "/chat":
 		return oidctoken.Execute
 	case edgev1connect.ExecutionServiceCreateSessionProcedure, edgev1connect.ExecutionServiceCloseSessionProcedure,
 		edgev1connect.ExecutionServiceListFilesProcedure, edgev1connect.ExecutionServiceReadFileProcedure,
@@ -547,8 +566,17 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	}
 	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
 	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
-	withCode, withoutCode := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
-		Version: version.Version(), APIs: catalog, Egress: egress, Tracing: cfg.Tracing, Metrics: metrics}).Handlers()
+	servers := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
+		Version: version.Version(), APIs: catalog, Egress: egress, Tracing: cfg.Tracing, Metrics: metrics})
+	withCode, withoutCode := servers.Handlers()
+	chats, err := chat.New(cfg.Chat, servers, os.Getenv, logger.With("component", "chat"))
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	chatHandler := chat.NewHandler(chats)
+	srv.HandleService(edgev1connect.NewChatServiceHandler(chatHandler, srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
+	srv.Handle("/chat", cfg.Tracing.Handler("/chat", chatHandler.HTTPHandler()))
 	srv.HandleTooLarge("/mcp", cfg.Tracing.Handler("/mcp", withCode), mcpserver.RefuseTooLarge)
 	// The tools without code execution at two paths: /no-code/mcp for
 	// clients that take any URL not ending in /mcp for a mistake and

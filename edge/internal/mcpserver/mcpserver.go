@@ -263,7 +263,13 @@ func (s *Servers) newServer(withCode bool) *mcp.Server {
 // to srv, replacing those of the same names: the SDK then tells srv's
 // sessions that the list changed (notifications/tools/list_changed).
 func (s *Servers) addTools(srv *mcp.Server, langs *edgev1.ListLanguagesResponse, withCode bool) {
-	t := &tools{open: s.cfg.Open, progressEvery: s.cfg.ProgressInterval, heartbeat: s.cfg.Heartbeat, runs: s.runs, network: s.network}
+	s.addToolsOpening(srv, langs, withCode, s.cfg.Open)
+}
+
+// addToolsOpening is addTools with the tools opening their Backend with
+// open.
+func (s *Servers) addToolsOpening(srv *mcp.Server, langs *edgev1.ListLanguagesResponse, withCode bool, open Opener) {
+	t := &tools{open: open, progressEvery: s.cfg.ProgressInterval, heartbeat: s.cfg.Heartbeat, runs: s.runs, network: s.network}
 	mcp.AddTool(srv, languagesTool(), t.listLanguages)
 	if withCode {
 		t.addCodeTools(srv, langs)

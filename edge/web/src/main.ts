@@ -12,6 +12,7 @@ import { create } from "@bufbuild/protobuf";
 import { type Duration, DurationSchema } from "@bufbuild/protobuf/wkt";
 import { ExecutionService } from "./gen/codemode/edge/v1/edge_pb";
 import type { Artifact, Result } from "./gen/codemode/execution/v1/execution_pb";
+import { setupChat } from "./chat";
 import * as signIn from "./signin";
 
 // Examples shown when a language is picked and the editor holds no edits.
@@ -105,13 +106,11 @@ const auth: Interceptor = (next) => (req) => {
 };
 
 // The edge serves this page next to its API, so the API is at the page's base.
-const client = createClient(
-  ExecutionService,
-  createGrpcWebTransport({
-    baseUrl: new URL(".", document.baseURI).href.replace(/\/$/, ""),
-    interceptors: [auth],
-  }),
-);
+const transport = createGrpcWebTransport({
+  baseUrl: new URL(".", document.baseURI).href.replace(/\/$/, ""),
+  interceptors: [auth],
+});
+const client = createClient(ExecutionService, transport);
 
 type State = "loading" | "idle" | "running" | "done" | "error";
 function setState(s: State) {
@@ -460,4 +459,5 @@ async function start() {
   await loadLanguages();
 }
 
+setupChat(transport, describe);
 void start();
