@@ -43,17 +43,19 @@ apt_install() {
 # systemd: for systemd-analyze, which checks the agent's unit in the tests.
 apt_install docker.io debootstrap ca-certificates iproute2 wabt systemd
 # redis-server: the tests and make up-cluster start their own on a loopback
-# port; the package must not start the system's. Where no policy-rc.d says so
+# port; prometheus: for promtool, which checks deploy/prometheus in the tests.
+# Neither package may start the system's service. Where no policy-rc.d says so
 # already, one answering 101 ("not allowed") keeps invoke-rc.d from starting it.
-if ! dpkg-query -W -f='${Status}' redis-server 2>/dev/null | grep -q 'install ok installed'; then
+for pkg in redis-server prometheus; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' && continue
   policy=
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d
     policy=1
   fi
-  apt_install redis-server
+  apt_install "$pkg"
   [ -z "$policy" ] || rm -f /usr/sbin/policy-rc.d
-fi
+done
 
 # --- 2. runsc ----------------------------------------------------------------
 runsc_ok() {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -187,12 +188,43 @@ func TestMetrics(t *testing.T) {
 	agent := settledAgentMetrics(t, s.Agent, 4)
 	checkAgentMetrics(t, agent)
 	checkNoTenantLabel(t, map[string]map[string]*dto.MetricFamily{"edge": edge, "control plane": cp, "agent": agent})
-	checkOperatorMetrics(t, s, map[string]map[string]*dto.MetricFamily{"edge": edge, "control plane": cp, "agent": agent})
+	services := map[string]map[string]*dto.MetricFamily{"edge": edge, "control plane": cp, "agent": agent}
+	checkOperatorMetrics(t, s, services)
+	checkDeployedNames(t, services)
+}
+
+// checkDeployedNames checks that every metric the example alerting rules
+// and the Grafana dashboard (deploy/) name is one a service exports.
+func checkDeployedNames(t *testing.T, services map[string]map[string]*dto.MetricFamily) {
+	names := regexp.MustCompile(`codemode_[a-z_]+`)
+	suffix := regexp.MustCompile(`_(bucket|sum|count)$`)
+	for _, file := range []string{"deploy/prometheus/alerts.yml", "deploy/grafana/codemode.json"} {
+		b, err := os.ReadFile(filepath.Join(moduleRoot(), file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := 0
+		for _, n := range names.FindAllString(string(b), -1) {
+			n = suffix.ReplaceAllString(n, "")
+			found := false
+			for _, fams := range services {
+				found = found || fams[n] != nil
+			}
+			if !found {
+				t.Errorf("%s names %s, which no service exports", file, n)
+			}
+			seen++
+		}
+		if seen < 5 {
+			t.Errorf("%s names %d metrics, want the dashboard's and rules' own", file, seen)
+		}
+	}
 }
 
 // checkOperatorMetrics checks what operators read besides executions: each
 // service's build, the edge's MCP tool calls by tool and outcome, and
-// requests refused at validation.
+// requests refused at validation. services["edge"] becomes the edge's
+// metrics after those calls.
 func checkOperatorMetrics(t *testing.T, s *Stack, services map[string]map[string]*dto.MetricFamily) {
 	for name, fams := range services {
 		if got := sample(fams, "codemode_build_info", nil); got != 1 {
@@ -212,6 +244,7 @@ func checkOperatorMetrics(t *testing.T, s *Stack, services map[string]map[string
 		t.Fatalf("execute_code in cobol: %v %v, want a tool error", res, err)
 	}
 	edge := scrape(t, s.Edge)
+	services["edge"] = edge
 	for _, c := range []struct {
 		name   string
 		labels map[string]string
