@@ -18,6 +18,12 @@ CONTROLPLANE_ADDR ?= 127.0.0.1:8080
 CODEMODE_STATE_DIR  ?= /var/lib/codemode
 CODEMODE_CLUSTER_SECRET_FILE ?= $(CODEMODE_STATE_DIR)/cluster-secret
 
+# Loopback addresses where `make up` serves each service's Prometheus metrics
+# (deploy/prometheus/prometheus.yml scrapes these).
+EDGE_METRICS_ADDR         ?= 127.0.0.1:9100
+CONTROLPLANE_METRICS_ADDR ?= 127.0.0.1:9101
+AGENT_METRICS_ADDR        ?= 127.0.0.1:9102
+
 # What runs of `make up` may reach outside their sandboxes: a JSON file of
 # tenants' egress (see docs/code-mode.md); empty: nothing.
 EGRESS ?=
@@ -140,7 +146,7 @@ certs:
 
 ## up: set up, build, and run agent, control plane and edge on this host; Ctrl-C stops all three
 up: setup build cluster-secret
-	@for a in $(call dial_addr,$(up_agent)) $(call dial_addr,$(up_controlplane)) $(call dial_addr,$(up_edge)); do \
+	@for a in $(call dial_addr,$(up_agent)) $(call dial_addr,$(up_controlplane)) $(call dial_addr,$(up_edge)) $(EDGE_METRICS_ADDR) $(CONTROLPLANE_METRICS_ADDR) $(AGENT_METRICS_ADDR); do \
 		h=$${a%:*}; h=$${h#[}; h=$${h%]}; \
 		if (exec 3<>"/dev/tcp/$$h/$${a##*:}") 2>/dev/null; then \
 			echo "$$a is already in use: is codemode (or something else) running there? Stop it first."; exit 1; fi; \
@@ -150,9 +156,9 @@ up: setup build cluster-secret
 	trap stop INT TERM; \
 	export CODEMODE_CLUSTER_SECRET_FILE='$(CODEMODE_CLUSTER_SECRET_FILE)'; \
 	EGRESS_DENY=:$(lastword $(subst :, ,$(up_controlplane))),:$(lastword $(subst :, ,$(up_edge))) \
-		WORKER_PORT=$(up_agent) $(BIN)/agent & pids+=($$!); names+=(agent); \
-	REMOTE_HOSTS=$(call dial_addr,$(up_agent)) CONTROLPLANE_ADDR=$(up_controlplane) $(BIN)/controlplane & pids+=($$!); names+=(controlplane); \
-	CODEMODE_EGRESS='$(EGRESS)' CODE_EXECUTION_HOST=http://$(call dial_addr,$(up_controlplane)) EDGE_ADDR=$(up_edge) $(BIN)/edge & pids+=($$!); names+=(edge); \
+		METRICS_ADDR=$(AGENT_METRICS_ADDR) WORKER_PORT=$(up_agent) $(BIN)/agent & pids+=($$!); names+=(agent); \
+	METRICS_ADDR=$(CONTROLPLANE_METRICS_ADDR) REMOTE_HOSTS=$(call dial_addr,$(up_agent)) CONTROLPLANE_ADDR=$(up_controlplane) $(BIN)/controlplane & pids+=($$!); names+=(controlplane); \
+	METRICS_ADDR=$(EDGE_METRICS_ADDR) CODEMODE_EGRESS='$(EGRESS)' CODE_EXECUTION_HOST=http://$(call dial_addr,$(up_controlplane)) EDGE_ADDR=$(up_edge) $(BIN)/edge & pids+=($$!); names+=(edge); \
 	running() { for p in "$${pids[@]}"; do kill -0 "$$p" 2>/dev/null || return 1; done; }; \
 	e=$(call dial_addr,$(up_edge)); up=; deadline=$$((SECONDS + $(UP_TIMEOUT))); \
 	while running && [ $$SECONDS -lt $$deadline ]; do \
@@ -169,6 +175,7 @@ up: setup build cluster-secret
 	echo "  Connect / gRPC / gRPC-Web   $$e  codemode.edge.v1.ExecutionService"; \
 	echo "  POST /run, GET /status      http://$$e  (internal copies, with the cluster secret: http://$(call dial_addr,$(up_controlplane)))"; \
 	echo "  agent              $(call dial_addr,$(up_agent))"; \
+	echo "  metrics            http://$(EDGE_METRICS_ADDR)/metrics (edge), http://$(CONTROLPLANE_METRICS_ADDR)/metrics (control plane), http://$(AGENT_METRICS_ADDR)/metrics (agent)"; \
 	echo "Claude Code (HTTP, stdio) and the MCP Inspector:"; \
 	echo "  claude mcp add --transport http codemode http://$$e/mcp"; \
 	echo "  claude mcp add codemode-stdio -- $(abspath $(BIN))/edge mcp-stdio --url http://$$e"; \

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -62,10 +63,16 @@ func TestMakeUp(t *testing.T) {
 	defer logFile.Close()
 	logs := makeUpLogs(logPath)
 
+	metricsAddrs := map[string]string{}
+	for _, name := range makeUpServices {
+		metricsAddrs[name] = fmt.Sprintf("127.0.0.1:%d", freeLoopbackPort(t))
+	}
 	cmd := exec.Command("make", "--no-print-directory", "up",
 		fmt.Sprintf("EDGE_ADDR=:%d", edgePort),
 		fmt.Sprintf("CONTROLPLANE_ADDR=:%d", cpPort),
-		fmt.Sprintf("WORKER_PORT=%d", agentPort))
+		fmt.Sprintf("WORKER_PORT=%d", agentPort),
+		"EDGE_METRICS_ADDR="+metricsAddrs["edge"], "CONTROLPLANE_METRICS_ADDR="+metricsAddrs["controlplane"],
+		"AGENT_METRICS_ADDR="+metricsAddrs["agent"])
 	cmd.Dir = root
 	cmd.Env = append(makeFreeEnv(), "AGENT_NAME="+agentName, "MIN_ACTIVE=1", "AGENT_STATE_DIR="+t.TempDir())
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -114,6 +121,24 @@ func TestMakeUp(t *testing.T) {
 		})
 	})
 	t.Run("README quick start", func(t *testing.T) { runQuickStart(t, root, edgeAddr) })
+	t.Run("metrics", func(t *testing.T) {
+		b, _ := os.ReadFile(logPath)
+		for name, addr := range metricsAddrs {
+			if !strings.Contains(string(b), "http://"+addr+"/metrics") {
+				t.Errorf("the banner does not print %s's metrics address %s", name, addr)
+			}
+			res, err := http.Get("http://" + addr + "/metrics")
+			if err != nil {
+				t.Errorf("%s's metrics: %v", name, err)
+				continue
+			}
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if !strings.Contains(string(body), "codemode_build_info") {
+				t.Errorf("%s's metrics at %s lack codemode_build_info:\n%.300s", name, addr, body)
+			}
+		}
+	})
 
 	stopByCtrlC(t, pgid, done, &waitErr, logPath, logs, services, dockerd, agentName)
 }

@@ -351,6 +351,18 @@ func (tc *tracesCase) connect(t *testing.T) {
 		t.Errorf("the edge's span has a parent: callers' trace context is only linked at the public door")
 	}
 	tc.checkChain(t, tr, door, id, "Execute")
+	// Each service's execution line names the trace.
+	traceID := hex.EncodeToString(door.GetTraceId())
+	for name, p := range map[string]*Process{"edge": tc.s.Edge, "control plane": tc.s.ControlPlane, "agent": tc.s.Agent} {
+		testkit.WaitFor(t, 10*time.Second, name+"'s execution line with the trace id", func() bool {
+			for _, l := range strings.Split(p.Logs(), "\n") {
+				if strings.Contains(l, `"msg":"execution"`) && strings.Contains(l, id) && strings.Contains(l, `"trace_id":"`+traceID+`"`) {
+					return true
+				}
+			}
+			return false
+		})
+	}
 }
 
 // stream runs the program as a gRPC stream.

@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/codemode-go/codemode/internal/version"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Flags is a flag set whose flags may each also be set by an environment
@@ -86,12 +87,32 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: lv}
 	switch strings.ToLower(format) {
 	case "text", "":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(traceHandler{slog.NewTextHandler(w, opts)}), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(traceHandler{slog.NewJSONHandler(w, opts)}), nil
 	default:
 		return nil, fmt.Errorf("log format %q: want text or json", format)
 	}
+}
+
+// traceHandler adds trace_id and span_id to a line logged with a context
+// that carries a span (slog's Context methods and LogAttrs), so that a log
+// line leads to its trace.
+type traceHandler struct{ slog.Handler }
+
+func (h traceHandler) Handle(ctx context.Context, r slog.Record) error {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h traceHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return traceHandler{h.Handler.WithAttrs(as)}
+}
+
+func (h traceHandler) WithGroup(name string) slog.Handler {
+	return traceHandler{h.Handler.WithGroup(name)}
 }
 
 // SignalContext returns a context that is done on SIGINT or SIGTERM.

@@ -1,8 +1,13 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"io"
+	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 func TestFlagsAndEnvironment(t *testing.T) {
@@ -57,5 +62,31 @@ func TestNewLogger(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("NewLogger(%q, %q): %v", tc.format, tc.level, err)
 		}
+	}
+}
+
+// A line logged with a context that carries a span names the trace and
+// the span; one without names neither.
+func TestLogsNameTheirTrace(t *testing.T) {
+	var b bytes.Buffer
+	log, err := NewLogger(&b, "json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+		SpanID:  trace.SpanID{1, 2, 3, 4, 5, 6, 7, 8}, TraceFlags: trace.FlagsSampled,
+	})
+	log.With("component", "test").InfoContext(trace.ContextWithSpanContext(context.Background(), sc), "with")
+	log.InfoContext(context.Background(), "without")
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("lines: %q", lines)
+	}
+	if !strings.Contains(lines[0], `"trace_id":"0102030405060708090a0b0c0d0e0f10"`) || !strings.Contains(lines[0], `"span_id":"0102030405060708"`) {
+		t.Errorf("line with a span: %s", lines[0])
+	}
+	if strings.Contains(lines[1], "trace_id") {
+		t.Errorf("line without a span: %s", lines[1])
 	}
 }
