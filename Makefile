@@ -186,7 +186,7 @@ up: setup build cluster-secret
 	for k in "$${!pids[@]}"; do kill -0 "$${pids[$$k]}" 2>/dev/null || echo "$${names[$$k]} exited"; done; \
 	stop 1
 
-## up-cluster: set up, build, and run on loopback a Redis, three agents, two control planes sharing it and two edges; Ctrl-C stops all
+## up-cluster: set up, build, and run on loopback a Redis, three agents, two control planes sharing it and two edges, each service restarted if it dies; Ctrl-C stops all
 up-cluster: setup build cluster-secret cluster-redis-password
 	@for a in $(CLUSTER_REDIS) $(CLUSTER_AGENTS) $(CLUSTER_CONTROLPLANES) $(CLUSTER_EDGES); do \
 		if (exec 3<>"/dev/tcp/$${a%:*}/$${a##*:}") 2>/dev/null; then \
@@ -195,6 +195,16 @@ up-cluster: setup build cluster-secret cluster-redis-password
 	@set -m; pids=(); names=(); \
 	stop() { trap - INT TERM; echo; echo "stopping..."; kill -TERM "$${pids[@]}" 2>/dev/null; wait "$${pids[@]}" 2>/dev/null; echo "stopped"; exit $${1:-0}; }; \
 	trap stop INT TERM; \
+	supervise() { \
+		name=$$1; shift; delay=1; child=; \
+		trap '[ -n "$$child" ] && kill -TERM "$$child" 2>/dev/null; wait "$$child" 2>/dev/null; exit 0' TERM; \
+		while :; do \
+			"$$@" & child=$$!; wait "$$child"; rc=$$?; \
+			why="status $$rc"; [ "$$rc" -gt 128 ] && why="killed by signal $$((rc - 128))"; \
+			echo "$$name exited ($$why); the others go on serving; restarting it in $${delay}s"; \
+			sleep "$$delay" & child=$$!; wait "$$child"; delay=$$((delay * 2)); [ "$$delay" -gt 30 ] && delay=30; \
+		done; \
+	}; \
 	export CODEMODE_CLUSTER_SECRET_FILE='$(CODEMODE_CLUSTER_SECRET_FILE)'; \
 	r='$(CLUSTER_REDIS)'; rdir='$(CODEMODE_STATE_DIR)/cluster-redis'; mkdir -p "$$rdir"; \
 	rpw=$$(<'$(CLUSTER_REDIS_PASSWORD_FILE)'); \
@@ -203,13 +213,13 @@ up-cluster: setup build cluster-secret cluster-redis-password
 	cps=; for c in $(CLUSTER_CONTROLPLANES); do cps="$$cps$${cps:+,}http://$$c"; done; \
 	rcps=; for c in $(CLUSTER_CONTROLPLANES); do rcps="http://$$c$${rcps:+,}$$rcps"; done; \
 	i=0; for a in $(CLUSTER_AGENTS); do i=$$((i + 1)); \
-		EGRESS_DENY='$(cluster_deny)' $(BIN)/agent --addr "$$a" --advertise-addr "$$a" --name "$(CLUSTER_NAME)-$$i" --controlplanes "$$cps" & pids+=($$!); names+=(agent-$$i); \
+		EGRESS_DENY='$(cluster_deny)' supervise agent-$$i $(BIN)/agent --addr "$$a" --advertise-addr "$$a" --name "$(CLUSTER_NAME)-$$i" --controlplanes "$$cps" & pids+=($$!); names+=(agent-$$i); \
 	done; \
 	for c in $(CLUSTER_CONTROLPLANES); do \
-		REDIS_URL="redis://:$$rpw@$$r/0" $(BIN)/controlplane --addr "$$c" --agents= & pids+=($$!); names+=(controlplane-$$c); \
+		REDIS_URL="redis://:$$rpw@$$r/0" supervise controlplane-$$c $(BIN)/controlplane --addr "$$c" --agents= & pids+=($$!); names+=(controlplane-$$c); \
 	done; \
 	i=0; for e in $(CLUSTER_EDGES); do i=$$((i + 1)); order=$$cps; [ $$((i % 2)) = 0 ] && order=$$rcps; \
-		CODEMODE_EGRESS='$(EGRESS)' $(BIN)/edge --addr "$$e" --controlplane "$$order" & pids+=($$!); names+=(edge-$$e); \
+		CODEMODE_EGRESS='$(EGRESS)' supervise edge-$$e $(BIN)/edge --addr "$$e" --controlplane "$$order" & pids+=($$!); names+=(edge-$$e); \
 	done; \
 	running() { for p in "$${pids[@]}"; do kill -0 "$$p" 2>/dev/null || return 1; done; }; \
 	deadline=$$((SECONDS + $(UP_TIMEOUT))); \
@@ -227,6 +237,7 @@ up-cluster: setup build cluster-secret cluster-redis-password
 	for e in $(CLUSTER_EDGES); do echo "  edge               http://$$e/  (MCP: /mcp; Connect: codemode.edge.v1.ExecutionService)"; done; \
 	echo "  control planes     $(CLUSTER_CONTROLPLANES)  (sharing redis://$$r/0, password in $(CLUSTER_REDIS_PASSWORD_FILE))"; \
 	echo "  agents             $(CLUSTER_AGENTS)  (joined by heartbeat)"; \
+	echo "A service that dies is reported and started again after a back-off (1 s, doubling to 30 s); Redis is not."; \
 	echo "Ctrl-C stops all."; \
 	wait -n "$${pids[@]}"; \
 	for k in "$${!pids[@]}"; do kill -0 "$${pids[$$k]}" 2>/dev/null || echo "$${names[$$k]} exited"; done; \

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -96,6 +97,10 @@ func TestMakeUpCluster(t *testing.T) {
 	// session is open: an agent holding one has less free and, with runs
 	// one at a time, would get none.
 	runOnEveryAgent(t, ctx, client, agents, logs)
+
+	t.Run("an agent killed is reported and restarted", func(t *testing.T) {
+		checkAgentRestarted(t, pgid, logPath, client, agents, logs)
+	})
 
 	if _, err := client(0).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "x = 6 * 7", SessionId: "upcluster"})); err != nil {
 		t.Fatalf("session through edge 1: %v\n%s", err, logs())
@@ -278,4 +283,43 @@ func redisSays(t *testing.T, addr, cmds string) string {
 		lines = append(lines, strings.TrimRight(line, "\r\n"))
 	}
 	return strings.Join(lines, "\r\n")
+}
+
+// checkAgentRestarted kills one agent of make up-cluster (make's group
+// pgid) with SIGKILL: make up-cluster says so, the cluster goes on serving
+// runs through both edges, and the agent is started again and takes runs.
+func checkAgentRestarted(t *testing.T, pgid int, logPath string, client func(i int) edgev1connect.ExecutionServiceClient, agents []string, logs func() string) {
+	agentPIDs := func() []int {
+		pids, err := descendantPIDs(pgid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []int
+		for _, pid := range pids {
+			if procRunning(pid, "agent") {
+				out = append(out, pid)
+			}
+		}
+		return out
+	}
+	before := agentPIDs()
+	if len(before) != len(agents) {
+		t.Fatalf("agent processes %v, want %d", before, len(agents))
+	}
+	if err := syscall.Kill(before[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 30*time.Second, "make up-cluster to report the death", func() bool {
+		return bytes.Contains(must(os.ReadFile(logPath)), []byte("exited (killed by signal 9); the others go on serving"))
+	})
+	for i := range 6 {
+		if _, err := client(i%2).Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
+			t.Fatalf("run %d with an agent down: %v\n%s", i, err, logs())
+		}
+	}
+	testkit.WaitFor(t, 60*time.Second, "the agent started again", func() bool {
+		now := agentPIDs()
+		return len(now) == len(agents) && !slices.Contains(now, before[0])
+	})
+	runOnEveryAgent(t, t.Context(), client, agents, logs)
 }
