@@ -3,8 +3,11 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"net"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 )
 
@@ -38,4 +41,20 @@ func NewClient() *http.Client {
 func Listen(ctx context.Context, addr string) (net.Listener, error) {
 	var lc net.ListenConfig
 	return lc.Listen(ctx, "tcp", addr)
+}
+
+// NewEdgeClient returns a client of the edge at edgeURL (http:// or
+// https://, a host and maybe a port) as a program outside the cluster calls
+// it, and the URL without a trailing slash: h2c to an http:// edge, as
+// between codemode's services; HTTP/1.1 or HTTP/2 over TLS to an https://
+// one.
+func NewEdgeClient(edgeURL string) (*http.Client, string, error) {
+	u, err := url.Parse(edgeURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, "", fmt.Errorf("--url %q: want http(s)://host[:port]", edgeURL)
+	}
+	tr := NewClient().Transport.(*http.Transport).Clone()
+	tr.Protocols.SetHTTP1(true)
+	tr.Protocols.SetHTTP2(true)
+	return &http.Client{Transport: tr}, strings.TrimRight(edgeURL, "/"), nil
 }

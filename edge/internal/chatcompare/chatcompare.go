@@ -13,8 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"regexp"
 	"strings"
@@ -240,18 +238,14 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return fmt.Errorf("read tasks %s: %w", *tasksFile, err)
 	}
-	u, err := url.Parse(*edgeURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("--url %q: want http(s)://host[:port]", *edgeURL)
+	hc, base, err := server.NewEdgeClient(*edgeURL)
+	if err != nil {
+		return err
 	}
-	tr := server.NewClient().Transport.(*http.Transport).Clone()
-	tr.Protocols.SetHTTP1(true)
-	tr.Protocols.SetHTTP2(true)
-	hc := &http.Client{Transport: tr}
 	if *key != "" {
 		hc = cluster.WithBearer(hc, *key)
 	}
-	rep, err := Compare(ctx, edgev1connect.NewChatServiceClient(hc, strings.TrimRight(*edgeURL, "/")), tasks)
+	rep, err := Compare(ctx, edgev1connect.NewChatServiceClient(hc, base), tasks)
 	if err != nil {
 		return err
 	}

@@ -3,12 +3,8 @@ package edged
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
-	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -45,20 +41,14 @@ func RunStdio(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
-	u, err := url.Parse(*edgeURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("--url %q: want http(s)://host[:port]", *edgeURL)
+	hc, base, err := server.NewEdgeClient(*edgeURL)
+	if err != nil {
+		return err
 	}
-	// h2c to http:// edges, as between codemode's services; HTTP/1.1 or
-	// HTTP/2 over TLS to https:// ones.
-	tr := server.NewClient().Transport.(*http.Transport).Clone()
-	tr.Protocols.SetHTTP1(true)
-	tr.Protocols.SetHTTP2(true)
-	hc := &http.Client{Transport: tr}
 	if *key != "" {
 		hc = cluster.WithBearer(hc, *key)
 	}
-	client := edgev1connect.NewExecutionServiceClient(hc, strings.TrimRight(*edgeURL, "/"))
+	client := edgev1connect.NewExecutionServiceClient(hc, base)
 	servers := mcpserver.New(mcpserver.Config{Open: mcpserver.Remote(client), Logger: logger.With("component", "mcp-stdio"), Version: version.Version()})
 	srv := servers.Server(ctx, nil, !*noCode)
 	t := &mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}}
