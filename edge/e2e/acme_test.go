@@ -78,7 +78,7 @@ func startPebble(t *testing.T, ca *tlsconfig.CA, dir, dns string, tlsPort int) (
 	cfg := map[string]any{"pebble": map[string]any{
 		"listenAddress": listen, "managementListenAddress": mgmt,
 		"certificate": cert, "privateKey": key,
-		"httpPort": freePort(t), "tlsPort": tlsPort,
+		"httpPort": freeLoopbackPort(t), "tlsPort": tlsPort,
 		"externalAccountBindingRequired": false,
 		"retryAfter":                     map[string]int{"authz": 1, "order": 1},
 		"profiles": map[string]any{"default": map[string]any{
@@ -127,25 +127,6 @@ func startPebble(t *testing.T, ca *tlsconfig.CA, dir, dns string, tlsPort int) (
 	return "https://" + listen + "/dir", roots
 }
 
-// freeLoopbackAddr returns a loopback address with a port free a moment ago.
-func freeLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	_, port, _ := net.SplitHostPort(freeLoopbackAddr(t))
-	var p int
-	fmt.Sscan(port, &p)
-	return p
-}
-
 // An edge given --acme-hosts gets its certificate from a real ACME server
 // (Pebble on loopback), answering the TLS-ALPN-01 challenge itself on its
 // own port, serves it on every door, keeps it in its cache directory, and
@@ -161,11 +142,9 @@ func TestEdgeACME(t *testing.T) {
 	if err := ca.WriteFiles(dir); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeLoopbackAddr(t)
-	_, portStr, _ := net.SplitHostPort(addr)
-	var port int
-	fmt.Sscan(portStr, &port)
-	directory, roots := startPebble(t, ca, dir, startDNS(t), port)
+	port := freeLoopbackPort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	directory, roots := startPebble(t, ca, dir, startDNS(t), int(port))
 	cache := filepath.Join(dir, "acme")
 	// The last --addr wins: the port Pebble validates on.
 	edge, err := s.StartEdge(nil, "--addr", addr, "--acme-hosts", acmeHost, "--acme-directory", directory,
@@ -183,7 +162,7 @@ func TestEdgeACME(t *testing.T) {
 				return (&net.Dialer{}).DialContext(ctx, network, addr)
 			}}
 		defer tr.CloseIdleConnections()
-		c := edgev1connect.NewExecutionServiceClient(&http.Client{Transport: tr}, "https://"+acmeHost+":"+portStr, connect.WithGRPC())
+		c := edgev1connect.NewExecutionServiceClient(&http.Client{Transport: tr}, fmt.Sprintf("https://%s:%d", acmeHost, port), connect.WithGRPC())
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()
 		var leaf *x509.Certificate

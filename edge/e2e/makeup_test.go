@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -65,7 +66,7 @@ func TestMakeUp(t *testing.T) {
 
 	metricsAddrs := map[string]string{}
 	for _, name := range makeUpServices {
-		metricsAddrs[name] = fmt.Sprintf("127.0.0.1:%d", freeLoopbackPort(t))
+		metricsAddrs[name] = freeLoopbackAddr(t)
 	}
 	cmd := exec.Command("make", "--no-print-directory", "up",
 		fmt.Sprintf("EDGE_ADDR=:%d", edgePort),
@@ -238,10 +239,17 @@ func findServices(t *testing.T, cmd *exec.Cmd, services *map[string]int, logs fu
 // checkLoopbackOnly is TestMakeUp's "loopback only".
 func checkLoopbackOnly(t *testing.T, services map[string]int, ports map[string]uint16) {
 	for _, name := range makeUpServices {
-		addrs, err := tcpListeners(services[name])
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
+		// The edge may answer before the agent has bound its port (it
+		// checks its engine and image first): wait for it, on a loaded
+		// host too.
+		var addrs []netip.AddrPort
+		testkit.Until(30*time.Second, func() bool {
+			var err error
+			if addrs, err = tcpListeners(services[name]); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return slices.ContainsFunc(addrs, func(a netip.AddrPort) bool { return a.Port() == ports[name] })
+		})
 		t.Logf("%s (pid %d) listens on %v", name, services[name], addrs)
 		own := false
 		for _, a := range addrs {
@@ -366,6 +374,12 @@ func freeLoopbackPort(t testing.TB) uint16 {
 	}
 	defer ln.Close()
 	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// freeLoopbackAddr returns 127.0.0.1 with a port that was free a moment
+// ago, for a process whose address must be known before it starts.
+func freeLoopbackAddr(t testing.TB) string {
+	return fmt.Sprintf("127.0.0.1:%d", freeLoopbackPort(t))
 }
 
 // makeFreeEnv is the test's environment without what an enclosing make

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -377,18 +376,6 @@ func TestTokenKeyRotation(t *testing.T) {
 
 func asConnectError(err error, target **connect.Error) bool { return errors.As(err, target) }
 
-// freeAddr returns a loopback address with a port free a moment ago, for
-// an edge whose URL its configuration must name.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestMCPAuthorization: with an issuer configured, the MCP endpoints are
 // OAuth resource servers (MCP authorization, RFC 9728): each serves its
 // Protected Resource Metadata naming the provider, answers a request
@@ -402,7 +389,7 @@ func TestMCPAuthorization(t *testing.T) {
 	dir := webDir(t, "@modelcontextprotocol/sdk")
 	s := shared(t)
 	p := sharedProvider(t)
-	addr := freeAddr(t)
+	addr := freeLoopbackAddr(t)
 	base := "http://" + addr
 	edge, err := s.StartEdge(nil, "--addr", addr, "--oidc-config", oidcConfig(t, p, base+"/mcp", base+"/mcp-no-code-execute", base+"/no-code/mcp"))
 	if err != nil {
@@ -475,7 +462,7 @@ func TestWebSignInInChromium(t *testing.T) {
 	}
 	s := shared(t)
 	p := sharedProvider(t)
-	addr := freeAddr(t)
+	addr := freeLoopbackAddr(t)
 	base := "http://" + addr
 	c := p.Register(oidctest.Client{RedirectURIs: []string{base + "/"}, Claims: map[string]any{"org_id": "org-a"}})
 	cfg := map[string]any{"issuers": []map[string]any{{
