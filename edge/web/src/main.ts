@@ -95,7 +95,9 @@ const keyStore = "codemode.apiKey";
 ui.apiKey.value = sessionStorage.getItem(keyStore) ?? "";
 ui.apiKey.addEventListener("change", () => {
   sessionStorage.setItem(keyStore, ui.apiKey.value.trim());
-  if (ui.conn.dataset.state === "error") void loadLanguages();
+  // Not connected yet, or refused: try again with the key (a load still
+  // under way is superseded).
+  if (ui.conn.dataset.state !== "ok") void loadLanguages();
 });
 
 // A signed-in user's token goes before a key.
@@ -127,11 +129,16 @@ function describe(err: unknown): string {
 
 // ---- languages ----
 
+// loads counts loadLanguages calls: only the latest may set the page's state.
+let loads = 0;
+
 async function loadLanguages() {
+  const load = ++loads;
   ui.conn.dataset.state = "";
   ui.conn.textContent = "connecting…";
   try {
     const res = await client.listLanguages({}, { timeoutMs: 15000 });
+    if (load !== loads) return;
     const prev = ui.language.value;
     ui.language.replaceChildren(
       ...res.languages.map((l) => {
@@ -156,6 +163,7 @@ async function loadLanguages() {
     if (ui.code.value === "" || isExample(ui.code.value)) setExample();
     setState("idle");
   } catch (err) {
+    if (load !== loads) return;
     ui.conn.dataset.state = "error";
     ui.conn.textContent = describe(err);
     ui.conn.title = ui.conn.textContent;
