@@ -123,7 +123,9 @@ func (s *Service) locate(ctx context.Context, tenant, id string) (a *router.Agen
 func (s *Service) unavailable(ctx context.Context, sessionID string, err error) error {
 	if errors.Is(err, router.ErrStoreUnavailable) {
 		s.logger.WarnContext(ctx, "session store failed", "session_id", sessionID, "error", err)
-		return connect.NewError(connect.CodeUnavailable, errors.New("the session store is unavailable; try again"))
+		// Nothing started: another control plane, whose store answers,
+		// may take the call.
+		return cluster.MarkNotStarted(connect.NewError(connect.CodeUnavailable, errors.New("the session store is unavailable; try again")))
 	}
 	return connect.NewError(connect.CodeUnavailable, err)
 }

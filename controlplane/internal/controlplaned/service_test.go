@@ -560,6 +560,11 @@ func TestControlPlanesShareSessionsThroughRedis(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "session store is unavailable") {
 		t.Fatalf("a session run without Redis: %v, want unavailable naming the session store", err)
 	}
+	// It started nothing, and says so: the edge may take it to another
+	// control plane.
+	if !cluster.NotStarted(err) {
+		t.Fatalf("a session run without Redis: %v, not marked as started nowhere", err)
+	}
 	if _, err := execute(t, cpA, "", nil); err != nil {
 		t.Fatalf("a stateless run without Redis: %v", err)
 	}

@@ -298,26 +298,20 @@ func (c Config) browsers() server.Browsers {
 // API key or a token.
 func (c Config) authenticates() bool { return c.keyed() || c.OIDC != "" }
 
-// controlPlaneClient is the client of the control planes at urls: with
-// several, it dials the first that accepts (see internal/failover), and
-// every URL reaches it.
-func controlPlaneClient(urls []string, logger *slog.Logger) *http.Client {
-	c := server.NewClient()
+// controlPlaneClient is the client of the control planes at urls over
+// links: with several, each call goes to the first that takes it (see
+// internal/failover), and every URL reaches it.
+func controlPlaneClient(urls []string, links *cluster.Links, logger *slog.Logger) (*http.Client, error) {
+	c := links.Client(server.NewClient())
 	if len(urls) < 2 {
-		return c
+		return c, nil
 	}
-	t := c.Transport.(*http.Transport)
-	var addrs []string
-	for _, u := range urls {
-		p, _ := url.Parse(u) // validated
-		host := p.Host
-		if p.Port() == "" {
-			host = net.JoinHostPort(p.Hostname(), map[string]string{"http": "80", "https": "443"}[p.Scheme])
-		}
-		addrs = append(addrs, host)
+	t, err := failover.New(urls, c.Transport, logger.With("component", "failover"))
+	if err != nil {
+		return nil, err
 	}
-	t.DialContext = failover.New(addrs, t.DialContext, logger.With("component", "failover")).DialContext
-	return c
+	c.Transport = t
+	return c, nil
 }
 
 // Run is the edge program. With the first argument mcp-stdio it serves
@@ -528,7 +522,12 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 		ln.Close()
 		return err
 	}
-	cp := controlplanev1connect.NewControlPlaneServiceClient(cfg.Links.Client(controlPlaneClient(cfg.ControlPlanes, logger)), strings.TrimRight(cfg.ControlPlanes[0], "/"),
+	cpClient, err := controlPlaneClient(cfg.ControlPlanes, cfg.Links, logger)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	cp := controlplanev1connect.NewControlPlaneServiceClient(cpClient, strings.TrimRight(cfg.ControlPlanes[0], "/"),
 		cfg.Tracing.ClientOptions()...)
 	var svc *execution.Service // set before anything is served
 	knownLanguage := func(name string) bool { return svc.KnownLanguage(name) }
