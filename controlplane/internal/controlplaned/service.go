@@ -270,7 +270,9 @@ func (s *Service) agentError(a *router.Agent, reqID string, err error) error {
 	switch connect.CodeOf(err) {
 	case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeInternal:
 	default:
-		return err // made here, or the caller's deadline
+		if !cluster.NotStarted(err) { // a dial that timed out is unreachable too
+			return err // made here, or the caller's deadline
+		}
 	}
 	s.logger.Warn("agent unreachable", "agent", a.Address, "request_id", reqID, "error", err)
 	return connect.NewError(connect.CodeUnavailable, errors.New("an agent could not be reached; try again"))

@@ -27,7 +27,7 @@ import (
 
 // Server is a running redis-server.
 type Server struct {
-	// Addr is 127.0.0.1:port.
+	// Addr is 127.0.0.1:port (or the address given to StartTLSOn).
 	Addr string
 	// Password is the password the server wants (AUTH).
 	Password string
@@ -94,25 +94,65 @@ func StartTLS(tb testing.TB, c TLS) *Server {
 	return nil
 }
 
+// Host is where StartTLSOn runs a server: a network namespace standing in
+// for a host (see internal/testkit/netns).
+type Host interface {
+	// Command is exec.Command of name with args run on the host.
+	Command(name string, args ...string) *exec.Cmd
+	// DialContext dials from inside the host.
+	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// StartTLSOn is StartTLS on host h, listening on ip:port, an address of h.
+func StartTLSOn(tb testing.TB, c TLS, h Host, ip string, port int) *Server {
+	tb.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatalf("redis-server is not installed: run agent/host/setup.sh (make setup), which installs Debian's redis-server: %v", err)
+	}
+	s, err := startOn(tb, path, &c, &where{host: h, ip: ip, port: port})
+	if err != nil {
+		tb.Fatalf("start redis-server with TLS on %s:%d: %v", ip, port, err)
+	}
+	return s
+}
+
+// where is the host and address of a server; nil means this host's
+// loopback and a free port.
+type where struct {
+	host Host
+	ip   string
+	port int
+}
+
 func start(tb testing.TB, path string) (*Server, error) { return startWith(tb, path, nil) }
 
 func startWith(tb testing.TB, path string, tc *TLS) (*Server, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
+	return startOn(tb, path, tc, nil)
+}
+
+func startOn(tb testing.TB, path string, tc *TLS, w *where) (*Server, error) {
+	ip, port, dial := "127.0.0.1", 0, (&net.Dialer{}).DialContext
+	cmd := exec.Command(path, "-")
+	if w != nil {
+		ip, port, dial, cmd = w.ip, w.port, w.host.DialContext, w.host.Command(path, "-")
+	} else {
+		var err error
+		if port, err = freePort(); err != nil {
+			return nil, err
+		}
 	}
 	dir := tb.TempDir()
 	var pw [16]byte
 	_, _ = rand.Read(pw[:])
 	password := hex.EncodeToString(pw[:])
-	cmd := exec.Command(path, "-")
 	listen := fmt.Sprintf("port %d\n", port)
 	if tc != nil {
 		listen = fmt.Sprintf("port 0\ntls-port %d\ntls-cert-file %q\ntls-key-file %q\ntls-ca-cert-file %q\ntls-auth-clients no\n",
 			port, tc.CertFile, tc.KeyFile, tc.CAFile)
 	}
-	cmd.Stdin = strings.NewReader(fmt.Sprintf("%sbind 127.0.0.1\nsave \"\"\nappendonly no\ndir %q\ndaemonize no\nloglevel warning\nrequirepass %s\n",
-		listen, dir, password))
+	cmd.Stdin = strings.NewReader(fmt.Sprintf("%sbind %s\nsave \"\"\nappendonly no\ndir %q\ndaemonize no\nloglevel warning\nrequirepass %s\n",
+		listen, ip, dir, password))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -134,7 +174,7 @@ func startWith(tb testing.TB, path string, tc *TLS) (*Server, error) {
 		_ = cmd.Wait()
 		exited <- b.String()
 	}()
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Password: password, cmd: cmd, exited: exited}
+	s := &Server{Addr: net.JoinHostPort(ip, strconv.Itoa(port)), Password: password, cmd: cmd, exited: exited}
 	s.URL = "redis://:" + password + "@" + s.Addr + "/0"
 	var roots *x509.CertPool
 	if tc != nil {
@@ -150,7 +190,7 @@ func startWith(tb testing.TB, path string, tc *TLS) (*Server, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	for {
-		if err := ping(ctx, s.Addr, password, roots); err == nil {
+		if err := ping(ctx, dial, s.Addr, password, roots); err == nil {
 			break
 		}
 		select {
@@ -168,17 +208,19 @@ func startWith(tb testing.TB, path string, tc *TLS) (*Server, error) {
 
 // ping sends AUTH password and PING, and expects +OK and +PONG; over TLS
 // trusting roots if they are set.
-func ping(ctx context.Context, addr, password string, roots *x509.CertPool) error {
-	var d net.Dialer
-	var c net.Conn
-	var err error
-	if roots != nil {
-		c, err = (&tls.Dialer{NetDialer: &d, Config: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}).DialContext(ctx, "tcp", addr)
-	} else {
-		c, err = d.DialContext(ctx, "tcp", addr)
-	}
+func ping(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), addr, password string, roots *x509.CertPool) error {
+	c, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return err
+	}
+	if roots != nil {
+		host, _, _ := net.SplitHostPort(addr)
+		tc := tls.Client(c, &tls.Config{RootCAs: roots, ServerName: host, MinVersion: tls.VersionTLS12})
+		if err := tc.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return err
+		}
+		c = tc
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Second))

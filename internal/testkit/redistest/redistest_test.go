@@ -16,7 +16,7 @@ import (
 func TestServerWantsItsPassword(t *testing.T) {
 	t.Parallel()
 	s := Start(t)
-	if err := ping(t.Context(), s.Addr, s.Password, nil); err != nil {
+	if err := ping(t.Context(), (&net.Dialer{}).DialContext, s.Addr, s.Password, nil); err != nil {
 		t.Fatalf("with the password: %v", err)
 	}
 	c, err := net.Dial("tcp", s.Addr)
