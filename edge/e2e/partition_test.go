@@ -668,4 +668,3 @@ func (p *partitioned) strangerIsRefused(t *testing.T, stranger *netns.Host) {
 		t.Errorf("a stranger's Redis command: %q, want -NOAUTH", line[:k])
 	}
 }
-
