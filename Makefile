@@ -73,7 +73,7 @@ VERSION        ?=
 # Where `make certs` keeps a development CA and the edge's certificate.
 CERTS_DIR ?= $(CODEMODE_STATE_DIR)/certs
 
-.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password certs dist images clean policies bench bench-agent bench-policy
+.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password certs dist images clean policies bench bench-agent bench-policy bench-tls
 
 all: build
 
@@ -267,6 +267,10 @@ policies:
 ## bench: the whole stack, every door at concurrency 1, 4 and 16 against the agent and its baselines; writes BENCHMARKS.md and BENCHMARKS.png
 bench: setup
 	$(GO) run ./edge/cmd/stackbench -markdown BENCHMARKS.md -png BENCHMARKS.png
+
+## bench-tls: print(1) through a stack with TLS on every link against a plain one, in turns, and the TLS handshake's cost (a part of make bench)
+bench-tls: setup
+	$(GO) run ./edge/cmd/stackbench -only tls
 
 ## bench-agent: the agent against docker exec and in-sandbox interpreter starts, one table
 bench-agent: setup
