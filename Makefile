@@ -39,6 +39,12 @@ CLUSTER_REDIS         ?= 127.0.0.1:6380
 CLUSTER_AGENTS        ?= 127.0.0.1:30041 127.0.0.1:30042 127.0.0.1:30043
 CLUSTER_CONTROLPLANES ?= 127.0.0.1:8081 127.0.0.1:8082
 CLUSTER_EDGES         ?= 127.0.0.1:8001 127.0.0.1:8002
+# Loopback addresses where `make up-cluster` serves each service's Prometheus
+# metrics: the first to the first of CLUSTER_AGENTS, and so on, one per
+# service (deploy/prometheus/prometheus.yml scrapes these).
+CLUSTER_AGENTS_METRICS        ?= 127.0.0.1:9111 127.0.0.1:9112 127.0.0.1:9113
+CLUSTER_CONTROLPLANES_METRICS ?= 127.0.0.1:9121 127.0.0.1:9122
+CLUSTER_EDGES_METRICS         ?= 127.0.0.1:9131 127.0.0.1:9132
 # The password of that Redis, made once like the cluster secret: whoever can
 # write to the Redis could otherwise change which agents the control planes
 # route to. It reaches redis-server on its standard input and the control
@@ -67,7 +73,7 @@ VERSION        ?=
 # Where `make certs` keeps a development CA and the edge's certificate.
 CERTS_DIR ?= $(CODEMODE_STATE_DIR)/certs
 
-.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password certs dist images clean policies bench bench-agent bench-policy
+.PHONY: all setup build generate web checkgenerate lint breaking test up up-cluster cluster-secret cluster-redis-password certs dist images clean policies bench bench-agent bench-policy bench-tls
 
 all: build
 
@@ -188,7 +194,9 @@ up: setup build cluster-secret
 
 ## up-cluster: set up, build, and run on loopback a Redis, three agents, two control planes sharing it and two edges, each service restarted if it dies; Ctrl-C stops all
 up-cluster: setup build cluster-secret cluster-redis-password
-	@for a in $(CLUSTER_REDIS) $(CLUSTER_AGENTS) $(CLUSTER_CONTROLPLANES) $(CLUSTER_EDGES); do \
+	@$(foreach k,AGENTS CONTROLPLANES EDGES,[ $(words $(CLUSTER_$(k))) = $(words $(CLUSTER_$(k)_METRICS)) ] || \
+		{ echo "CLUSTER_$(k)_METRICS has $(words $(CLUSTER_$(k)_METRICS)) addresses for the $(words $(CLUSTER_$(k))) of CLUSTER_$(k): give one per service"; exit 1; };)
+	@for a in $(CLUSTER_REDIS) $(CLUSTER_AGENTS) $(CLUSTER_CONTROLPLANES) $(CLUSTER_EDGES) $(CLUSTER_AGENTS_METRICS) $(CLUSTER_CONTROLPLANES_METRICS) $(CLUSTER_EDGES_METRICS); do \
 		if (exec 3<>"/dev/tcp/$${a%:*}/$${a##*:}") 2>/dev/null; then \
 			echo "$$a is already in use: is codemode (or something else) running there? Stop it first."; exit 1; fi; \
 	done
@@ -212,14 +220,16 @@ up-cluster: setup build cluster-secret cluster-redis-password
 		redis-server - & pids+=($$!); names+=(redis); \
 	cps=; for c in $(CLUSTER_CONTROLPLANES); do cps="$$cps$${cps:+,}http://$$c"; done; \
 	rcps=; for c in $(CLUSTER_CONTROLPLANES); do rcps="http://$$c$${rcps:+,}$$rcps"; done; \
+	am=($(CLUSTER_AGENTS_METRICS)); cm=($(CLUSTER_CONTROLPLANES_METRICS)); em=($(CLUSTER_EDGES_METRICS)); \
 	i=0; for a in $(CLUSTER_AGENTS); do i=$$((i + 1)); \
-		EGRESS_DENY='$(cluster_deny)' supervise agent-$$i $(BIN)/agent --addr "$$a" --advertise-addr "$$a" --name "$(CLUSTER_NAME)-$$i" --controlplanes "$$cps" & pids+=($$!); names+=(agent-$$i); \
+		EGRESS_DENY='$(cluster_deny)' supervise agent-$$i $(BIN)/agent --addr "$$a" --advertise-addr "$$a" --name "$(CLUSTER_NAME)-$$i" --controlplanes "$$cps" \
+			--metrics-addr "$${am[i-1]}" & pids+=($$!); names+=(agent-$$i); \
 	done; \
-	for c in $(CLUSTER_CONTROLPLANES); do \
-		REDIS_URL="redis://:$$rpw@$$r/0" supervise controlplane-$$c $(BIN)/controlplane --addr "$$c" --agents= & pids+=($$!); names+=(controlplane-$$c); \
+	i=0; for c in $(CLUSTER_CONTROLPLANES); do i=$$((i + 1)); \
+		REDIS_URL="redis://:$$rpw@$$r/0" supervise controlplane-$$c $(BIN)/controlplane --addr "$$c" --agents= --metrics-addr "$${cm[i-1]}" & pids+=($$!); names+=(controlplane-$$c); \
 	done; \
 	i=0; for e in $(CLUSTER_EDGES); do i=$$((i + 1)); order=$$cps; [ $$((i % 2)) = 0 ] && order=$$rcps; \
-		CODEMODE_EGRESS='$(EGRESS)' supervise edge-$$e $(BIN)/edge --addr "$$e" --controlplane "$$order" & pids+=($$!); names+=(edge-$$e); \
+		CODEMODE_EGRESS='$(EGRESS)' supervise edge-$$e $(BIN)/edge --addr "$$e" --controlplane "$$order" --metrics-addr "$${em[i-1]}" & pids+=($$!); names+=(edge-$$e); \
 	done; \
 	running() { for p in "$${pids[@]}"; do kill -0 "$$p" 2>/dev/null || return 1; done; }; \
 	deadline=$$((SECONDS + $(UP_TIMEOUT))); \
@@ -237,6 +247,9 @@ up-cluster: setup build cluster-secret cluster-redis-password
 	for e in $(CLUSTER_EDGES); do echo "  edge               http://$$e/  (MCP: /mcp; Connect: codemode.edge.v1.ExecutionService)"; done; \
 	echo "  control planes     $(CLUSTER_CONTROLPLANES)  (sharing redis://$$r/0, password in $(CLUSTER_REDIS_PASSWORD_FILE))"; \
 	echo "  agents             $(CLUSTER_AGENTS)  (joined by heartbeat)"; \
+	i=0; for a in $(CLUSTER_AGENTS); do echo "  metrics            http://$${am[i]}/metrics  (agent-$$((i + 1)), $$a)"; i=$$((i + 1)); done; \
+	i=0; for c in $(CLUSTER_CONTROLPLANES); do echo "  metrics            http://$${cm[i]}/metrics  (control plane $$c)"; i=$$((i + 1)); done; \
+	i=0; for e in $(CLUSTER_EDGES); do echo "  metrics            http://$${em[i]}/metrics  (edge $$e)"; i=$$((i + 1)); done; \
 	echo "A service that dies is reported and started again after a back-off (1 s, doubling to 30 s); Redis is not."; \
 	echo "Ctrl-C stops all."; \
 	wait -n "$${pids[@]}"; \
@@ -254,6 +267,10 @@ policies:
 ## bench: the whole stack, every door at concurrency 1, 4 and 16 against the agent and its baselines; writes BENCHMARKS.md and BENCHMARKS.png
 bench: setup
 	$(GO) run ./edge/cmd/stackbench -markdown BENCHMARKS.md -png BENCHMARKS.png
+
+## bench-tls: print(1) through a stack with TLS on every link against a plain one, in turns, and the TLS handshake's cost (a part of make bench)
+bench-tls: setup
+	$(GO) run ./edge/cmd/stackbench -only tls
 
 ## bench-agent: the agent against docker exec and in-sandbox interpreter starts, one table
 bench-agent: setup

@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -48,6 +50,9 @@ func TestMakeUpCluster(t *testing.T) {
 	agents := []string{port(), port(), port()}
 	name := fmt.Sprintf("e2e-upcluster-%d", os.Getpid())
 	redisAddr := port()
+	// Where each service serves its metrics, in the order of its kind's
+	// addresses.
+	metrics := map[string][]string{"AGENTS": {port(), port(), port()}, "CONTROLPLANES": {port(), port()}, "EDGES": {port(), port()}}
 	passwordFile := filepath.Join(t.TempDir(), "cluster-redis-password")
 	logPath := filepath.Join(t.TempDir(), "make-up-cluster.log")
 	logFile, err := os.Create(logPath)
@@ -63,6 +68,9 @@ func TestMakeUpCluster(t *testing.T) {
 		"CLUSTER_AGENTS="+strings.Join(agents, " "),
 		"CLUSTER_CONTROLPLANES="+port()+" "+port(),
 		"CLUSTER_EDGES="+strings.Join(edges, " "))
+	for kind, addrs := range metrics {
+		cmd.Args = append(cmd.Args, "CLUSTER_"+kind+"_METRICS="+strings.Join(addrs, " "))
+	}
 	cmd.Dir = root
 	cmd.Env = append(makeFreeEnv(), "MIN_ACTIVE=1")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -87,6 +95,10 @@ func TestMakeUpCluster(t *testing.T) {
 	}) {
 		t.FailNow()
 	}
+
+	t.Run("metrics", func(t *testing.T) {
+		checkClusterMetrics(t, must(os.ReadFile(logPath)), metrics)
+	})
 
 	ctx := t.Context()
 	client := func(i int) edgev1connect.ExecutionServiceClient {
@@ -202,6 +214,36 @@ func stopClusterByCtrlC(t *testing.T, pgid int, done chan struct{}, waitErr *err
 }
 
 func must(b []byte, _ error) []byte { return b }
+
+// checkClusterMetrics checks that make up-cluster's banner prints each
+// service's metrics address (metrics: by kind, CLUSTER_<kind>_METRICS),
+// each its own, and that each serves the service's Prometheus metrics.
+func checkClusterMetrics(t *testing.T, banner []byte, metrics map[string][]string) {
+	t.Helper()
+	seen := map[string]bool{}
+	for kind, addrs := range metrics {
+		for i, addr := range addrs {
+			if seen[addr] {
+				t.Fatalf("%s given twice", addr)
+			}
+			seen[addr] = true
+			u := "http://" + addr + "/metrics"
+			if !bytes.Contains(banner, []byte(u)) {
+				t.Errorf("the banner does not print %s (%s %d)", u, kind, i+1)
+			}
+			res, err := http.Get(u)
+			if err != nil {
+				t.Errorf("%s %d's metrics: %v", kind, i+1, err)
+				continue
+			}
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != http.StatusOK || !bytes.Contains(body, []byte("codemode_build_info")) {
+				t.Errorf("%s %d's metrics at %s: HTTP %d without codemode_build_info:\n%.300s", kind, i+1, addr, res.StatusCode, body)
+			}
+		}
+	}
+}
 
 // checkClusterRedisPassword checks what make up-cluster promises of its
 // Redis's password: made in passwordFile (mode 0600, 32 random bytes in

@@ -354,3 +354,94 @@ func TestTLSClients(t *testing.T) {
 		}
 	})
 }
+
+// The cluster moves to a new CA while the edge and the agent run: a new
+// --cluster-ca file, new certificates for the agent and the control plane,
+// and the control plane started again with its new certificate. The edge
+// and the agent, not restarted, trust the new CA on their next
+// connections: the agent's heartbeats reach the new control plane and a
+// run goes through the edge again.
+func TestClusterCARotated(t *testing.T) {
+	t.Parallel()
+	dockertest.Need(t)
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.crt")
+	oldCA, err := tlsconfig.NewCA("codemode e2e old cluster CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := oldCA.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	certArgs := func(ca *tlsconfig.CA, name string) []string {
+		t.Helper()
+		is, err := ca.Issue([]string{"127.0.0.1", "localhost"}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, key, err := is.WriteFiles(dir, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []string{"--tls-cert", cert, "--tls-key", key, "--cluster-ca", caFile}
+	}
+	s := &Stack{Secret: newSecret()}
+	cpAddr := freeLoopbackAddr(t)
+	startControlPlane := func(ca *tlsconfig.CA) {
+		t.Helper()
+		s.ControlPlane, err = start("controlplane", s.ClusterEnv(), append([]string{"--addr", cpAddr, "--agents="}, certArgs(ca, "controlplane")...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	startControlPlane(oldCA)
+	t.Cleanup(func() { _ = s.ControlPlane.Stop(10 * time.Second) })
+	state, err := os.MkdirTemp(binDir, "agent-state-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Agent, err = start("agent", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0", "--name", fmt.Sprintf("e2e-ca-rotation-%d", os.Getpid()),
+		"--runner", filepath.Join(binDir, "runner"), "--state-dir", state, "--controlplanes", cpAddr, "--heartbeat-interval", "500ms",
+		"--min-active", "1", "--preload="}, certArgs(oldCA, "agent")...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Agent.Stop(30 * time.Second) })
+	s.Edge, err = start("edge", append(s.ClusterEnv(), "CODE_EXECUTION_HOST="+cpAddr), "--addr", "127.0.0.1:0", "--cluster-ca", caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Edge.Stop(10 * time.Second) })
+	c := edgev1connect.NewExecutionServiceClient(httpClient, s.Edge.URL(), connect.WithGRPC())
+	var last error
+	run := func() bool {
+		res, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(6*7)"}))
+		if last = err; err == nil && res.Msg.GetResult().GetStdout() != "42\n" {
+			last = fmt.Errorf("result %v", res.Msg.GetResult())
+		}
+		return last == nil
+	}
+	if !testkit.Until(60*time.Second, run) {
+		t.Fatalf("a run with the old CA: %v\n%s", last, s.Logs())
+	}
+	edgePid, agentPid := s.Edge.Pid(), s.Agent.Pid()
+
+	newCA, err := tlsconfig.NewCA("codemode e2e new cluster CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newCA.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	certArgs(newCA, "agent")
+	if err := s.ControlPlane.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	startControlPlane(newCA)
+	if !testkit.Until(60*time.Second, run) {
+		t.Fatalf("after the rotation, no run through the edge and the agent started before it: %v\n%s", last, s.Logs())
+	}
+	if s.Edge.Pid() != edgePid || s.Agent.Pid() != agentPid {
+		t.Fatal("the edge or the agent was started again")
+	}
+}

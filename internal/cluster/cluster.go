@@ -218,8 +218,13 @@ type Links struct {
 	// Secret is sent with every call; nil: none (loopback only).
 	Secret *Secret
 	// TLS trusts the cluster's CA; nil: peers are reached over plain
-	// HTTP/2 (h2c), on loopback or a network that protects them.
+	// HTTP/2 (h2c), on loopback or a network that protects them. Its
+	// RootCAs are the CAs read at start, for a client that dials by
+	// itself (Redis); Client's clients trust CA's current ones.
 	TLS *tls.Config
+	// CA is the cluster's CA file (--cluster-ca), read again when it
+	// changes; nil: TLS's RootCAs, fixed.
+	CA *tlsconfig.CAPool
 	// Insecure lets the secret go in clear text to an address off loopback.
 	Insecure bool
 }
@@ -229,7 +234,7 @@ type Links struct {
 // parsed.
 func LinkFlags(f *cli.Flags) func(getenv func(string) string) (*Links, error) {
 	loadSecret := Flags(f)
-	ca := f.String("cluster-ca", "", "PEM file of the CA that signed the other services' certificates: calls to them go over TLS (https://), trusting only it; host:port then means https://host:port")
+	ca := f.String("cluster-ca", "", "PEM file of the CA that signed the other services' certificates, read again when it changes: calls to them go over TLS (https://), trusting only it; host:port then means https://host:port")
 	f.Env("cluster-ca", "CODEMODE_CLUSTER_CA")
 	insecure := f.Bool("insecure-internal", false, "allow sending the cluster secret over plain TCP to addresses off loopback (a network that encrypts and authenticates peers itself, such as WireGuard); without it such calls are refused")
 	f.Env("insecure-internal", "CODEMODE_INSECURE_INTERNAL")
@@ -240,9 +245,10 @@ func LinkFlags(f *cli.Flags) func(getenv func(string) string) (*Links, error) {
 		}
 		l := &Links{Secret: s, Insecure: *insecure}
 		if *ca != "" {
-			if l.TLS, err = tlsconfig.Client(*ca); err != nil {
+			if l.CA, err = tlsconfig.LoadCAPool(*ca, nil); err != nil {
 				return nil, fmt.Errorf("--cluster-ca: %w", err)
 			}
+			l.TLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: l.CA.Pool()}
 		}
 		return l, nil
 	}
@@ -269,9 +275,11 @@ func (l *Links) URL(addr string) string {
 }
 
 // Client returns a client of the cluster's services: c (nil: a new
-// server.NewClient) trusting the cluster's CA, sending the secret with
-// every request, and refusing to send it over plain HTTP to a host off
-// loopback unless Insecure. A nil Links returns c as it is.
+// server.NewClient) trusting the cluster's CA (with CA, the CAs in its
+// file when each connection is made, see tlsconfig.CAPool.DialTLSContext),
+// sending the secret with every request, and refusing to send it over
+// plain HTTP to a host off loopback unless Insecure. A nil Links returns c
+// as it is.
 func (l *Links) Client(c *http.Client) *http.Client {
 	if c == nil {
 		c = server.NewClient()
@@ -284,6 +292,9 @@ func (l *Links) Client(c *http.Client) *http.Client {
 		if t, ok := c.Transport.(*http.Transport); ok {
 			t = t.Clone()
 			t.TLSClientConfig = l.TLS.Clone()
+			if l.CA != nil {
+				t.DialTLSContext = l.CA.DialTLSContext(t.DialContext, func() *tls.Config { return t.TLSClientConfig })
+			}
 			out.Transport = t
 		}
 		c = &out

@@ -133,24 +133,33 @@ type ServerOptions struct {
 	// CertFile and KeyFile are the server's certificate chain and key (PEM),
 	// read again when they change.
 	CertFile, KeyFile string
-	Logger            *slog.Logger
+	// ClientCA, if set, makes the listener ask every client for a
+	// certificate and accept only one that the CAs in it, as they are at
+	// the handshake, signed (mutual TLS); nil: clients are not asked.
+	ClientCA *CAPool
+	Logger   *slog.Logger
 }
 
 // Server returns the TLS configuration of a listener: TLS 1.2 or later,
 // ALPN h2 then http/1.1 (gRPC needs h2; Connect and gRPC-Web take
-// either), the certificate from o's files.
+// either), the certificate from o's files, and with o.ClientCA, client
+// certificates that its CAs signed.
 func Server(o ServerOptions) (*tls.Config, error) {
 	pair, err := LoadKeyPair(o.CertFile, o.KeyFile, o.Logger)
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{
+	c := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"h2", "http/1.1"},
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return pair.Certificate(), nil
 		},
-	}, nil
+	}
+	if o.ClientCA != nil {
+		c = o.ClientCA.ServerClientCAs(c)
+	}
+	return c, nil
 }
 
 // CertPool reads the PEM certificates in file into a pool, for a client
@@ -168,7 +177,9 @@ func CertPool(file string) (*x509.CertPool, error) {
 }
 
 // Client returns the TLS configuration of a client that trusts only the
-// CA certificates in caFile (a cluster's CA): TLS 1.2 or later.
+// CA certificates in caFile (a cluster's CA): TLS 1.2 or later. The file is
+// read once; a client that should trust a rotated CA without a restart
+// dials with a CAPool (see CAPool.DialTLSContext, CAPool.ClientConfig).
 func Client(caFile string) (*tls.Config, error) {
 	pool, err := CertPool(caFile)
 	if err != nil {

@@ -41,6 +41,7 @@ type results struct {
 	queueWait time.Duration // the agent's queue timeout
 	work      []workRow     // the realistic workload, both stacks
 	memory    []stackMemory // of both stacks of the workload
+	tls       *tlsResults   // nil: the TLS part did not run
 }
 
 // row is one line of the table.
@@ -72,6 +73,9 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	if b.o.workload() {
 		phases = append(phases, b.measureWorkload)
+	}
+	if b.o.tlsPart() {
+		phases = append(phases, b.measureTLS)
 	}
 	for _, phase := range phases {
 		if err := phase(ctx, res); err != nil {

@@ -18,8 +18,12 @@
 // and on a second stack started for it whose agent does not (--preload=),
 // the two in turns. Its table has each item's latency, runs/s and CPU per
 // run (the host's and the sandboxes' cgroups'), the memory of both agents
-// and their sandboxes, and the ratios of the Targets section. -only runs
-// one part.
+// and their sandboxes, and the ratios of the Targets section.
+//
+// The TLS part (tls.go) starts two more stacks, one with TLS on every link
+// and the client's, one plain, and runs print(1) through both in turns,
+// paced; then it times fresh connections to each edge, TLS handshake
+// against TCP alone. -only runs one part.
 //
 // It prints one table (p50, p95, p99, runs/s, errors by kind), the CPU
 // each run cost the host and each service (from /proc), the machine's
@@ -33,7 +37,7 @@
 // error or interrupt. Every loop is bounded. Run it from the repository
 // root:
 //
-//	go run ./edge/cmd/stackbench [-n 100] [-workload-n 12] [-only doors|workload] [-markdown BENCHMARKS.md] [-png BENCHMARKS.png]
+//	go run ./edge/cmd/stackbench [-n 100] [-workload-n 12] [-tls-n 60] [-only doors|workload|tls] [-markdown BENCHMARKS.md] [-png BENCHMARKS.png]
 package main
 
 import (
@@ -65,12 +69,16 @@ type options struct {
 	// workloadN is the runs per closed-loop measurement of each item of
 	// the realistic workload, per stack.
 	workloadN int
-	only      string // "doors" or "workload": run only that part; "": both
+	// tlsN is the paced runs through each stack of the TLS part;
+	// handshakeN the fresh connections to each of its edges.
+	tlsN, handshakeN int
+	only             string // "doors", "workload" or "tls": run only that part; "": all
 }
 
-// doors and workload say which parts run.
-func (o options) doors() bool    { return o.only != "workload" }
-func (o options) workload() bool { return o.only != "doors" }
+// doors, workload and tlsPart say which parts run.
+func (o options) doors() bool    { return o.only == "" || o.only == "doors" }
+func (o options) workload() bool { return o.only == "" || o.only == "workload" }
+func (o options) tlsPart() bool  { return o.only == "" || o.only == "tls" }
 
 func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	var o options
@@ -86,19 +94,21 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 	f.StringVar(&o.png, "png", "", "draw latency against concurrency into this PNG file")
 	f.Int64Var(&o.seed, "seed", 1, "seed of the mixed workload's order")
 	f.IntVar(&o.workloadN, "workload-n", 12, "runs per closed-loop measurement of each item of the realistic workload, per stack (paced: half as many, at least 4)")
-	f.StringVar(&o.only, "only", "", `run only one part: "doors" (every door with print(1), the mixed workload) or "workload" (the code models send, with and without preloading); empty: both`)
-	for _, name := range []string{"n", "exec-n", "loop-n", "warm", "image", "runtime", "queue-timeout", "markdown", "png", "seed", "workload-n", "only"} {
+	f.IntVar(&o.tlsN, "tls-n", 60, "paced runs of print(1) through each stack of the TLS part (TLS on every link, and plain)")
+	f.IntVar(&o.handshakeN, "handshake-n", 50, "fresh connections to each edge of the TLS part, timing the TLS handshake against TCP alone")
+	f.StringVar(&o.only, "only", "", `run only one part: "doors" (every door with print(1), the mixed workload), "workload" (the code models send, with and without preloading) or "tls" (print(1) with TLS on every link against plain TCP, and the handshake's cost); empty: all`)
+	for _, name := range []string{"n", "exec-n", "loop-n", "warm", "image", "runtime", "queue-timeout", "markdown", "png", "seed", "workload-n", "tls-n", "handshake-n", "only"} {
 		f.Env(name, "STACKBENCH_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_")))
 	}
 	if err := f.Parse(args, os.Getenv); err != nil {
 		return err
 	}
 	if o.n < 4 || o.n > 10000 || o.execN < 5 || o.execN > 1000 || o.loopN < 5 || o.loopN > 500 || o.warm < 1 || o.warm > 16 ||
-		o.workloadN < 8 || o.workloadN > 1000 {
-		return errors.New("bounds: -n 4..10000, -exec-n 5..1000, -loop-n 5..500, -warm 1..16, -workload-n 8..1000")
+		o.workloadN < 8 || o.workloadN > 1000 || o.tlsN < 10 || o.tlsN > 1000 || o.handshakeN < 5 || o.handshakeN > 1000 {
+		return errors.New("bounds: -n 4..10000, -exec-n 5..1000, -loop-n 5..500, -warm 1..16, -workload-n 8..1000, -tls-n 10..1000, -handshake-n 5..1000")
 	}
-	if o.only != "" && o.only != "doors" && o.only != "workload" {
-		return fmt.Errorf("-only %q: want doors, workload or nothing", o.only)
+	if o.only != "" && o.only != "doors" && o.only != "workload" && o.only != "tls" {
+		return fmt.Errorf("-only %q: want doors, workload, tls or nothing", o.only)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 45*time.Minute)
 	defer cancel()

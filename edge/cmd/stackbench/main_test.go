@@ -284,7 +284,7 @@ func TestPlot(t *testing.T) {
 
 func TestFlagBounds(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"-n", "2"}, {"-warm", "0"}, {"-exec-n", "100000"}, {"-no-such-flag"}} {
+	for _, args := range [][]string{{"-n", "2"}, {"-warm", "0"}, {"-exec-n", "100000"}, {"-no-such-flag"}, {"-tls-n", "5"}, {"-handshake-n", "0"}, {"-only", "everything"}} {
 		var out, errs strings.Builder
 		if err := run(t.Context(), args, nil, &out, &errs); err == nil {
 			t.Errorf("run %q: no error", args)

@@ -235,7 +235,7 @@ func checks(res *results) []check {
 			cs = append(cs, newCheck("agent paced p50 / in-sandbox python start", float64(a.p50)/float64(res.start1), "<=", pacedOverStart, "x"))
 		}
 	}
-	return append(cs, workloadChecks(res)...)
+	return append(append(cs, workloadChecks(res)...), tlsChecks(res)...)
 }
 
 func suffixed(s []string, suffix string) []string {
@@ -265,6 +265,7 @@ func renderText(res *results) string {
 		b.WriteString(cpuLegend)
 	}
 	writeWorkText(&b, res)
+	writeTLSText(&b, res)
 	b.WriteString("\nTargets (ratios of this run):\n")
 	for _, c := range checks(res) {
 		b.WriteString("  " + c.String() + "\n")
@@ -363,6 +364,7 @@ func renderMarkdown(res *results, cmdline, plot string) string {
 		b.WriteString(cpuLegend)
 	}
 	writeWorkMarkdown(&b, res)
+	writeTLSMarkdown(&b, res)
 	b.WriteString("\n## Targets\n\nRatios of this run.\n\n| measure | value | bound | verdict |\n| --- | --- | --- | --- |\n")
 	for _, c := range checks(res) {
 		verdict := "met"

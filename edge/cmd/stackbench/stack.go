@@ -82,6 +82,9 @@ func (b *bench) up(ctx context.Context) error {
 	env := []string{"CODEMODE_CLUSTER_SECRET=" + b.secret}
 
 	b.name = fmt.Sprintf("stackbench-%d", os.Getpid())
+	if !b.o.doors() && !b.o.workload() {
+		return nil // the TLS part starts stacks of its own
+	}
 	if b.agent, err = b.start(ctx, "agent", env, b.agentArgs(b.name, "--preload=default")...); err != nil {
 		return err
 	}
