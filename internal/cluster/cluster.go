@@ -219,14 +219,30 @@ type Links struct {
 	Secret *Secret
 	// TLS trusts the cluster's CA; nil: peers are reached over plain
 	// HTTP/2 (h2c), on loopback or a network that protects them. Its
-	// RootCAs are the CAs read at start, for a client that dials by
-	// itself (Redis); Client's clients trust CA's current ones.
+	// RootCAs are the CAs read at start; Client's clients and ClientTLS's
+	// configurations trust CA's current ones.
 	TLS *tls.Config
 	// CA is the cluster's CA file (--cluster-ca), read again when it
 	// changes; nil: TLS's RootCAs, fixed.
 	CA *tlsconfig.CAPool
 	// Insecure lets the secret go in clear text to an address off loopback.
 	Insecure bool
+}
+
+// ClientTLS returns the TLS configuration of a connection to serverName
+// for a client that dials by itself (Redis's): trusting the CA file as it
+// is at each handshake when there is one, else TLS's RootCAs; nil without
+// TLS.
+func (l *Links) ClientTLS(serverName string) *tls.Config {
+	switch {
+	case l == nil || l.TLS == nil:
+		return nil
+	case l.CA != nil:
+		return l.CA.ClientConfig(serverName)
+	}
+	c := l.TLS.Clone()
+	c.ServerName = serverName
+	return c
 }
 
 // LinkFlags defines the flags of the secret (see Flags), --cluster-ca and

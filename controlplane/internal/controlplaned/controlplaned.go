@@ -171,7 +171,7 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger
 	}
 	var store router.Store // nil: memory
 	if cfg.RedisURL != "" {
-		rs, err := redisstore.New(cfg.RedisURL, cfg.RedisPrefix, cfg.Secret.Key(redisstore.KeyPurpose), logger.With("component", "redisstore"), links.TLS)
+		rs, err := redisstore.New(cfg.RedisURL, cfg.RedisPrefix, cfg.Secret.Key(redisstore.KeyPurpose), logger.With("component", "redisstore"), links.ClientTLS)
 		if err != nil {
 			ln.Close()
 			return err

@@ -96,10 +96,12 @@ const MinKeyLen = 32
 // that key derives from a fixed value and the MAC authenticates nothing, as
 // fits a control plane that serves loopback only, see
 // controlplane/RATIONALE.md). Records that fail their check are reported to
-// logger. With rediss://, roots (if set) are the CAs that signed the
-// Redis's certificate, such as the cluster's (--cluster-ca); else the
-// system's. It does not connect until first used; Ping checks the server.
-func New(url, prefix string, key []byte, logger *slog.Logger, roots *tls.Config) (*Store, error) {
+// logger. With rediss://, trust (if set) gives the TLS configuration of a
+// connection to the Redis's host name, trusting the CAs that signed its
+// certificate, such as the cluster's (cluster.Links.ClientTLS, which follows
+// the --cluster-ca file as it changes); else the system's CAs are trusted.
+// It does not connect until first used; Ping checks the server.
+func New(url, prefix string, key []byte, logger *slog.Logger, trust func(serverName string) *tls.Config) (*Store, error) {
 	if len(key) < MinKeyLen {
 		return nil, fmt.Errorf("redis store: the key is %d bytes, want at least %d", len(key), MinKeyLen)
 	}
@@ -107,9 +109,11 @@ func New(url, prefix string, key []byte, logger *slog.Logger, roots *tls.Config)
 	if err != nil {
 		return nil, fmt.Errorf("redis url: %w", err)
 	}
-	if opts.TLSConfig != nil && roots != nil {
+	if opts.TLSConfig != nil && trust != nil {
 		// rediss:// to a Redis whose certificate a private CA signed.
-		opts.TLSConfig.RootCAs = roots.RootCAs
+		if c := trust(opts.TLSConfig.ServerName); c != nil {
+			opts.TLSConfig = c
+		}
 	}
 	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = Timeout, Timeout, Timeout
 	opts.ContextTimeoutEnabled = true

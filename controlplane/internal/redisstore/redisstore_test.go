@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/codemode-go/codemode/controlplane/internal/router"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
+	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/redistest"
 	"github.com/codemode-go/codemode/internal/tlsconfig"
 )
@@ -510,10 +512,11 @@ func TestRedisOverTLS(t *testing.T) {
 	if !strings.HasPrefix(srv.URL, "rediss://") {
 		t.Fatalf("URL %s, want rediss://", srv.URL)
 	}
-	roots, err := tlsconfig.Client(caFile)
+	pool, err := tlsconfig.LoadCAPool(caFile, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	roots := pool.ClientConfig
 	s, err := New(srv.URL, DefaultPrefix, testKey, nil, roots)
 	if err != nil {
 		t.Fatal(err)
@@ -531,7 +534,7 @@ func TestRedisOverTLS(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, url string
-		roots     *tls.Config
+		roots     func(string) *tls.Config
 	}{
 		{"without the CA", srv.URL, nil},
 		{"plain TCP to the TLS port", strings.Replace(srv.URL, "rediss://", "redis://", 1), roots},
@@ -545,5 +548,92 @@ func TestRedisOverTLS(t *testing.T) {
 			t.Errorf("%s: ping succeeded", tc.name)
 		}
 		other.Close()
+	}
+}
+
+// The store trusts the CA file as it is at each new connection: after the
+// Redis moves to a certificate of a new CA and the file to that CA, the
+// store, not made again, connects; a store that read the file once cannot.
+func TestRedisCAReloaded(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.crt")
+	issue := func(name string) (ca *tlsconfig.CA, cert, key string) {
+		t.Helper()
+		ca, err := tlsconfig.NewCA("redis test CA "+name, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		is, err := ca.Issue([]string{"127.0.0.1"}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cert, key, err = is.WriteFiles(dir, "redis-"+name); err != nil {
+			t.Fatal(err)
+		}
+		return ca, cert, key
+	}
+	writeCA := func(ca *tlsconfig.CA) {
+		t.Helper()
+		sub := t.TempDir()
+		if err := ca.WriteFiles(sub); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(sub, "ca.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Written beside and renamed, as a secret manager does.
+		if err := os.WriteFile(caFile+".new", b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(caFile+".new", caFile); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldCA, cert, key := issue("old")
+	writeCA(oldCA)
+	srv := redistest.StartTLS(t, redistest.TLS{CertFile: cert, KeyFile: key, CAFile: caFile})
+	pool, err := tlsconfig.LoadCAPool(caFile, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed, err := tlsconfig.Client(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reloading, err := New(srv.URL, DefaultPrefix, testKey, nil, pool.ClientConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reloading.Close()
+	once, err := New(srv.URL, DefaultPrefix, testKey, nil, func(name string) *tls.Config {
+		c := fixed.Clone()
+		c.ServerName = name
+		return c
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer once.Close()
+	for _, s := range []*Store{reloading, once} {
+		if err := s.Ping(t.Context()); err != nil {
+			t.Fatalf("ping before the rotation: %v", err)
+		}
+	}
+
+	// Redis moves to the new CA's certificate (CONFIG SET reloads its TLS),
+	// the file to the new CA, and every client connection is dropped.
+	newCA, cert, key := issue("new")
+	if err := reloading.c.Do(t.Context(), "CONFIG", "SET", "tls-cert-file", cert, "tls-key-file", key).Err(); err != nil {
+		t.Fatalf("move Redis to the new certificate: %v", err)
+	}
+	writeCA(newCA)
+	if err := reloading.c.Do(t.Context(), "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "no").Err(); err != nil && !strings.Contains(err.Error(), "EOF") {
+		t.Logf("client kill: %v", err)
+	}
+	testkit.Eventually(t, 10*time.Second, func() error { return reloading.Ping(t.Context()) })
+	if err := once.Ping(t.Context()); err == nil {
+		t.Fatal("a store that read the CA file once connected to the new CA's Redis")
 	}
 }
