@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -90,7 +92,7 @@ func startTLSEdge(t *testing.T, s *Stack) (e *tlsEdge, first string) {
 	e = &tlsEdge{ca: ca, pool: x509.NewCertPool(), dir: t.TempDir()}
 	e.pool.AddCert(ca.Cert)
 	cert, key, first := e.issue(t)
-	e.Process, err = s.StartEdge(nil, "--tls-cert", cert, "--tls-key", key)
+	e.Process, err = s.StartEdge(nil, "--tls-cert", cert, "--tls-key", key, "--http-redirect-addr", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("start edge with TLS: %v", err)
 	}
@@ -167,6 +169,40 @@ func TestEdgeOverTLS(t *testing.T) {
 		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "execute_code", Arguments: map[string]any{"language": "python", "code": "print(6*7)"}})
 		if err != nil || res.IsError || !strings.Contains(testkit.ToolText(res), "42") {
 			t.Fatalf("execute_code over TLS: %v %v", err, res)
+		}
+	})
+	t.Run("redirect", func(t *testing.T) {
+		// --http-redirect-addr: plain HTTP there is sent to https on the
+		// edge's port, path, query and method kept; following it runs the
+		// code over TLS.
+		var addr string
+		for _, line := range e.LogLines() {
+			var rec struct{ Msg, Addr string }
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "redirecting plain HTTP to https" {
+				addr = rec.Addr
+			}
+		}
+		if addr == "" {
+			t.Fatalf("the edge logged no redirect listener:\n%s", e.Logs())
+		}
+		noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		res, err := noFollow.Post("http://"+addr+"/run?x=1", "application/json", strings.NewReader(`{"code":"print(1)"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if want := e.base + "/run?x=1"; res.StatusCode != http.StatusPermanentRedirect || res.Header.Get("Location") != want {
+			t.Fatalf("plain HTTP at the redirect address: HTTP %d to %q, want 308 to %q", res.StatusCode, res.Header.Get("Location"), want)
+		}
+		h2.CheckRedirect = nil
+		res, err = (&http.Client{Transport: h2.Transport}).Post("http://"+addr+"/run", "application/json", strings.NewReader(`{"code":"print(6*7)"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || !strings.Contains(string(b), "42") || res.Request.URL.Scheme != "https" {
+			t.Fatalf("following the redirect: HTTP %d %s at %s", res.StatusCode, b, res.Request.URL)
 		}
 	})
 	t.Run("refused", func(t *testing.T) {

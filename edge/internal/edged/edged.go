@@ -61,10 +61,14 @@ type Config struct {
 	// ACME, with Hosts, gets the edge's certificates over ACME instead
 	// (see tlsconfig.ACME).
 	ACME tlsconfig.ACMEOptions
+	// HTTPRedirectAddr, with TLS, is a second address (such as :80) where
+	// every plain-HTTP request is redirected to https on Addr's port;
+	// empty: none (plain HTTP to Addr is refused with 400).
+	HTTPRedirectAddr string
 	// ControlPlanes are the control planes' base URLs, e.g.
-	// http://127.0.0.1:8080. With several, calls go to the first that
-	// accepts a connection, and move to the next only when one refuses
-	// (see internal/failover).
+	// http://127.0.0.1:8080. With several, each call goes to the first
+	// that takes it, and moves to the next only when it certainly did not
+	// start (see internal/failover).
 	ControlPlanes []string
 	// APIKeys is a JSON file mapping API keys to tenant names; empty: no
 	// authentication, every caller is the tenant "anonymous".
@@ -374,7 +378,37 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
+	if cfg.HTTPRedirectAddr != "" {
+		stop, err := serveRedirect(ctx, cfg, ln, logger.With("component", "redirect"))
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stop()
+	}
 	return Serve(ctx, cfg, ln, logger.With("component", "edge"))
+}
+
+// serveRedirect serves cfg.HTTPRedirectAddr, redirecting to https on ln's
+// port, until the returned function is called.
+func serveRedirect(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) (stop func(), err error) {
+	if cfg.TLS == (tlsconfig.Files{}) && len(cfg.ACME.Hosts) == 0 {
+		return nil, errors.New("--http-redirect-addr redirects to https: give the edge --tls-cert and --tls-key, or --acme-hosts")
+	}
+	rln, err := server.Listen(ctx, cfg.HTTPRedirectAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--http-redirect-addr: %w", err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := server.ServeRedirect(ctx, rln, port, logger); err != nil {
+			logger.Error("redirect listener failed", "error", err)
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
 // configFlags declares the edge's flags but those of the cluster secret,
@@ -385,6 +419,8 @@ func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 	fs.Env("addr", "EDGE_ADDR")
 	tlsFiles := tlsconfig.Flags(fs)
 	acmeOptions := tlsconfig.ACMEFlags(fs)
+	redirect := fs.String("http-redirect-addr", "", "with --tls-cert or --acme-hosts, also listen here (such as :80) and redirect every plain-HTTP request to https on --addr's port; empty: none")
+	fs.Env("http-redirect-addr", "CODEMODE_HTTP_REDIRECT_ADDR")
 	cp := fs.String("controlplane", DefaultControlPlane, "control plane base URL (host:port is taken as http://host:port); several, comma-separated: calls go to the first that accepts a connection and move to the next only when one refuses it (a run is never sent twice)")
 	fs.Env("controlplane", "CODE_EXECUTION_HOST")
 	keys := fs.String("api-keys", "", "JSON file mapping API keys to tenant names, mode 0600 or 0400 (one its group or others may read or write is refused); or the mapping itself in CODEMODE_API_KEYS_JSON; empty for no authentication")
@@ -431,7 +467,7 @@ func configFlags(fs *cli.Flags) func(*cluster.Links) Config {
 	fs.Env("api-max-response-bytes", "CODEMODE_API_MAX_RESPONSE_BYTES")
 	readChat := chat.Flags(fs)
 	return func(links *cluster.Links) Config {
-		return Config{Chat: readChat(), Addr: *addr, TLS: tlsFiles(), ACME: acmeOptions(), ControlPlanes: ParseControlPlanes(*cp, links), APIKeys: *keys, OIDC: *oidcConfig, PublicURL: *publicURL, Egress: *egressConfig,
+		return Config{Chat: readChat(), Addr: *addr, TLS: tlsFiles(), ACME: acmeOptions(), HTTPRedirectAddr: *redirect, ControlPlanes: ParseControlPlanes(*cp, links), APIKeys: *keys, OIDC: *oidcConfig, PublicURL: *publicURL, Egress: *egressConfig,
 			PolicyConfig: *policyConfig, PolicyCacheDir: *policyCache, PolicyAdminToken: *policyToken,
 			PublicWithoutKeys: *public, AllowedOrigins: ParseList(*origins), AllowedHosts: ParseList(*hosts),
 			Limits:    server.Limits{MaxRequestBytes: *maxBytes, BodyTimeout: *bodyTimeout, IdleTimeout: *idleTimeout, MaxConns: *maxConns, LargeBodies: *largeBodies},
