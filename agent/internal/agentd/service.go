@@ -202,7 +202,7 @@ func (s *Service) executeStateless(ctx context.Context, p runPlan, out *output, 
 	slot, err := s.gate.Enter(qctx)
 	var sb *pool.Sandbox
 	if err == nil {
-		sb, err = s.pool.AcquireFor(qctx, p.memory, lang)
+		sb, err = s.pool.AcquireFor(qctx, p.memory, lang, p.run.GetCode())
 	}
 	cancel()
 	s.metrics.ObserveQueueWait(time.Since(queued))

@@ -1,6 +1,10 @@
 package pool
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/codemode-go/codemode/agent/internal/wire"
+)
 
 // Sandboxes pinned to CPU sets (Config.CPUSets; package internal/cpuset
 // says why). The pool spreads sandboxes evenly over the sets, and a run takes
@@ -55,26 +59,37 @@ func (p *Pool) laneLoadLocked() (sandboxes, working []int) {
 	return sandboxes, working
 }
 
-// pickWarmLocked returns the index in p.warm of the sandbox a run in
-// language takes: one with that language prestarted before one without,
-// then one on the CPU set with the least work under way, then the most
-// recently used. p.mu is held; p.warm is not empty.
-func (p *Pool) pickWarmLocked(language string) int {
+// pickWarmLocked returns the index in p.warm of the sandbox a stateless
+// run takes that wants want prestarted: one with that interpreter
+// prestarted first, then one with its language prestarted in the other
+// kind (fresh or forked), then any; among those, one on the CPU set with
+// the least work under way, then the most recently used. A run that names
+// no preloaded module thus takes a fresh interpreter where one waits, and
+// leaves the forked ones, whose run and exit cost more, to the runs that
+// import what their parents hold. p.mu is held; p.warm is not empty.
+func (p *Pool) pickWarmLocked(want wire.Prestart) int {
 	var work []int
 	if len(p.cfg.CPUSets) > 0 {
 		_, work = p.laneLoadLocked()
 	}
 	best := -1
-	var bestMiss bool
-	var bestWork int
+	var bestMiss, bestWork int
 	for i := len(p.warm) - 1; i >= 0; i-- {
 		sb := p.warm[i]
-		miss := language != "" && sb.Prestarted() != language
+		miss := 0
+		if want.Language != "" {
+			switch has := sb.Prestarted(); {
+			case has.Language != want.Language:
+				miss = 2
+			case has.Forked != want.Forked:
+				miss = 1
+			}
+		}
 		w := 0
 		if work != nil && sb.lane >= 0 {
 			w = work[sb.lane]
 		}
-		if best < 0 || (!miss && bestMiss) || (miss == bestMiss && w < bestWork) {
+		if best < 0 || miss < bestMiss || (miss == bestMiss && w < bestWork) {
 			best, bestMiss, bestWork = i, miss, w
 		}
 	}

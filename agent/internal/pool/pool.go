@@ -24,6 +24,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/cpuslots"
 	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
+	"github.com/codemode-go/codemode/agent/internal/wire"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
 
@@ -280,14 +281,20 @@ func (p *Pool) DefaultMemory() int64 { return p.cfg.Spec.MemoryBytes }
 // [ErrExhausted] (wrapped, with ctx's error) if ctx ends while waiting;
 // [ErrClosed].
 func (p *Pool) Acquire(ctx context.Context, memory int64) (*Sandbox, error) {
-	return p.AcquireFor(ctx, memory, "")
+	return p.AcquireFor(ctx, memory, "", "")
 }
 
-// AcquireFor is Acquire for a run in language: among the warm sandboxes it
-// takes the most recently used one whose runner has an interpreter of that
-// language prestarted, if any (see [Sandbox.Prestarted]), so that the run
-// does not wait for one to start.
-func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*Sandbox, error) {
+// AcquireFor is Acquire for a stateless run of code in language: among the
+// warm sandboxes it takes the most recently used one whose runner has the
+// interpreter the run wants prestarted, if any (see [Sandbox.Prestarted]):
+// of that language, and forked from its preloaded parent when the code
+// names a preloaded module (Config.NamesPreloaded), fresh when not; so
+// that the run does not wait for one to start.
+func (p *Pool) AcquireFor(ctx context.Context, memory int64, language, code string) (*Sandbox, error) {
+	want := wire.Prestart{Language: language}
+	if language != "" && p.cfg.NamesPreloaded != nil {
+		want.Forked = p.cfg.NamesPreloaded(language, code)
+	}
 	if memory == 0 {
 		memory = p.cfg.Spec.MemoryBytes
 	}
@@ -308,7 +315,7 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 			return nil, fmt.Errorf("take a sandbox: %w", sandbox.ErrUnavailable)
 		}
 		if dflt {
-			if sb := p.takeWarmLocked(language); sb != nil {
+			if sb := p.takeWarmLocked(want); sb != nil {
 				return sb, nil
 			}
 			if !inLine {
@@ -341,12 +348,12 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language string) (*
 	}
 }
 
-// takeWarmLocked takes a warm sandbox for a run in language (see
-// AcquireFor), replacing any it finds dead; nil if there is none. p.mu is
-// held.
-func (p *Pool) takeWarmLocked(language string) *Sandbox {
+// takeWarmLocked takes a warm sandbox for a run that wants want
+// prestarted (see AcquireFor), replacing any it finds dead; nil if there is
+// none. p.mu is held.
+func (p *Pool) takeWarmLocked(want wire.Prestart) *Sandbox {
 	for len(p.warm) > 0 {
-		i := p.pickWarmLocked(language)
+		i := p.pickWarmLocked(want)
 		sb := p.warm[i]
 		p.warm = slices.Delete(p.warm, i, i+1)
 		if sb.dead() {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -147,8 +148,9 @@ func (c *fakeContainer) serve() {
 	if err := wire.WriteFrame(c.outW, &runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: &runnerv1.Ready{Versions: map[string]string{"python": "3.fake"}, Prestarted: "python"}}}); err != nil {
 		return
 	}
-	// As the runner does, it prestarts the language of the last run.
-	prestarted := "python"
+	// As the runner does, it prestarts the language of the last run,
+	// forked when the run named a preloaded module (here: pandas).
+	prestarted, forked := "python", false
 	for {
 		req := new(runnerv1.Request)
 		if err := wire.ReadFrame(c.inR, req); err != nil {
@@ -160,7 +162,7 @@ func (c *fakeContainer) serve() {
 			if k.Run.GetCode() == "die" {
 				return
 			}
-			prestarted = k.Run.GetLanguage()
+			prestarted, forked = k.Run.GetLanguage(), strings.Contains(k.Run.GetCode(), "pandas")
 			wire.WriteFrame(c.outW, &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Stdout{Stdout: []byte(k.Run.GetCode())}})
 			ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Exit{Exit: &runnerv1.Exit{}}}
 		case *runnerv1.Request_Reset_:
@@ -168,7 +170,7 @@ func (c *fakeContainer) serve() {
 			if c.failNext.Swap(false) {
 				ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Error{Error: &runnerv1.Error{Message: "dirty"}}}
 			} else {
-				ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{Prestarted: prestarted}}}
+				ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{Prestarted: prestarted, PrestartedForked: forked}}}
 			}
 		default:
 			ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{}}}
@@ -366,7 +368,7 @@ func TestPoolPrefersPrestartedLanguage(t *testing.T) {
 	testkit.WaitFor(t, 10*time.Second, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
 	used := map[string]string{} // language -> sandbox id
 	for _, lang := range []string{"javascript", "python"} {
-		sb, err := p.AcquireFor(t.Context(), 0, lang)
+		sb, err := p.AcquireFor(t.Context(), 0, lang, "x")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -380,14 +382,58 @@ func TestPoolPrefersPrestartedLanguage(t *testing.T) {
 	// python's sandbox came back last; javascript's is still preferred for
 	// javascript, and each language finds its own.
 	for _, lang := range []string{"javascript", "python", "javascript"} {
-		sb, err := p.AcquireFor(t.Context(), 0, lang)
+		sb, err := p.AcquireFor(t.Context(), 0, lang, "x")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if sb.ID() != used[lang] || sb.Prestarted() != lang {
-			t.Errorf("a %s run took %s (prestarted %q), want %s", lang, sb.ID(), sb.Prestarted(), used[lang])
+		if sb.ID() != used[lang] || sb.Prestarted().Language != lang {
+			t.Errorf("a %s run took %s (prestarted %+v), want %s", lang, sb.ID(), sb.Prestarted(), used[lang])
 		}
 		p.Release(t.Context(), sb, true) // scrubbed without a run: still prestarted
+		testkit.WaitFor(t, 10*time.Second, "it back", func() bool { return p.Stats().Warm == 2 })
+	}
+}
+
+// A run that names a preloaded module takes a warm sandbox whose runner has
+// an interpreter forked from the parent prestarted, and one that names none
+// a sandbox with a fresh interpreter, whichever came back last.
+func TestPoolPrefersPrestartedKind(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, func(c *Config) {
+		c.MinWarm, c.Max = 2, 2
+		c.NamesPreloaded = func(_, code string) bool { return strings.Contains(code, "pandas") }
+	})
+	testkit.WaitFor(t, 10*time.Second, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
+	used := map[string]string{} // code -> sandbox id
+	for _, code := range []string{"import pandas", "print(1)"} {
+		sb, err := p.AcquireFor(t.Context(), 0, "python", code)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sb.Run(t.Context(), &runnerv1.Run{Language: "python", Code: code}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		used[code] = sb.ID()
+		p.Release(t.Context(), sb, true)
+		testkit.WaitFor(t, 10*time.Second, "it back", func() bool { return p.Stats().Warm == 2 })
+	}
+	if used["import pandas"] == used["print(1)"] {
+		t.Fatal("both runs took one sandbox")
+	}
+	for _, code := range []string{"import pandas; pandas.DataFrame()", "print(2)", "print(3)", "import pandas"} {
+		sb, err := p.AcquireFor(t.Context(), 0, "python", code)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := used["print(1)"]
+		if strings.Contains(code, "pandas") {
+			want = used["import pandas"]
+		}
+		if sb.ID() != want {
+			t.Errorf("%q took %s (prestarted %+v), want %s", code, sb.ID(), sb.Prestarted(), want)
+		}
+		p.Release(t.Context(), sb, true) // scrubbed without a run: as it was
 		testkit.WaitFor(t, 10*time.Second, "it back", func() bool { return p.Stats().Warm == 2 })
 	}
 }

@@ -54,10 +54,9 @@ func (s *Sandbox) dead() bool {
 	}
 }
 
-// Prestarted is the language of the interpreter the runner keeps started
-// for the sandbox's next stateless run; "" if none. See
-// [wire.Client.Prestarted].
-func (s *Sandbox) Prestarted() string { return s.rc.Prestarted() }
+// Prestarted is the interpreter the runner keeps started ahead of the
+// next stateless run (see [wire.Client.Prestarted]).
+func (s *Sandbox) Prestarted() wire.Prestart { return s.rc.Prestarted() }
 
 // Versions are the interpreter versions the runner reported when it started.
 func (s *Sandbox) Versions() map[string]string { return s.ready.GetVersions() }

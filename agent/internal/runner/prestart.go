@@ -191,13 +191,13 @@ func (s *server) takePrestarted(lang language, stateless bool, code string) *pre
 
 // prestartedLang is the language of the prestarted interpreter, "" if
 // there is none.
-func (s *server) prestartedLang() string {
+func (s *server) prestartedLang() (lang string, forked bool) {
 	s.prestartMu.Lock()
 	defer s.prestartMu.Unlock()
 	if s.pre == nil {
-		return ""
+		return "", false
 	}
-	return s.pre.lang
+	return s.pre.lang, s.pre.forked
 }
 
 // dropPrestarted discards the prestarted interpreter, if there is one.

@@ -405,7 +405,8 @@ func (s *server) lend(lib string) error {
 func (s *server) serve(ctx context.Context, stdin io.Reader) error {
 	defer s.shutdown()
 	s.prestart()
-	ready := &runnerv1.Ready{Prestarted: s.prestartedLang()}
+	lang, forked := s.prestartedLang()
+	ready := &runnerv1.Ready{Prestarted: lang, PrestartedForked: forked}
 	if s.cfg.versions {
 		ready.Versions = s.versions(ctx)
 	}
@@ -514,7 +515,8 @@ func (s *server) handle(ctx context.Context, req *runnerv1.Request) *runnerv1.Ev
 		}
 	case *runnerv1.Request_Reset_:
 		if err = s.reset(ctx); err == nil {
-			return &runnerv1.Event{Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{Prestarted: s.prestartedLang()}}}
+			lang, forked := s.prestartedLang()
+			return &runnerv1.Event{Kind: &runnerv1.Event_Done{Done: &runnerv1.Done{Prestarted: lang, PrestartedForked: forked}}}
 		}
 	case *runnerv1.Request_WriteFile:
 		if err = s.files.Write(k.WriteFile.GetFile()); err == nil {

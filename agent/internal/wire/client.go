@@ -76,9 +76,9 @@ type Client struct {
 	readyOnce sync.Once
 	ready     *runnerv1.Ready
 
-	// prestarted is the language the runner last said it prestarted an
-	// interpreter for (Ready, then each Reset).
-	prestarted atomic.Pointer[string]
+	// prestarted is the interpreter the runner last said it prestarted
+	// (Ready, then each Reset).
+	prestarted atomic.Pointer[Prestart]
 
 	cancelGrace time.Duration // CancelGrace, shorter in tests
 
@@ -165,7 +165,7 @@ func (c *Client) read(r io.Reader) {
 		if ready := ev.GetReady(); ready != nil {
 			c.readyOnce.Do(func() {
 				c.ready = ready
-				c.prestarted.Store(&ready.Prestarted)
+				c.prestarted.Store(&Prestart{Language: ready.GetPrestarted(), Forked: ready.GetPrestartedForked()})
 				close(c.readyCh)
 			})
 			continue
@@ -333,26 +333,34 @@ func (c *Client) RunEgress(ctx context.Context, run *runnerv1.Run, out func(stre
 // sandbox must then be destroyed, not reused), or the errors described on
 // [Client].
 func (c *Client) Reset(ctx context.Context) error {
-	none := ""
-	c.prestarted.Store(&none) // until the runner says otherwise
+	c.prestarted.Store(&Prestart{}) // until the runner says otherwise
 	ev, err := c.call(ctx, &runnerv1.Request{Kind: &runnerv1.Request_Reset_{Reset_: &runnerv1.Reset{}}})
 	if err != nil {
 		return err
 	}
-	lang := ev.GetDone().GetPrestarted()
-	c.prestarted.Store(&lang)
+	c.prestarted.Store(&Prestart{Language: ev.GetDone().GetPrestarted(), Forked: ev.GetDone().GetPrestartedForked()})
 	return nil
 }
 
-// Prestarted is the language of the interpreter the runner has started
-// ahead of the next stateless run, as it said when it became ready or at
-// the end of the last Reset; "" if none (or not known yet). A run of another
+// Prestart is the interpreter a runner keeps started ahead of the next
+// stateless run.
+type Prestart struct {
+	// Language is its language; "": none.
+	Language string
+	// Forked says it is forked from the language's preloaded parent, its
+	// modules imported, rather than fresh.
+	Forked bool
+}
+
+// Prestarted is the interpreter the runner has started ahead of the next
+// stateless run, as it said when it became ready or at the end of the last
+// Reset; the zero Prestart if none (or not known yet). A run of another
 // language, or anything but a stateless run, discards it.
-func (c *Client) Prestarted() string {
+func (c *Client) Prestarted() Prestart {
 	if p := c.prestarted.Load(); p != nil {
 		return *p
 	}
-	return ""
+	return Prestart{}
 }
 
 // WriteFile writes f into the workspace, creating its parent directories,

@@ -960,9 +960,12 @@ type Ready struct {
 	Versions map[string]string `protobuf:"bytes,1,rep,name=versions,proto3" json:"versions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Language of the interpreter started ahead of the next stateless run;
 	// empty: none.
-	Prestarted    string `protobuf:"bytes,2,opt,name=prestarted,proto3" json:"prestarted,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Prestarted string `protobuf:"bytes,2,opt,name=prestarted,proto3" json:"prestarted,omitempty"`
+	// Whether that interpreter is forked from the language's preloaded
+	// parent (its modules imported) rather than fresh.
+	PrestartedForked bool `protobuf:"varint,3,opt,name=prestarted_forked,json=prestartedForked,proto3" json:"prestarted_forked,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Ready) Reset() {
@@ -1007,6 +1010,13 @@ func (x *Ready) GetPrestarted() string {
 		return x.Prestarted
 	}
 	return ""
+}
+
+func (x *Ready) GetPrestartedForked() bool {
+	if x != nil {
+		return x.PrestartedForked
+	}
+	return false
 }
 
 type Exit struct {
@@ -1239,9 +1249,12 @@ type Done struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// For a Reset: language of the interpreter started ahead of the next
 	// stateless run; empty: none.
-	Prestarted    string `protobuf:"bytes,1,opt,name=prestarted,proto3" json:"prestarted,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Prestarted string `protobuf:"bytes,1,opt,name=prestarted,proto3" json:"prestarted,omitempty"`
+	// Whether that interpreter is forked from the language's preloaded
+	// parent (its modules imported) rather than fresh.
+	PrestartedForked bool `protobuf:"varint,2,opt,name=prestarted_forked,json=prestartedForked,proto3" json:"prestarted_forked,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Done) Reset() {
@@ -1279,6 +1292,13 @@ func (x *Done) GetPrestarted() string {
 		return x.Prestarted
 	}
 	return ""
+}
+
+func (x *Done) GetPrestartedForked() bool {
+	if x != nil {
+		return x.PrestartedForked
+	}
+	return false
 }
 
 type FileList struct {
@@ -1711,12 +1731,13 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\vegress_data\x18\v \x01(\v2\x1e.codemode.runner.v1.EgressDataH\x00R\n" +
 	"egressData\x12D\n" +
 	"\fegress_close\x18\f \x01(\v2\x1f.codemode.runner.v1.EgressCloseH\x00R\vegressCloseB\x06\n" +
-	"\x04kind\"\xa9\x01\n" +
+	"\x04kind\"\xd6\x01\n" +
 	"\x05Ready\x12C\n" +
 	"\bversions\x18\x01 \x03(\v2'.codemode.runner.v1.Ready.VersionsEntryR\bversions\x12\x1e\n" +
 	"\n" +
 	"prestarted\x18\x02 \x01(\tR\n" +
-	"prestarted\x1a;\n" +
+	"prestarted\x12+\n" +
+	"\x11prestarted_forked\x18\x03 \x01(\bR\x10prestartedForked\x1a;\n" +
 	"\rVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb7\x02\n" +
@@ -1745,11 +1766,12 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eCODE_NOT_FOUND\x10\x02\x12\x1b\n" +
 	"\x17CODE_RESOURCE_EXHAUSTED\x10\x03\x12\r\n" +
 	"\tCODE_BUSY\x10\x04\x12\x1c\n" +
-	"\x18CODE_FAILED_PRECONDITION\x10\x05\"&\n" +
+	"\x18CODE_FAILED_PRECONDITION\x10\x05\"S\n" +
 	"\x04Done\x12\x1e\n" +
 	"\n" +
 	"prestarted\x18\x01 \x01(\tR\n" +
-	"prestarted\"\\\n" +
+	"prestarted\x12+\n" +
+	"\x11prestarted_forked\x18\x02 \x01(\bR\x10prestartedForked\"\\\n" +
 	"\bFileList\x122\n" +
 	"\x05files\x18\x01 \x03(\v2\x1c.codemode.runner.v1.FileInfoR\x05files\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"X\n" +
