@@ -71,9 +71,11 @@ const stateLostNote = "\n[codemode] the Python session's state (variables, impor
 const interruptedNote = "\n[codemode] the run %s and was interrupted (KeyboardInterrupt); the Python session's state is kept\n"
 
 // interruptGrace is how long a cell that timed out or was cancelled has to
-// end once interrupted before the interpreter is killed: well within the
-// agent's wait for the runner's report after a timeout (2 s).
-const interruptGrace = 500 * time.Millisecond
+// end once interrupted before the interpreter is killed: half the agent's
+// wait for the runner's report after a timeout (2 s), and long enough for
+// a sandbox on a loaded host to raise KeyboardInterrupt (500 ms was not,
+// once in a CI run, losing a session's state that was to be kept).
+const interruptGrace = time.Second
 
 // runKernel runs one cell in the Python kernel, starting one if needed.
 func (s *server) runKernel(ctx context.Context, o *stdio.Output, lang language, r *runnerv1.Run, lim limits) (*runnerv1.Exit, error) {
