@@ -113,12 +113,8 @@ breaking:
 	@if git rev-parse -q --verify main >/dev/null; then $(BUF) breaking --against '.git#branch=main'; fi
 
 ## test: set up, lint, check generated code, and run every test with -race
-# The slowest test packages, listed first so that they start at once and the
-# others fill the other slot beside them.
-SLOW_TESTS = ./edge/e2e ./edge/internal/policy ./agent/internal/agentd ./agent/internal/runner
-
 test: setup lint breaking checkgenerate
-	$(GO) test -race -count=1 -timeout 25m $(SLOW_TESTS) ./...
+	$(GO) test -race -count=1 -timeout 25m ./...
 
 # $(call secret_file,FILE,FILTER): create FILE once, 32 random bytes in base64
 # passed through FILTER, written to a file of mode 0600 from the start
