@@ -76,28 +76,18 @@ func TestMakeUp(t *testing.T) {
 		"AGENT_METRICS_ADDR="+metricsAddrs["agent"])
 	cmd.Dir = root
 	cmd.Env = append(makeFreeEnv(), "AGENT_NAME="+agentName, "MIN_ACTIVE=1", "AGENT_STATE_DIR="+t.TempDir())
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// A process group of its own, like a shell's foreground job: the
-	// test's Ctrl-C goes to it and nowhere else.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	m, err := startMake(cmd, logFile)
+	if err != nil {
 		t.Fatalf("start make up: %v", err)
 	}
-	pgid := cmd.Process.Pid
-	done := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(done)
-	}()
 	services := map[string]int{}
 	t.Cleanup(func() {
-		stopMakeUp(done, pgid, services, agentName)
+		stopMakeUp(m.done, m.pgid, services, agentName)
 	})
 
 	// Wait for the edge, leaving time to stop the stack before the test
 	// binary's deadline.
-	waitForEdge(t, edgePort, done, &waitErr, logs)
+	waitForEdge(t, edgePort, m.done, &m.waitErr, logs)
 
 	// The services are make's descendants, by executable name.
 	findServices(t, cmd, &services, logs)
@@ -122,26 +112,55 @@ func TestMakeUp(t *testing.T) {
 		})
 	})
 	t.Run("README quick start", func(t *testing.T) { runQuickStart(t, root, edgeAddr) })
-	t.Run("metrics", func(t *testing.T) {
-		b, _ := os.ReadFile(logPath)
-		for name, addr := range metricsAddrs {
-			if !strings.Contains(string(b), "http://"+addr+"/metrics") {
-				t.Errorf("the banner does not print %s's metrics address %s", name, addr)
-			}
-			res, err := http.Get("http://" + addr + "/metrics")
-			if err != nil {
-				t.Errorf("%s's metrics: %v", name, err)
-				continue
-			}
-			body, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			if !strings.Contains(string(body), "codemode_build_info") {
-				t.Errorf("%s's metrics at %s lack codemode_build_info:\n%.300s", name, addr, body)
-			}
-		}
-	})
+	t.Run("metrics", func(t *testing.T) { checkMetrics(t, logPath, metricsAddrs) })
 
-	stopByCtrlC(t, pgid, done, &waitErr, logPath, logs, services, dockerd, agentName)
+	stopByCtrlC(t, m.pgid, m.done, &m.waitErr, logPath, logs, services, dockerd, agentName)
+}
+
+// makeRun is make running in a process group of its own.
+type makeRun struct {
+	pgid    int           // of make's process group
+	done    chan struct{} // closed when make has exited
+	waitErr error         // make's exit, once done is closed
+}
+
+// startMake starts cmd, its output to logFile, in a process group of its
+// own, like a shell's foreground job: the test's Ctrl-C goes to it and
+// nowhere else.
+func startMake(cmd *exec.Cmd, logFile *os.File) (*makeRun, error) {
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	m := &makeRun{pgid: cmd.Process.Pid, done: make(chan struct{})}
+	go func() {
+		m.waitErr = cmd.Wait()
+		close(m.done)
+	}()
+	return m, nil
+}
+
+// checkMetrics is TestMakeUp's "metrics": the banner in logPath prints
+// each service's metrics address, by name in metricsAddrs, and each
+// serves codemode's metrics there.
+func checkMetrics(t *testing.T, logPath string, metricsAddrs map[string]string) {
+	b, _ := os.ReadFile(logPath)
+	for name, addr := range metricsAddrs {
+		if !strings.Contains(string(b), "http://"+addr+"/metrics") {
+			t.Errorf("the banner does not print %s's metrics address %s", name, addr)
+		}
+		res, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Errorf("%s's metrics: %v", name, err)
+			continue
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if !strings.Contains(string(body), "codemode_build_info") {
+			t.Errorf("%s's metrics at %s lack codemode_build_info:\n%.300s", name, addr, body)
+		}
+	}
 }
 
 // makeUpPreconditions skips unless make up can run here, and returns the

@@ -73,22 +73,15 @@ func TestMakeUpCluster(t *testing.T) {
 	}
 	cmd.Dir = root
 	cmd.Env = append(makeFreeEnv(), "MIN_ACTIVE=1")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	m, err := startMake(cmd, logFile)
+	if err != nil {
 		t.Fatal(err)
 	}
-	pgid := cmd.Process.Pid
-	done := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(done)
-	}()
+	pgid := m.pgid
 	t.Cleanup(func() {
-		stopMakeUpCluster(done, pgid, agents, name)
+		stopMakeUpCluster(m.done, pgid, agents, name)
 	})
-	waitForCluster(t, done, &waitErr, logPath, logs)
+	waitForCluster(t, m.done, &m.waitErr, logPath, logs)
 
 	if !t.Run("redis password", func(t *testing.T) {
 		checkClusterRedisPassword(t, pgid, redisAddr, passwordFile)
@@ -114,6 +107,13 @@ func TestMakeUpCluster(t *testing.T) {
 		checkAgentRestarted(t, pgid, logPath, client, agents, logs)
 	})
 
+	sessionAcrossEdges(t, ctx, client, logs)
+	stopClusterByCtrlC(t, pgid, m.done, &m.waitErr, logPath, logs)
+}
+
+// sessionAcrossEdges sets x in a session through the first edge and
+// prints it through the second.
+func sessionAcrossEdges(t *testing.T, ctx context.Context, client func(i int) edgev1connect.ExecutionServiceClient, logs func() string) {
 	if _, err := client(0).Execute(ctx, connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "x = 6 * 7", SessionId: "upcluster"})); err != nil {
 		t.Fatalf("session through edge 1: %v\n%s", err, logs())
 	}
@@ -121,7 +121,6 @@ func TestMakeUpCluster(t *testing.T) {
 	if err != nil || strings.TrimSpace(res.Msg.GetResult().GetStdout()) != "42" {
 		t.Fatalf("the session through edge 2: %v %v, want 42\n%s", res, err, logs())
 	}
-	stopClusterByCtrlC(t, pgid, done, &waitErr, logPath, logs)
 }
 
 // makeUpClusterLogs returns the tail of make up-cluster's output in logPath,

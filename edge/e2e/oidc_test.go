@@ -219,45 +219,18 @@ func TestTokensAtEveryDoor(t *testing.T) {
 	t.Cleanup(func() { edge.Stop(30 * time.Second) })
 
 	good := tenantToken(t, p, "org-a", allScopes...)
-	expired := p.Token(t, p.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}, TTL: -time.Minute}), allScopes...)
-	wrongAudience := p.Token(t, p.Register(oidctest.Client{Audience: []string{"another-service"}, Claims: map[string]any{"org_id": "org-a"}}), allScopes...)
-	wrongIssuer := other.Token(t, other.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}}), allScopes...)
-	outside := tenantToken(t, p, "org-unlisted", allScopes...)
-	noScope := tenantToken(t, p, "org-a", "openid")
+	bad := badTokens{
+		expired:       p.Token(t, p.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}, TTL: -time.Minute}), allScopes...),
+		wrongAudience: p.Token(t, p.Register(oidctest.Client{Audience: []string{"another-service"}, Claims: map[string]any{"org_id": "org-a"}}), allScopes...),
+		wrongIssuer:   other.Token(t, other.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}}), allScopes...),
+		outside:       tenantToken(t, p, "org-unlisted", allScopes...),
+		noScope:       tenantToken(t, p, "org-a", "openid"),
+	}
 
 	for _, d := range everyDoor() {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
-			if status, code, _ := d.call(t, edge.URL(), good); code != 0 {
-				t.Fatalf("valid token: HTTP %d %v, want success", status, code)
-			}
-			for _, tc := range []struct {
-				name   string
-				bearer string
-				want   connect.Code
-				scope  string // in the insufficient_scope challenge
-			}{
-				{"no token", "", connect.CodeUnauthenticated, ""},
-				{"expired", expired, connect.CodeUnauthenticated, ""},
-				{"wrong audience", wrongAudience, connect.CodeUnauthenticated, ""},
-				{"wrong issuer", wrongIssuer, connect.CodeUnauthenticated, ""},
-				{"alg none", oidctest.AlgNone(good), connect.CodeUnauthenticated, ""},
-				{"HMAC with the public key", p.HMACWithPublicKey(good), connect.CodeUnauthenticated, ""},
-				{"another key's signature", oidctest.SignedByAnotherKey(good), connect.CodeUnauthenticated, ""},
-				{"tenant outside the allow-list", outside, connect.CodePermissionDenied, ""},
-				{"no scope", noScope, connect.CodePermissionDenied, "insufficient_scope"},
-			} {
-				status, code, challenge := d.call(t, edge.URL(), tc.bearer)
-				if code != tc.want {
-					t.Errorf("%s: HTTP %d %v, want %v", tc.name, status, code, tc.want)
-				}
-				if !strings.HasPrefix(challenge, "Bearer") && (status != 0 || d.name == "connect") {
-					t.Errorf("%s: WWW-Authenticate %q, want a Bearer challenge", tc.name, challenge)
-				}
-				if tc.scope != "" && status != 0 && !strings.Contains(challenge, tc.scope) {
-					t.Errorf("%s: WWW-Authenticate %q, want %s", tc.name, challenge, tc.scope)
-				}
-			}
+			tokensAtDoor(t, d, edge.URL(), p, good, bad)
 		})
 	}
 
@@ -265,22 +238,7 @@ func TestTokensAtEveryDoor(t *testing.T) {
 	// subject, never by the subject itself.
 	t.Run("log", func(t *testing.T) {
 		t.Parallel()
-		sub := subjectOf(t, good)
-		sum := sha256.Sum256([]byte(p.Issuer + "\x00" + sub))
-		hash := hex.EncodeToString(sum[:16])
-		c := edgev1connect.NewExecutionServiceClient(bearerClient(good), edge.URL())
-		if _, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
-			t.Fatal(err)
-		}
-		testkit.Eventually(t, 10*time.Second, func() error {
-			if !strings.Contains(edge.Logs(), `"subject":"`+hash+`"`) {
-				return fmt.Errorf("the edge's log has no subject %s", hash)
-			}
-			return nil
-		})
-		if strings.Contains(edge.Logs(), `"`+sub+`"`) {
-			t.Errorf("the edge's log names the subject %q", sub)
-		}
+		logNamesSubjectsByHash(t, edge, p, good)
 	})
 
 	// An MCP session belongs to the tenant and subject that opened it: the
@@ -289,16 +247,7 @@ func TestTokensAtEveryDoor(t *testing.T) {
 	// 404 of an unknown session.
 	t.Run("mcp sessions follow the subject", func(t *testing.T) {
 		t.Parallel()
-		user := p.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}})
-		cs := keyedMCP(t, edge.URL()+"/mcp", p.Token(t, user, allScopes...))
-		ping := `{"jsonrpc":"2.0","id":9,"method":"ping"}`
-		if got := mcpRequest(t, edge.URL()+"/mcp", http.MethodPost, ping, p.Token(t, user, allScopes...), cs.ID()); got.status != http.StatusOK {
-			t.Errorf("the same user's next token in its session: %s, want 200", got)
-		}
-		other := tenantToken(t, p, "org-a", allScopes...)
-		if got := mcpRequest(t, edge.URL()+"/mcp", http.MethodPost, ping, other, cs.ID()); got.status != http.StatusNotFound {
-			t.Errorf("another user of the tenant in the session: %s, want 404", got)
-		}
+		mcpSessionsFollowTheSubject(t, edge.URL(), p)
 	})
 
 	// Scopes grant what they name: a read-only token reads its status but
@@ -306,43 +255,129 @@ func TestTokensAtEveryDoor(t *testing.T) {
 	// no session; without codemode:apis it cannot use the API door.
 	t.Run("scopes", func(t *testing.T) {
 		t.Parallel()
-		readOnly := tenantToken(t, p, "org-a", "codemode:read")
-		execOnly := tenantToken(t, p, "org-a", "codemode:execute")
-		if status, _, _ := httpDoor("status", http.MethodGet, "/status", "").call(t, edge.URL(), readOnly); status != http.StatusOK {
-			t.Errorf("read-only token, /status: HTTP %d, want 200", status)
-		}
-		c := edgev1connect.NewExecutionServiceClient(bearerClient(readOnly), edge.URL())
-		_, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}))
-		var ce *connect.Error
-		if connect.CodeOf(err) != connect.CodePermissionDenied || !asConnectError(err, &ce) || !strings.Contains(ce.Message(), "codemode:execute") {
-			t.Errorf("read-only token, Execute: %v, want permission_denied naming codemode:execute", err)
-		}
-		if _, err := c.ListLanguages(t.Context(), connect.NewRequest(&edgev1.ListLanguagesRequest{})); err != nil {
-			t.Errorf("read-only token, ListLanguages: %v", err)
-		}
-		e := edgev1connect.NewExecutionServiceClient(bearerClient(execOnly), edge.URL())
-		if _, err := e.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
-			t.Errorf("execute token, Execute: %v", err)
-		}
-		if _, err := e.CreateSession(t.Context(), connect.NewRequest(&edgev1.CreateSessionRequest{Language: "python"})); connect.CodeOf(err) != connect.CodePermissionDenied {
-			t.Errorf("execute token, CreateSession: %v, want permission_denied", err)
-		}
-		if _, err := e.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)", SessionId: "s-" + newSecret()[:8]})); connect.CodeOf(err) != connect.CodePermissionDenied {
-			t.Errorf("execute token, Execute in a session: %v, want permission_denied", err)
-		}
-		if status, _, challenge := httpDoor("mcp-no-code-execute", http.MethodPost, "/mcp-no-code-execute", mcpInitialize).call(t, edge.URL(), execOnly); status != http.StatusForbidden || !strings.Contains(challenge, `scope="codemode:apis"`) {
-			t.Errorf("execute token, /mcp-no-code-execute: HTTP %d %q, want 403 naming codemode:apis", status, challenge)
-		}
-		// On /mcp, the session tools need codemode:sessions.
-		cs := keyedMCP(t, edge.URL()+"/mcp", execOnly)
-		if r := call(t, cs, "execute_code", map[string]any{"language": "python", "code": "print(6*7)"}); r.IsError || structured(t, r)["stdout"] != "42\n" {
-			t.Errorf("execute token, execute_code: %s", testkit.ToolText(r))
-		}
-		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_session", Arguments: map[string]any{"language": "python"}})
-		if err == nil && !res.IsError {
-			t.Errorf("execute token, create_session: %s, want an error", testkit.ToolText(res))
-		}
+		scopesGrantWhatTheyName(t, edge.URL(), p)
 	})
+}
+
+// badTokens are the tokens of TestTokensAtEveryDoor that no door takes.
+type badTokens struct {
+	expired, wrongAudience, wrongIssuer string // not ones the edge accepts
+	outside                             string // of a tenant the edge does not serve
+	noScope                             string // without any of codemode's scopes
+}
+
+// tokensAtDoor checks that door d of the edge at base opens with good, a
+// token of p, and refuses every kind of bad token.
+func tokensAtDoor(t *testing.T, d edgeDoor, base string, p *oidctest.Provider, good string, bad badTokens) {
+	if status, code, _ := d.call(t, base, good); code != 0 {
+		t.Fatalf("valid token: HTTP %d %v, want success", status, code)
+	}
+	for _, tc := range []struct {
+		name   string
+		bearer string
+		want   connect.Code
+		scope  string // in the insufficient_scope challenge
+	}{
+		{"no token", "", connect.CodeUnauthenticated, ""},
+		{"expired", bad.expired, connect.CodeUnauthenticated, ""},
+		{"wrong audience", bad.wrongAudience, connect.CodeUnauthenticated, ""},
+		{"wrong issuer", bad.wrongIssuer, connect.CodeUnauthenticated, ""},
+		{"alg none", oidctest.AlgNone(good), connect.CodeUnauthenticated, ""},
+		{"HMAC with the public key", p.HMACWithPublicKey(good), connect.CodeUnauthenticated, ""},
+		{"another key's signature", oidctest.SignedByAnotherKey(good), connect.CodeUnauthenticated, ""},
+		{"tenant outside the allow-list", bad.outside, connect.CodePermissionDenied, ""},
+		{"no scope", bad.noScope, connect.CodePermissionDenied, "insufficient_scope"},
+	} {
+		status, code, challenge := d.call(t, base, tc.bearer)
+		if code != tc.want {
+			t.Errorf("%s: HTTP %d %v, want %v", tc.name, status, code, tc.want)
+		}
+		if !strings.HasPrefix(challenge, "Bearer") && (status != 0 || d.name == "connect") {
+			t.Errorf("%s: WWW-Authenticate %q, want a Bearer challenge", tc.name, challenge)
+		}
+		if tc.scope != "" && status != 0 && !strings.Contains(challenge, tc.scope) {
+			t.Errorf("%s: WWW-Authenticate %q, want %s", tc.name, challenge, tc.scope)
+		}
+	}
+}
+
+// logNamesSubjectsByHash runs code on edge with good, a token of p, and
+// checks that the edge's log names its caller by the hash of its issuer
+// and subject, never by the subject itself.
+func logNamesSubjectsByHash(t *testing.T, edge *Process, p *oidctest.Provider, good string) {
+	sub := subjectOf(t, good)
+	sum := sha256.Sum256([]byte(p.Issuer + "\x00" + sub))
+	hash := hex.EncodeToString(sum[:16])
+	c := edgev1connect.NewExecutionServiceClient(bearerClient(good), edge.URL())
+	if _, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, func() error {
+		if !strings.Contains(edge.Logs(), `"subject":"`+hash+`"`) {
+			return fmt.Errorf("the edge's log has no subject %s", hash)
+		}
+		return nil
+	})
+	if strings.Contains(edge.Logs(), `"`+sub+`"`) {
+		t.Errorf("the edge's log names the subject %q", sub)
+	}
+}
+
+// mcpSessionsFollowTheSubject checks, at the edge at base trusting p, that
+// an MCP session goes on with its user's next token and is unknown to
+// another user of the same tenant.
+func mcpSessionsFollowTheSubject(t *testing.T, base string, p *oidctest.Provider) {
+	user := p.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}})
+	cs := keyedMCP(t, base+"/mcp", p.Token(t, user, allScopes...))
+	ping := `{"jsonrpc":"2.0","id":9,"method":"ping"}`
+	if got := mcpRequest(t, base+"/mcp", http.MethodPost, ping, p.Token(t, user, allScopes...), cs.ID()); got.status != http.StatusOK {
+		t.Errorf("the same user's next token in its session: %s, want 200", got)
+	}
+	other := tenantToken(t, p, "org-a", allScopes...)
+	if got := mcpRequest(t, base+"/mcp", http.MethodPost, ping, other, cs.ID()); got.status != http.StatusNotFound {
+		t.Errorf("another user of the tenant in the session: %s, want 404", got)
+	}
+}
+
+// scopesGrantWhatTheyName checks, at the edge at base trusting p, what a
+// read-only token and a token with codemode:execute alone may do.
+func scopesGrantWhatTheyName(t *testing.T, base string, p *oidctest.Provider) {
+	readOnly := tenantToken(t, p, "org-a", "codemode:read")
+	execOnly := tenantToken(t, p, "org-a", "codemode:execute")
+	if status, _, _ := httpDoor("status", http.MethodGet, "/status", "").call(t, base, readOnly); status != http.StatusOK {
+		t.Errorf("read-only token, /status: HTTP %d, want 200", status)
+	}
+	c := edgev1connect.NewExecutionServiceClient(bearerClient(readOnly), base)
+	_, err := c.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"}))
+	var ce *connect.Error
+	if connect.CodeOf(err) != connect.CodePermissionDenied || !asConnectError(err, &ce) || !strings.Contains(ce.Message(), "codemode:execute") {
+		t.Errorf("read-only token, Execute: %v, want permission_denied naming codemode:execute", err)
+	}
+	if _, err := c.ListLanguages(t.Context(), connect.NewRequest(&edgev1.ListLanguagesRequest{})); err != nil {
+		t.Errorf("read-only token, ListLanguages: %v", err)
+	}
+	e := edgev1connect.NewExecutionServiceClient(bearerClient(execOnly), base)
+	if _, err := e.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)"})); err != nil {
+		t.Errorf("execute token, Execute: %v", err)
+	}
+	if _, err := e.CreateSession(t.Context(), connect.NewRequest(&edgev1.CreateSessionRequest{Language: "python"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("execute token, CreateSession: %v, want permission_denied", err)
+	}
+	if _, err := e.Execute(t.Context(), connect.NewRequest(&edgev1.ExecuteRequest{Language: "python", Code: "print(1)", SessionId: "s-" + newSecret()[:8]})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("execute token, Execute in a session: %v, want permission_denied", err)
+	}
+	if status, _, challenge := httpDoor("mcp-no-code-execute", http.MethodPost, "/mcp-no-code-execute", mcpInitialize).call(t, base, execOnly); status != http.StatusForbidden || !strings.Contains(challenge, `scope="codemode:apis"`) {
+		t.Errorf("execute token, /mcp-no-code-execute: HTTP %d %q, want 403 naming codemode:apis", status, challenge)
+	}
+	// On /mcp, the session tools need codemode:sessions.
+	cs := keyedMCP(t, base+"/mcp", execOnly)
+	if r := call(t, cs, "execute_code", map[string]any{"language": "python", "code": "print(6*7)"}); r.IsError || structured(t, r)["stdout"] != "42\n" {
+		t.Errorf("execute token, execute_code: %s", testkit.ToolText(r))
+	}
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_session", Arguments: map[string]any{"language": "python"}})
+	if err == nil && !res.IsError {
+		t.Errorf("execute token, create_session: %s, want an error", testkit.ToolText(res))
+	}
 }
 
 // TestTokenKeyRotation: the provider replaces its signing key while the

@@ -171,58 +171,65 @@ func TestEdgeOverTLS(t *testing.T) {
 			t.Fatalf("execute_code over TLS: %v %v", err, res)
 		}
 	})
-	t.Run("redirect", func(t *testing.T) {
-		// --http-redirect-addr: plain HTTP there is sent to https on the
-		// edge's port, path, query and method kept; following it runs the
-		// code over TLS.
-		var addr string
-		for _, line := range e.LogLines() {
-			var rec struct{ Msg, Addr string }
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "redirecting plain HTTP to https" {
-				addr = rec.Addr
-			}
+	t.Run("redirect", func(t *testing.T) { e.redirectsPlainHTTP(t, h2) })
+	t.Run("refused", func(t *testing.T) { e.refusesPlainHTTPAndUntrustingClients(t) })
+}
+
+// redirectsPlainHTTP checks --http-redirect-addr: plain HTTP there is
+// sent to https on the edge's port, path, query and method kept;
+// following it with h2 runs the code over TLS.
+func (e *tlsEdge) redirectsPlainHTTP(t *testing.T, h2 *http.Client) {
+	var addr string
+	for _, line := range e.LogLines() {
+		var rec struct{ Msg, Addr string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "redirecting plain HTTP to https" {
+			addr = rec.Addr
 		}
-		if addr == "" {
-			t.Fatalf("the edge logged no redirect listener:\n%s", e.Logs())
-		}
-		noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-		res, err := noFollow.Post("http://"+addr+"/run?x=1", "application/json", strings.NewReader(`{"code":"print(1)"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
+	}
+	if addr == "" {
+		t.Fatalf("the edge logged no redirect listener:\n%s", e.Logs())
+	}
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	res, err := noFollow.Post("http://"+addr+"/run?x=1", "application/json", strings.NewReader(`{"code":"print(1)"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if want := e.base + "/run?x=1"; res.StatusCode != http.StatusPermanentRedirect || res.Header.Get("Location") != want {
+		t.Fatalf("plain HTTP at the redirect address: HTTP %d to %q, want 308 to %q", res.StatusCode, res.Header.Get("Location"), want)
+	}
+	h2.CheckRedirect = nil
+	res, err = (&http.Client{Transport: h2.Transport}).Post("http://"+addr+"/run", "application/json", strings.NewReader(`{"code":"print(6*7)"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(b), "42") || res.Request.URL.Scheme != "https" {
+		t.Fatalf("following the redirect: HTTP %d %s at %s", res.StatusCode, b, res.Request.URL)
+	}
+}
+
+// refusesPlainHTTPAndUntrustingClients checks that the edge's TLS port
+// serves nothing over plain HTTP, nor to a client that does not trust
+// its CA.
+func (e *tlsEdge) refusesPlainHTTPAndUntrustingClients(t *testing.T) {
+	// Plain HTTP to the TLS port: Go's server answers 400 and serves
+	// nothing.
+	res, err := http.Post("http://"+e.Addr+"/codemode.edge.v1.ExecutionService/Execute", "application/json", strings.NewReader(`{"code":"print(1)"}`))
+	if err == nil {
 		res.Body.Close()
-		if want := e.base + "/run?x=1"; res.StatusCode != http.StatusPermanentRedirect || res.Header.Get("Location") != want {
-			t.Fatalf("plain HTTP at the redirect address: HTTP %d to %q, want 308 to %q", res.StatusCode, res.Header.Get("Location"), want)
+		if res.StatusCode != http.StatusBadRequest {
+			t.Errorf("plain HTTP to the TLS port: HTTP %d, want 400", res.StatusCode)
 		}
-		h2.CheckRedirect = nil
-		res, err = (&http.Client{Transport: h2.Transport}).Post("http://"+addr+"/run", "application/json", strings.NewReader(`{"code":"print(6*7)"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode != http.StatusOK || !strings.Contains(string(b), "42") || res.Request.URL.Scheme != "https" {
-			t.Fatalf("following the redirect: HTTP %d %s at %s", res.StatusCode, b, res.Request.URL)
-		}
-	})
-	t.Run("refused", func(t *testing.T) {
-		// Plain HTTP to the TLS port: Go's server answers 400 and serves
-		// nothing.
-		res, err := http.Post("http://"+e.Addr+"/codemode.edge.v1.ExecutionService/Execute", "application/json", strings.NewReader(`{"code":"print(1)"}`))
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode != http.StatusBadRequest {
-				t.Errorf("plain HTTP to the TLS port: HTTP %d, want 400", res.StatusCode)
-			}
-		}
-		// A client that does not trust the CA.
-		untrusting, _ := tlsClient(x509.NewCertPool(), true)
-		_, err = untrusting.Get(e.base + "/status")
-		var unknown x509.UnknownAuthorityError
-		if !errors.As(err, &unknown) {
-			t.Errorf("client without the CA: %v, want an unknown-authority error", err)
-		}
-	})
+	}
+	// A client that does not trust the CA.
+	untrusting, _ := tlsClient(x509.NewCertPool(), true)
+	_, err = untrusting.Get(e.base + "/status")
+	var unknown x509.UnknownAuthorityError
+	if !errors.As(err, &unknown) {
+		t.Errorf("client without the CA: %v, want an unknown-authority error", err)
+	}
 }
 
 // A certificate replaced on disk is served to new connections while a
@@ -268,51 +275,18 @@ func TestEdgeReloadsItsCertificate(t *testing.T) {
 func TestTLSOnEveryLink(t *testing.T) {
 	t.Parallel()
 	dockertest.Need(t)
-	ca, err := tlsconfig.NewCA("codemode e2e cluster CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	if err := ca.WriteFiles(dir); err != nil {
-		t.Fatal(err)
-	}
+	ca := newClusterCA(t, "codemode e2e cluster CA", dir)
 	caFile := filepath.Join(dir, "ca.crt")
-	tlsArgs := func(name string) []string {
-		t.Helper()
-		is, err := ca.Issue([]string{"127.0.0.1", "localhost"}, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert, key, err := is.WriteFiles(dir, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return []string{"--tls-cert", cert, "--tls-key", key, "--cluster-ca", caFile}
-	}
 	s := &Stack{Secret: newSecret()}
-	s.ControlPlane, err = start("controlplane", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0", "--agents="}, tlsArgs("controlplane")...)...)
+	var err error
+	s.ControlPlane, err = start("controlplane", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0", "--agents="}, clusterCertArgs(t, ca, dir, "controlplane")...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.ControlPlane.Stop(10 * time.Second) })
-	state, err := os.MkdirTemp(binDir, "agent-state-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := fmt.Sprintf("e2e-tls-%d", os.Getpid())
 	// The control plane as host:port: with --cluster-ca, https.
-	s.Agent, err = start("agent", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0", "--name", name, "--runner", filepath.Join(binDir, "runner"),
-		"--state-dir", state, "--controlplanes", s.ControlPlane.Addr, "--heartbeat-interval", "500ms", "--min-active", "1", "--preload="},
-		tlsArgs("agent")...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Agent.Stop(30 * time.Second) })
-	s.Edge, err = start("edge", append(s.ClusterEnv(), "CODE_EXECUTION_HOST="+s.ControlPlane.Addr), "--addr", "127.0.0.1:0", "--cluster-ca", caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Edge.Stop(10 * time.Second) })
+	startClusterAgentAndEdge(t, s, fmt.Sprintf("e2e-tls-%d", os.Getpid()), s.ControlPlane.Addr, caFile, clusterCertArgs(t, ca, dir, "agent"))
 
 	c := edgev1connect.NewExecutionServiceClient(httpClient, s.Edge.URL(), connect.WithGRPC())
 	testkit.WaitFor(t, 60*time.Second, "a run through TLS links", func() bool {
@@ -327,23 +301,83 @@ func TestTLSOnEveryLink(t *testing.T) {
 	}
 	// The internal ports speak TLS only, and only to who trusts the CA.
 	for _, p := range []*Process{s.ControlPlane, s.Agent} {
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+p.Addr+"/status", nil)
-		if err != nil {
-			t.Fatal(err)
+		internalPortRefuses(t, p, s.Secret)
+	}
+}
+
+// newClusterCA makes a cluster CA named name and writes it into dir as
+// ca.crt.
+func newClusterCA(t *testing.T, name, dir string) *tlsconfig.CA {
+	t.Helper()
+	ca, err := tlsconfig.NewCA(name, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// clusterCertArgs writes into dir a certificate of ca for 127.0.0.1 and
+// localhost, and its key, as the service name's, and returns the flags
+// that serve them and trust the cluster CA in dir.
+func clusterCertArgs(t *testing.T, ca *tlsconfig.CA, dir, name string) []string {
+	t.Helper()
+	is, err := ca.Issue([]string{"127.0.0.1", "localhost"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, err := is.WriteFiles(dir, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--tls-cert", cert, "--tls-key", key, "--cluster-ca", filepath.Join(dir, "ca.crt")}
+}
+
+// startClusterAgentAndEdge starts into s an agent named name, with
+// agentTLS and its control plane at cpAddr, and an edge in front of that
+// control plane trusting the cluster CA in caFile; both stop when the test
+// ends.
+func startClusterAgentAndEdge(t *testing.T, s *Stack, name, cpAddr, caFile string, agentTLS []string) {
+	t.Helper()
+	state, err := os.MkdirTemp(binDir, "agent-state-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Agent, err = start("agent", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0", "--name", name, "--runner", filepath.Join(binDir, "runner"),
+		"--state-dir", state, "--controlplanes", cpAddr, "--heartbeat-interval", "500ms", "--min-active", "1", "--preload="},
+		agentTLS...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Agent.Stop(30 * time.Second) })
+	s.Edge, err = start("edge", append(s.ClusterEnv(), "CODE_EXECUTION_HOST="+cpAddr), "--addr", "127.0.0.1:0", "--cluster-ca", caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Edge.Stop(10 * time.Second) })
+}
+
+// internalPortRefuses checks that p's port, an internal one, refuses h2c
+// with the cluster secret, and a client that does not trust the CA.
+func internalPortRefuses(t *testing.T, p *Process, secret string) {
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+p.Addr+"/status", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+secret)
+	res, err := httpClient.Do(req)
+	if err == nil {
+		res.Body.Close()
+		if res.StatusCode != http.StatusBadRequest {
+			t.Errorf("h2c to %s: HTTP %d, want refused", p.Addr, res.StatusCode)
 		}
-		req.Header.Set("Authorization", "Bearer "+s.Secret)
-		res, err := httpClient.Do(req)
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode != http.StatusBadRequest {
-				t.Errorf("h2c to %s: HTTP %d, want refused", p.Addr, res.StatusCode)
-			}
-		}
-		untrusting, _ := tlsClient(x509.NewCertPool(), true)
-		var unknown x509.UnknownAuthorityError
-		if _, err := untrusting.Get("https://" + p.Addr + "/status"); !errors.As(err, &unknown) {
-			t.Errorf("client without the CA to %s: %v, want an unknown-authority error", p.Addr, err)
-		}
+	}
+	untrusting, _ := tlsClient(x509.NewCertPool(), true)
+	var unknown x509.UnknownAuthorityError
+	if _, err := untrusting.Get("https://" + p.Addr + "/status"); !errors.As(err, &unknown) {
+		t.Errorf("client without the CA to %s: %v, want an unknown-authority error", p.Addr, err)
 	}
 }
 
@@ -402,52 +436,20 @@ func TestClusterCARotated(t *testing.T) {
 	dockertest.Need(t)
 	dir := t.TempDir()
 	caFile := filepath.Join(dir, "ca.crt")
-	oldCA, err := tlsconfig.NewCA("codemode e2e old cluster CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := oldCA.WriteFiles(dir); err != nil {
-		t.Fatal(err)
-	}
-	certArgs := func(ca *tlsconfig.CA, name string) []string {
-		t.Helper()
-		is, err := ca.Issue([]string{"127.0.0.1", "localhost"}, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert, key, err := is.WriteFiles(dir, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return []string{"--tls-cert", cert, "--tls-key", key, "--cluster-ca", caFile}
-	}
+	oldCA := newClusterCA(t, "codemode e2e old cluster CA", dir)
 	s := &Stack{Secret: newSecret()}
 	cpAddr := freeLoopbackAddr(t)
 	startControlPlane := func(ca *tlsconfig.CA) {
 		t.Helper()
-		s.ControlPlane, err = start("controlplane", s.ClusterEnv(), append([]string{"--addr", cpAddr, "--agents="}, certArgs(ca, "controlplane")...)...)
+		var err error
+		s.ControlPlane, err = start("controlplane", s.ClusterEnv(), append([]string{"--addr", cpAddr, "--agents="}, clusterCertArgs(t, ca, dir, "controlplane")...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
 	startControlPlane(oldCA)
 	t.Cleanup(func() { _ = s.ControlPlane.Stop(10 * time.Second) })
-	state, err := os.MkdirTemp(binDir, "agent-state-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Agent, err = start("agent", s.ClusterEnv(), append([]string{"--addr", "127.0.0.1:0", "--name", fmt.Sprintf("e2e-ca-rotation-%d", os.Getpid()),
-		"--runner", filepath.Join(binDir, "runner"), "--state-dir", state, "--controlplanes", cpAddr, "--heartbeat-interval", "500ms",
-		"--min-active", "1", "--preload="}, certArgs(oldCA, "agent")...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Agent.Stop(30 * time.Second) })
-	s.Edge, err = start("edge", append(s.ClusterEnv(), "CODE_EXECUTION_HOST="+cpAddr), "--addr", "127.0.0.1:0", "--cluster-ca", caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Edge.Stop(10 * time.Second) })
+	startClusterAgentAndEdge(t, s, fmt.Sprintf("e2e-ca-rotation-%d", os.Getpid()), cpAddr, caFile, clusterCertArgs(t, oldCA, dir, "agent"))
 	c := edgev1connect.NewExecutionServiceClient(httpClient, s.Edge.URL(), connect.WithGRPC())
 	var last error
 	run := func() bool {
@@ -462,14 +464,8 @@ func TestClusterCARotated(t *testing.T) {
 	}
 	edgePid, agentPid := s.Edge.Pid(), s.Agent.Pid()
 
-	newCA, err := tlsconfig.NewCA("codemode e2e new cluster CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := newCA.WriteFiles(dir); err != nil {
-		t.Fatal(err)
-	}
-	certArgs(newCA, "agent")
+	newCA := newClusterCA(t, "codemode e2e new cluster CA", dir)
+	clusterCertArgs(t, newCA, dir, "agent")
 	if err := s.ControlPlane.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -294,25 +294,7 @@ func tenantsCannotReachEachOthersSessions(t *testing.T, kind credentialKind) {
 			}
 		})
 	}
-	t.Run("mcp", func(t *testing.T) {
-		cs := keyedMCP(t, edge.URL()+"/mcp", keyB)
-		for _, call := range []struct {
-			name string
-			args map[string]any
-		}{
-			{"execute_code", map[string]any{"code": "print(globals().get('secret'))", "session_id": id}},
-			{"read_file", map[string]any{"session_id": id, "path": "a.txt"}},
-			{"list_files", map[string]any{"session_id": id}},
-		} {
-			res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: call.name, Arguments: call.args})
-			if err != nil {
-				t.Fatalf("%s: %v", call.name, err)
-			}
-			if strings.Contains(testkit.ToolText(res), "of-a") {
-				t.Errorf("%s: tenant B read A's data: %s", call.name, testkit.ToolText(res))
-			}
-		}
-	})
+	t.Run("mcp", func(t *testing.T) { mcpShowsNothingOfA(t, edge.URL(), keyB, id) })
 	t.Run("run", func(t *testing.T) {
 		var out struct{ Output, Error string }
 		code := postJSONWith(t, edge.URL()+"/run", keyB, `{"code":"print(globals().get('secret'))","language":"python","sessionId":"`+id+`"}`, &out)
@@ -325,6 +307,29 @@ func tenantsCannotReachEachOthersSessions(t *testing.T, kind credentialKind) {
 		Code: "import os\nprint(secret, open('/workspace/a.txt').read(), sorted(os.listdir('/workspace')))"}))
 	if err != nil || res.Msg.GetResult().GetStdout() != "of-a of-a ['a.txt', 'outputs']\n" {
 		t.Errorf("A's session after B's attempts: %v %v", res, err)
+	}
+}
+
+// mcpShowsNothingOfA has tenant B, with keyB, run in, read and list A's
+// session id through the MCP door of the edge at base: nothing of A's
+// shows.
+func mcpShowsNothingOfA(t *testing.T, base, keyB, id string) {
+	cs := keyedMCP(t, base+"/mcp", keyB)
+	for _, call := range []struct {
+		name string
+		args map[string]any
+	}{
+		{"execute_code", map[string]any{"code": "print(globals().get('secret'))", "session_id": id}},
+		{"read_file", map[string]any{"session_id": id, "path": "a.txt"}},
+		{"list_files", map[string]any{"session_id": id}},
+	} {
+		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: call.name, Arguments: call.args})
+		if err != nil {
+			t.Fatalf("%s: %v", call.name, err)
+		}
+		if strings.Contains(testkit.ToolText(res), "of-a") {
+			t.Errorf("%s: tenant B read A's data: %s", call.name, testkit.ToolText(res))
+		}
 	}
 }
 
@@ -395,33 +400,7 @@ func tenantsCannotUseEachOthersMCPSessions(t *testing.T, kind credentialKind) {
 		{"/no-code/mcp", alias, []string{toolCall(7, "list_languages", `{}`), list, ping}},
 	} {
 		t.Run(strings.TrimPrefix(door.path, "/"), func(t *testing.T) {
-			url := edge.URL() + door.path
-			type request struct{ method, body string }
-			var requests []request
-			for _, b := range door.posts {
-				requests = append(requests, request{http.MethodPost, b})
-			}
-			requests = append(requests, request{http.MethodGet, ""}, request{http.MethodDelete, ""})
-			for _, r := range requests {
-				unknown := mcpRequest(t, url, r.method, r.body, keyB, strings.ToUpper(newSecret()[:26]))
-				if unknown.status != http.StatusNotFound {
-					t.Fatalf("%s %s on an unknown session: %s, want 404", r.method, r.body, unknown)
-				}
-				got := mcpRequest(t, url, r.method, r.body, keyB, door.cs.ID())
-				if got != unknown {
-					t.Errorf("%s %s by B on A's session: %s, want what an unknown session gets: %s", r.method, r.body, got, unknown)
-				}
-				if strings.Contains(got.body, "of-a") || strings.Contains(got.body, "a.txt") || strings.Contains(got.body, "ran-by-b") {
-					t.Errorf("%s %s by B on A's session showed A's data or ran: %s", r.method, r.body, got)
-				}
-			}
-			// A's session is untouched.
-			if _, err := door.cs.ListTools(t.Context(), nil); err != nil {
-				t.Errorf("A's tools/list after B's requests: %v", err)
-			}
-			if err := door.cs.Ping(t.Context(), nil); err != nil {
-				t.Errorf("A's ping after B's requests: %v", err)
-			}
+			bGetsWhatUnknownSessionsGet(t, edge.URL()+door.path, keyB, door.cs, door.posts)
 		})
 	}
 	if r := call(t, withCode, "execute_code", map[string]any{"session_id": sess, "language": "python",
@@ -442,6 +421,39 @@ func tenantsCannotUseEachOthersMCPSessions(t *testing.T, kind credentialKind) {
 		if h := hex.EncodeToString(sum[:6]); !strings.Contains(logs, h) {
 			t.Errorf("the edge's log does not name the MCP session by its hash %s", h)
 		}
+	}
+}
+
+// bGetsWhatUnknownSessionsGet has tenant B, with keyB, POST each of posts,
+// GET the stream and DELETE the session, at the MCP endpoint url, naming
+// A's session cs: each answer is what a session id nobody has gets, and
+// shows none of A's data; A's session is untouched.
+func bGetsWhatUnknownSessionsGet(t *testing.T, url, keyB string, cs *mcp.ClientSession, posts []string) {
+	type request struct{ method, body string }
+	var requests []request
+	for _, b := range posts {
+		requests = append(requests, request{http.MethodPost, b})
+	}
+	requests = append(requests, request{http.MethodGet, ""}, request{http.MethodDelete, ""})
+	for _, r := range requests {
+		unknown := mcpRequest(t, url, r.method, r.body, keyB, strings.ToUpper(newSecret()[:26]))
+		if unknown.status != http.StatusNotFound {
+			t.Fatalf("%s %s on an unknown session: %s, want 404", r.method, r.body, unknown)
+		}
+		got := mcpRequest(t, url, r.method, r.body, keyB, cs.ID())
+		if got != unknown {
+			t.Errorf("%s %s by B on A's session: %s, want what an unknown session gets: %s", r.method, r.body, got, unknown)
+		}
+		if strings.Contains(got.body, "of-a") || strings.Contains(got.body, "a.txt") || strings.Contains(got.body, "ran-by-b") {
+			t.Errorf("%s %s by B on A's session showed A's data or ran: %s", r.method, r.body, got)
+		}
+	}
+	// A's session is untouched.
+	if _, err := cs.ListTools(t.Context(), nil); err != nil {
+		t.Errorf("A's tools/list after B's requests: %v", err)
+	}
+	if err := cs.Ping(t.Context(), nil); err != nil {
+		t.Errorf("A's ping after B's requests: %v", err)
 	}
 }
 

@@ -84,7 +84,31 @@ func TestServerClientCAReloaded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The server's own certificate: its own CA, which the clients trust.
+	addr, roots := serveClientCA(t, dir, clientCA)
+	dial := func(ca *CA) error { return dialWithCert(t, addr, roots, ca) }
+	if err := dial(oldCA); err != nil {
+		t.Fatalf("client of the CA in the file: %v", err)
+	}
+	if err := newCA.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	clientCA.look()
+	if err := dial(newCA); err != nil {
+		t.Errorf("after the rotation, client of the new CA: %v", err)
+	}
+	for name, ca := range map[string]*CA{"client of the old CA": oldCA, "client without a certificate": nil} {
+		var remote *net.OpError
+		if err := dial(ca); !errors.As(err, &remote) || remote.Op != "remote error" {
+			t.Errorf("after the rotation, %s: %v, want refused by the server", name, err)
+		}
+	}
+}
+
+// serveClientCA serves TLS on loopback, with a certificate of a CA of its
+// own written into dir, to clients with a certificate of clientCA, and
+// writes "ok" to each after the handshake. It returns its address and
+// the pool of its CA, which clients trust.
+func serveClientCA(t *testing.T, dir string, clientCA *CAPool) (addr string, roots *CAPool) {
 	srvCA := mustCA(t, "server")
 	is, err := srvCA.Issue([]string{"127.0.0.1"}, time.Hour)
 	if err != nil {
@@ -120,52 +144,40 @@ func TestServerClientCAReloaded(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "srv-ca.crt"), srvCA.PEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	roots, err := LoadCAPool(filepath.Join(dir, "srv-ca.crt"), nil)
+	roots, err = LoadCAPool(filepath.Join(dir, "srv-ca.crt"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dial := func(ca *CA) error {
-		c := roots.ClientConfig("127.0.0.1")
-		if ca != nil {
-			is, err := ca.Issue([]string{"client"}, time.Hour)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pair, err := tls.X509KeyPair(is.CertPEM, is.KeyPEM)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.Certificates = []tls.Certificate{pair}
-		}
-		conn, err := tls.Dial("tcp", ln.Addr().String(), c)
+	return ln.Addr().String(), roots
+}
+
+// dialWithCert connects to addr trusting roots, with a certificate of ca
+// (nil: none), and reads the server's first bytes.
+func dialWithCert(t *testing.T, addr string, roots *CAPool, ca *CA) error {
+	c := roots.ClientConfig("127.0.0.1")
+	if ca != nil {
+		is, err := ca.Issue([]string{"client"}, time.Hour)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		defer conn.Close()
-		// TLS 1.3: the server's verdict on the client's certificate comes
-		// with the first read.
-		var b [2]byte
-		if _, err := conn.Read(b[:]); err != nil {
-			return err
+		pair, err := tls.X509KeyPair(is.CertPEM, is.KeyPEM)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return nil
+		c.Certificates = []tls.Certificate{pair}
 	}
-	if err := dial(oldCA); err != nil {
-		t.Fatalf("client of the CA in the file: %v", err)
+	conn, err := tls.Dial("tcp", addr, c)
+	if err != nil {
+		return err
 	}
-	if err := newCA.WriteFiles(dir); err != nil {
-		t.Fatal(err)
+	defer conn.Close()
+	// TLS 1.3: the server's verdict on the client's certificate comes
+	// with the first read.
+	var b [2]byte
+	if _, err := conn.Read(b[:]); err != nil {
+		return err
 	}
-	clientCA.look()
-	if err := dial(newCA); err != nil {
-		t.Errorf("after the rotation, client of the new CA: %v", err)
-	}
-	for name, ca := range map[string]*CA{"client of the old CA": oldCA, "client without a certificate": nil} {
-		var remote *net.OpError
-		if err := dial(ca); !errors.As(err, &remote) || remote.Op != "remote error" {
-			t.Errorf("after the rotation, %s: %v, want refused by the server", name, err)
-		}
-	}
+	return nil
 }
 
 func mustCA(t *testing.T, name string) *CA {

@@ -558,41 +558,8 @@ func TestRedisCAReloaded(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	caFile := filepath.Join(dir, "ca.crt")
-	issue := func(name string) (ca *tlsconfig.CA, cert, key string) {
-		t.Helper()
-		ca, err := tlsconfig.NewCA("redis test CA "+name, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		is, err := ca.Issue([]string{"127.0.0.1"}, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cert, key, err = is.WriteFiles(dir, "redis-"+name); err != nil {
-			t.Fatal(err)
-		}
-		return ca, cert, key
-	}
-	writeCA := func(ca *tlsconfig.CA) {
-		t.Helper()
-		sub := t.TempDir()
-		if err := ca.WriteFiles(sub); err != nil {
-			t.Fatal(err)
-		}
-		b, err := os.ReadFile(filepath.Join(sub, "ca.crt"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Written beside and renamed, as a secret manager does.
-		if err := os.WriteFile(caFile+".new", b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(caFile+".new", caFile); err != nil {
-			t.Fatal(err)
-		}
-	}
-	oldCA, cert, key := issue("old")
-	writeCA(oldCA)
+	oldCA, cert, key := issueRedisCert(t, dir, "old")
+	replaceCAFile(t, caFile, oldCA)
 	srv := redistest.StartTLS(t, redistest.TLS{CertFile: cert, KeyFile: key, CAFile: caFile})
 	pool, err := tlsconfig.LoadCAPool(caFile, nil)
 	if err != nil {
@@ -624,16 +591,54 @@ func TestRedisCAReloaded(t *testing.T) {
 
 	// Redis moves to the new CA's certificate (CONFIG SET reloads its TLS),
 	// the file to the new CA, and every client connection is dropped.
-	newCA, cert, key := issue("new")
+	newCA, cert, key := issueRedisCert(t, dir, "new")
 	if err := reloading.c.Do(t.Context(), "CONFIG", "SET", "tls-cert-file", cert, "tls-key-file", key).Err(); err != nil {
 		t.Fatalf("move Redis to the new certificate: %v", err)
 	}
-	writeCA(newCA)
+	replaceCAFile(t, caFile, newCA)
 	if err := reloading.c.Do(t.Context(), "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "no").Err(); err != nil && !strings.Contains(err.Error(), "EOF") {
 		t.Logf("client kill: %v", err)
 	}
 	testkit.Eventually(t, 10*time.Second, func() error { return reloading.Ping(t.Context()) })
 	if err := once.Ping(t.Context()); err == nil {
 		t.Fatal("a store that read the CA file once connected to the new CA's Redis")
+	}
+}
+
+// issueRedisCert makes a CA named after name, and writes into dir a
+// certificate of it for 127.0.0.1, and its key, as Redis's.
+func issueRedisCert(t *testing.T, dir, name string) (ca *tlsconfig.CA, cert, key string) {
+	t.Helper()
+	ca, err := tlsconfig.NewCA("redis test CA "+name, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	is, err := ca.Issue([]string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert, key, err = is.WriteFiles(dir, "redis-"+name); err != nil {
+		t.Fatal(err)
+	}
+	return ca, cert, key
+}
+
+// replaceCAFile puts ca's certificate in caFile, written beside and
+// renamed, as a secret manager does.
+func replaceCAFile(t *testing.T, caFile string, ca *tlsconfig.CA) {
+	t.Helper()
+	sub := t.TempDir()
+	if err := ca.WriteFiles(sub); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(sub, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(caFile+".new", b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(caFile+".new", caFile); err != nil {
+		t.Fatal(err)
 	}
 }

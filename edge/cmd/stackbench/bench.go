@@ -11,6 +11,7 @@ import (
 
 	"github.com/docker/docker/client"
 
+	"github.com/codemode-go/codemode/edge/cmd/stackbench/plot"
 	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
@@ -210,19 +211,19 @@ func (b *bench) measureMixed(ctx context.Context, res *results) error {
 func (b *bench) report(res *results) error {
 	fmt.Fprint(b.out, renderText(res))
 	if b.o.markdown != "" {
-		plot := ""
+		plotRel := ""
 		if b.o.png != "" {
 			if rel, err := filepath.Rel(filepath.Dir(b.o.markdown), b.o.png); err == nil {
-				plot = filepath.ToSlash(rel)
+				plotRel = filepath.ToSlash(rel)
 			}
 		}
-		if err := os.WriteFile(b.o.markdown, []byte(renderMarkdown(res, b.cmdline, plot)), 0o644); err != nil {
+		if err := os.WriteFile(b.o.markdown, []byte(renderMarkdown(res, b.cmdline, plotRel)), 0o644); err != nil {
 			return err
 		}
 		b.logf("wrote %s", b.o.markdown)
 	}
 	if b.o.png != "" {
-		if err := writePlot(b.o.png, plotSeries(res.rows), workloadBars(res.work)); err != nil {
+		if err := plot.Write(b.o.png, plotSeries(res.rows), workloadBars(res.work)); err != nil {
 			return err
 		}
 		b.logf("wrote %s", b.o.png)

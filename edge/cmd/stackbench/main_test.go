@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/codemode-go/codemode/edge/cmd/stackbench/plot"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
 )
 
@@ -248,11 +249,11 @@ func TestPlot(t *testing.T) {
 	if len(ss) != 1+len(doors) {
 		t.Fatalf("%d series, want agent and %d doors", len(ss), len(doors))
 	}
-	if s := ss[0]; s.name != "agent" || len(s.conc) != 3 || s.p50[2] != 960 {
+	if s := ss[0]; s.Name != "agent" || len(s.Conc) != 3 || s.P50[2] != 960 {
 		t.Fatalf("agent series %+v", s)
 	}
 	path := filepath.Join(t.TempDir(), "plot.png")
-	if err := writePlot(path, ss, nil); err != nil {
+	if err := plot.Write(path, ss, nil); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(path)
@@ -264,13 +265,13 @@ func TestPlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := img.Bounds(); b.Dx() != plotW || b.Dy() != plotH {
-		t.Fatalf("image %v, want %dx%d", b, plotW, plotH)
+	if b := img.Bounds(); b.Dx() != plot.W || b.Dy() != plot.H {
+		t.Fatalf("image %v, want %dx%d", b, plot.W, plot.H)
 	}
 	// Something other than the background was drawn in the plot area.
 	coloured := 0
-	for y := marginT; y < plotH-marginB; y++ {
-		for x := marginL + 1; x < plotW-marginR; x++ {
+	for y := plot.MarginT; y < plot.H-plot.MarginB; y++ {
+		for x := plot.MarginL + 1; x < plot.W-plot.MarginR; x++ {
 			r, g, b, _ := img.At(x, y).RGBA()
 			if r != g || g != b {
 				coloured++
@@ -418,16 +419,16 @@ func TestWorkloadReports(t *testing.T) {
 func TestWorkloadPlot(t *testing.T) {
 	t.Parallel()
 	ws := workloadBars(workResults().work)
-	if len(ws) != len(workloadItems) || ws[0].preloadClosed != 1000 || ws[2].preloadPaced != 100 || ws[2].freshClosed != 1000 {
+	if len(ws) != len(workloadItems) || ws[0].PreloadClosed != 1000 || ws[2].PreloadPaced != 100 || ws[2].FreshClosed != 1000 {
 		t.Fatalf("bars %+v", ws)
 	}
 	for _, tc := range []struct {
 		name   string
-		ss     []series
+		ss     []plot.Series
 		panels int
 	}{{"doors and workload", plotSeries(testResults().rows), 2}, {"workload only", nil, 1}} {
 		path := filepath.Join(t.TempDir(), "plot.png")
-		if err := writePlot(path, tc.ss, ws); err != nil {
+		if err := plot.Write(path, tc.ss, ws); err != nil {
 			t.Fatal(err)
 		}
 		f, err := os.Open(path)
@@ -439,13 +440,13 @@ func TestWorkloadPlot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b := img.Bounds(); b.Dx() != plotW || b.Dy() != tc.panels*plotH {
-			t.Fatalf("%s: image %v, want %dx%d", tc.name, b, plotW, tc.panels*plotH)
+		if b := img.Bounds(); b.Dx() != plot.W || b.Dy() != tc.panels*plot.H {
+			t.Fatalf("%s: image %v, want %dx%d", tc.name, b, plot.W, tc.panels*plot.H)
 		}
 		// The bars' panel is the last: some bar was drawn in it.
 		coloured := 0
-		for y := (tc.panels-1)*plotH + marginT; y < tc.panels*plotH-marginB; y++ {
-			for x := marginL + 1; x < plotW-marginR; x++ {
+		for y := (tc.panels-1)*plot.H + plot.MarginT; y < tc.panels*plot.H-plot.MarginB; y++ {
+			for x := plot.MarginL + 1; x < plot.W-plot.MarginR; x++ {
 				r, g, b, _ := img.At(x, y).RGBA()
 				if r != g || g != b {
 					coloured++

@@ -63,15 +63,8 @@ func (e tlsEndpoint) agentURL() string { return e.scheme + "://" + e.agent.Addr 
 // connections: TCP to the plain edge against TCP and a TLS handshake with
 // the TLS edge, in turns.
 func (b *bench) measureTLS(ctx context.Context, res *results) error {
-	ca, err := tlsconfig.NewCA("stackbench cluster CA", 24*time.Hour)
+	ca, dir, err := b.writeTLSCA()
 	if err != nil {
-		return err
-	}
-	dir := filepath.Join(b.dir, "tls")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return err
-	}
-	if err := ca.WriteFiles(dir); err != nil {
 		return err
 	}
 	roots := x509.NewCertPool()
@@ -87,6 +80,38 @@ func (b *bench) measureTLS(ctx context.Context, res *results) error {
 	}
 	defer b.stopStack(secured.stack)
 
+	out, err := b.printThroughTLS(ctx, plain, secured)
+	if err != nil {
+		return err
+	}
+	if err := b.timeConnections(ctx, out, plain, secured, roots); err != nil {
+		return err
+	}
+	out.load = loadAvg()
+	res.tls = out
+	return nil
+}
+
+// writeTLSCA makes the CA of the TLS part and writes it to its own
+// directory under the run's, where the TLS stack's certificates go too.
+func (b *bench) writeTLSCA() (*tlsconfig.CA, string, error) {
+	ca, err := tlsconfig.NewCA("stackbench cluster CA", 24*time.Hour)
+	if err != nil {
+		return nil, "", err
+	}
+	dir := filepath.Join(b.dir, "tls")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, "", err
+	}
+	if err := ca.WriteFiles(dir); err != nil {
+		return nil, "", err
+	}
+	return ca, dir, nil
+}
+
+// printThroughTLS runs print(1) through the Connect JSON door of the plain
+// and of the TLS stack, in turns, one run every tlsPace.
+func (b *bench) printThroughTLS(ctx context.Context, plain, secured tlsEndpoint) (*tlsResults, error) {
 	n := b.o.tlsN
 	b.logf("tls: print(1) through both stacks in turns, one run every %s, %d each", tlsPace, n)
 	stacks := []tlsEndpoint{plain, secured}
@@ -102,7 +127,7 @@ func (b *bench) measureTLS(ctx context.Context, res *results) error {
 		for _, k := range rotation(len(stacks), i%len(stacks)) {
 			select {
 			case <-ctx.Done():
-				return ctx.Err()
+				return nil, ctx.Err()
 			case <-time.After(tlsPace):
 			}
 			s := timed(ctx, callers[k], jobPrint)
@@ -111,8 +136,12 @@ func (b *bench) measureTLS(ctx context.Context, res *results) error {
 			}
 		}
 	}
-	out := &tlsResults{plain: summarize(samples[0], 0), tls: summarize(samples[1], 0)}
+	return &tlsResults{plain: summarize(samples[0], 0), tls: summarize(samples[1], 0)}, nil
+}
 
+// timeConnections times fresh connections, in turns: TCP to the plain
+// edge against TCP and a TLS handshake, trusting roots, with the TLS edge.
+func (b *bench) timeConnections(ctx context.Context, out *tlsResults, plain, secured tlsEndpoint, roots *x509.CertPool) error {
 	hn := b.o.handshakeN
 	b.logf("tls: %d fresh connections to each edge, in turns", hn)
 	dialer := &net.Dialer{Timeout: 5 * time.Second}
@@ -149,8 +178,6 @@ func (b *bench) measureTLS(ctx context.Context, res *results) error {
 		}
 	}
 	out.tcp, out.handshake = latencyStats(tcpLat, tcpFail), latencyStats(hsLat, hsFail)
-	out.load = loadAvg()
-	res.tls = out
 	return nil
 }
 

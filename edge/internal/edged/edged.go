@@ -522,117 +522,160 @@ func rightFor(path string) oidctoken.Rights {
 
 // Serve serves the edge on ln until ctx is done.
 func Serve(ctx context.Context, cfg Config, ln net.Listener, logger *slog.Logger) error {
-	tlsCfg, err := cfg.tlsConfig(logger.With("component", "tls"))
+	p, err := cfg.load(logger)
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	tenants, err := cfg.tenants()
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	if cfg.OIDC != "" {
-		oc, err := oidctoken.Load(cfg.OIDC)
-		if err != nil {
-			ln.Close()
-			return err
-		}
-		v, err := oidctoken.New(oc, &http.Client{Timeout: oidcFetchTimeout}, logger.With("component", "oidc"))
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("oidc config: %w", err)
-		}
-		if tenants, err = tenants.WithTokens(v, oc); err != nil {
-			ln.Close()
-			return err
-		}
-	}
-	egress, err := tenant.LoadEgress(cfg.Egress)
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	catalog, err := apicatalog.FromFlag(cfg.APIs)
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	cpClient, err := controlPlaneClient(cfg.ControlPlanes, cfg.Links, logger)
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	cp := controlplanev1connect.NewControlPlaneServiceClient(cpClient, strings.TrimRight(cfg.ControlPlanes[0], "/"),
-		cfg.Tracing.ClientOptions()...)
 	var svc *execution.Service // set before anything is served
 	knownLanguage := func(name string) bool { return svc.KnownLanguage(name) }
 	metrics := telemetry.NewMetrics()
-	policyMetrics := policy.NewMetrics()
-	metrics.MustRegister(policyMetrics)
-	policies, err := policy.New(ctx, policy.Options{ConfigPath: cfg.PolicyConfig, CacheDir: cfg.PolicyCacheDir, KnownLanguage: knownLanguage, Logger: logger,
-		Metrics: policyMetrics})
+	policies, err := startPolicies(ctx, cfg, metrics, knownLanguage, logger)
 	if err != nil {
 		ln.Close()
-		return fmt.Errorf("load policies: %w", err)
+		return err
 	}
 	defer policies.Close(context.WithoutCancel(ctx))
-	go policies.Watch(ctx, policyWatchInterval)
 	limits := ratelimit.New(cfg.Admission)
 	if err := metrics.StartMetrics(ctx, cfg.MetricsAddr, logger.With("component", "metrics")); err != nil {
 		ln.Close()
 		return err
 	}
-	svc = execution.New(cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.Links.SecretOrNil().Key(execution.SessionKeyPurpose)),
-		execution.WithAdmission(limits), execution.WithEgress(egress), execution.WithMetrics(metrics))
+	svc = execution.New(p.cp, logger, execution.WithPolicies(policies), execution.WithSessionKey(cfg.Links.SecretOrNil().Key(execution.SessionKeyPurpose)),
+		execution.WithAdmission(limits), execution.WithEgress(p.egress), execution.WithMetrics(metrics))
 	calls := directtools.New(logger.With("component", "apicall"), directtools.WithPolicies(policies), directtools.WithAdmission(limits),
 		directtools.WithTimeout(cfg.APITimeout), directtools.WithMaxResponseBytes(cfg.APIMaxResponseBytes))
-
-	srv := server.New(logger)
-	srv.Limits = cfg.Limits
-	srv.TLS = tlsCfg
-	srv.OnInvalid = metrics.ObserveInvalid
-	browsers := cfg.browsers()
-	srv.Browsers = &browsers
-	mcpAuth := newMCPAuth(cfg.PublicURL, tenants.Tokens())
-	srv.Authenticate = authenticate(tenants, mcpAuth)
-	if mcpAuth != nil {
-		mcpAuth.handle(srv.Handle)
-	}
-	srv.HandleService(policy.NewAdminHandler(policies, cfg.PolicyAdminToken, srv.HandlerOptions()...))
-	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, tenants), srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
-	servers := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, tenants), Logger: logger.With("component", "mcp"),
-		Version: version.Version(), APIs: catalog, Egress: egress, Tracing: cfg.Tracing, Metrics: metrics})
-	withCode, withoutCode := servers.Handlers()
-	chats, err := chat.New(cfg.Chat, servers, os.Getenv, logger.With("component", "chat"))
+	srv, err := cfg.server(p, svc, calls, policies, metrics, logger)
 	if err != nil {
 		ln.Close()
 		return err
 	}
+	return srv.Serve(ctx, ln)
+}
+
+// parts are what the edge is built from, read from its configuration
+// before anything runs.
+type parts struct {
+	tls     *tls.Config
+	tenants *tenant.Resolver
+	egress  *tenant.EgressConfig
+	catalog *apicatalog.Catalog
+	cp      controlplanev1connect.ControlPlaneServiceClient
+}
+
+// load reads the edge's certificates, tenants, egress and declared APIs,
+// and makes its client of the control planes.
+func (c Config) load(logger *slog.Logger) (parts, error) {
+	var p parts
+	var err error
+	if p.tls, err = c.tlsConfig(logger.With("component", "tls")); err != nil {
+		return parts{}, err
+	}
+	if p.tenants, err = c.tenantsWithTokens(logger); err != nil {
+		return parts{}, err
+	}
+	if p.egress, err = tenant.LoadEgress(c.Egress); err != nil {
+		return parts{}, err
+	}
+	if p.catalog, err = apicatalog.FromFlag(c.APIs); err != nil {
+		return parts{}, err
+	}
+	cpClient, err := controlPlaneClient(c.ControlPlanes, c.Links, logger)
+	if err != nil {
+		return parts{}, err
+	}
+	p.cp = controlplanev1connect.NewControlPlaneServiceClient(cpClient, strings.TrimRight(c.ControlPlanes[0], "/"),
+		c.Tracing.ClientOptions()...)
+	return p, nil
+}
+
+// tenantsWithTokens is tenants, taking OIDC tokens as well when c.OIDC
+// names their configuration.
+func (c Config) tenantsWithTokens(logger *slog.Logger) (*tenant.Resolver, error) {
+	tenants, err := c.tenants()
+	if err != nil || c.OIDC == "" {
+		return tenants, err
+	}
+	oc, err := oidctoken.Load(c.OIDC)
+	if err != nil {
+		return nil, err
+	}
+	v, err := oidctoken.New(oc, &http.Client{Timeout: oidcFetchTimeout}, logger.With("component", "oidc"))
+	if err != nil {
+		return nil, fmt.Errorf("oidc config: %w", err)
+	}
+	return tenants.WithTokens(v, oc)
+}
+
+// startPolicies loads the policies, registers their metrics, and watches
+// their configuration until ctx is done.
+func startPolicies(ctx context.Context, cfg Config, metrics *telemetry.Metrics, knownLanguage func(string) bool, logger *slog.Logger) (*policy.Engine, error) {
+	policyMetrics := policy.NewMetrics()
+	metrics.MustRegister(policyMetrics)
+	policies, err := policy.New(ctx, policy.Options{ConfigPath: cfg.PolicyConfig, CacheDir: cfg.PolicyCacheDir, KnownLanguage: knownLanguage, Logger: logger,
+		Metrics: policyMetrics})
+	if err != nil {
+		return nil, fmt.Errorf("load policies: %w", err)
+	}
+	go policies.Watch(ctx, policyWatchInterval)
+	return policies, nil
+}
+
+// server mounts every door of the edge: the ExecutionService, the
+// policies' admin service, chat, MCP, POST /run, /status and the
+// playground.
+func (c Config) server(p parts, svc *execution.Service, calls *directtools.Service, policies *policy.Engine,
+	metrics *telemetry.Metrics, logger *slog.Logger) (*server.Server, error) {
+	srv := server.New(logger)
+	srv.Limits = c.Limits
+	srv.TLS = p.tls
+	srv.OnInvalid = metrics.ObserveInvalid
+	browsers := c.browsers()
+	srv.Browsers = &browsers
+	mcpAuth := newMCPAuth(c.PublicURL, p.tenants.Tokens())
+	srv.Authenticate = authenticate(p.tenants, mcpAuth)
+	if mcpAuth != nil {
+		mcpAuth.handle(srv.Handle)
+	}
+	srv.HandleService(policy.NewAdminHandler(policies, c.PolicyAdminToken, srv.HandlerOptions()...))
+	srv.HandleService(edgev1connect.NewExecutionServiceHandler(connectapi.New(svc, p.tenants), srv.HandlerOptions(c.Tracing.HandlerOptions()...)...))
+	servers := mcpserver.New(mcpserver.Config{Open: mcpserver.Local(svc, calls, p.tenants), Logger: logger.With("component", "mcp"),
+		Version: version.Version(), APIs: p.catalog, Egress: p.egress, Tracing: c.Tracing, Metrics: metrics})
+	withCode, withoutCode := servers.Handlers()
+	chats, err := chat.New(c.Chat, servers, os.Getenv, logger.With("component", "chat"))
+	if err != nil {
+		return nil, err
+	}
 	chatHandler := chat.NewHandler(chats)
-	srv.HandleService(edgev1connect.NewChatServiceHandler(chatHandler, srv.HandlerOptions(cfg.Tracing.HandlerOptions()...)...))
-	srv.Handle("/chat", cfg.Tracing.Handler("/chat", chatHandler.HTTPHandler()))
-	srv.HandleTooLarge("/mcp", cfg.Tracing.Handler("/mcp", withCode), mcpserver.RefuseTooLarge)
+	srv.HandleService(edgev1connect.NewChatServiceHandler(chatHandler, srv.HandlerOptions(c.Tracing.HandlerOptions()...)...))
+	srv.Handle("/chat", c.Tracing.Handler("/chat", chatHandler.HTTPHandler()))
+	srv.HandleTooLarge("/mcp", c.Tracing.Handler("/mcp", withCode), mcpserver.RefuseTooLarge)
 	// The tools without code execution at two paths: /no-code/mcp for
 	// clients that take any URL not ending in /mcp for a mistake and
 	// rewrite it (the MCP Inspector's CLI does), /mcp-no-code-execute as
 	// before. One handler: a session opened at one path goes on at the
 	// other.
-	for _, p := range []string{"/no-code/mcp", "/mcp-no-code-execute"} {
-		srv.HandleTooLarge(p, cfg.Tracing.Handler(p, withoutCode), mcpserver.RefuseTooLarge)
+	for _, path := range []string{"/no-code/mcp", "/mcp-no-code-execute"} {
+		srv.HandleTooLarge(path, c.Tracing.Handler(path, withoutCode), mcpserver.RefuseTooLarge)
 	}
-	srv.Handle("/run", cfg.Tracing.Handler("/run", runapi.RunHandler(svc)))
+	srv.Handle("/run", c.Tracing.Handler("/run", runapi.RunHandler(svc)))
 	srv.Handle("/status", runapi.StatusHandler(svc))
-	var webOpts []web.Option
-	if v := tenants.Tokens(); v != nil {
-		webOpts = append(webOpts, web.WithSignIn(func(ctx context.Context) (any, string, error) {
-			s, ok, err := v.SignIn(ctx)
-			if !ok {
-				return nil, "", nil // no issuer has a client for the playground
-			}
-			return s, s.TokenEndpoint, err
-		}))
+	srv.Handle("/", web.Handler(webOptions(p.tenants)...))
+	return srv, nil
+}
+
+// webOptions let the playground sign in with the tenants' OIDC issuers,
+// when one has a client for it.
+func webOptions(tenants *tenant.Resolver) []web.Option {
+	v := tenants.Tokens()
+	if v == nil {
+		return nil
 	}
-	srv.Handle("/", web.Handler(webOpts...))
-	return srv.Serve(ctx, ln)
+	return []web.Option{web.WithSignIn(func(ctx context.Context) (any, string, error) {
+		s, ok, err := v.SignIn(ctx)
+		if !ok {
+			return nil, "", nil // no issuer has a client for the playground
+		}
+		return s, s.TokenEndpoint, err
+	})}
 }

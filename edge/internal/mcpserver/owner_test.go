@@ -182,69 +182,85 @@ func TestSessionsBelongToWhoOpenedThem(t *testing.T) {
 		{"no keys", &tenant.Resolver{}, "", "Bearer someone-else"},
 		{"no keys, two tokens", &tenant.Resolver{}, "Bearer mine", "Bearer theirs"},
 	} {
-		for _, door := range []struct {
-			name     string
-			withCode bool
-			tool     string
-			args     string
-		}{{"mcp", true, "execute_code", `{"code":"print(1)"}`}, {"mcp-no-code-execute", false, "list_languages", `{}`}} {
+		for _, door := range []ownerDoor{{"mcp", true, "execute_code", `{"code":"print(1)"}`}, {"mcp-no-code-execute", false, "list_languages", `{}`}} {
 			t.Run(tc.name+"/"+door.name, func(t *testing.T) {
 				t.Parallel()
-				backend := &tenantRuns{runs: map[string]int{}}
-				withCode, withoutCode := New(Config{Open: backend.open(tc.tenants)}).Handlers()
-				h := withoutCode
-				if door.withCode {
-					h = withCode
-				}
-				srv := httptest.NewServer(authenticated(tc.tenants, h))
-				t.Cleanup(srv.Close)
-				owner, err := mcp.NewClient(&mcp.Implementation{Name: "owner", Version: "1"}, nil).Connect(t.Context(),
-					&mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: &http.Client{Transport: keyTransport{tc.owner}}}, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { owner.Close() })
-				id := owner.ID()
-				if id == "" {
-					t.Fatal("the session has no id")
-				}
-				ownerTenant, _ := tc.tenants.Resolve(http.Header{"Authorization": {tc.owner}})
-
-				for _, f := range forgedRequests(door.tool, door.args) {
-					unknown := send(t, srv.URL, f.method, f.body, tc.other, rand.Text())
-					if unknown.status != http.StatusNotFound {
-						t.Fatalf("%s on an unknown session: %s, want 404", f.name, unknown)
-					}
-					if got := send(t, srv.URL, f.method, f.body, tc.other, id); got != unknown {
-						t.Errorf("%s on another's session: %s, want what an unknown session gets: %s", f.name, got, unknown)
-					}
-				}
-				if n := backend.total(); n != 0 {
-					t.Errorf("the other caller's calls ran %d times", n)
-				}
-
-				// The session is untouched: its owner's client and raw
-				// requests still work in it.
-				if _, err := owner.ListTools(t.Context(), nil); err != nil {
-					t.Errorf("tools/list by the owner after the other caller's requests: %v", err)
-				}
-				res, err := owner.CallTool(t.Context(), &mcp.CallToolParams{Name: door.tool, Arguments: json.RawMessage(door.args)})
-				if err != nil || res.IsError {
-					t.Errorf("%s by the owner: %v %v", door.tool, res, err)
-				}
-				if door.withCode && testkit.ToolText(res) != ownerTenant {
-					t.Errorf("the owner's run ran as %q, want %q", testkit.ToolText(res), ownerTenant)
-				}
-				if got := send(t, srv.URL, http.MethodPost, `{"jsonrpc":"2.0","id":10,"method":"ping"}`, tc.owner, id); got.status != http.StatusOK {
-					t.Errorf("the owner's raw ping: %s", got)
-				}
-				if got := send(t, srv.URL, http.MethodDelete, "", tc.owner, id); got.status != http.StatusNoContent {
-					t.Errorf("the owner's DELETE: %s", got)
-				}
-				if got := send(t, srv.URL, http.MethodPost, `{"jsonrpc":"2.0","id":11,"method":"ping"}`, tc.owner, id); got.status != http.StatusNotFound {
-					t.Errorf("a ping after the owner's DELETE: %s, want 404", got)
-				}
+				sessionBelongsToOwner(t, tc.tenants, tc.owner, tc.other, door)
 			})
 		}
+	}
+}
+
+// ownerDoor is an MCP endpoint of TestSessionsBelongToWhoOpenedThem and
+// the tool called through it with args.
+type ownerDoor struct {
+	name     string
+	withCode bool
+	tool     string
+	args     string
+}
+
+// sessionBelongsToOwner opens a session at door with the Authorization
+// header owner, sends forged requests naming it with other, and checks
+// they get what an unknown session gets and run nothing.
+func sessionBelongsToOwner(t *testing.T, tenants *tenant.Resolver, owner, other string, door ownerDoor) {
+	backend := &tenantRuns{runs: map[string]int{}}
+	withCode, withoutCode := New(Config{Open: backend.open(tenants)}).Handlers()
+	h := withoutCode
+	if door.withCode {
+		h = withCode
+	}
+	srv := httptest.NewServer(authenticated(tenants, h))
+	t.Cleanup(srv.Close)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "owner", Version: "1"}, nil).Connect(t.Context(),
+		&mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: &http.Client{Transport: keyTransport{owner}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	id := cs.ID()
+	if id == "" {
+		t.Fatal("the session has no id")
+	}
+	ownerTenant, _ := tenants.Resolve(http.Header{"Authorization": {owner}})
+
+	for _, f := range forgedRequests(door.tool, door.args) {
+		unknown := send(t, srv.URL, f.method, f.body, other, rand.Text())
+		if unknown.status != http.StatusNotFound {
+			t.Fatalf("%s on an unknown session: %s, want 404", f.name, unknown)
+		}
+		if got := send(t, srv.URL, f.method, f.body, other, id); got != unknown {
+			t.Errorf("%s on another's session: %s, want what an unknown session gets: %s", f.name, got, unknown)
+		}
+	}
+	if n := backend.total(); n != 0 {
+		t.Errorf("the other caller's calls ran %d times", n)
+	}
+	ownerSessionUntouched(t, srv.URL, owner, ownerTenant, cs, door)
+}
+
+// ownerSessionUntouched checks that the session cs at url, opened with
+// the Authorization header owner as ownerTenant, is untouched: its
+// owner's client and raw requests still work in it, and end it.
+func ownerSessionUntouched(t *testing.T, url, owner, ownerTenant string, cs *mcp.ClientSession, door ownerDoor) {
+	id := cs.ID()
+	if _, err := cs.ListTools(t.Context(), nil); err != nil {
+		t.Errorf("tools/list by the owner after the other caller's requests: %v", err)
+	}
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: door.tool, Arguments: json.RawMessage(door.args)})
+	if err != nil || res.IsError {
+		t.Errorf("%s by the owner: %v %v", door.tool, res, err)
+	}
+	if door.withCode && testkit.ToolText(res) != ownerTenant {
+		t.Errorf("the owner's run ran as %q, want %q", testkit.ToolText(res), ownerTenant)
+	}
+	if got := send(t, url, http.MethodPost, `{"jsonrpc":"2.0","id":10,"method":"ping"}`, owner, id); got.status != http.StatusOK {
+		t.Errorf("the owner's raw ping: %s", got)
+	}
+	if got := send(t, url, http.MethodDelete, "", owner, id); got.status != http.StatusNoContent {
+		t.Errorf("the owner's DELETE: %s", got)
+	}
+	if got := send(t, url, http.MethodPost, `{"jsonrpc":"2.0","id":11,"method":"ping"}`, owner, id); got.status != http.StatusNotFound {
+		t.Errorf("a ping after the owner's DELETE: %s, want 404", got)
 	}
 }
