@@ -146,7 +146,10 @@ func BuildInto(dir string, names ...string) (*Modules, error) {
 			if j.wat != "" {
 				cmd = exec.Command("wat2wasm", j.wat, "-o", out)
 			} else {
-				cmd = exec.Command("go", "build", "-buildmode=c-shared", "-o", out, j.pkg)
+				// -trimpath: the module's bytes do not depend on where the
+				// repository is, so that a clone elsewhere finds its
+				// compilation in the cache (see CacheDir).
+				cmd = exec.Command("go", "build", "-trimpath", "-buildmode=c-shared", "-o", out, j.pkg)
 				cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
 			}
 			cmd.Dir = top
