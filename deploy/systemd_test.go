@@ -20,7 +20,7 @@ func TestAgentUnitVerifies(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "./agent/cmd/agent", "./agent/cmd/runner")
+	build := exec.Command("go", "build", "-trimpath", "-o", dir+"/", "./agent/cmd/agent", "./agent/cmd/runner")
 	build.Dir = ".."
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {

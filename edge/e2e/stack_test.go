@@ -71,9 +71,11 @@ func moduleRoot() string {
 	return dir
 }
 
-// build compiles the three services and the in-sandbox runner into dir.
+// build compiles the three services and the in-sandbox runner into dir,
+// with -trimpath: what it builds does not depend on where the repository
+// is, so that a clone elsewhere finds it in the build cache.
 func build(dir string, flags ...string) error {
-	args := append(append([]string{"build", "-o", dir + "/"}, flags...), "./edge/cmd/edge", "./controlplane/cmd/controlplane", "./agent/cmd/agent", "./agent/cmd/runner")
+	args := append(append([]string{"build", "-trimpath", "-o", dir + "/"}, flags...), "./edge/cmd/edge", "./controlplane/cmd/controlplane", "./agent/cmd/agent", "./agent/cmd/runner")
 	cmd := exec.Command("go", args...)
 	cmd.Dir = moduleRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

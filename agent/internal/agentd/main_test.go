@@ -50,7 +50,7 @@ func testMain(m *testing.M) int {
 	cancel()
 	if err == nil {
 		runnerBin = filepath.Join(dir, "runner")
-		cmd := exec.Command("go", "build", "-o", runnerBin, "github.com/codemode-go/codemode/agent/cmd/runner")
+		cmd := exec.Command("go", "build", "-trimpath", "-o", runnerBin, "github.com/codemode-go/codemode/agent/cmd/runner")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "build runner: %v\n%s", err, out)

@@ -47,7 +47,7 @@ func buildRunner(t testing.TB) string {
 			return
 		}
 		runnerBin = filepath.Join(dir, "runner")
-		cmd := exec.Command("go", "build", "-o", runnerBin, "github.com/codemode-go/codemode/agent/cmd/runner")
+		cmd := exec.Command("go", "build", "-trimpath", "-o", runnerBin, "github.com/codemode-go/codemode/agent/cmd/runner")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("build runner: %v: %s", err, out)
