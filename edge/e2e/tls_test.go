@@ -383,7 +383,8 @@ func internalPortRefuses(t *testing.T, p *Process, secret string) {
 
 // The TLS edge's clients: the playground in Chromium over https (trusting
 // the edge's certificate by its key, no other certificate error ignored), the MCP TypeScript
-// SDK (NODE_EXTRA_CA_CERTS), and buf curl with --cacert over gRPC.
+// SDK (NODE_EXTRA_CA_CERTS), and grpcurl with -cacert and buf curl with
+// --cacert over gRPC, both finding the method by server reflection.
 func TestTLSClients(t *testing.T) {
 	t.Parallel()
 	e, _ := startTLSEdge(t, shared(t))
@@ -410,6 +411,19 @@ func TestTLSClients(t *testing.T) {
 	t.Run("mcp typescript sdk", func(t *testing.T) {
 		dir := webDir(t, "@modelcontextprotocol/sdk")
 		nodeTest(t, dir, "tls.test.mjs", e.base, e.Logs, "NODE_EXTRA_CA_CERTS="+caFile)
+	})
+	t.Run("grpcurl", func(t *testing.T) {
+		bin := filepath.Join(t.TempDir(), "grpcurl")
+		build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "github.com/fullstorydev/grpcurl/cmd/grpcurl")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build grpcurl: %v\n%s", err, out)
+		}
+		out, err := exec.CommandContext(t.Context(), bin, "-cacert", caFile,
+			"-d", `{"language":"python","code":"print(6*7)"}`,
+			strings.TrimPrefix(e.base, "https://"), "codemode.edge.v1.ExecutionService/Execute").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), `"stdout": "42\n"`) {
+			t.Fatalf("grpcurl -cacert: %v\n%s", err, out)
+		}
 	})
 	t.Run("buf curl", func(t *testing.T) {
 		buf := strings.Fields(os.Getenv("BUF"))
