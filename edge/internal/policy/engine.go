@@ -262,9 +262,11 @@ func (e *Engine) Reload(ctx context.Context) (changed bool, err error) {
 			"generation", old.id, "error", err)
 		return false, err
 	}
+	// The status first, so that whoever sees the new generation sees its
+	// status too, not the error of an earlier reload.
+	e.setStatus(nil)
 	e.current.Store(g)
 	old.release()
-	e.setStatus(nil)
 	return true, nil
 }
 
