@@ -60,12 +60,7 @@ func startDNS(t *testing.T) string {
 // Pebble's issuing root.
 func startPebble(t *testing.T, ca *tlsconfig.CA, dir, dns string, tlsPort int) (directory string, roots *x509.CertPool) {
 	t.Helper()
-	bin := filepath.Join(binDir, "pebble")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/letsencrypt/pebble/v2/cmd/pebble")
-	cmd.Dir = moduleRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build pebble: %v\n%s", err, out)
-	}
+	bin := buildTool(t, "github.com/letsencrypt/pebble/v2/cmd/pebble")
 	is, err := ca.Issue([]string{"127.0.0.1", "localhost"}, time.Hour)
 	if err != nil {
 		t.Fatal(err)

@@ -85,6 +85,19 @@ func build(dir string, flags ...string) error {
 	return nil
 }
 
+// buildTool compiles pkg, a tool that go.mod pins, into binDir and
+// returns the binary's path.
+func buildTool(t *testing.T, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(binDir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
+	cmd.Dir = moduleRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", pkg, err, out)
+	}
+	return bin
+}
+
 // Process is one running binary.
 type Process = launch.Process
 

@@ -413,11 +413,7 @@ func TestTLSClients(t *testing.T) {
 		nodeTest(t, dir, "tls.test.mjs", e.base, e.Logs, "NODE_EXTRA_CA_CERTS="+caFile)
 	})
 	t.Run("grpcurl", func(t *testing.T) {
-		bin := filepath.Join(t.TempDir(), "grpcurl")
-		build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "github.com/fullstorydev/grpcurl/cmd/grpcurl")
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("build grpcurl: %v\n%s", err, out)
-		}
+		bin := buildTool(t, "github.com/fullstorydev/grpcurl/cmd/grpcurl")
 		out, err := exec.CommandContext(t.Context(), bin, "-cacert", caFile,
 			"-d", `{"language":"python","code":"print(6*7)"}`,
 			strings.TrimPrefix(e.base, "https://"), "codemode.edge.v1.ExecutionService/Execute").CombinedOutput()
