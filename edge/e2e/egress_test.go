@@ -370,6 +370,11 @@ func (ec *egressCase) refusedWithoutRule(t *testing.T) {
 				if !strings.Contains(r.GetStdout(), "403 codemode egress: this run "+reason) {
 					t.Errorf("requests' output %q lacks the proxy's reason", r.GetStdout())
 				}
+			case "node fetch":
+				// fetch fails at once with the host and the proxy's reason.
+				if !strings.Contains(r.GetStdout(), "codemode egress: secure.test:"+ec.es.httpsPort+" refused: this run "+reason) {
+					t.Errorf("fetch's output %q lacks the proxy's reason", r.GetStdout())
+				}
 			}
 		})
 	}
