@@ -106,8 +106,22 @@ type Process = launch.Process
 func start(name string, env []string, args ...string) (*Process, error) {
 	cmd := exec.Command(filepath.Join(binDir, name), append(args, "--log-format=json", "--log-level=debug")...)
 	cmd.Env = append(os.Environ(), env...)
+	if filepath.Base(name) == "agent" {
+		cmd.Env = append([]string{agentPreload}, cmd.Env...)
+	}
 	return launch.Start(context.Background(), cmd, launch.Options{Name: name, ListenTimeout: 2 * time.Minute})
 }
+
+// agentPreload is what the agents that start starts preload, unless a test
+// says otherwise (--preload, or PRELOAD in env): one small module. Sessions
+// and Python runs through them still take the preloaded path (a kernel or
+// an interpreter forked from the sandbox's parent) without the seconds of
+// CPU that the default list (numpy, pandas, matplotlib, scipy, requests)
+// costs every new sandbox under gVisor: with it, the sandboxes of this
+// package's stacks took half of the host's CPU over a run of the package.
+// The default list runs in TestMakeUp and TestMakeUpCluster (make up's
+// agents), and the preloading of each module in the runner's tests.
+const agentPreload = "PRELOAD=requests"
 
 // Stack is an agent, a control plane and an edge wired together, sharing a
 // cluster secret.
