@@ -114,13 +114,7 @@ breaking:
 
 ## test: set up, lint, check generated code, and run every test with -race
 test: setup lint breaking checkgenerate
-	$(GO) test -race -count=1 -timeout 25m $(TEST_FIRST) ./...
-
-# TEST_FIRST are the packages whose tests take longest, longest first: go
-# test starts packages in the order it is given them, as many at a time as
-# there are CPUs, so that these run beside the short ones instead of after
-# them, and the suite ends soon after its longest package.
-TEST_FIRST := ./edge/e2e ./agent/internal/agentd ./agent/internal/runner ./edge/internal/policy ./deploy
+	$(GO) test -race -count=1 -timeout 25m ./...
 
 # $(call secret_file,FILE,FILTER): create FILE once, 32 random bytes in base64
 # passed through FILTER, written to a file of mode 0600 from the start
