@@ -119,8 +119,8 @@ func start(name string, env []string, args ...string) (*Process, error) {
 // CPU that the default list (numpy, pandas, matplotlib, scipy, requests)
 // costs every new sandbox under gVisor: with it, the sandboxes of this
 // package's stacks took half of the host's CPU over a run of the package.
-// The default list runs in TestMakeUp and TestMakeUpCluster (make up's
-// agents), and the preloading of each module in the runner's tests.
+// The default list runs in TestMakeUp (make up's agent) and in the
+// runner's preload tests.
 const agentPreload = "PRELOAD=requests"
 
 // Stack is an agent, a control plane and an edge wired together, sharing a
