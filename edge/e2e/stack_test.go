@@ -112,13 +112,13 @@ func start(name string, env []string, args ...string) (*Process, error) {
 	return launch.Start(context.Background(), cmd, launch.Options{Name: name, ListenTimeout: 2 * time.Minute})
 }
 
-// agentPreload is what the agents that start starts preload, unless a test
+// agentPreload is what the agents started by start preload, unless a test
 // says otherwise (--preload, or PRELOAD in env): one small module. Sessions
 // and Python runs through them still take the preloaded path (a kernel or
 // an interpreter forked from the sandbox's parent) without the seconds of
-// CPU that the default list (numpy, pandas, matplotlib, scipy, requests)
-// costs every new sandbox under gVisor: with it, the sandboxes of this
-// package's stacks took half of the host's CPU over a run of the package.
+// CPU that the default list (the languages table's) costs every new
+// sandbox under gVisor: with it, the sandboxes of this package's stacks
+// took half of the host's CPU over a run of the package.
 // The default list runs in TestMakeUp (make up's agent) and in the
 // runner's preload tests.
 const agentPreload = "PRELOAD=requests"
