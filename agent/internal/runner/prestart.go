@@ -62,7 +62,7 @@ func (p *prestarted) discard(log *slog.Logger) {
 }
 
 // prestartReadyTimeout bounds the wait for a prestarted interpreter to be
-// ready: well within the agent's bound on a whole Reset (10 s), so that a
+// ready: well within the agent's bound on a whole Reset (30 s), so that a
 // slow start costs the next run its head start, not the sandbox.
 const prestartReadyTimeout = 3 * time.Second
 

@@ -84,9 +84,13 @@ type parentMsg struct {
 	Error   string            `json:"error"`
 }
 
-// parentReadyTimeout bounds a parent's start with its imports (~2 s on a
-// quiet host): within the agent's bound on a Reset (10 s).
-const parentReadyTimeout = 8 * time.Second
+// parentReadyTimeout bounds a parent's start with its imports: ~2 s on a
+// quiet host of two CPUs, and past 8 s with the host saturated by other
+// sandboxes (the imports cost 4-7 s of CPU under runsc). A parent given up
+// is work thrown away that the next Reset starts again, so the bound is
+// for a parent that will not get ready at all, not a slow one; within the
+// agent's bound on a whole Reset (pool.DefaultResetTimeout, 30 s).
+const parentReadyTimeout = 20 * time.Second
 
 // Config says how a parent is started.
 type Config struct {
@@ -132,6 +136,7 @@ func Start(procs *proc.Table, lang languages.Language, modules []string, c Confi
 		z.Kill()
 		return nil, fmt.Errorf("configure: %w", err)
 	}
+	t0 := time.Now()
 	ready := make(chan parentMsg, 1)
 	go z.read(ready)
 	select {
@@ -140,7 +145,7 @@ func Start(procs *proc.Table, lang languages.Language, modules []string, c Confi
 		if len(m.Skipped) > 0 {
 			c.Log.Warn("preloaded parent: modules skipped", "lang", lang.Name, "skipped", m.Skipped)
 		}
-		c.Log.Debug("preloaded parent ready", "lang", lang.Name, "pid", p.Pid, "modules", m.Modules)
+		c.Log.Debug("preloaded parent ready", "lang", lang.Name, "pid", p.Pid, "modules", m.Modules, "took", time.Since(t0))
 		return z, nil
 	case <-z.ended:
 		z.Kill()
