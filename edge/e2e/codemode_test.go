@@ -135,7 +135,9 @@ func startCodeModeStack(t *testing.T, fakeURL string) (*Stack, *Process) {
 	writeJSON(t, egressFile, map[string]any{"default": map[string]any{"allow": []any{
 		map[string]any{"host": "github.api.codemode"}, map[string]any{"host": "echo.api.codemode"}, map[string]any{"host": "strict.api.codemode"}}}})
 
-	s, err := StartStack("e2e-codemode", "--apis", declFile)
+	// Model-written code calls APIs with requests: its runs are forked
+	// from a parent that imported it, as with the agent's defaults.
+	s, err := StartStack("e2e-codemode", "--apis", declFile, "--preload=requests")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,8 +40,9 @@ var makeUpServices = []string{"agent", "controlplane", "edge"}
 // bytes), dockerd runs in a session of its own, and Ctrl-C (SIGINT to
 // make's whole process group) stops all three without taking dockerd down,
 // leaving no sandbox of this run's agent behind. While the stack is up, it
-// checks the banner's lines for Claude Code and the MCP Inspector and runs
-// the README's quick start against it (runQuickStart).
+// checks the banner's lines for Claude Code and the MCP Inspector, runs
+// the README's quick start against it (runQuickStart), and checks that the
+// agent's default preloading reaches callers (checkPreloaded).
 //
 // It needs root and make, and prepares the host and builds bin/ as
 // `make up` does: slow on the first run, seconds of setup afterwards.
@@ -112,6 +113,7 @@ func TestMakeUp(t *testing.T) {
 		})
 	})
 	t.Run("README quick start", func(t *testing.T) { runQuickStart(t, root, edgeAddr) })
+	t.Run("preloaded", func(t *testing.T) { checkPreloaded(t, "http://"+edgeAddr) })
 	t.Run("metrics", func(t *testing.T) { checkMetrics(t, logPath, metricsAddrs) })
 
 	stopByCtrlC(t, m.pgid, m.done, &m.waitErr, logPath, logs, services, dockerd, agentName)

@@ -72,10 +72,9 @@ func TestMakeUpCluster(t *testing.T) {
 		cmd.Args = append(cmd.Args, "CLUSTER_"+kind+"_METRICS="+strings.Join(addrs, " "))
 	}
 	cmd.Dir = root
-	// One warm sandbox per agent, preloading one small module (see
-	// agentPreload): three agents with the default list took three
-	// quarters of this test's time on two CPUs. TestMakeUp runs the
-	// defaults.
+	// One warm sandbox per agent, preloading nothing (see agentPreload):
+	// three agents with the default list took three quarters of this
+	// test's time on two CPUs. TestMakeUp runs the defaults.
 	cmd.Env = append(makeFreeEnv(), "MIN_ACTIVE=1", agentPreload)
 	m, err := startMake(cmd, logFile)
 	if err != nil {

@@ -113,15 +113,17 @@ func start(name string, env []string, args ...string) (*Process, error) {
 }
 
 // agentPreload is what the agents started by start preload, unless a test
-// says otherwise (--preload, or PRELOAD in env): one small module. Sessions
-// and Python runs through them still take the preloaded path (a kernel or
-// an interpreter forked from the sandbox's parent) without the seconds of
-// CPU that the default list (the languages table's) costs every new
-// sandbox under gVisor: with it, the sandboxes of this package's stacks
-// took half of the host's CPU over a run of the package.
-// The default list runs in TestMakeUp (make up's agent) and in the
-// runner's preload tests.
-const agentPreload = "PRELOAD=requests"
+// says otherwise (--preload, or PRELOAD in env): nothing. A preloaded
+// parent costs every new sandbox seconds of CPU under gVisor (the default
+// list 4-7 s, requests alone about one), and this package's stacks start
+// many sandboxes on a host of two CPUs: with the default list their
+// sandboxes took half of the host's CPU over a run of the package, and
+// with requests alone the tests that predate preloading took a quarter
+// longer than with none. Preloading through the whole stack, with the
+// default list as make up runs it, is TestMakeUp's "preloaded"; code
+// mode's requests forked from a parent is TestCodeModeAPIs's; the
+// parent's own claims are the runner's and the agent's tests.
+const agentPreload = "PRELOAD=none"
 
 // Stack is an agent, a control plane and an edge wired together, sharing a
 // cluster secret.

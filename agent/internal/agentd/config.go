@@ -61,14 +61,15 @@ type Config struct {
 	// Preload is what each sandbox's preloaded parent imports before it
 	// forks the prestarted interpreters of stateless Python runs:
 	// comma-separated modules, or "default" (the languages table's list,
-	// the default); "": no parent, each interpreter starts fresh.
+	// the default); "none" or "": no parent, each interpreter starts
+	// fresh.
 	Preload string
 	// RunSlots bounds the sandboxes that work at once, running (for up to
-	// admit.DefaultHold of each run) or being scrubbed; runs beyond it wait
-	// in arrival order (see package admit). 0: no bound.
+	// cpuslots.DefaultHold of each run) or being scrubbed; runs beyond it wait
+	// in arrival order (see package cpuslots). 0: no bound.
 	RunSlots int
 	// RunSlotHold is how long a run keeps its slot at most; 0:
-	// admit.DefaultHold. It has no flag.
+	// cpuslots.DefaultHold. It has no flag.
 	RunSlotHold time.Duration
 	// QueueTimeout bounds how long a request waits for a free sandbox
 	// (and for a run slot).
@@ -302,7 +303,7 @@ func (cfg *Config) poolFlags(f *cli.Flags) {
 	f.Env("max-reuse", "MAX_REUSE")
 	f.BoolVar(&cfg.Prestart, "prestart", cfg.Prestart, "start the interpreter of a sandbox's next stateless run when it is scrubbed, so that the run does not wait for it")
 	f.Env("prestart", "PRESTART")
-	f.StringVar(&cfg.Preload, "preload", cfg.Preload, `modules each sandbox imports once, in a parent that forks the interpreter of every stateless Python run that names one, comma-separated, or "default" (numpy, pandas, matplotlib, requests, scipy); empty: none, each run's interpreter starts fresh`)
+	f.StringVar(&cfg.Preload, "preload", cfg.Preload, `modules each sandbox imports once, in a parent that forks the interpreter of every stateless Python run that names one, comma-separated, or "default" (numpy, pandas, matplotlib, requests, scipy); "none" or empty: none, each run's interpreter starts fresh`)
 	f.Env("preload", "PRELOAD")
 	f.IntVar(&cfg.RunSlots, "run-slots", cfg.RunSlots, "sandboxes working at once (running the start of a program, or being scrubbed); further runs wait their turn; 0: no bound (default: the host's CPUs)")
 	f.Env("run-slots", "RUN_SLOTS")

@@ -221,12 +221,16 @@ func Lookup(name string) (Language, bool) {
 }
 
 // PreloadList parses a list of modules to preload: comma-separated names,
-// or "default" for the Python entry's Preload. Names that are not dotted
-// Python identifiers are dropped.
+// "default" for the Python entry's Preload, or "none" (or empty) for none;
+// "none" is how an environment variable, where empty means unset, says
+// none. Names that are not dotted Python identifiers are dropped.
 func PreloadList(v string) []string {
-	if strings.TrimSpace(v) == "default" {
+	switch strings.TrimSpace(v) {
+	case "default":
 		l, _ := Lookup(Default)
 		return slices.Clone(l.Preload)
+	case "none":
+		return nil
 	}
 	var out []string
 	for _, m := range strings.Split(v, ",") {

@@ -61,6 +61,7 @@ func TestPreloadList(t *testing.T) {
 		want []string
 	}{
 		{"", nil},
+		{" none ", nil},
 		{"default", py.Preload},
 		{" numpy, pandas ,,matplotlib.pyplot", []string{"numpy", "pandas", "matplotlib.pyplot"}},
 		{"os;print(1),1abc,a..b,json", []string{"json"}},
