@@ -117,9 +117,8 @@ func start(name string, env []string, args ...string) (*Process, error) {
 // parent costs every new sandbox seconds of CPU under gVisor (the default
 // list 4-7 s, requests alone about one), and this package's stacks start
 // many sandboxes on a host of two CPUs: with the default list their
-// sandboxes took half of the host's CPU over a run of the package, and
-// with requests alone the tests that predate preloading took a quarter
-// longer than with none. Preloading through the whole stack, with the
+// sandboxes took half of the host's CPU over a run of the package.
+// Preloading through the whole stack, with the
 // default list as make up runs it, is TestMakeUp's "preloaded"; code
 // mode's requests forked from a parent is TestCodeModeAPIs's; the
 // parent's own claims are the runner's and the agent's tests.

@@ -86,8 +86,9 @@ type Config struct {
 const (
 	DefaultStartTimeout = 30 * time.Second
 	// DefaultResetTimeout leaves room for the runner to start a preloaded
-	// parent on a loaded host (up to 20 s, see package preload) after the
-	// scrub itself (tens of milliseconds).
+	// parent on a loaded host (its own bound, parentReadyTimeout in the
+	// runner's package preload) after the scrub itself (tens of
+	// milliseconds).
 	DefaultResetTimeout = 30 * time.Second
 	DefaultWarmIdle     = 5 * time.Minute
 	// maxStarting bounds the warm sandboxes started at once: starting one

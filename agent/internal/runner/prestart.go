@@ -62,8 +62,9 @@ func (p *prestarted) discard(log *slog.Logger) {
 }
 
 // prestartReadyTimeout bounds the wait for a prestarted interpreter to be
-// ready: well within the agent's bound on a whole Reset (30 s), so that a
-// slow start costs the next run its head start, not the sandbox.
+// ready: well within the agent's bound on a whole Reset
+// (pool.DefaultResetTimeout), so that a slow start costs the next run its
+// head start, not the sandbox.
 const prestartReadyTimeout = 3 * time.Second
 
 // prestart starts an interpreter for the next stateless run, unless one is
