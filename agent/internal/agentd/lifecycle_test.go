@@ -343,6 +343,12 @@ func TestWarmPoolShrinksAfterBurst(t *testing.T) {
 
 // TestRun runs the binary's Run with flags, serves a run over gRPC, stops
 // it as SIGTERM would (its context ends), and finds no container left.
+//
+// It preloads nothing, as startAgent's agents: its one run waits for the
+// first sandbox, whose start with the default preload set imports seconds
+// of modules, and on a host saturated by the other packages that start
+// outlasted the run's queue timeout. Preloading with the defaults is
+// TestMakeUp's "preloaded" and preload_test.go's.
 func TestRun(t *testing.T) {
 	t.Parallel()
 	dockertest.Need(t)
@@ -353,7 +359,7 @@ func TestRun(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, []string{"--addr", "127.0.0.1:0", "--name", name, "--runner", runnerBin,
-			"--min-active", "1", "--max-sandboxes", "2", "--max-sessions", "1", "--log-format", "json"}, nil, io.Discard, pw)
+			"--min-active", "1", "--max-sandboxes", "2", "--max-sessions", "1", "--preload", "none", "--log-format", "json"}, nil, io.Discard, pw)
 		pw.Close()
 	}()
 	addrc := make(chan string, 1)
