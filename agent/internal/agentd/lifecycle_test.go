@@ -311,9 +311,7 @@ func (p *engineProxy) crash() {
 func TestMissingImage(t *testing.T) {
 	t.Parallel()
 	dockertest.Need(t)
-	cfg := DefaultConfig()
-	cfg.Name = randomName("test-noimage")
-	cfg.Runner = runnerBin
+	cfg := testConfig("test-noimage")
 	cfg.Image = "codemode-no-such-image:never"
 	_, err := New(t.Context(), cfg, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), "make setup") {
@@ -343,12 +341,7 @@ func TestWarmPoolShrinksAfterBurst(t *testing.T) {
 
 // TestRun runs the binary's Run with flags, serves a run over gRPC, stops
 // it as SIGTERM would (its context ends), and finds no container left.
-//
-// It preloads nothing, as startAgent's agents: its one run waits for the
-// first sandbox, whose start with the default preload set imports seconds
-// of modules, and on a host saturated by the other packages that start
-// outlasted the run's queue timeout. Preloading with the defaults is
-// TestMakeUp's "preloaded" and preload_test.go's.
+// It preloads nothing, as testConfig's agents do.
 func TestRun(t *testing.T) {
 	t.Parallel()
 	dockertest.Need(t)
@@ -427,9 +420,7 @@ func TestImageWithoutAnInterpreter(t *testing.T) {
 	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", image).Run() })
 
 	var logs testlog.Buffer
-	cfg := DefaultConfig()
-	cfg.Name = randomName("test-no-node")
-	cfg.Runner = runnerBin
+	cfg := testConfig("test-no-node")
 	cfg.Image = image
 	cfg.MinActive = 1
 	cfg.MaxSandboxes = 2
@@ -464,9 +455,7 @@ func TestRunnerLogsAtDebug(t *testing.T) {
 	t.Parallel()
 	dockertest.Need(t)
 	var logs testlog.Buffer
-	cfg := DefaultConfig()
-	cfg.Name = randomName("test-debug")
-	cfg.Runner = runnerBin
+	cfg := testConfig("test-debug")
 	cfg.MinActive, cfg.MaxSandboxes, cfg.MaxSessions = 1, 1, 0
 	cfg.Memory = 256 << 20
 	a, err := serveAgent(cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))

@@ -98,27 +98,38 @@ type testAgent struct {
 	stop func() error // stops serving and removes the sandboxes
 }
 
+// testConfig is the default configuration of an agent named after prefix,
+// with the runner built for the tests and no preloading.
+//
+// Preloading is off unless a test turns it on: the tests here are about
+// everything else, and some need it off. Beside a parent,
+// TestStatelessIsolation's run B sees one python3 it did not start (the
+// parent, whose /proc entry gVisor gives the user), and TestAbuse's disk
+// fill (80 MiB of tmpfs) meets the memory watchdog in 256 MiB sandboxes, of
+// which the parent holds ~110. And each parent's imports cost seconds of CPU
+// that a host running the other packages beside this one does not have: a
+// run waiting for a first sandbox still importing them outlasted its queue
+// timeout there. The preloaded parent's own isolation and abuse tests are
+// the runner's (TestPreloadIsolation, TestPreloadAbuse) and
+// preload_test.go's; the defaults end to end are TestMakeUp's "preloaded".
+func testConfig(prefix string) Config {
+	cfg := DefaultConfig()
+	cfg.Name = randomName(prefix)
+	cfg.Runner = runnerBin
+	cfg.Preload = ""
+	return cfg
+}
+
 // startAgent starts an agent with cfg adjusted by edit, served on
 // 127.0.0.1:0.
 func startAgent(t testing.TB, edit func(*Config)) *testAgent {
 	t.Helper()
 	dockertest.Need(t)
-	cfg := DefaultConfig()
-	cfg.Name = randomName("test-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))[:min(len(t.Name()), 12)])
-	cfg.Runner = runnerBin
+	cfg := testConfig("test-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))[:min(len(t.Name()), 12)])
 	cfg.MinActive = 1
 	cfg.MaxSandboxes = 4
 	cfg.MaxSessions = 2
 	cfg.Memory = 256 << 20
-	// Off unless a test turns it on: the tests here are about everything
-	// else, and some need it off. Beside a parent, TestStatelessIsolation's
-	// run B sees one python3 it did not start (the parent, whose /proc
-	// entry gVisor gives the user), and TestAbuse's disk fill (80 MiB of
-	// tmpfs) meets the memory watchdog in these 256 MiB sandboxes, of which
-	// the parent holds ~110. The preloaded parent's own isolation and abuse
-	// tests are the runner's (TestPreloadIsolation, TestPreloadAbuse) and
-	// preload_test.go's.
-	cfg.Preload = ""
 	cfg.LogLevel = "debug"
 	if edit != nil {
 		edit(&cfg)
@@ -209,15 +220,12 @@ func shared(t testing.TB) *testAgent {
 	t.Helper()
 	dockertest.Need(t)
 	sharedOnce.Do(func() {
-		cfg := DefaultConfig()
-		cfg.Name = randomName("test-shared")
-		cfg.Runner = runnerBin
+		cfg := testConfig("test-shared")
 		cfg.MinActive = 2
 		cfg.MaxSandboxes = 12
 		cfg.MaxSessions = 8
 		cfg.MaxSessionsPerTenant = 8 // the tests share one tenant
 		cfg.Memory = 256 << 20
-		cfg.Preload = "" // as in startAgent
 		cfg.SessionIdleTTL = time.Minute
 		sharedAgent, sharedErr = serveAgent(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	})
