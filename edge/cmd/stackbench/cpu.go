@@ -39,16 +39,28 @@ func (t target) meter() cpuUse {
 	return t.cpu()
 }
 
+// waitQuiet runs t's quiet wait, if it has one.
+func (t target) waitQuiet() {
+	if t.quiet != nil {
+		t.quiet()
+	}
+}
+
 // startMeter starts measuring t's CPU use; the function it returns reads
 // the use since, and how many sandboxes appeared meanwhile (when t's
-// sandboxes are metered).
+// sandboxes are metered). Where t has a quiet wait, both readings are
+// taken with t's agent quiet, so that the use is that of the runs between
+// them with their scrubs, the last one's included, and nothing of what
+// came before (see [bench.waitQuiet]).
 func (t target) startMeter() func() (cpuUse, int) {
+	t.waitQuiet()
 	c0 := t.meter()
 	var s0 map[string]time.Duration
 	if t.sandboxes != nil {
 		s0 = t.sandboxes()
 	}
 	return func() (cpuUse, int) {
+		t.waitQuiet()
 		u := t.meter().sub(c0)
 		if t.sandboxes == nil {
 			return u, 0

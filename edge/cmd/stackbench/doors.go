@@ -44,6 +44,9 @@ type target struct {
 	// sandboxes reads the CPU time used so far by each sandbox of the
 	// target's agent; nil: not measured.
 	sandboxes func() map[string]time.Duration
+	// quiet waits until the target's agent has no run, scrub or sandbox
+	// start under way; nil: not waited for.
+	quiet func()
 }
 
 // failure is a run that did not succeed, with the kind it is counted as.

@@ -492,3 +492,24 @@ func TestSandboxDelta(t *testing.T) {
 		t.Fatalf("sandboxDelta = %v, want 70 (30 of a, 40 of the new one)", got)
 	}
 }
+
+// TestMeterReadsWhenQuiet checks that both readings of a metered target
+// come after its quiet wait: what the agent still does for the runs
+// before the meter starts is not counted, and what it does after the
+// runs' last answer (the last scrub) is.
+func TestMeterReadsWhenQuiet(t *testing.T) {
+	t.Parallel()
+	var events []string
+	tg := target{
+		cpu:       func() cpuUse { events = append(events, "cpu"); return cpuUse{} },
+		sandboxes: func() map[string]time.Duration { events = append(events, "sandboxes"); return nil },
+		quiet:     func() { events = append(events, "quiet") },
+	}
+	read := tg.startMeter()
+	events = append(events, "runs")
+	read()
+	want := []string{"quiet", "cpu", "sandboxes", "runs", "quiet", "cpu", "sandboxes"}
+	if !slices.Equal(events, want) {
+		t.Fatalf("events %v, want %v", events, want)
+	}
+}

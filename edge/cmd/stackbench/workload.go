@@ -14,6 +14,8 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 
+	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
+	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
@@ -144,8 +146,42 @@ func (b *bench) workloadTarget(name string, s *stack) target {
 		dial:      func(context.Context) (caller, error) { return edgeCaller{c}, nil },
 		cpu:       cpuMeterOf(s.agent, s.cp, s.edg),
 		sandboxes: func() map[string]time.Duration { return b.sandboxCPU(s.name) },
+		quiet:     func() { b.waitQuiet(s) },
 	}
 }
+
+// quietTimeout bounds the wait for an agent to become quiet.
+const quietTimeout = time.Minute
+
+// waitQuiet waits until s's agent is quiet: no run under way and every
+// sandbox of it warm, so no scrub, replacement or start either. A row's
+// CPU is read between two such moments. Without the wait, a row's last
+// run ends with its scrub still under way, and that scrub (a node start
+// for JavaScript, a parent's fork for preloaded Python) fell into the next
+// row of the stack that ran last, which the stacks' turns made the
+// preloaded one at every change of item (measured: a JavaScript row's last
+// scrub, ~350 ms of sandbox CPU, in the next print(1) row's first turn).
+// Past quietTimeout it logs and lets the measurement go on.
+func (b *bench) waitQuiet(s *stack) {
+	ctx, cancel := context.WithTimeout(context.Background(), quietTimeout)
+	defer cancel()
+	c := agentv1connect.NewAgentServiceClient(b.authClient(b.secret), s.agent.URL())
+	for {
+		st, err := c.Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
+		if err == nil && st.Msg.GetStatus().GetBusy() == 0 && int(st.Msg.GetStatus().GetWarm()) == len(b.sandboxes(ctx, s.name)) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			b.logf("the %s agent was not quiet within %s; measuring on", s.name, quietTimeout)
+			return
+		case <-time.After(quietPoll):
+		}
+	}
+}
+
+// quietPoll is how often waitQuiet asks.
+const quietPoll = 25 * time.Millisecond
 
 // upStack starts an agent named name with the main agent's settings and
 // extra, a control plane in front of it and an edge in front of that,

@@ -120,8 +120,10 @@ const workLegend = `
 Each item stateless through the Connect JSON door of an edge: preload, the stack whose agent
 has --preload=default; fresh, a second stack whose agent has --preload= (each run's
 interpreter started fresh), measured in turns with it. paced: one run every 500 ms; closed:
-each worker starts its next run when its last one ends. host CPU: the whole host's busy time
-per run (other tenants included); sandbox CPU: the agent's sandboxes' cgroups (their gVisor
+each worker starts its next run when its last one ends. CPU is read with the agent quiet (no
+run, scrub or sandbox start under way) before and after each turn, so a row holds its runs'
+scrubs, the last one's included, and nothing of the row before. host CPU: the whole host's
+busy time per run (other tenants included); sandbox CPU: the agent's sandboxes' cgroups (their gVisor
 kernels and everything in them, a replaced sandbox's start included); agent CPU: the agent
 process's own; new sandboxes: those the agent started during the row's runs (replacing one
 that served --max-reuse runs, or growing its pool). The matplotlib item fails (artifact_missing) unless its figure comes back as
