@@ -111,7 +111,7 @@ func (b *bench) agentArgs(name string, extra ...string) []string {
 	return append([]string{"--addr", "127.0.0.1:0", "--name", name,
 		"--runner", filepath.Join(b.dir, "runner"), "--state-dir", filepath.Join(b.dir, name+"-state"),
 		"--min-active", strconv.Itoa(b.o.warm), "--queue-timeout", b.o.queue.String(),
-		"--image", b.o.image, "--runtime", b.o.runtime}, extra...)
+		"--image", b.o.image, "--runtime", b.o.runtime, "--metrics-addr", "127.0.0.1:0"}, extra...)
 }
 
 // waitReady waits, at most five minutes, until edge's GET /status says

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,9 +15,9 @@ import (
 	"connectrpc.com/connect"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
-	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
-	"github.com/codemode-go/codemode/gen/codemode/agent/v1/agentv1connect"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/testkit/launch"
 )
@@ -59,6 +61,7 @@ const workloadRounds = 2
 type stack struct {
 	name           string // the agent's, which labels its sandboxes
 	agent, cp, edg *launch.Process
+	metrics        string // the agent's /metrics URL
 }
 
 // memUse is what a stack holds in memory at one moment.
@@ -88,6 +91,9 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 	}
 	defer b.stopStack(fresh)
 	main := &stack{name: b.name, agent: b.agent, cp: b.cp, edg: b.edge}
+	if main.metrics, err = metricsURL(b.agent); err != nil {
+		return err
+	}
 	stacks := []*stack{main, fresh}
 	for i, s := range stacks {
 		res.memory = append(res.memory, stackMemory{stack: []string{stackPreload, stackFresh}[i], warm: b.memoryOf(ctx, s), loadWarm: loadAvg()})
@@ -153,27 +159,28 @@ func (b *bench) workloadTarget(name string, s *stack) target {
 // quietTimeout bounds the wait for an agent to become quiet.
 const quietTimeout = time.Minute
 
-// waitQuiet waits until s's agent is quiet: no run under way and every
-// sandbox of it warm, so no scrub, replacement or start either. A row's
-// CPU is read between two such moments. Without the wait, a row's last
-// run ends with its scrub still under way, and that scrub (a node start
-// for JavaScript, a parent's fork for preloaded Python) fell into the next
-// row of the stack that ran last, which the stacks' turns made the
-// preloaded one at every change of item (measured: a JavaScript row's last
-// scrub, ~350 ms of sandbox CPU, in the next print(1) row's first turn).
-// Past quietTimeout it logs and lets the measurement go on.
+// waitQuiet waits until s's agent is quiet: no sandbox of it busy with a
+// run, starting, or being scrubbed or replaced (its
+// codemode_agent_sandboxes gauges). A row's CPU is read between two such
+// moments. Without the wait, a row's last run ends with its scrub still
+// under way, and that scrub (a node start for JavaScript, a parent's fork
+// for preloaded Python) fell into the next row of the stack that ran last,
+// which the stacks' turns made the preloaded one at every change of item;
+// and a sandbox the pool started for the warm-up calls (it keeps
+// --min-active warm beside the busy ones) fell into the row. Past
+// quietTimeout it logs and lets the measurement go on.
 func (b *bench) waitQuiet(s *stack) {
 	ctx, cancel := context.WithTimeout(context.Background(), quietTimeout)
 	defer cancel()
-	c := agentv1connect.NewAgentServiceClient(b.authClient(b.secret), s.agent.URL())
+	var err error
 	for {
-		st, err := c.Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
-		if err == nil && st.Msg.GetStatus().GetBusy() == 0 && int(st.Msg.GetStatus().GetWarm()) == len(b.sandboxes(ctx, s.name)) {
+		var quiet bool
+		if quiet, err = agentQuiet(ctx, s.metrics); err == nil && quiet {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			b.logf("the %s agent was not quiet within %s; measuring on", s.name, quietTimeout)
+			b.logf("the %s agent was not quiet within %s (%v); measuring on", s.name, quietTimeout, err)
 			return
 		case <-time.After(quietPoll):
 		}
@@ -183,6 +190,63 @@ func (b *bench) waitQuiet(s *stack) {
 // quietPoll is how often waitQuiet asks.
 const quietPoll = 25 * time.Millisecond
 
+// quietStates are the states of codemode_agent_sandboxes in which a
+// sandbox uses CPU for runs: all at zero is a quiet agent.
+var quietStates = []string{"busy", "starting", "recycling"}
+
+// agentQuiet reads the agent's /metrics at url and reports whether no
+// sandbox is in any of quietStates.
+func agentQuiet(ctx context.Context, url string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false, err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("%s: HTTP %d", url, res.StatusCode)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(res.Body)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", url, err)
+	}
+	f := fams["codemode_agent_sandboxes"]
+	if f == nil {
+		return false, fmt.Errorf("%s: no codemode_agent_sandboxes", url)
+	}
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "state" && slices.Contains(quietStates, l.GetValue()) && m.GetGauge().GetValue() != 0 {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
+}
+
+// metricsURL waits, at most listenTimeout, for p's "serving metrics" log
+// line (it serves them from --metrics-addr) and returns the URL of its
+// /metrics.
+func metricsURL(p *launch.Process) (string, error) {
+	deadline := time.Now().Add(listenTimeout)
+	for {
+		for _, line := range p.LogLines() {
+			var rec struct{ Msg, Addr string }
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "serving metrics" && rec.Addr != "" {
+				return "http://" + rec.Addr + "/metrics", nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("%s: no \"serving metrics\" line within %s", p.Name, listenTimeout)
+		}
+		time.Sleep(quietPoll)
+	}
+}
+
 // upStack starts an agent named name with the main agent's settings and
 // extra, a control plane in front of it and an edge in front of that,
 // and waits for the agent's warm sandboxes.
@@ -191,6 +255,9 @@ func (b *bench) upStack(ctx context.Context, name string, extra ...string) (*sta
 	var err error
 	env := []string{"CODEMODE_CLUSTER_SECRET=" + b.secret}
 	if s.agent, err = b.start(ctx, "agent", env, b.agentArgs(name, extra...)...); err != nil {
+		return nil, err
+	}
+	if s.metrics, err = metricsURL(s.agent); err != nil {
 		return nil, err
 	}
 	if s.cp, err = b.start(ctx, "controlplane", append(env, "REMOTE_HOSTS="+s.agent.Addr), "--addr", "127.0.0.1:0", "--poll-interval", "200ms"); err != nil {
