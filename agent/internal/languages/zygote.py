@@ -208,16 +208,19 @@ def _finish(code, g):
 
 def _warm(modules):
     # Lazy initialisation every run of these modules would pay once:
-    # matplotlib's backend and fonts, pandas's groupby machinery.
+    # matplotlib's backend and fonts, its PNG writer (Pillow's image
+    # plugins, imported at the first save), pandas's groupby machinery.
     if "matplotlib.pyplot" in modules:
         try:
+            import io
+
             plt = modules["matplotlib.pyplot"]
             fig = plt.figure()
             ax = fig.add_subplot()
             ax.plot([0, 1], [0, 1])
             ax.hist([0, 1, 1])
             ax.set_title("warm")
-            fig.canvas.draw()
+            fig.savefig(io.BytesIO(), format="png")
             plt.close("all")
         except Exception:
             pass
