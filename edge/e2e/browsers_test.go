@@ -20,6 +20,7 @@ import (
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
+	"github.com/codemode-go/codemode/internal/testkit/promtext"
 )
 
 // pageRequest is one request a web page could make the browser send to the
@@ -126,7 +127,7 @@ func (pr pageRequest) send(t *testing.T, addr, host, origin string) (*http.Respo
 // door: it counts each one that reached the execution service, run or not.
 func executions(t *testing.T, p *Process) float64 {
 	t.Helper()
-	return sample(scrape(t, p), "codemode_executions_total", nil)
+	return promtext.Sample(scrape(t, p), "codemode_executions_total", nil)
 }
 
 // openMCPSession opens a session of /mcp at the edge's url as a caller

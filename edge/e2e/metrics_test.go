@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,14 +12,13 @@ import (
 	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/codemode-go/codemode/edge/internal/policy/policytest"
 	edgev1 "github.com/codemode-go/codemode/gen/codemode/edge/v1"
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
 	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
+	"github.com/codemode-go/codemode/internal/testkit/promtext"
 )
 
 // metricsAddr returns where p serves /metrics, from its "serving metrics"
@@ -38,51 +36,11 @@ func metricsAddr(t *testing.T, p *Process) string {
 // scrape reads p's /metrics and parses it as Prometheus text.
 func scrape(t *testing.T, p *Process) map[string]*dto.MetricFamily {
 	t.Helper()
-	res, err := http.Get("http://" + metricsAddr(t, p) + "/metrics")
+	fams, err := promtext.Scrape(t.Context(), "http://"+metricsAddr(t, p)+"/metrics")
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		t.Fatalf("%s /metrics: HTTP %d", p.Name, res.StatusCode)
-	}
-	parser := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := parser.TextToMetricFamilies(res.Body)
-	if err != nil {
-		t.Fatalf("%s /metrics does not parse: %v", p.Name, err)
+		t.Fatalf("%s: %v", p.Name, err)
 	}
 	return fams
-}
-
-// sample returns the value of the counter or gauge name whose labels
-// include want, summed over the other labels.
-func sample(fams map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
-	var sum float64
-	f := fams[name]
-	if f == nil {
-		return 0
-	}
-next:
-	for _, m := range f.GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		for k, v := range want {
-			if labels[k] != v {
-				continue next
-			}
-		}
-		switch {
-		case m.GetCounter() != nil:
-			sum += m.GetCounter().GetValue()
-		case m.GetGauge() != nil:
-			sum += m.GetGauge().GetValue()
-		case m.GetHistogram() != nil:
-			sum += float64(m.GetHistogram().GetSampleCount())
-		}
-	}
-	return sum
 }
 
 // startMetricsStack starts an agent, a control plane and an edge, each
@@ -161,13 +119,13 @@ func settledAgentMetrics(t *testing.T, p *Process, runs float64) map[string]*dto
 	var fams map[string]*dto.MetricFamily
 	testkit.Eventually(t, time.Minute, func() error {
 		fams = scrape(t, p)
-		if sample(fams, "codemode_agent_sandbox_scrubs_total", nil) >= runs &&
-			sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "starting"}) == 0 &&
-			sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "recycling"}) == 0 {
+		if promtext.Sample(fams, "codemode_agent_sandbox_scrubs_total", nil) >= runs &&
+			promtext.Sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "starting"}) == 0 &&
+			promtext.Sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "recycling"}) == 0 {
 			return nil
 		}
-		return fmt.Errorf("agent not settled: scrubs %v, starting %v, recycling %v", sample(fams, "codemode_agent_sandbox_scrubs_total", nil),
-			sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "starting"}), sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "recycling"}))
+		return fmt.Errorf("agent not settled: scrubs %v, starting %v, recycling %v", promtext.Sample(fams, "codemode_agent_sandbox_scrubs_total", nil),
+			promtext.Sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "starting"}), promtext.Sample(fams, "codemode_agent_sandboxes", map[string]string{"state": "recycling"}))
 	})
 	return fams
 }
@@ -227,7 +185,7 @@ func checkDeployedNames(t *testing.T, services map[string]map[string]*dto.Metric
 // metrics after those calls.
 func checkOperatorMetrics(t *testing.T, s *Stack, services map[string]map[string]*dto.MetricFamily) {
 	for name, fams := range services {
-		if got := sample(fams, "codemode_build_info", nil); got != 1 {
+		if got := promtext.Sample(fams, "codemode_build_info", nil); got != 1 {
 			t.Errorf("%s codemode_build_info = %v, want 1", name, got)
 		}
 	}
@@ -254,7 +212,7 @@ func checkOperatorMetrics(t *testing.T, s *Stack, services map[string]map[string
 		{"codemode_mcp_tool_calls_total", map[string]string{"door": "mcp", "tool": "list_languages", "outcome": "ok"}, 1},
 		{"codemode_mcp_tool_calls_total", map[string]string{"door": "mcp", "tool": "execute_code", "outcome": "tool_error"}, 1},
 	} {
-		if got := sample(edge, c.name, c.labels); got != c.want {
+		if got := promtext.Sample(edge, c.name, c.labels); got != c.want {
 			t.Errorf("edge %s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
@@ -311,11 +269,11 @@ func checkEdgeMetrics(t *testing.T, edge map[string]*dto.MetricFamily) {
 		{map[string]string{"door": "connect", "language": "sh", "outcome": "permission_denied"}, 1},
 		{nil, 5},
 	} {
-		if got := sample(edge, executionsTotal, c.labels); got != c.want {
+		if got := promtext.Sample(edge, executionsTotal, c.labels); got != c.want {
 			t.Errorf("edge %s%v = %v, want %v", executionsTotal, c.labels, got, c.want)
 		}
 	}
-	if got := sample(edge, "codemode_execution_seconds", nil); got != 5 {
+	if got := promtext.Sample(edge, "codemode_execution_seconds", nil); got != 5 {
 		t.Errorf("edge codemode_execution_seconds count = %v, want 5", got)
 	}
 	// Request policies see the five runs and the session's creation; the
@@ -333,15 +291,15 @@ func checkEdgeMetrics(t *testing.T, edge map[string]*dto.MetricFamily) {
 		{"result", "redact", "allow", 4},
 	} {
 		labels := map[string]string{"phase": c.phase, "policy": c.policy, "decision": c.decision}
-		if got := sample(edge, "codemode_policy_decisions_total", labels); got != c.want {
+		if got := promtext.Sample(edge, "codemode_policy_decisions_total", labels); got != c.want {
 			t.Errorf("edge codemode_policy_decisions_total%v = %v, want %v", labels, got, c.want)
 		}
 	}
 	for policy, want := range map[string]float64{"languages": 6, "prelude": 5, "redact": 4} {
-		if got := sample(edge, "codemode_policy_decisions_total", map[string]string{"policy": policy}); got != want {
+		if got := promtext.Sample(edge, "codemode_policy_decisions_total", map[string]string{"policy": policy}); got != want {
 			t.Errorf("edge codemode_policy_decisions_total{policy=%s} = %v, want %v", policy, got, want)
 		}
-		if got := sample(edge, "codemode_policy_call_seconds", map[string]string{"policy": policy}); got != want {
+		if got := promtext.Sample(edge, "codemode_policy_call_seconds", map[string]string{"policy": policy}); got != want {
 			t.Errorf("edge codemode_policy_call_seconds{policy=%s} count = %v, want %v", policy, got, want)
 		}
 	}
@@ -360,11 +318,11 @@ func checkRunMetrics(t *testing.T, s *Stack) {
 			{map[string]string{"door": "rpc", "language": "bash", "outcome": "exit"}, 1},
 			{nil, 4},
 		} {
-			if got := sample(fams, executionsTotal, c.labels); got != c.want {
+			if got := promtext.Sample(fams, executionsTotal, c.labels); got != c.want {
 				t.Errorf("%s %s%v = %v, want %v", p.Name, executionsTotal, c.labels, got, c.want)
 			}
 		}
-		if got := sample(fams, "codemode_run_seconds", nil); got != 4 {
+		if got := promtext.Sample(fams, "codemode_run_seconds", nil); got != 4 {
 			t.Errorf("%s codemode_run_seconds count = %v, want 4", p.Name, got)
 		}
 	}
@@ -372,20 +330,20 @@ func checkRunMetrics(t *testing.T, s *Stack) {
 
 // checkControlPlaneMetrics checks the control plane's routing metrics.
 func checkControlPlaneMetrics(t *testing.T, s *Stack, cp map[string]*dto.MetricFamily) {
-	if got := sample(cp, "codemode_controlplane_routing_decisions_total", map[string]string{"kind": "stateless", "result": "chosen"}); got != 4 {
+	if got := promtext.Sample(cp, "codemode_controlplane_routing_decisions_total", map[string]string{"kind": "stateless", "result": "chosen"}); got != 4 {
 		t.Errorf("control plane routing decisions = %v, want 4", got)
 	}
-	if got := sample(cp, "codemode_controlplane_agent_healthy", map[string]string{"agent": s.Agent.Addr}); got != 1 {
+	if got := promtext.Sample(cp, "codemode_controlplane_agent_healthy", map[string]string{"agent": s.Agent.Addr}); got != 1 {
 		t.Errorf("control plane agent_healthy{agent=%s} = %v, want 1", s.Agent.Addr, got)
 	}
 	// The agent is polled (REMOTE_HOSTS), never registered, and in routing
 	// now: it joined once more than it left.
-	joined := sample(cp, "codemode_controlplane_agent_routing_changes_total", map[string]string{"change": "joined"})
-	left := sample(cp, "codemode_controlplane_agent_routing_changes_total", map[string]string{"change": "left"})
+	joined := promtext.Sample(cp, "codemode_controlplane_agent_routing_changes_total", map[string]string{"change": "joined"})
+	left := promtext.Sample(cp, "codemode_controlplane_agent_routing_changes_total", map[string]string{"change": "left"})
 	if joined != left+1 || joined < 1 {
 		t.Errorf("control plane agent joined routing %v times and left %v, want once more joined", joined, left)
 	}
-	if got := sample(cp, "codemode_controlplane_agent_registrations_total", nil); got != 0 || cp["codemode_controlplane_agent_registrations_total"] == nil {
+	if got := promtext.Sample(cp, "codemode_controlplane_agent_registrations_total", nil); got != 0 || cp["codemode_controlplane_agent_registrations_total"] == nil {
 		t.Errorf("control plane registrations = %v, want 0 for a polled agent", got)
 	}
 }
@@ -393,10 +351,10 @@ func checkControlPlaneMetrics(t *testing.T, s *Stack, cp map[string]*dto.MetricF
 // checkAgentMetrics checks the settled agent's pool, slot, sandbox and
 // session metrics.
 func checkAgentMetrics(t *testing.T, agent map[string]*dto.MetricFamily) {
-	if got := sample(agent, "codemode_queue_wait_seconds", nil); got != 4 {
+	if got := promtext.Sample(agent, "codemode_queue_wait_seconds", nil); got != 4 {
 		t.Errorf("agent codemode_queue_wait_seconds count = %v, want 4", got)
 	}
-	if got := sample(agent, "codemode_agent_sandboxes_max", nil); got < 1 {
+	if got := promtext.Sample(agent, "codemode_agent_sandboxes_max", nil); got < 1 {
 		t.Errorf("agent codemode_agent_sandboxes_max = %v, want at least 1", got)
 	}
 	if agent["codemode_agent_sandboxes"] == nil || agent["codemode_agent_sessions"] == nil {
@@ -404,11 +362,11 @@ func checkAgentMetrics(t *testing.T, agent map[string]*dto.MetricFamily) {
 	}
 	// Every run gave its slot to its sandbox's scrub, and every scrub has
 	// ended: no slot is left taken.
-	if got := sample(agent, "codemode_agent_run_slots_max", nil); got < 1 {
+	if got := promtext.Sample(agent, "codemode_agent_run_slots_max", nil); got < 1 {
 		t.Errorf("agent codemode_agent_run_slots_max = %v, want at least 1 (one per CPU by default)", got)
 	}
 	for _, state := range []string{"admitted", "waiting"} {
-		if got := sample(agent, "codemode_agent_run_slots", map[string]string{"state": state}); got != 0 {
+		if got := promtext.Sample(agent, "codemode_agent_run_slots", map[string]string{"state": state}); got != 0 {
 			t.Errorf("agent codemode_agent_run_slots{state=%q} = %v once settled, want 0", state, got)
 		}
 	}
@@ -430,19 +388,19 @@ func checkAgentMetrics(t *testing.T, agent map[string]*dto.MetricFamily) {
 		{"codemode_agent_sessions_closed_total", nil, 1},
 		{"codemode_agent_sessions", nil, 0},
 	} {
-		if got := sample(agent, c.name, c.labels); got != c.want {
+		if got := promtext.Sample(agent, c.name, c.labels); got != c.want {
 			t.Errorf("agent %s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
-	started := sample(agent, "codemode_agent_sandbox_starts_total", map[string]string{"result": "ok"})
-	if warm := sample(agent, "codemode_agent_sandbox_starts_total", map[string]string{"for": "warm", "result": "ok"}); warm < 1 {
+	started := promtext.Sample(agent, "codemode_agent_sandbox_starts_total", map[string]string{"result": "ok"})
+	if warm := promtext.Sample(agent, "codemode_agent_sandbox_starts_total", map[string]string{"for": "warm", "result": "ok"}); warm < 1 {
 		t.Errorf("agent warm sandbox starts = %v, want at least the one of --min-active", warm)
 	}
-	if got := sample(agent, "codemode_agent_sandbox_start_seconds", nil); got != started {
+	if got := promtext.Sample(agent, "codemode_agent_sandbox_start_seconds", nil); got != started {
 		t.Errorf("agent codemode_agent_sandbox_start_seconds count = %v, want one per start, %v", got, started)
 	}
-	destroyed := sample(agent, "codemode_agent_sandboxes_destroyed_total", nil)
-	if there := sample(agent, "codemode_agent_sandboxes", nil); started-destroyed != there {
+	destroyed := promtext.Sample(agent, "codemode_agent_sandboxes_destroyed_total", nil)
+	if there := promtext.Sample(agent, "codemode_agent_sandboxes", nil); started-destroyed != there {
 		t.Errorf("agent started %v sandboxes and destroyed %v, but has %v", started, destroyed, there)
 	}
 }

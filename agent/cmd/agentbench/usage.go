@@ -82,12 +82,8 @@ func (b *bench) splitOne(ctx context.Context, lang, code string, prestart bool) 
 	}
 	defer a.Pool().Release(ctx, sb, false)
 	usage := func() time.Duration {
-		data, err := os.ReadFile("/sys/fs/cgroup/cpuacct/docker/" + sb.ID() + "/cpuacct.usage")
-		if err != nil {
-			return 0
-		}
-		n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-		return time.Duration(n)
+		d, _ := benchbase.ContainerCPU(sb.ID())
+		return d
 	}
 	r := &runnerv1.Run{Language: lang, Code: code, Timeout: durationpb.New(10 * time.Second), OutputLimit: 1 << 20}
 	const n = 20
@@ -108,9 +104,7 @@ func (b *bench) splitOne(ctx context.Context, lang, code string, prestart bool) 
 		reset.wall, reset.cpu = reset.wall+t2.Sub(t1), reset.cpu+c2-c1
 	}
 	run.wall, run.cpu, reset.wall, reset.cpu = run.wall/n, run.cpu/n, reset.wall/n, reset.cpu/n
-	if data, err := os.ReadFile("/sys/fs/cgroup/memory/docker/" + sb.ID() + "/memory.usage_in_bytes"); err == nil {
-		reset.memory, _ = strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-	}
+	reset.memory = benchbase.ContainerMemory(sb.ID())
 	return run, reset, nil
 }
 
@@ -137,10 +131,7 @@ func (u cpuUse) sub(before cpuUse, n int) cpuUse {
 func (b *bench) cpu() cpuUse {
 	var u cpuUse
 	u.host, _ = benchbase.HostCPU()
-	if data, err := os.ReadFile("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage"); err == nil {
-		n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-		u.sandboxes = time.Duration(n)
-	}
+	u.sandboxes, _ = benchbase.ContainersCPU()
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		data, err := os.ReadFile(d + "/stat")

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -15,11 +13,11 @@ import (
 	"connectrpc.com/connect"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/codemode-go/codemode/gen/codemode/edge/v1/edgev1connect"
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 	"github.com/codemode-go/codemode/internal/testkit/launch"
+	"github.com/codemode-go/codemode/internal/testkit/promtext"
 )
 
 // workloadItems are the code models send, each run stateless: code that
@@ -156,8 +154,9 @@ func (b *bench) workloadTarget(name string, s *stack) target {
 	}
 }
 
-// quietTimeout bounds the wait for an agent to become quiet.
-const quietTimeout = time.Minute
+// quietTimeout bounds the wait for an agent to become quiet; quietPoll is
+// how often it asks.
+const quietTimeout, quietPoll = time.Minute, 25 * time.Millisecond
 
 // waitQuiet waits until s's agent is quiet: no sandbox of it busy with a
 // run, starting, or being scrubbed or replaced (its
@@ -187,42 +186,23 @@ func (b *bench) waitQuiet(s *stack) {
 	}
 }
 
-// quietPoll is how often waitQuiet asks.
-const quietPoll = 25 * time.Millisecond
-
 // quietStates are the states of codemode_agent_sandboxes in which a
-// sandbox uses CPU for runs: all at zero is a quiet agent.
+// sandbox uses CPU for runs: none in any of them is a quiet agent.
 var quietStates = []string{"busy", "starting", "recycling"}
 
 // agentQuiet reads the agent's /metrics at url and reports whether no
 // sandbox is in any of quietStates.
 func agentQuiet(ctx context.Context, url string) (bool, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	fams, err := promtext.Scrape(ctx, url)
 	if err != nil {
 		return false, err
 	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false, err
-	}
-	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		return false, fmt.Errorf("%s: HTTP %d", url, res.StatusCode)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(res.Body)
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", url, err)
-	}
-	f := fams["codemode_agent_sandboxes"]
-	if f == nil {
+	if fams["codemode_agent_sandboxes"] == nil {
 		return false, fmt.Errorf("%s: no codemode_agent_sandboxes", url)
 	}
-	for _, m := range f.GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "state" && slices.Contains(quietStates, l.GetValue()) && m.GetGauge().GetValue() != 0 {
-				return false, nil
-			}
+	for _, state := range quietStates {
+		if promtext.Sample(fams, "codemode_agent_sandboxes", map[string]string{"state": state}) != 0 {
+			return false, nil
 		}
 	}
 	return true, nil
@@ -304,7 +284,7 @@ func (b *bench) sandboxCPU(agent string) map[string]time.Duration {
 	defer cancel()
 	out := map[string]time.Duration{}
 	for _, id := range b.sandboxes(ctx, agent) {
-		if d, ok := cgroupCPU(id); ok {
+		if d, ok := benchbase.ContainerCPU(id); ok {
 			out[id] = d
 		}
 	}
@@ -327,47 +307,9 @@ func (b *bench) memoryOf(ctx context.Context, s *stack) memUse {
 	m := memUse{agentRSS: processRSS(s.agent.Pid())}
 	for _, id := range b.sandboxes(ctx, s.name) {
 		m.sandboxes++
-		m.sandboxMem += cgroupMemory(id)
+		m.sandboxMem += benchbase.ContainerMemory(id)
 	}
 	return m
-}
-
-// cgroupCPU reads a container's CPU time from its cgroup (v1, or v2 with
-// the cgroupfs driver).
-func cgroupCPU(id string) (time.Duration, bool) {
-	if ns, ok := readInt("/sys/fs/cgroup/cpuacct/docker/" + id + "/cpuacct.usage"); ok {
-		return time.Duration(ns), true
-	}
-	b, err := os.ReadFile("/sys/fs/cgroup/docker/" + id + "/cpu.stat")
-	if err != nil {
-		return 0, false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "usage_usec "); ok {
-			us, err := strconv.ParseInt(v, 10, 64)
-			return time.Duration(us) * time.Microsecond, err == nil
-		}
-	}
-	return 0, false
-}
-
-// cgroupMemory reads a container's memory use from its cgroup: what its
-// memory limit applies to; 0 when it cannot be read.
-func cgroupMemory(id string) int64 {
-	if n, ok := readInt("/sys/fs/cgroup/memory/docker/" + id + "/memory.usage_in_bytes"); ok {
-		return n
-	}
-	n, _ := readInt("/sys/fs/cgroup/docker/" + id + "/memory.current")
-	return n
-}
-
-func readInt(path string) (int64, bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	return n, err == nil
 }
 
 // processRSS is a process's resident set in bytes; 0 when unknown.

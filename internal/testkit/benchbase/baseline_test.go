@@ -64,4 +64,17 @@ func TestBaseline(t *testing.T) {
 	if d <= 0 {
 		t.Fatalf("StartLoop(1, 2) = %v, want a positive duration", d)
 	}
+	// Its cgroup has counted the commands' CPU and holds memory; every
+	// container's count holds its own.
+	used, ok := ContainerCPU(b.ID)
+	all, allOK := ContainersCPU()
+	if !ok || used <= 0 || !allOK || all < used {
+		t.Errorf("ContainerCPU = %v, %v; ContainersCPU = %v, %v: want a positive time within all containers'", used, ok, all, allOK)
+	}
+	if m := ContainerMemory(b.ID); m <= 0 {
+		t.Errorf("ContainerMemory = %d, want some", m)
+	}
+	if _, ok := ContainerCPU("no-such-container"); ok {
+		t.Error("ContainerCPU of no container reads a time")
+	}
 }
