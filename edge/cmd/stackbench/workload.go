@@ -50,6 +50,12 @@ var workloadSteps = []struct {
 	conc int
 }{{"paced", 1}, {"closed", 1}, {"closed", 4}}
 
+// noRegressionRuns multiplies the runs of the items of
+// workloadNoRegression: their bounds (within 1.1x of the fresh stack) are
+// closer than a p50 of -workload-n runs holds on a loaded host, and their
+// runs are the shortest.
+const noRegressionRuns = 3
+
 // workloadRounds is how many shares of its runs each stack gets per item
 // and step, the stacks taking turns.
 const workloadRounds = 2
@@ -97,9 +103,12 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 		res.memory = append(res.memory, stackMemory{stack: []string{stackPreload, stackFresh}[i], warm: b.memoryOf(ctx, s), loadWarm: loadAvg()})
 	}
 	targets := []target{b.workloadTarget(stackPreload, main), b.workloadTarget(stackFresh, fresh)}
-	n := b.o.workloadN
 	for _, step := range workloadSteps {
 		for _, it := range workloadItems {
+			n := b.o.workloadN
+			if slices.Contains(workloadNoRegression, it.kind) {
+				n *= noRegressionRuns
+			}
 			b.logf("workload %s, %s, concurrency %d: both stacks in %d rounds", it.kind, step.mode, step.conc, workloadRounds)
 			total := max(n, 2*step.conc)
 			if step.mode == "paced" {
