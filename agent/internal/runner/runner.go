@@ -30,6 +30,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -74,7 +75,10 @@ type config struct {
 	// cgroupMemory is the sandbox's memory cgroup directory (gVisor mounts
 	// cgroup v1); "" disables the memory watchdog.
 	cgroupMemory string
-	path         string // PATH of user code
+	// cgroupCPU is the sandbox's cpu cgroup directory, whose quota sizes
+	// the numerical libraries' threads (see threadEnv).
+	cgroupCPU string
+	path      string // PATH of user code
 	// userProcs caps the processes (and threads) of the user, as
 	// RLIMIT_NPROC; 0: no cap. Under gVisor a container's pids limit
 	// counts the sandbox kernel's host threads and processes, not the
@@ -124,6 +128,7 @@ func defaultConfig(log *slog.Logger) config {
 		gid:          wire.UserGID,
 		reapAll:      os.Getpid() == 1,
 		cgroupMemory: "/sys/fs/cgroup/memory",
+		cgroupCPU:    "/sys/fs/cgroup/cpu",
 		path:         "/usr/local/bin:/usr/bin:/bin",
 		log:          log,
 		drainGrace:   100 * time.Millisecond,
@@ -290,6 +295,7 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
+	userEnv = append(userEnv, threadEnv(cfg.cgroupCPU, runtime.NumCPU())...)
 	// Before proc.New starts the reaper, which would take the exit status
 	// of the helper this may start.
 	mq, mqErr := openMqueues(cfg)
