@@ -50,10 +50,8 @@ var workloadSteps = []struct {
 	conc int
 }{{"paced", 1}, {"closed", 1}, {"closed", 4}}
 
-// noRegressionRuns multiplies the runs of the items of
-// workloadNoRegression: their bounds (within 1.1x of the fresh stack) are
-// closer than a p50 of -workload-n runs holds on a loaded host, and their
-// runs are the shortest.
+// noRegressionRuns multiplies the runs of workloadNoRegression's items,
+// whose 1.1x bounds are closer than a p50 of -workload-n runs holds.
 const noRegressionRuns = 3
 
 // workloadRounds is how many shares of its runs each stack gets per item
@@ -167,16 +165,10 @@ func (b *bench) workloadTarget(name string, s *stack) target {
 // how often it asks.
 const quietTimeout, quietPoll = time.Minute, 25 * time.Millisecond
 
-// waitQuiet waits until s's agent is quiet: no sandbox of it busy with a
-// run, starting, or being scrubbed or replaced (its
-// codemode_agent_sandboxes gauges). A row's CPU is read between two such
-// moments. Without the wait, a row's last run ends with its scrub still
-// under way, and that scrub (a node start for JavaScript, a parent's fork
-// for preloaded Python) fell into the next row of the stack that ran last,
-// which the stacks' turns made the preloaded one at every change of item;
-// and a sandbox the pool started for the warm-up calls (it keeps
-// --min-active warm beside the busy ones) fell into the row. Past
-// quietTimeout it logs and lets the measurement go on.
+// waitQuiet waits until s's agent is quiet: no sandbox of it busy,
+// starting or recycling (its codemode_agent_sandboxes gauges), so that a
+// row's CPU holds its runs' scrubs and nothing of the row before (see
+// RATIONALE.md). Past quietTimeout it logs and lets the measurement go on.
 func (b *bench) waitQuiet(s *stack) {
 	ctx, cancel := context.WithTimeout(context.Background(), quietTimeout)
 	defer cancel()
@@ -218,8 +210,7 @@ func agentQuiet(ctx context.Context, url string) (bool, error) {
 }
 
 // metricsURL waits, at most listenTimeout, for p's "serving metrics" log
-// line (it serves them from --metrics-addr) and returns the URL of its
-// /metrics.
+// line (--metrics-addr) and returns the URL of its /metrics.
 func metricsURL(p *launch.Process) (string, error) {
 	deadline := time.Now().Add(listenTimeout)
 	for {
