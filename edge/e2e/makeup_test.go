@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -386,15 +387,34 @@ func endedByCtrlC(err error) bool {
 	return ok && ws.Signaled() && ws.Signal() == syscall.SIGINT
 }
 
-// freeLoopbackPort returns a loopback TCP port that was free a moment ago.
+// handedOut are the ports freeLoopbackPort has returned in this process.
+var handedOut = struct {
+	sync.Mutex
+	ports map[uint16]bool
+}{ports: map[uint16]bool{}}
+
+// freeLoopbackPort returns a loopback TCP port that was free a moment ago
+// and that it has not returned before in this process: the kernel may
+// give a port just closed again, and two services told the same port do
+// not both start (TestMakeUp's agent and its edge's metrics once did).
 func freeLoopbackPort(t testing.TB) uint16 {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := uint16(ln.Addr().(*net.TCPAddr).Port)
+		ln.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port
+		}
 	}
-	defer ln.Close()
-	return uint16(ln.Addr().(*net.TCPAddr).Port)
+	t.Fatal("no loopback port that was not handed out before, in 100 tries")
+	return 0
 }
 
 // freeLoopbackAddr returns 127.0.0.1 with a port that was free a moment
