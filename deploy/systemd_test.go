@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 )
 
 // The agent's systemd unit passes `systemd-analyze verify` without a
@@ -38,5 +40,38 @@ func TestAgentUnitVerifies(t *testing.T) {
 	out, err := exec.Command("systemd-analyze", "verify", path).CombinedOutput()
 	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// The host's transparent huge pages are as agent/host/setup.sh (step 2b)
+// leaves them, the settings under which runsc backs sandbox memory with huge
+// pages (shmem_enabled advise; defrag always, defer or never), and the
+// tmpfiles.d file it installs with the agent writes the same ones at boot.
+// make test runs setup.sh first; CODEMODE_HOST_HUGEPAGES=0 tells it, and this
+// test, to leave the host's settings alone.
+func TestHostHugePages(t *testing.T) {
+	script, err := os.ReadFile("../agent/host/setup.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const thp = "/sys/kernel/mm/transparent_hugepage/"
+	want := map[string]string{"shmem_enabled": "advise", "defrag": "defer"}
+	for name, value := range want {
+		line := "w " + thp + name + " - - - - " + value + "\n"
+		if !strings.Contains(string(script), line) {
+			t.Errorf("setup.sh's tmpfiles.d file lacks %q", line)
+		}
+	}
+	if os.Getenv("CODEMODE_HOST_HUGEPAGES") == "0" {
+		t.Skip("CODEMODE_HOST_HUGEPAGES=0: the host's huge pages are left as they are")
+	}
+	if _, err := os.Stat(thp); err != nil {
+		t.Skipf("no transparent huge pages here: %v", err)
+	}
+	if got := benchbase.HugePageSetting("shmem_enabled"); got != "advise" {
+		t.Errorf("shmem_enabled is %q, want advise (run agent/host/setup.sh)", got)
+	}
+	if got := benchbase.HugePageSetting("defrag"); got != "always" && got != "defer" && got != "never" {
+		t.Errorf("defrag is %q, want always, defer or never (run agent/host/setup.sh)", got)
 	}
 }

@@ -4,7 +4,8 @@
 #      session of its own (signals meant for the caller never reach it),
 #      runsc registered;
 #      redis-server for the tests (not started: they start their own);
-#   2. gVisor's runsc, built static from source through the Go module proxy;
+#   2. gVisor's runsc, built static from source through the Go module proxy,
+#      and the host's huge pages set so that gVisor backs sandboxes with them;
 #   3. the sandbox image (agent/host/sandbox-packages: python with numpy,
 #      pandas, matplotlib, requests; node; curl, git, jq, ...), built locally
 #      with debootstrap from this machine's own apt mirror.
@@ -68,6 +69,26 @@ if ! runsc_ok; then
   CGO_ENABLED=0 GOBIN="$gobin" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
   install -m 0755 "$gobin/runsc" /usr/local/bin/runsc
   rm -rf "$gobin"
+fi
+
+# --- 2b. huge pages for sandbox memory ---------------------------------------
+# gVisor backs a sandbox's memory with huge pages only where the host lets
+# shared memory have them on request (shmem_enabled advise) without direct
+# compaction (defrag always, defer or never: runsc's loader checks both when
+# a sandbox starts). Its copy-on-write copies a 2 MiB unit at a time, which a
+# process forked from the preloaded parent pays at every first write to one:
+# with huge pages a forked matplotlib run took 194-224 ms against 252-300 ms
+# (agent/internal/runner/RATIONALE.md). Only memory that asks for huge pages
+# (MADV_HUGEPAGE) is affected. CODEMODE_HOST_HUGEPAGES=0 leaves the host's
+# settings as they are; CODEMODE_INSTALL_AGENT=1 (step 5) also makes them
+# last across reboots.
+THP=/sys/kernel/mm/transparent_hugepage
+if [ "${CODEMODE_HOST_HUGEPAGES:-1}" = 1 ] && [ -w "$THP/shmem_enabled" ] && [ -w "$THP/defrag" ]; then
+  if ! grep -q '\[advise\]' "$THP/shmem_enabled" || ! grep -qE '\[(always|defer|never)\]' "$THP/defrag"; then
+    log "huge pages for sandbox memory: shmem_enabled advise, defrag defer (were: $(grep -o '\[[a-z+_]*\]' "$THP/shmem_enabled"), $(grep -o '\[[a-z+_]*\]' "$THP/defrag"))"
+    echo advise >"$THP/shmem_enabled"
+    grep -qE '\[(always|defer|never)\]' "$THP/defrag" || echo defer >"$THP/defrag"
+  fi
 fi
 
 # --- 3. dockerd --------------------------------------------------------------
@@ -223,6 +244,14 @@ if [ "${CODEMODE_INSTALL_AGENT:-}" = 1 ]; then
   install -D -m 0755 "$CODEMODE_AGENT_BIN" /usr/local/bin/codemode-agent
   install -D -m 0755 "$CODEMODE_RUNNER_BIN" /usr/local/lib/codemode/runner
   install -D -m 0644 "$(dirname "$0")/codemode-agent.service" /etc/systemd/system/codemode-agent.service
+  if [ "${CODEMODE_HOST_HUGEPAGES:-1}" = 1 ]; then
+    # Step 2b's settings, applied again at every boot by systemd-tmpfiles.
+    install -D -m 0644 /dev/stdin /etc/tmpfiles.d/codemode-hugepages.conf <<'CONF'
+# codemode: huge pages for gVisor's sandbox memory (agent/host/setup.sh, step 2b).
+w /sys/kernel/mm/transparent_hugepage/shmem_enabled - - - - advise
+w /sys/kernel/mm/transparent_hugepage/defrag - - - - defer
+CONF
+  fi
   if [ ! -e /etc/codemode/agent.env ]; then
     install -d -m 0755 /etc/codemode
     install -m 0600 /dev/null /etc/codemode/agent.env

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/docker/docker/client"
+
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 )
 
 // machine describes where the bench ran.
@@ -92,7 +94,7 @@ func (m machine) lines() []string {
 		fmt.Sprintf("CPUs: %d, memory: %s", m.cpus, m.memTotal),
 		"kernel: " + m.kernel,
 		"Docker Engine: " + m.docker,
-		"runsc: " + m.runsc,
+		"runsc: " + m.runsc + "; transparent huge pages: " + benchbase.HugePages(),
 		"Go: " + m.goVersion,
 		"load average (1 5 15 min) at start: " + m.loadStart + ", at end: " + m.loadEnd,
 		"date: " + m.date.Format(time.RFC3339),
@@ -174,8 +176,7 @@ const (
 
 var doors = []string{"connect-json", "grpc", "grpc-web", "mcp", "run"}
 
-// checks computes the Targets of res; a check whose rows are missing is
-// left out.
+// checks computes the Targets of res, leaving out those without rows.
 func checks(res *results) []check {
 	find := func(target, mode string, conc int) (row, bool) {
 		for _, r := range res.rows {
