@@ -66,8 +66,8 @@ type options struct {
 	markdown string        // where to write the report; empty: nowhere
 	png      string        // where to draw the plot; empty: nowhere
 	seed     int64         // of the mixed workload's order
-	// workloadN is the runs per closed-loop measurement of each item of
-	// the realistic workload, per stack.
+	// workloadN is the runs per measurement of each item of the
+	// realistic workload, per stack.
 	workloadN int
 	// tlsN is the paced runs through each stack of the TLS part;
 	// handshakeN the fresh connections to each of its edges.
@@ -93,7 +93,7 @@ func run(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writ
 	f.StringVar(&o.markdown, "markdown", "", "write the report to this Markdown file (BENCHMARKS.md)")
 	f.StringVar(&o.png, "png", "", "draw latency against concurrency into this PNG file")
 	f.Int64Var(&o.seed, "seed", 1, "seed of the mixed workload's order")
-	f.IntVar(&o.workloadN, "workload-n", 12, "runs per closed-loop measurement of each item of the realistic workload, per stack (paced: half as many, at least 4; print(1) and console.log(1): three times as many)")
+	f.IntVar(&o.workloadN, "workload-n", 12, "runs per closed-loop measurement of each item of the realistic workload, per stack (paced and closed; print(1) and console.log(1): three times as many)")
 	f.IntVar(&o.tlsN, "tls-n", 60, "paced runs of print(1) through each stack of the TLS part (TLS on every link, and plain)")
 	f.IntVar(&o.handshakeN, "handshake-n", 50, "fresh connections to each edge of the TLS part, timing the TLS handshake against TCP alone")
 	f.StringVar(&o.only, "only", "", `run only one part: "doors" (every door with print(1), the mixed workload), "workload" (the code models send, with and without preloading) or "tls" (print(1) with TLS on every link against plain TCP, and the handshake's cost); empty: all`)

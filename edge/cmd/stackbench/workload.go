@@ -109,9 +109,6 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 			}
 			b.logf("workload %s, %s, concurrency %d: both stacks in %d rounds", it.kind, step.mode, step.conc, workloadRounds)
 			total := max(n, 2*step.conc)
-			if step.mode == "paced" {
-				total = max(n/2, 4)
-			}
 			ms := make([]*measurement, len(targets))
 			for r := range workloadRounds {
 				share := total/workloadRounds + boolInt(r < total%workloadRounds)
