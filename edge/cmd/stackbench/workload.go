@@ -51,7 +51,8 @@ var workloadSteps = []struct {
 }{{"paced", 1}, {"closed", 1}, {"closed", 4}}
 
 // noRegressionRuns multiplies the runs of workloadNoRegression's items,
-// whose 1.1x bounds are closer than a p50 of -workload-n runs holds.
+// whose 1.1x bounds are closer than a p50 of -workload-n runs holds, and
+// their rounds, so that the host's drift falls on both stacks alike.
 const noRegressionRuns = 3
 
 // workloadRounds is how many shares of its runs each stack gets per item
@@ -103,15 +104,15 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 	targets := []target{b.workloadTarget(stackPreload, main), b.workloadTarget(stackFresh, fresh)}
 	for _, step := range workloadSteps {
 		for _, it := range workloadItems {
-			n := b.o.workloadN
+			n, rounds := b.o.workloadN, workloadRounds
 			if slices.Contains(workloadNoRegression, it.kind) {
-				n *= noRegressionRuns
+				n, rounds = n*noRegressionRuns, rounds*noRegressionRuns
 			}
-			b.logf("workload %s, %s, concurrency %d: both stacks in %d rounds", it.kind, step.mode, step.conc, workloadRounds)
+			b.logf("workload %s, %s, concurrency %d: both stacks in %d rounds", it.kind, step.mode, step.conc, rounds)
 			total := max(n, 2*step.conc)
 			ms := make([]*measurement, len(targets))
-			for r := range workloadRounds {
-				share := total/workloadRounds + boolInt(r < total%workloadRounds)
+			for r := range rounds {
+				share := total/rounds + boolInt(r < total%rounds)
 				for _, i := range rotation(len(targets), r) {
 					var m *measurement
 					if step.mode == "paced" {
