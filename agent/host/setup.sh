@@ -83,11 +83,20 @@ fi
 # settings as they are; CODEMODE_INSTALL_AGENT=1 (step 5) also makes them
 # last across reboots.
 THP=/sys/kernel/mm/transparent_hugepage
+thp() { { grep -o '\[[a-z_+]*\]' "$THP/$1" || true; } | tr -d '[]'; }
 if [ "${CODEMODE_HOST_HUGEPAGES:-1}" = 1 ] && [ -w "$THP/shmem_enabled" ] && [ -w "$THP/defrag" ]; then
-  if ! grep -q '\[advise\]' "$THP/shmem_enabled" || ! grep -qE '\[(always|defer|never)\]' "$THP/defrag"; then
-    log "huge pages for sandbox memory: shmem_enabled advise, defrag defer (were: $(grep -o '\[[a-z+_]*\]' "$THP/shmem_enabled"), $(grep -o '\[[a-z+_]*\]' "$THP/defrag"))"
-    echo advise >"$THP/shmem_enabled"
-    grep -qE '\[(always|defer|never)\]' "$THP/defrag" || echo defer >"$THP/defrag"
+  # always, within_size and force already give gVisor huge pages, and deny
+  # is an operator's word: only never is changed, to advise.
+  shmem=$(thp shmem_enabled) defrag=$(thp defrag)
+  want_shmem=$shmem want_defrag=$defrag
+  [ "$shmem" = never ] && want_shmem=advise
+  if [ "$want_shmem" = advise ]; then
+    case "$defrag" in always | defer | never) ;; *) want_defrag=defer ;; esac
+  fi
+  if [ "$want_shmem/$want_defrag" != "$shmem/$defrag" ]; then
+    log "huge pages for sandbox memory: shmem_enabled $want_shmem, defrag $want_defrag (were $shmem, $defrag)"
+    echo "$want_shmem" >"$THP/shmem_enabled"
+    echo "$want_defrag" >"$THP/defrag"
   fi
 fi
 
@@ -245,11 +254,11 @@ if [ "${CODEMODE_INSTALL_AGENT:-}" = 1 ]; then
   install -D -m 0755 "$CODEMODE_RUNNER_BIN" /usr/local/lib/codemode/runner
   install -D -m 0644 "$(dirname "$0")/codemode-agent.service" /etc/systemd/system/codemode-agent.service
   if [ "${CODEMODE_HOST_HUGEPAGES:-1}" = 1 ]; then
-    # Step 2b's settings, applied again at every boot by systemd-tmpfiles.
-    install -D -m 0644 /dev/stdin /etc/tmpfiles.d/codemode-hugepages.conf <<'CONF'
+    # The settings step 2b left, applied again at every boot by systemd-tmpfiles.
+    [ -r "$THP/shmem_enabled" ] && install -D -m 0644 /dev/stdin /etc/tmpfiles.d/codemode-hugepages.conf <<CONF
 # codemode: huge pages for gVisor's sandbox memory (agent/host/setup.sh, step 2b).
-w /sys/kernel/mm/transparent_hugepage/shmem_enabled - - - - advise
-w /sys/kernel/mm/transparent_hugepage/defrag - - - - defer
+w $THP/shmem_enabled - - - - $(thp shmem_enabled)
+w $THP/defrag - - - - $(thp defrag)
 CONF
   fi
   if [ ! -e /etc/codemode/agent.env ]; then
