@@ -7,9 +7,9 @@ import (
 
 // HugePages describes the host's transparent huge pages as they bear on
 // gVisor, which backs sandbox memory with them only under shmem_enabled
-// advise (or always, within_size, force) and a defrag that does not compact
-// directly (agent/host/setup.sh, step 2b): "shmem_enabled advise, defrag
-// defer"; "?" for a setting that cannot be read.
+// always, within_size or force, or advise with a defrag that does not
+// compact directly (agent/host/setup.sh, step 2b): "shmem_enabled advise,
+// defrag defer"; "?" for a setting that cannot be read.
 func HugePages() string {
 	return "shmem_enabled " + HugePageSetting("shmem_enabled") + ", defrag " + HugePageSetting("defrag")
 }
