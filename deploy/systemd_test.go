@@ -43,13 +43,13 @@ func TestAgentUnitVerifies(t *testing.T) {
 	}
 }
 
-// The host's transparent huge pages are as agent/host/setup.sh (step 2b)
-// leaves them: settings under which runsc backs sandbox memory with huge
-// pages (shmem_enabled always, within_size or force; or advise with a
-// defrag of always, defer or never), and the tmpfiles.d file it installs
-// with the agent writes both settings at boot. make test runs setup.sh
-// first; CODEMODE_HOST_HUGEPAGES=0 tells it, and this test, to leave the
-// host's settings alone.
+// With CODEMODE_HOST_HUGEPAGES=1 the host's transparent huge pages are as
+// agent/host/setup.sh (step 2b) leaves them: settings under which runsc
+// backs sandbox memory with huge pages (shmem_enabled always, within_size or
+// force; or advise with a defrag of always, defer or never); and the
+// tmpfiles.d file it installs with the agent writes both settings at boot.
+// Without it (the default) setup.sh leaves the host alone, and so does this
+// test.
 func TestHostHugePages(t *testing.T) {
 	script, err := os.ReadFile("../agent/host/setup.sh")
 	if err != nil {
@@ -61,8 +61,8 @@ func TestHostHugePages(t *testing.T) {
 			t.Errorf("setup.sh's tmpfiles.d file lacks %q", line)
 		}
 	}
-	if os.Getenv("CODEMODE_HOST_HUGEPAGES") == "0" {
-		t.Skip("CODEMODE_HOST_HUGEPAGES=0: the host's huge pages are left as they are")
+	if os.Getenv("CODEMODE_HOST_HUGEPAGES") != "1" {
+		t.Skip("without CODEMODE_HOST_HUGEPAGES=1 setup.sh leaves the host's huge pages as they are")
 	}
 	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage"); err != nil {
 		t.Skipf("no transparent huge pages here: %v", err)

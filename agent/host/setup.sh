@@ -4,8 +4,9 @@
 #      session of its own (signals meant for the caller never reach it),
 #      runsc registered;
 #      redis-server for the tests (not started: they start their own);
-#   2. gVisor's runsc, built static from source through the Go module proxy,
-#      and the host's huge pages set so that gVisor backs sandboxes with them;
+#   2. gVisor's runsc, built static from source through the Go module proxy
+#      (and, with CODEMODE_HOST_HUGEPAGES=1, the host's huge pages set so that
+#      gVisor backs sandboxes with them);
 #   3. the sandbox image (agent/host/sandbox-packages: python with numpy,
 #      pandas, matplotlib, requests; node; curl, git, jq, ...), built locally
 #      with debootstrap from this machine's own apt mirror.
@@ -71,20 +72,22 @@ if ! runsc_ok; then
   rm -rf "$gobin"
 fi
 
-# --- 2b. huge pages for sandbox memory ---------------------------------------
+# --- 2b. huge pages for sandbox memory (only when asked) ---------------------
 # gVisor backs a sandbox's memory with huge pages only where the host lets
 # shared memory have them on request (shmem_enabled advise) without direct
 # compaction (defrag always, defer or never: runsc's loader checks both when
 # a sandbox starts). Its copy-on-write copies a 2 MiB unit at a time, which a
 # process forked from the preloaded parent pays at every first write to one:
 # with huge pages a forked matplotlib run took 194-224 ms against 252-300 ms
-# (agent/internal/runner/RATIONALE.md). Only memory that asks for huge pages
-# (MADV_HUGEPAGE) is affected. CODEMODE_HOST_HUGEPAGES=0 leaves the host's
-# settings as they are; CODEMODE_INSTALL_AGENT=1 (step 5) also makes them
-# last across reboots.
+# (agent/internal/runner/RATIONALE.md). But with them a memory bomb once got
+# past the runner's memory watchdog on a loaded host and the host's OOM
+# killer took the whole sandbox (TestSandboxAbuse), so they are off unless
+# CODEMODE_HOST_HUGEPAGES=1, which changes shmem_enabled never to advise and
+# a defrag that compacts directly to defer; with CODEMODE_INSTALL_AGENT=1
+# (step 5) they then last across reboots.
 THP=/sys/kernel/mm/transparent_hugepage
 thp() { { grep -o '\[[a-z_+]*\]' "$THP/$1" || true; } | tr -d '[]'; }
-if [ "${CODEMODE_HOST_HUGEPAGES:-1}" = 1 ] && [ -w "$THP/shmem_enabled" ] && [ -w "$THP/defrag" ]; then
+if [ "${CODEMODE_HOST_HUGEPAGES:-0}" = 1 ] && [ -w "$THP/shmem_enabled" ] && [ -w "$THP/defrag" ]; then
   # always, within_size and force already give gVisor huge pages, and deny
   # is an operator's word: only never is changed, to advise.
   shmem=$(thp shmem_enabled) defrag=$(thp defrag)
@@ -253,7 +256,7 @@ if [ "${CODEMODE_INSTALL_AGENT:-}" = 1 ]; then
   install -D -m 0755 "$CODEMODE_AGENT_BIN" /usr/local/bin/codemode-agent
   install -D -m 0755 "$CODEMODE_RUNNER_BIN" /usr/local/lib/codemode/runner
   install -D -m 0644 "$(dirname "$0")/codemode-agent.service" /etc/systemd/system/codemode-agent.service
-  if [ "${CODEMODE_HOST_HUGEPAGES:-1}" = 1 ]; then
+  if [ "${CODEMODE_HOST_HUGEPAGES:-0}" = 1 ]; then
     # The settings step 2b left, applied again at every boot by systemd-tmpfiles.
     [ -r "$THP/shmem_enabled" ] && install -D -m 0644 /dev/stdin /etc/tmpfiles.d/codemode-hugepages.conf <<CONF
 # codemode: huge pages for gVisor's sandbox memory (agent/host/setup.sh, step 2b).
