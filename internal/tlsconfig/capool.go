@@ -2,6 +2,7 @@ package tlsconfig
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -34,10 +35,11 @@ type CAPool struct {
 	checked time.Time
 }
 
-// fileStamp is what says a file changed: its size and modification time.
+// fileStamp is what says a file changed: the SHA-256 of its content. Its
+// size and modification time do not: a CA file replaced by one of the same
+// size within the file system's clock tick kept both (TestCAPoolReload).
 type fileStamp struct {
-	size int64
-	mod  time.Time
+	sum [sha256.Size]byte
 }
 
 // LoadCAPool reads the PEM certificates in file, which must load now; log
@@ -90,11 +92,11 @@ func (p *CAPool) Pool() *x509.CertPool {
 }
 
 func (p *CAPool) stat() (fileStamp, error) {
-	fi, err := os.Stat(p.file)
+	b, err := os.ReadFile(p.file)
 	if err != nil {
 		return fileStamp{}, fmt.Errorf("CA certificates: %w", err)
 	}
-	return fileStamp{size: fi.Size(), mod: fi.ModTime()}, nil
+	return fileStamp{sum: sha256.Sum256(b)}, nil
 }
 
 func (p *CAPool) load() (*x509.CertPool, error) { return CertPool(p.file) }
