@@ -5,8 +5,8 @@
 #      runsc registered;
 #      redis-server for the tests (not started: they start their own);
 #   2. gVisor's runsc, built static from source through the Go module proxy
-#      (and, with CODEMODE_HOST_HUGEPAGES=1, the host's huge pages set so that
-#      gVisor backs sandboxes with them);
+#      and the host's huge pages set so that gVisor backs sandboxes with them
+#      (CODEMODE_HOST_HUGEPAGES=0 leaves them alone);
 #   3. the sandbox image (agent/host/sandbox-packages: python with numpy,
 #      pandas, matplotlib, requests; node; curl, git, jq, ...), built locally
 #      with debootstrap from this machine's own apt mirror.
@@ -72,35 +72,32 @@ if ! runsc_ok; then
   rm -rf "$gobin"
 fi
 
-# --- 2b. huge pages for sandbox memory (only when asked) ---------------------
-# gVisor backs a sandbox's memory with huge pages only where the host lets
-# shared memory have them on request (shmem_enabled advise) without direct
-# compaction (defrag always, defer or never: runsc's loader checks both when
-# a sandbox starts). Its copy-on-write copies a 2 MiB unit at a time, which a
-# process forked from the preloaded parent pays at every first write to one:
-# with huge pages a forked matplotlib run took 194-224 ms against 252-300 ms
-# (agent/internal/runner/RATIONALE.md). But with them a memory bomb once got
-# past the runner's memory watchdog on a loaded host and the host's OOM
-# killer took the whole sandbox (TestSandboxAbuse), so they are off unless
-# CODEMODE_HOST_HUGEPAGES=1, which changes shmem_enabled never to advise and
-# a defrag that compacts directly to defer; with CODEMODE_INSTALL_AGENT=1
-# (step 5) they then last across reboots.
+# --- 2b. huge pages for sandbox memory -----------------------------------------
+# gVisor breaks copy-on-write 2 MiB at a time, which a process forked from the
+# preloaded parent pays at every first write to one; backed by huge pages the
+# copies cost less (a forked matplotlib run: agent/internal/runner/RATIONALE.md).
+# runsc's loader gives a sandbox huge pages where the host lets shared memory
+# have them: shmem_enabled always, within_size or force, or advise with a defrag
+# of always, defer or never. Under advise gVisor commits memory by writing to
+# it, and a write past the container's limit makes the host's OOM killer take
+# the whole sandbox; under within_size it commits by fallocate(2), which fails
+# instead, and gVisor kills only the process (the runner's memory watchdog
+# relies on that when a fast allocator gets past it). So never and advise
+# become within_size (which still honours madvise(2) as advise does: only
+# memfd and shared anonymous memory are concerned, not tmpfs mounts); the
+# others are an operator's choice and stay. CODEMODE_HOST_HUGEPAGES=0 leaves
+# the host alone. With CODEMODE_INSTALL_AGENT=1 (step 5) the setting lasts
+# across reboots.
 THP=/sys/kernel/mm/transparent_hugepage
 thp() { { grep -o '\[[a-z_+]*\]' "$THP/$1" || true; } | tr -d '[]'; }
-if [ "${CODEMODE_HOST_HUGEPAGES:-0}" = 1 ] && [ -w "$THP/shmem_enabled" ] && [ -w "$THP/defrag" ]; then
-  # always, within_size and force already give gVisor huge pages, and deny
-  # is an operator's word: only never is changed, to advise.
-  shmem=$(thp shmem_enabled) defrag=$(thp defrag)
-  want_shmem=$shmem want_defrag=$defrag
-  [ "$shmem" = never ] && want_shmem=advise
-  if [ "$want_shmem" = advise ]; then
-    case "$defrag" in always | defer | never) ;; *) want_defrag=defer ;; esac
-  fi
-  if [ "$want_shmem/$want_defrag" != "$shmem/$defrag" ]; then
-    log "huge pages for sandbox memory: shmem_enabled $want_shmem, defrag $want_defrag (were $shmem, $defrag)"
-    echo "$want_shmem" >"$THP/shmem_enabled"
-    echo "$want_defrag" >"$THP/defrag"
-  fi
+if [ "${CODEMODE_HOST_HUGEPAGES:-1}" = 1 ] && [ -w "$THP/shmem_enabled" ]; then
+  shmem=$(thp shmem_enabled)
+  case "$shmem" in
+    never | advise)
+      log "huge pages for sandbox memory: shmem_enabled within_size (was $shmem)"
+      echo within_size >"$THP/shmem_enabled"
+      ;;
+  esac
 fi
 
 # --- 3. dockerd --------------------------------------------------------------
@@ -256,12 +253,11 @@ if [ "${CODEMODE_INSTALL_AGENT:-}" = 1 ]; then
   install -D -m 0755 "$CODEMODE_AGENT_BIN" /usr/local/bin/codemode-agent
   install -D -m 0755 "$CODEMODE_RUNNER_BIN" /usr/local/lib/codemode/runner
   install -D -m 0644 "$(dirname "$0")/codemode-agent.service" /etc/systemd/system/codemode-agent.service
-  if [ "${CODEMODE_HOST_HUGEPAGES:-0}" = 1 ]; then
-    # The settings step 2b left, applied again at every boot by systemd-tmpfiles.
+  if [ "${CODEMODE_HOST_HUGEPAGES:-1}" = 1 ]; then
+    # The setting step 2b left, applied again at every boot by systemd-tmpfiles.
     [ -r "$THP/shmem_enabled" ] && install -D -m 0644 /dev/stdin /etc/tmpfiles.d/codemode-hugepages.conf <<CONF
 # codemode: huge pages for gVisor's sandbox memory (agent/host/setup.sh, step 2b).
 w $THP/shmem_enabled - - - - $(thp shmem_enabled)
-w $THP/defrag - - - - $(thp defrag)
 CONF
   fi
   if [ ! -e /etc/codemode/agent.env ]; then

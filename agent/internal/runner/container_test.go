@@ -21,6 +21,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
@@ -636,6 +637,36 @@ func TestSandboxAbuse(t *testing.T) {
 		}
 		next(t)
 	})
+}
+
+// What the memory watchdog falls back on when a fast allocator gets past it
+// (RATIONALE.md, "Memory: a watchdog"): on this host, as agent/host/setup.sh
+// leaves it, a large allocation past a runsc sandbox's memory limit ends the
+// process that made it (SIGKILL from the gVisor kernel), not the sandbox.
+// No runner here, so no watchdog: every bomb reaches the limit. It fails
+// where gVisor commits sandbox memory by writing it (shmem_enabled advise
+// with defrag defer: the host's OOM killer then takes the whole sandbox).
+func TestSandboxLargeAllocationPastLimit(t *testing.T) {
+	dockertest.Need(t)
+	t.Parallel()
+	bomb := "x = []\nwhile True:\n    x.append(bytearray(16 << 20))"
+	script := fmt.Sprintf("for i in 1 2 3; do python3 -c '%s'; echo \"bomb $i: $?\"; done; echo survived", bomb)
+	name := fmt.Sprintf("codemode-runner-test-%d-%d", os.Getpid(), sandboxSeq.Add(1))
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "docker", "run", "--rm", "--name", name,
+		"--runtime=runsc", "--network=none", "--read-only", "--memory=128m", "--cpus=1",
+		"--cap-drop=ALL", "--security-opt=no-new-privileges", "--label=codemode.test=runner",
+		"--entrypoint", "sh", dockertest.Image(), "-c", script)
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		exec.Command("docker", "rm", "-f", name).Run()
+	}
+	want := "bomb 1: 137\nbomb 2: 137\nbomb 3: 137\nsurvived\n"
+	if err != nil || !strings.HasSuffix(strings.ReplaceAll(string(out), "Killed\n", ""), want) {
+		t.Fatalf("three memory bombs in one sandbox: %v\n%s\nwant each killed and the sandbox alive (host: transparent huge pages %s)", err, out, benchbase.HugePages())
+	}
 }
 
 // BenchmarkSandbox measures, in one gVisor sandbox, what a run costs
