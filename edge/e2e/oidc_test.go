@@ -79,10 +79,18 @@ func oidcConfigFor(t testing.TB, p *oidctest.Provider, tenants map[string]string
 	return path
 }
 
-// tenantToken returns a token of p for org (org-a: team-a) with scopes.
+// tokenTTL is how long the tokens the tests mint up front stay valid: longer
+// than the package's run, not the provider's five minutes, as a test's
+// parallel subtests wait for their turn behind the package's other tests (in
+// a loaded run the valid token of TestTokensAtEveryDoor, minted before its
+// subtests, had expired when they ran).
+const tokenTTL = time.Hour
+
+// tenantToken returns a token of p for org (org-a: team-a) with scopes,
+// valid for tokenTTL.
 func tenantToken(t *testing.T, p *oidctest.Provider, org string, scopes ...string) string {
 	t.Helper()
-	c := p.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": org}})
+	c := p.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": org}, TTL: tokenTTL})
 	return p.Token(t, c, scopes...)
 }
 
@@ -221,8 +229,8 @@ func TestTokensAtEveryDoor(t *testing.T) {
 	good := tenantToken(t, p, "org-a", allScopes...)
 	bad := badTokens{
 		expired:       p.Token(t, p.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}, TTL: -time.Minute}), allScopes...),
-		wrongAudience: p.Token(t, p.Register(oidctest.Client{Audience: []string{"another-service"}, Claims: map[string]any{"org_id": "org-a"}}), allScopes...),
-		wrongIssuer:   other.Token(t, other.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}}), allScopes...),
+		wrongAudience: p.Token(t, p.Register(oidctest.Client{Audience: []string{"another-service"}, Claims: map[string]any{"org_id": "org-a"}, TTL: tokenTTL}), allScopes...),
+		wrongIssuer:   other.Token(t, other.Register(oidctest.Client{Audience: []string{edgeAudience}, Claims: map[string]any{"org_id": "org-a"}, TTL: tokenTTL}), allScopes...),
 		outside:       tenantToken(t, p, "org-unlisted", allScopes...),
 		noScope:       tenantToken(t, p, "org-a", "openid"),
 	}
