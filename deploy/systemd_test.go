@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/codemode-go/codemode/internal/testkit/benchbase"
+	"github.com/codemode-go/codemode/internal/hugepages"
 )
 
 // The agent's systemd unit passes `systemd-analyze verify` without a
@@ -62,10 +62,10 @@ func TestHostHugePages(t *testing.T) {
 	if os.Getenv("CODEMODE_HOST_HUGEPAGES") == "0" {
 		t.Skip("with CODEMODE_HOST_HUGEPAGES=0 setup.sh leaves the host's huge pages as they are")
 	}
-	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled"); err != nil {
+	if _, err := os.Stat(filepath.Join(hugepages.Dir, "shmem_enabled")); err != nil {
 		t.Skipf("no transparent huge pages here: %v", err)
 	}
-	switch shmem := benchbase.HugePageSetting("shmem_enabled"); shmem {
+	switch shmem := hugepages.Host().ShmemEnabled; shmem {
 	case "always", "within_size", "force":
 	case "deny":
 		t.Skip("shmem_enabled deny: the host's operator keeps huge pages from shared memory")

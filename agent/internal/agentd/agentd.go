@@ -32,6 +32,7 @@ import (
 	"github.com/codemode-go/codemode/internal/cli"
 	"github.com/codemode-go/codemode/internal/cluster"
 	"github.com/codemode-go/codemode/internal/cpuset"
+	"github.com/codemode-go/codemode/internal/hugepages"
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/telemetry"
 )
@@ -117,6 +118,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	driver, err := openDocker(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
+	}
+	if hp := hugepages.Host(); hp.WriteCommitted() {
+		logger.Warn("the host's huge-page setting lets a large allocation past a sandbox's memory limit take the whole sandbox, not only its run: set shmem_enabled to within_size (agent/host/setup.sh)",
+			"transparent_huge_pages", hp.String())
 	}
 	a := &Agent{cfg: cfg, log: logger, driver: driver}
 	poolMetrics := pool.NewMetrics()

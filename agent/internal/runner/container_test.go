@@ -20,8 +20,8 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/runner/ipc"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
+	"github.com/codemode-go/codemode/internal/hugepages"
 	"github.com/codemode-go/codemode/internal/testkit"
-	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
@@ -665,7 +665,7 @@ func TestSandboxLargeAllocationPastLimit(t *testing.T) {
 	}
 	want := "bomb 1: 137\nbomb 2: 137\nbomb 3: 137\nsurvived\n"
 	if err != nil || !strings.HasSuffix(strings.ReplaceAll(string(out), "Killed\n", ""), want) {
-		t.Fatalf("three memory bombs in one sandbox: %v\n%s\nwant each killed and the sandbox alive (host: transparent huge pages %s)", err, out, benchbase.HugePages())
+		t.Fatalf("three memory bombs in one sandbox: %v\n%s\nwant each killed and the sandbox alive (host: transparent huge pages %s)", err, out, hugepages.Host().String())
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/docker/docker/client"
 
-	"github.com/codemode-go/codemode/internal/testkit/benchbase"
+	"github.com/codemode-go/codemode/internal/hugepages"
 )
 
 // machine describes where the bench ran.
@@ -94,7 +94,7 @@ func (m machine) lines() []string {
 		fmt.Sprintf("CPUs: %d, memory: %s", m.cpus, m.memTotal),
 		"kernel: " + m.kernel,
 		"Docker Engine: " + m.docker,
-		"runsc: " + m.runsc + "; transparent huge pages: " + benchbase.HugePages(),
+		"runsc: " + m.runsc + "; transparent huge pages: " + hugepages.Host().String(),
 		"Go: " + m.goVersion,
 		"load average (1 5 15 min) at start: " + m.loadStart + ", at end: " + m.loadEnd,
 		"date: " + m.date.Format(time.RFC3339),
