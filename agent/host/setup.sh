@@ -72,7 +72,7 @@ if ! runsc_ok; then
   rm -rf "$gobin"
 fi
 
-# --- 2b. huge pages for sandbox memory -----------------------------------------
+# --- 2b. huge pages for sandbox memory ---------------------------------------
 # gVisor breaks copy-on-write 2 MiB at a time, which a process forked from the
 # preloaded parent pays at every first write to one; backed by huge pages the
 # copies cost less (a forked matplotlib run: agent/internal/runner/RATIONALE.md).
@@ -84,7 +84,7 @@ fi
 # instead, and gVisor kills only the process (the runner's memory watchdog
 # relies on that when a fast allocator gets past it). So never and advise
 # become within_size (which still honours madvise(2) as advise does: only
-# memfd and shared anonymous memory are concerned, not tmpfs mounts); the
+# memfds, shared anonymous and System V memory are concerned, not tmpfs); the
 # others are an operator's choice and stay. CODEMODE_HOST_HUGEPAGES=0 leaves
 # the host alone. With CODEMODE_INSTALL_AGENT=1 (step 5) the setting lasts
 # across reboots.
