@@ -100,6 +100,15 @@ func (a *Agent) setHealth(bool) {
 	}
 }
 
+// warnHugePages warns when the host's huge-page setting makes gVisor commit
+// sandbox memory by writing it (see package hugepages).
+func warnHugePages(logger *slog.Logger) {
+	if hp := hugepages.Host(); hp.WriteCommitted() {
+		logger.Warn("the host's huge-page setting lets a large allocation past a sandbox's memory limit take the whole sandbox, not only its run: set shmem_enabled to within_size (agent/host/setup.sh)",
+			"transparent_huge_pages", hp.String())
+	}
+}
+
 // New checks cfg, connects to the container engine, removes the sandboxes
 // an earlier agent of the same name left behind, and starts filling the
 // warm pool. The engine need not be reachable yet: until it is, the agent
@@ -119,10 +128,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	if hp := hugepages.Host(); hp.WriteCommitted() {
-		logger.Warn("the host's huge-page setting lets a large allocation past a sandbox's memory limit take the whole sandbox, not only its run: set shmem_enabled to within_size (agent/host/setup.sh)",
-			"transparent_huge_pages", hp.String())
-	}
+	warnHugePages(logger)
 	a := &Agent{cfg: cfg, log: logger, driver: driver}
 	poolMetrics := pool.NewMetrics()
 	hold := cfg.RunSlotHold
