@@ -448,6 +448,81 @@ func TestImageWithoutAnInterpreter(t *testing.T) {
 	}
 }
 
+// TestImageRebuilt builds another image under the sandbox image's name
+// while an agent serves: within seconds stateless runs find the new image's
+// files (its warm sandboxes were replaced), the agent logs the change, and
+// a session opened before it keeps its sandbox, its state and its files.
+func TestImageRebuilt(t *testing.T) {
+	t.Parallel()
+	dockertest.Need(t)
+	image := "codemode-sandbox:" + randomName("test-rebuilt")
+	var ids []string
+	t.Cleanup(func() { exec.Command("docker", append([]string{"rmi", "-f", image}, ids...)...).Run() })
+	const marker = "/etc/codemode-test-image"
+	build := func(content string) {
+		t.Helper()
+		name := randomName("derive")
+		// runc, not runsc: this only edits a file system.
+		if out, err := exec.Command("docker", "run", "--name", name, "--network", "none", "--runtime", "runc", "--entrypoint", "sh",
+			DefaultConfig().Image, "-c", "echo "+content+" > "+marker).CombinedOutput(); err != nil {
+			t.Fatalf("derive an image: %v\n%s", err, out)
+		}
+		defer exec.Command("docker", "rm", "-f", name).Run()
+		out, err := exec.Command("docker", "commit", name, image).CombinedOutput()
+		if err != nil {
+			t.Fatalf("docker commit: %v\n%s", err, out)
+		}
+		ids = append(ids, strings.TrimSpace(string(out)))
+	}
+	build("one")
+
+	var logs testlog.Buffer
+	cfg := testConfig("test-rebuilt")
+	cfg.Image = image
+	// Two warm and the session's: no room for a third that a busy pool
+	// would start, from the new image, without being told.
+	cfg.MinActive, cfg.MaxSandboxes, cfg.MaxSessions = 2, 3, 1
+	cfg.MaxReuse = 1000
+	cfg.Memory = 256 << 20
+	a, err := serveAgent(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.stop() })
+	a.waitWarm(t, 2)
+	read := "print(open(" + fmt.Sprintf("%q", marker) + ").read().strip())"
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: read}); r.GetStdout() != "one\n" {
+		t.Fatalf("before the rebuild: %v", r)
+	}
+	session := randomName("s")
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "x = 42\n" + read, SessionId: session}); r.GetStdout() != "one\n" {
+		t.Fatalf("the session before the rebuild: %v", r)
+	}
+	a.waitWarm(t, 2) // the session's sandbox replaced, from the old image
+
+	build("two")
+	// Runs spaced out, a few dozen at most: with MaxReuse 1000 no sandbox
+	// is replaced for having served its most runs.
+	deadline := time.Now().Add(30 * time.Second)
+	for n := 1; ; n++ {
+		r := a.exec(t, &executionv1.Execution{Language: "python", Code: read})
+		if r.GetStdout() == "two\n" {
+			t.Logf("run %d after the rebuild found the new image", n)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d runs in 30 s after the rebuild found %q", n, r.GetStdout())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if l := logs.String(); !strings.Contains(l, "sandbox image changed") {
+		t.Errorf("no log of the change:\n%s", l)
+	}
+	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(x)\n" + read, SessionId: session}); r.GetStdout() != "42\none\n" {
+		t.Errorf("the session after the rebuild: %v", r)
+	}
+}
+
 // TestRunnerLogsAtDebug runs an agent that logs at debug level: its runners
 // then log at debug too, and each run's split of its time (see runOnce)
 // reaches the agent's log.

@@ -55,6 +55,7 @@ const (
 	destroySessionEnded = "session_ended" // its session ended
 	destroyEngineAway   = "engine_away"   // the container engine went away
 	destroyPoolClosed   = "pool_closed"   // the pool closed
+	destroyImageChanged = "image_changed" // the sandbox image's name names another image now
 )
 
 // Where a sandbox for a run or a session comes from: the values of the
@@ -93,7 +94,7 @@ func NewMetrics() *Metrics {
 		}),
 		destroyed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "codemode_agent_sandboxes_destroyed_total",
-			Help: "Sandboxes removed, by reason (died, not_reusable, dedicated, max_reuse, scrub_failed, idle, session_ended, engine_away, pool_closed).",
+			Help: "Sandboxes removed, by reason (died, not_reusable, dedicated, max_reuse, scrub_failed, idle, session_ended, engine_away, pool_closed, image_changed).",
 		}, []string{"reason"}),
 		sessionsOpened: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "codemode_agent_sessions_opened_total",
@@ -117,7 +118,7 @@ func NewMetrics() *Metrics {
 	for _, r := range []string{"ok", "error"} {
 		m.scrubs.WithLabelValues(r)
 	}
-	for _, r := range []string{destroyDied, destroyNotReusable, destroyDedicated, destroyMaxReuse, destroyScrubFailed, destroyIdle, destroySessionEnded, destroyEngineAway, destroyPoolClosed} {
+	for _, r := range []string{destroyDied, destroyNotReusable, destroyDedicated, destroyMaxReuse, destroyScrubFailed, destroyIdle, destroySessionEnded, destroyEngineAway, destroyPoolClosed, destroyImageChanged} {
 		m.destroyed.WithLabelValues(r)
 	}
 	for _, r := range []EndReason{EndClosed, EndExpired, EndLost} {

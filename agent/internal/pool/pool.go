@@ -133,11 +133,14 @@ type Pool struct {
 	warmed   bool                // see Stats.Warmed
 	closed   bool
 	versions map[string]string
-	opening  []int         // sandboxes being started, per CPU set
-	changed  chan struct{} // closed and replaced on every change
-	nextFill time.Time     // no warm start before this (back-off after failures)
-	failures int
-	demand   preloadDemand
+	// versionsImage is the image versions were reported in; image the one
+	// Spec.Image named when last checked (see checkImage), "" before.
+	versionsImage, image string
+	opening              []int         // sandboxes being started, per CPU set
+	changed              chan struct{} // closed and replaced on every change
+	nextFill             time.Time     // no warm start before this (back-off after failures)
+	failures             int
+	demand               preloadDemand
 
 	kick  chan struct{}
 	check chan struct{}
@@ -145,14 +148,16 @@ type Pool struct {
 	wg    sync.WaitGroup
 }
 
-// setVersions records the interpreter versions a runner reported. The
-// first time, it says which interpreters the image has, and warns about
-// those it lacks: runs in those languages would fail. p.mu is held.
-func (p *Pool) setVersions(v map[string]string) {
+// setVersionsLocked records the interpreter versions sb's runner reported.
+// The first time for an image, it says which interpreters the image has,
+// and warns about those it lacks: runs in those languages would fail. p.mu
+// is held.
+func (p *Pool) setVersionsLocked(sb *Sandbox) {
+	v := sb.Versions()
 	if len(v) == 0 {
 		return // a runner told not to probe, or whose probes all failed
 	}
-	if p.versions == nil {
+	if p.versions == nil || p.versionsImage != sb.image {
 		var missing []string
 		for _, l := range languages.All() {
 			if l.Version != nil && v[l.Name] == "" {
@@ -165,7 +170,7 @@ func (p *Pool) setVersions(v map[string]string) {
 			p.log.Info("sandbox image ready", "image", p.cfg.Spec.Image, "versions", v)
 		}
 	}
-	p.versions = v
+	p.versions, p.versionsImage = v, sb.image
 }
 
 // New returns a pool; Start starts it.
@@ -407,7 +412,7 @@ func (p *Pool) startDirectLocked(ctx context.Context, memory int64, dedicated bo
 	}
 	sb.dedicated = dedicated
 	p.live[sb.ID()] = sb
-	p.setVersions(sb.Versions())
+	p.setVersionsLocked(sb)
 	p.moveLocked(direct, busy)
 	p.cfg.Metrics.took(takeCold)
 	return sb, nil
@@ -450,6 +455,9 @@ func (p *Pool) Release(ctx context.Context, sb *Sandbox, reusable bool) {
 		case p.closed || !p.ready:
 			p.endLocked(recycling)
 			p.destroyLocked(sb, destroyEngineAway)
+		case p.staleLocked(sb):
+			p.endLocked(recycling)
+			p.destroyLocked(sb, destroyImageChanged)
 		default:
 			sb.idleSince = time.Now()
 			p.warm = append(p.warm, sb)
@@ -475,6 +483,8 @@ func (p *Pool) unfitLocked(sb *Sandbox, reusable bool) string {
 		return destroyNotReusable
 	case sb.uses >= p.cfg.MaxReuse:
 		return destroyMaxReuse
+	case p.staleLocked(sb):
+		return destroyImageChanged
 	}
 	return ""
 }
@@ -610,7 +620,7 @@ func (p *Pool) fill(ctx context.Context) {
 			}
 			p.doneOpeningLocked(sb.lane)
 			p.failures = 0
-			p.setVersions(sb.Versions())
+			p.setVersionsLocked(sb)
 			if p.closed || !p.ready {
 				reason := destroyEngineAway
 				if p.closed {
@@ -652,6 +662,12 @@ func (p *Pool) watchLoop(ctx context.Context) {
 		}
 		t.Stop()
 		p.reconnect(ctx)
+		p.mu.Lock()
+		ready := p.ready
+		p.mu.Unlock()
+		if ready {
+			p.checkImage(ctx)
+		}
 	}
 }
 

@@ -42,6 +42,9 @@ type fakeDriver struct {
 	attempts   atomic.Int64
 	// commands are the started containers' commands, in order.
 	commands [][]string
+	// image is the id of the image the spec's image names ("" for
+	// "sha256:one").
+	image string
 }
 
 var _ sandbox.Driver = (*fakeDriver)(nil)
@@ -81,6 +84,9 @@ func (d *fakeDriver) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Cont
 	c := newFakeContainer(id)
 	c.cpuSet = spec.CPUSet
 	d.mu.Lock()
+	c.image = d.imageLocked()
+	d.mu.Unlock()
+	d.mu.Lock()
 	d.live[id] = c
 	d.mu.Unlock()
 	return c, nil
@@ -113,6 +119,29 @@ func (d *fakeDriver) Ping(context.Context) error {
 	return nil
 }
 
+func (d *fakeDriver) ImageID(context.Context, string) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return "", sandbox.ErrUnavailable
+	}
+	return d.imageLocked(), nil
+}
+
+func (d *fakeDriver) imageLocked() string {
+	if d.image == "" {
+		return "sha256:one"
+	}
+	return d.image
+}
+
+// setImage makes the spec's image name another image from now on.
+func (d *fakeDriver) setImage(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.image = id
+}
+
 func (d *fakeDriver) Close() error { return nil }
 
 func (d *fakeDriver) get(id string) *fakeContainer {
@@ -133,6 +162,7 @@ type fakeContainer struct {
 	resets   atomic.Int32
 	failNext atomic.Bool // the next Reset fails
 	cpuSet   string      // of its spec
+	image    string      // the id of its image
 }
 
 func newFakeContainer(id string) *fakeContainer {
@@ -192,6 +222,7 @@ func (c *fakeContainer) kill() {
 func (c *fakeContainer) ID() string            { return c.id }
 func (c *fakeContainer) Stdin() io.Writer      { return c.inW }
 func (c *fakeContainer) Stdout() io.Reader     { return c.outR }
+func (c *fakeContainer) Image() string         { return c.image }
 func (c *fakeContainer) Done() <-chan struct{} { return c.done }
 func (c *fakeContainer) Inspect(context.Context) (sandbox.State, error) {
 	select {
@@ -985,4 +1016,79 @@ func TestSessionsPerTenant(t *testing.T) {
 	if _, err := s.Create(ctx, "a4", "team-a", "python", 0); err != nil {
 		t.Errorf("a session after closing one: %v", err)
 	}
+}
+
+// When the image name names another image (rebuilt or retagged), warm
+// sandboxes of the old one are replaced at once, one at work when its run
+// ends (not scrubbed), and a session's stays with it.
+func TestPoolReplacesOldImage(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	m := NewMetrics()
+	p := newTestPool(t, d, func(c *Config) { c.MinWarm, c.Max, c.MaxReuse, c.Metrics = 2, 5, 10, m })
+	testkit.WaitFor(t, 10*time.Second, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
+	busy, err := p.Acquire(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := p.Hold(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 10*time.Second, "two warm sandboxes again", func() bool { return p.Stats().Warm == 2 })
+	old := p.warmIDs()
+
+	d.setImage("sha256:two")
+	p.checkEngine() // the watch loop's next check, now
+	testkit.WaitFor(t, 10*time.Second, "two warm sandboxes of the new image", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		n := 0
+		for _, sb := range p.warm {
+			if sb.image == "sha256:two" {
+				n++
+			}
+		}
+		return n == 2 && len(p.warm) == 2
+	})
+	for _, id := range old {
+		if c := d.get(id); c != nil && !isDone(c) {
+			t.Errorf("warm sandbox %s of the old image still live", id)
+		}
+	}
+	c := d.get(busy.ID())
+	p.Release(t.Context(), busy, true)
+	testkit.WaitFor(t, 10*time.Second, "the old image's busy sandbox removed", func() bool { return isDone(c) })
+	if n := c.resets.Load(); n != 0 {
+		t.Errorf("the old image's sandbox was scrubbed %d times for reuse", n)
+	}
+	if isDone(d.get(held.ID())) {
+		t.Error("the session's sandbox was removed")
+	}
+	if err := run(t, held, "x"); err != nil {
+		t.Errorf("a run in the session after the change: %v", err)
+	}
+	if got := counted(t, m.destroyed, destroyImageChanged); got != 3 {
+		t.Errorf("destroyed for the image: %v, want 3 (two warm, one at work)", got)
+	}
+	sb, err := p.Acquire(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.image != "sha256:two" {
+		t.Errorf("a run after the change took a sandbox of image %q", sb.image)
+	}
+	p.Release(t.Context(), sb, true)
+	p.Drop(held)
+}
+
+// warmIDs returns the ids of the warm sandboxes.
+func (p *Pool) warmIDs() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ids []string
+	for _, sb := range p.warm {
+		ids = append(ids, sb.ID())
+	}
+	return ids
 }

@@ -22,6 +22,7 @@ type Sandbox struct {
 	ready   *runnerv1.Ready
 	memory  int64
 	created time.Time
+	image   string // the id of the image it was created from
 
 	// uses counts the runs served; only the holder touches it.
 	uses int
@@ -155,7 +156,8 @@ func (p *Pool) open(ctx context.Context, memory int64) (_ *Sandbox, err error) {
 	spec := p.cfg.Spec
 	spec.MemoryBytes = memory
 	p.mu.Lock()
-	probed := p.versions != nil
+	probed := p.versions != nil && p.versionsImage == p.image
+	image := p.image
 	lane := p.laneLocked()
 	p.mu.Unlock()
 	defer func() {
@@ -189,7 +191,11 @@ func (p *Pool) open(ctx context.Context, memory int64) (_ *Sandbox, err error) {
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
 	id.Store(sandbox.ShortID(c.ID()))
-	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now(), lane: lane, p: p}
+	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now(), image: c.Image(), lane: lane, p: p}
+	if sb.image != image {
+		// The first sandbox, or the name names another image by now.
+		p.checkImage(ctx)
+	}
 	sb.ready, err = sb.rc.Ready(ctx)
 	if err != nil {
 		p.destroyNow(sb)

@@ -86,6 +86,15 @@ func (d *Docker) HasImage(ctx context.Context, image string) (bool, error) {
 	return true, nil
 }
 
+// ImageID returns the id of the image that image names now.
+func (d *Docker) ImageID(ctx context.Context, image string) (string, error) {
+	info, err := d.cli.ImageInspect(ctx, image)
+	if err != nil {
+		return "", fmt.Errorf("inspect image %s: %w", image, classify(err))
+	}
+	return info.ID, nil
+}
+
 // Start creates, attaches to and starts a container from spec.
 func (d *Docker) Start(ctx context.Context, spec Spec) (Container, error) {
 	if err := spec.Validate(); err != nil {
@@ -107,6 +116,13 @@ func (d *Docker) Start(ctx context.Context, spec Spec) (Container, error) {
 		return nil, err
 	}
 	c := &dockerContainer{d: d, id: created.ID}
+	// The image it was created from, whatever spec.Image names by now.
+	info, err := d.cli.ContainerInspect(ctx, c.id)
+	if err != nil {
+		err = fmt.Errorf("inspect container %s: %w", ShortID(c.id), classify(err))
+		return nil, errors.Join(err, c.remove())
+	}
+	c.image = info.Image
 	// Attach before starting, so that nothing the entry process writes first
 	// is lost.
 	hj, err := d.cli.ContainerAttach(ctx, c.id, container.AttachOptions{
@@ -234,6 +250,7 @@ func (d *Docker) RemoveAll(ctx context.Context, labels map[string]string, keep m
 type dockerContainer struct {
 	d      *Docker
 	id     string
+	image  string
 	conn   net.Conn
 	stdout *io.PipeReader
 	done   chan struct{}
@@ -243,6 +260,7 @@ type dockerContainer struct {
 }
 
 func (c *dockerContainer) ID() string            { return c.id }
+func (c *dockerContainer) Image() string         { return c.image }
 func (c *dockerContainer) Stdin() io.Writer      { return c.conn }
 func (c *dockerContainer) Stdout() io.Reader     { return c.stdout }
 func (c *dockerContainer) Done() <-chan struct{} { return c.done }

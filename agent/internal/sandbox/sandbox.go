@@ -126,6 +126,9 @@ type Driver interface {
 	// LabelSandbox=1, except those whose ids are in keep, and returns how many
 	// it removed.
 	RemoveAll(ctx context.Context, labels map[string]string, keep map[string]bool) (int, error)
+	// ImageID returns the id of the image that image (a name or an id)
+	// names now: a rebuilt or retagged image gets a new one.
+	ImageID(ctx context.Context, image string) (string, error)
 	// Ping reports whether the engine answers. Its error wraps ErrUnavailable.
 	Ping(ctx context.Context) error
 	// Close releases the driver's connections. Containers are not removed.
@@ -136,6 +139,8 @@ type Driver interface {
 type Container interface {
 	// ID is the engine's id of the container.
 	ID() string
+	// Image is the id of the image the container was created from.
+	Image() string
 	// Stdin is the entry process's standard input.
 	Stdin() io.Writer
 	// Stdout is the entry process's standard output. It returns an error

@@ -48,7 +48,9 @@ import (
 //     kill(-1) as root stops every process instead of killing them all, and
 //     processes whose real uid is the parent's are not the user's).
 //   - It is replaced when it dies, and after the runner's -parent-forks
-//     forks.
+//     forks; when the sandbox image is rebuilt, the agent replaces the
+//     whole sandbox, parent included (the agent's RATIONALE.md, "A rebuilt
+//     sandbox image reaches the runs within seconds").
 //
 // See zygote.py for the parent's side and what the child does before it
 // reads any code.
