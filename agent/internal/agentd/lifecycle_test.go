@@ -24,6 +24,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 
+	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	agentv1 "github.com/codemode-go/codemode/gen/codemode/agent/v1"
 	executionv1 "github.com/codemode-go/codemode/gen/codemode/execution/v1"
@@ -405,31 +406,9 @@ func TestRun(t *testing.T) {
 func TestImageWithoutAnInterpreter(t *testing.T) {
 	t.Parallel()
 	dockertest.Need(t)
-	base := DefaultConfig().Image
-	image := "codemode-sandbox:" + randomName("test-no-node")
-	name := randomName("derive")
-	// runc, not runsc: this only edits a file system.
-	if out, err := exec.Command("docker", "run", "--name", name, "--network", "none", "--runtime", "runc", "--entrypoint", "rm",
-		base, "-f", "/usr/bin/node", "/usr/bin/nodejs").CombinedOutput(); err != nil {
-		t.Fatalf("derive an image without node: %v\n%s", err, out)
-	}
-	defer exec.Command("docker", "rm", "-f", name).Run()
-	if out, err := exec.Command("docker", "commit", name, image).CombinedOutput(); err != nil {
-		t.Fatalf("docker commit: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", image).Run() })
-
-	var logs testlog.Buffer
-	cfg := testConfig("test-no-node")
-	cfg.Image = image
-	cfg.MinActive = 1
-	cfg.MaxSandboxes = 2
-	cfg.MaxSessions = 0
-	a, err := serveAgent(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.stop() })
+	a, logs := startOnDerivedImage(t, "test-no-node", "rm -f /usr/bin/node /usr/bin/nodejs", func(c *Config) {
+		c.MinActive, c.MaxSandboxes, c.MaxSessions = 1, 2, 0
+	})
 	a.waitWarm(t, 1)
 	if l := logs.String(); !strings.Contains(l, "lacks interpreters") || !strings.Contains(l, "javascript (node)") {
 		t.Errorf("no start-up warning naming javascript (node):\n%s", l)
@@ -439,7 +418,7 @@ func TestImageWithoutAnInterpreter(t *testing.T) {
 			t.Errorf("language %s has version %q", l.GetName(), l.GetVersion())
 		}
 	}
-	_, err = a.client("connect").Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "javascript", Code: "console.log(1)"}}))
+	_, err := a.client("connect").Execute(t.Context(), connect.NewRequest(&agentv1.ExecuteRequest{Execution: &executionv1.Execution{Language: "javascript", Code: "console.log(1)"}}))
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "node is not installed") {
 		t.Errorf("a JavaScript run without node: %v, want failed_precondition naming node", err)
 	}
@@ -456,24 +435,10 @@ func TestImageRebuilt(t *testing.T) {
 	t.Parallel()
 	dockertest.Need(t)
 	image := "codemode-sandbox:" + randomName("test-rebuilt")
-	var ids []string
-	t.Cleanup(func() { exec.Command("docker", append([]string{"rmi", "-f", image}, ids...)...).Run() })
 	const marker = "/etc/codemode-test-image"
-	build := func(content string) {
-		t.Helper()
-		name := randomName("derive")
-		// runc, not runsc: this only edits a file system.
-		if out, err := exec.Command("docker", "run", "--name", name, "--network", "none", "--runtime", "runc", "--entrypoint", "sh",
-			DefaultConfig().Image, "-c", "echo "+content+" > "+marker).CombinedOutput(); err != nil {
-			t.Fatalf("derive an image: %v\n%s", err, out)
-		}
-		defer exec.Command("docker", "rm", "-f", name).Run()
-		out, err := exec.Command("docker", "commit", name, image).CombinedOutput()
-		if err != nil {
-			t.Fatalf("docker commit: %v\n%s", err, out)
-		}
-		ids = append(ids, strings.TrimSpace(string(out)))
-	}
+	var ids []string
+	t.Cleanup(func() { removeImages(image, ids...) }) // after the agent's end
+	build := func(content string) { ids = append(ids, deriveImage(t, image, "echo "+content+" > "+marker)) }
 	build("one")
 
 	var logs testlog.Buffer
@@ -520,6 +485,80 @@ func TestImageRebuilt(t *testing.T) {
 	}
 	if r := a.exec(t, &executionv1.Execution{Language: "python", Code: "print(x)\n" + read, SessionId: session}); r.GetStdout() != "42\none\n" {
 		t.Errorf("the session after the rebuild: %v", r)
+	}
+}
+
+// deriveImage commits, as image, the sandbox image changed by a shell
+// script, and returns the new image's id. Remove it with removeImages once
+// no container uses it.
+func deriveImage(t *testing.T, image, script string) string {
+	t.Helper()
+	name := randomName("derive")
+	// runc, not runsc: this only edits a file system.
+	if out, err := exec.Command("docker", "run", "--name", name, "--network", "none", "--runtime", "runc", "--entrypoint", "sh",
+		DefaultConfig().Image, "-c", script).CombinedOutput(); err != nil {
+		t.Fatalf("derive an image (%s): %v\n%s", script, err, out)
+	}
+	defer exec.Command("docker", "rm", "-f", name).Run()
+	out, err := exec.Command("docker", "commit", name, image).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker commit: %v\n%s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// startOnDerivedImage serves an agent named after prefix, configured by
+// edit, on an image derived from the sandbox image by script (see
+// deriveImage), removed once the agent has ended; the agent logs into the
+// returned buffer.
+func startOnDerivedImage(t *testing.T, prefix, script string, edit func(*Config)) (*testAgent, *testlog.Buffer) {
+	t.Helper()
+	dockertest.Need(t)
+	image := "codemode-sandbox:" + randomName(prefix)
+	id := deriveImage(t, image, script)
+	t.Cleanup(func() { removeImages(image, id) })
+	logs := &testlog.Buffer{}
+	cfg := testConfig(prefix)
+	cfg.Image = image
+	edit(&cfg)
+	a, err := serveAgent(cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.stop() })
+	return a, logs
+}
+
+// removeImages removes an image name and image ids.
+func removeImages(name string, ids ...string) {
+	exec.Command("docker", append([]string{"rmi", "-f", name}, ids...)...).Run()
+}
+
+// TestImageWithoutAPreloadedModule runs a preloading agent on an image
+// derived from the sandbox image with scipy removed: it warns once, naming
+// scipy, and lists the other default modules as preloaded, not scipy, so
+// that MCP's description promises nothing the image lacks; runs import the
+// rest as before.
+func TestImageWithoutAPreloadedModule(t *testing.T) {
+	t.Parallel()
+	dockertest.Need(t)
+	a, logs := startOnDerivedImage(t, "test-no-scipy", "rm -rf /usr/lib/python3/dist-packages/scipy", func(c *Config) {
+		c.Preload = "default"
+		c.MinActive, c.MaxSandboxes, c.MaxSessions = 2, 2, 0
+	})
+	a.waitWarm(t, 2)
+	if n := strings.Count(logs.String(), "lacks modules to preload"); n != 1 || !strings.Contains(logs.String(), "missing=[scipy]") {
+		t.Errorf("%d warnings about modules to preload, want one naming scipy:\n%s", n, logs.String())
+	}
+	want := slices.DeleteFunc(languages.PreloadList("default"), func(m string) bool { return m == "scipy" })
+	for _, l := range a.status(t).GetLanguages() {
+		if l.GetName() == "python" && !slices.Equal(l.GetPreloaded(), want) {
+			t.Errorf("python preloaded %q, want %q", l.GetPreloaded(), want)
+		}
+	}
+	r := a.exec(t, &executionv1.Execution{Language: "python", Code: "import numpy, pandas\ntry:\n    import scipy\nexcept ImportError:\n    print('no scipy')\nprint(numpy.zeros(2).sum())"})
+	if r.GetStdout() != "no scipy\n0.0\n" {
+		t.Errorf("a run: %v", r)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -410,7 +411,7 @@ func (s *Service) WriteFile(ctx context.Context, id, tenant string, f *execution
 func (s *Service) Status() *agentv1.AgentStatus {
 	st := s.pool.Stats()
 	sessions := s.sessions.Len()
-	langs := describeLanguages(st.Versions, s.preloaded())
+	langs := describeLanguages(st.Versions, s.preloaded(st.PreloadMissing))
 	return &agentv1.AgentStatus{
 		Name:      s.cfg.Name,
 		Labels:    s.cfg.Labels,
@@ -634,13 +635,13 @@ func describeLanguages(versions map[string]string, preload []string) []*executio
 	return out
 }
 
-// preloaded is what the preloaded parents import, none without prestarted
-// interpreters.
-func (s *Service) preloaded() []string {
+// preloaded is what the preloaded parents import: the --preload list less
+// the modules the image lacks, none without prestarted interpreters.
+func (s *Service) preloaded(missing []string) []string {
 	if !s.cfg.Prestart {
 		return nil
 	}
-	return languages.PreloadList(s.cfg.Preload)
+	return slices.DeleteFunc(languages.PreloadList(s.cfg.Preload), func(m string) bool { return slices.Contains(missing, m) })
 }
 
 // defaults reports what runs get for what their requests leave unset, and

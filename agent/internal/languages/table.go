@@ -56,6 +56,10 @@ type Language struct {
 	Preload []string
 	// Parent is the argv of that preloaded parent (see zygote.py).
 	Parent []string
+	// PreloadProbe, given module names as further arguments, prints those
+	// the image has, one per line: the runner that probes the versions
+	// reports the others, which the parent will skip.
+	PreloadProbe []string
 	// Kernel, if set, is the argv of a resident interpreter that runs the
 	// cells of a session in one namespace (see kernel.py).
 	Kernel []string
@@ -134,7 +138,10 @@ var table = []Language{
 		Preload: []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot", "requests", "scipy"},
 		// -s: no user site directory in a process that starts as root.
 		Parent: []string{"python3", "-s", "-c", zygotePython},
-		Kernel: []string{"python3", "-c", kernelPython},
+		// The top-level package only: finding matplotlib.pyplot's would
+		// import matplotlib.
+		PreloadProbe: []string{"python3", "-I", "-c", "import importlib.util as u, sys\nfor m in sys.argv[1:]:\n    if u.find_spec(m.partition('.')[0]) is not None:\n        print(m)"},
+		Kernel:       []string{"python3", "-c", kernelPython},
 	},
 	{
 		Name: "javascript", Aliases: []string{"js", "node", "nodejs"},

@@ -136,6 +136,7 @@ type Pool struct {
 	// versionsImage is the image versions were reported in; image the one
 	// Spec.Image named when last checked (see checkImage), "" before.
 	versionsImage, image string
+	preloadMissing       []string      // see Stats.PreloadMissing
 	opening              []int         // sandboxes being started, per CPU set
 	changed              chan struct{} // closed and replaced on every change
 	nextFill             time.Time     // no warm start before this (back-off after failures)
@@ -148,29 +149,34 @@ type Pool struct {
 	wg    sync.WaitGroup
 }
 
-// setVersionsLocked records the interpreter versions sb's runner reported.
-// The first time for an image, it says which interpreters the image has,
-// and warns about those it lacks: runs in those languages would fail. p.mu
-// is held.
+// setVersionsLocked records the interpreter versions sb's runner reported,
+// and the modules to preload that the image lacks. The first time for an
+// image, it says which interpreters the image has, and warns about those it
+// lacks (runs in those languages would fail) and about the modules (runs
+// import them themselves). p.mu is held.
 func (p *Pool) setVersionsLocked(sb *Sandbox) {
 	v := sb.Versions()
 	if len(v) == 0 {
 		return // a runner told not to probe, or whose probes all failed
 	}
+	missing := sb.ready.GetPreloadMissing()
 	if p.versions == nil || p.versionsImage != sb.image {
-		var missing []string
+		var lacks []string
 		for _, l := range languages.All() {
 			if l.Version != nil && v[l.Name] == "" {
-				missing = append(missing, fmt.Sprintf("%s (%s)", l.Name, l.Program()))
+				lacks = append(lacks, fmt.Sprintf("%s (%s)", l.Name, l.Program()))
 			}
 		}
-		if len(missing) > 0 {
-			p.log.Warn("the sandbox image lacks interpreters: runs in their languages fail", "image", p.cfg.Spec.Image, "missing", missing)
+		if len(lacks) > 0 {
+			p.log.Warn("the sandbox image lacks interpreters: runs in their languages fail", "image", p.cfg.Spec.Image, "missing", lacks)
 		} else {
 			p.log.Info("sandbox image ready", "image", p.cfg.Spec.Image, "versions", v)
 		}
+		if len(missing) > 0 {
+			p.log.Warn("the sandbox image lacks modules to preload: runs that import them import them themselves", "image", p.cfg.Spec.Image, "missing", missing)
+		}
 	}
-	p.versions, p.versionsImage = v, sb.image
+	p.versions, p.versionsImage, p.preloadMissing = v, sb.image, missing
 }
 
 // New returns a pool; Start starts it.
@@ -260,6 +266,9 @@ type Stats struct {
 	Warmed bool
 	// Versions are the interpreter versions the runners report.
 	Versions map[string]string
+	// PreloadMissing are the modules to preload that the image lacks, as
+	// the runner that reported Versions found.
+	PreloadMissing []string
 }
 
 // Stats returns a snapshot of the pool.
@@ -269,7 +278,7 @@ func (p *Pool) Stats() Stats {
 	return Stats{
 		Warm: len(p.warm), Busy: p.n[busy], Held: p.n[held],
 		Starting: p.n[starting] + p.n[direct], Recycling: p.n[recycling], Max: p.cfg.Max,
-		Ready: p.ready && !p.closed, Warmed: p.warmed, Versions: p.versions,
+		Ready: p.ready && !p.closed, Warmed: p.warmed, Versions: p.versions, PreloadMissing: p.preloadMissing,
 	}
 }
 

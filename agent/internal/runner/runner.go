@@ -414,12 +414,15 @@ func (s *server) serve(ctx context.Context, stdin io.Reader) error {
 	lang, forked := s.prestartedLang()
 	ready := &runnerv1.Ready{Prestarted: lang, PrestartedForked: forked}
 	if s.cfg.versions {
+		missing := make(chan []string, 1)
+		go func() { missing <- s.preloadMissing(ctx) }()
 		ready.Versions = s.versions(ctx)
+		ready.PreloadMissing = <-missing
 	}
 	if err := s.out.Send(&runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: ready}}); err != nil {
 		return err
 	}
-	s.cfg.log.Debug("ready", "versions", ready.GetVersions())
+	s.cfg.log.Debug("ready", "versions", ready.GetVersions(), "preload_missing", ready.GetPreloadMissing())
 
 	reqs := make(chan *runnerv1.Request)
 	readErr := make(chan error, 1)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,7 +31,9 @@ func (s *server) versions(ctx context.Context) map[string]string {
 			continue
 		}
 		wg.Go(func() {
-			if v := s.probe(ctx, lang.Version); v != "" {
+			stdout, _ := s.probe(ctx, lang.Version)
+			v, _, _ := strings.Cut(stdout, "\n")
+			if v = strings.TrimSpace(v); v != "" {
 				mu.Lock()
 				out[lang.Name] = strings.TrimPrefix(v, "v")
 				mu.Unlock()
@@ -41,23 +44,54 @@ func (s *server) versions(ctx context.Context) map[string]string {
 	return out
 }
 
-// probe runs argv and returns the first line of its stdout.
-func (s *server) probe(ctx context.Context, argv []string) string {
+// preloadMissing returns the modules of the runner's -preload list that
+// the image lacks, asked of the language that preloads them, so that the
+// agent says only what is imported ahead (and warns about the rest once).
+// Nothing if the probe fails: the parent still skips what it cannot import.
+func (s *server) preloadMissing(ctx context.Context) []string {
+	if len(s.cfg.preload) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for _, lang := range languages.All() {
+		if lang.Parent == nil || lang.PreloadProbe == nil {
+			continue
+		}
+		stdout, ok := s.probe(ctx, append(slices.Clip(lang.PreloadProbe), s.cfg.preload...))
+		if !ok {
+			return nil // the parent still says what it skips, in the runner's log
+		}
+		has := strings.Fields(stdout)
+		var missing []string
+		for _, m := range s.cfg.preload {
+			if !slices.Contains(has, m) {
+				missing = append(missing, m)
+			}
+		}
+		return missing
+	}
+	return nil
+}
+
+// probe runs argv and returns its stdout (4 KiB at most), and whether it
+// exited with 0.
+func (s *server) probe(ctx context.Context, argv []string) (string, bool) {
 	r, w, err := os.Pipe()
 	if err != nil {
-		return ""
+		return "", false
 	}
 	p, err := s.procs.Start(proc.Spec{Argv: argv, Env: []string{"PATH=" + s.cfg.path, "LANG=C.UTF-8"}, Files: []*os.File{nil, w, nil}})
 	w.Close()
 	if err != nil {
 		r.Close()
-		return ""
+		return "", false
 	}
 	var b []byte
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
-		b, _ = io.ReadAll(io.LimitReader(r, 256))
+		b, _ = io.ReadAll(io.LimitReader(r, 4<<10))
 		r.Close()
 	}()
 	select {
@@ -67,9 +101,5 @@ func (s *server) probe(ctx context.Context, argv []string) string {
 		<-p.Done()
 	}
 	<-read
-	if proc.ExitCode(p.Status()) != 0 {
-		return ""
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	return strings.TrimSpace(line)
+	return string(b), proc.ExitCode(p.Status()) == 0
 }

@@ -964,8 +964,11 @@ type Ready struct {
 	// Whether that interpreter is forked from the language's preloaded
 	// parent (its modules imported) rather than fresh.
 	PrestartedForked bool `protobuf:"varint,3,opt,name=prestarted_forked,json=prestartedForked,proto3" json:"prestarted_forked,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The modules of the runner's -preload list that the image lacks (the
+	// preloaded parent skips them), probed with the versions.
+	PreloadMissing []string `protobuf:"bytes,4,rep,name=preload_missing,json=preloadMissing,proto3" json:"preload_missing,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Ready) Reset() {
@@ -1017,6 +1020,13 @@ func (x *Ready) GetPrestartedForked() bool {
 		return x.PrestartedForked
 	}
 	return false
+}
+
+func (x *Ready) GetPreloadMissing() []string {
+	if x != nil {
+		return x.PreloadMissing
+	}
+	return nil
 }
 
 type Exit struct {
@@ -1731,13 +1741,14 @@ const file_codemode_runner_v1_runner_proto_rawDesc = "" +
 	"\vegress_data\x18\v \x01(\v2\x1e.codemode.runner.v1.EgressDataH\x00R\n" +
 	"egressData\x12D\n" +
 	"\fegress_close\x18\f \x01(\v2\x1f.codemode.runner.v1.EgressCloseH\x00R\vegressCloseB\x06\n" +
-	"\x04kind\"\xd6\x01\n" +
+	"\x04kind\"\xff\x01\n" +
 	"\x05Ready\x12C\n" +
 	"\bversions\x18\x01 \x03(\v2'.codemode.runner.v1.Ready.VersionsEntryR\bversions\x12\x1e\n" +
 	"\n" +
 	"prestarted\x18\x02 \x01(\tR\n" +
 	"prestarted\x12+\n" +
-	"\x11prestarted_forked\x18\x03 \x01(\bR\x10prestartedForked\x1a;\n" +
+	"\x11prestarted_forked\x18\x03 \x01(\bR\x10prestartedForked\x12'\n" +
+	"\x0fpreload_missing\x18\x04 \x03(\tR\x0epreloadMissing\x1a;\n" +
 	"\rVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb7\x02\n" +
