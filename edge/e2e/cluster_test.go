@@ -339,9 +339,11 @@ func TestClusterAgentKilledLeavesRoutingAndRejoins(t *testing.T) {
 }
 
 // TestClusterLowerCapacityGetsProportionallyLess: an agent of half the
-// capacity of the two others takes half as many runs as each, within 30%.
-// Alone the split of 100 runs is 0.50-0.54; on a loaded host it moves by a
-// few runs (0.61 seen in CI), while routing blind to capacity gives 1.0.
+// capacity of the two others takes about half as many runs as each, and
+// clearly fewer: 0.3-0.8 of their share. Alone the split of 100 runs is
+// 0.50-0.54; on a loaded host (CI runs the sandbox-heavy packages beside
+// this one) it moves by several runs, 0.61 and 0.68 seen, while routing
+// blind to capacity gives 1.0.
 func TestClusterLowerCapacityGetsProportionallyLess(t *testing.T) {
 	c := startCluster(t, 4, 4, 2)
 	byAgent, failed := c.load(t, 5, 100) // half the capacity of 10 in use
@@ -351,8 +353,7 @@ func TestClusterLowerCapacityGetsProportionallyLess(t *testing.T) {
 	t.Logf("runs by agent (capacities 4, 4, 2): %v", byAgent)
 	low := byAgent[fmt.Sprintf("e2e-cluster-2-%d", os.Getpid())]
 	high := (100 - low) / 2
-	// Capacity 2 against 4: half the runs of each larger agent, within 30%.
-	if ratio := float64(low) / float64(high); ratio < 0.35 || ratio > 0.65 {
-		t.Fatalf("the agent of capacity 2 took %d runs against %d for each of capacity 4 (ratio %.2f), want half within 30%%", low, high, ratio)
+	if ratio := float64(low) / float64(high); ratio < 0.3 || ratio > 0.8 {
+		t.Fatalf("the agent of capacity 2 took %d runs against %d for each of capacity 4 (ratio %.2f), want 0.3-0.8 (half, give or take the host's noise; 1.0 is capacity-blind)", low, high, ratio)
 	}
 }
