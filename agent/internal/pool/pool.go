@@ -80,6 +80,10 @@ type Config struct {
 	// with code would use the sandboxes' preloaded parent (see
 	// preloadDemand); nil: the runners preload nothing.
 	NamesPreloaded func(language, code string) bool
+
+	// yieldFor bounds a warm start's low CPU weight (see weight.go);
+	// defaultYieldFor, or shorter in tests.
+	yieldFor time.Duration
 }
 
 // Defaults.
@@ -142,6 +146,7 @@ type Pool struct {
 	nextFill             time.Time     // no warm start before this (back-off after failures)
 	failures             int
 	demand               preloadDemand
+	low                  map[sandbox.Container]struct{} // warm starts at startShares (see weight.go)
 
 	kick  chan struct{}
 	check chan struct{}
@@ -193,6 +198,9 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.yieldFor == 0 {
+		cfg.yieldFor = defaultYieldFor
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -202,6 +210,7 @@ func New(cfg Config) (*Pool, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		live:    map[string]*Sandbox{},
+		low:     map[sandbox.Container]struct{}{},
 		opening: make([]int, len(cfg.CPUSets)),
 		changed: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
@@ -339,6 +348,7 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language, code stri
 			if !inLine {
 				inLine = true
 				p.waiting++
+				p.raiseAllLocked()
 			}
 		}
 		// Start one for this caller if it is past the sandboxes on their
@@ -402,7 +412,7 @@ func (p *Pool) startDirectLocked(ctx context.Context, memory int64, dedicated bo
 	p.enterLocked(direct)
 	p.mu.Unlock()
 	t0 := time.Now()
-	sb, err := p.open(ctx, memory)
+	sb, err := p.open(ctx, memory, false)
 	p.cfg.Metrics.started(false, time.Since(t0), err)
 	p.mu.Lock()
 	if err != nil {
@@ -607,7 +617,7 @@ func (p *Pool) fill(ctx context.Context) {
 		p.enterLocked(starting)
 		p.wg.Go(func() {
 			t0 := time.Now()
-			sb, err := p.open(ctx, p.cfg.Spec.MemoryBytes)
+			sb, err := p.open(ctx, p.cfg.Spec.MemoryBytes, true)
 			p.cfg.Metrics.started(true, time.Since(t0), err)
 			p.mu.Lock()
 			defer p.mu.Unlock()

@@ -45,6 +45,8 @@ type fakeDriver struct {
 	// image is the id of the image the spec's image names ("" for
 	// "sha256:one").
 	image string
+	// ready, if set, holds each runner's Ready until it receives.
+	ready chan struct{}
 }
 
 var _ sandbox.Driver = (*fakeDriver)(nil)
@@ -81,9 +83,10 @@ func (d *fakeDriver) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Cont
 		}
 	}
 	time.Sleep(d.startDur) // the time a start takes
-	c := newFakeContainer(id)
-	c.cpuSet = spec.CPUSet
 	d.mu.Lock()
+	c := newFakeContainer(id, d.ready)
+	c.cpuSet = spec.CPUSet
+	c.shares = []int64{spec.CPUShares}
 	c.image = d.imageLocked()
 	d.mu.Unlock()
 	d.mu.Lock()
@@ -163,10 +166,14 @@ type fakeContainer struct {
 	failNext atomic.Bool // the next Reset fails
 	cpuSet   string      // of its spec
 	image    string      // the id of its image
+	ready    chan struct{}
+
+	mu     sync.Mutex
+	shares []int64 // its spec's CPU weight, then each SetCPUShares
 }
 
-func newFakeContainer(id string) *fakeContainer {
-	c := &fakeContainer{id: id, done: make(chan struct{})}
+func newFakeContainer(id string, ready chan struct{}) *fakeContainer {
+	c := &fakeContainer{id: id, done: make(chan struct{}), ready: ready}
 	c.inR, c.inW = io.Pipe()
 	c.outR, c.outW = io.Pipe()
 	go c.serve()
@@ -175,6 +182,13 @@ func newFakeContainer(id string) *fakeContainer {
 
 func (c *fakeContainer) serve() {
 	defer c.kill()
+	if c.ready != nil {
+		select {
+		case <-c.ready:
+		case <-c.done:
+			return
+		}
+	}
 	if err := wire.WriteFrame(c.outW, &runnerv1.Event{Kind: &runnerv1.Event_Ready{Ready: &runnerv1.Ready{Versions: map[string]string{"python": "3.fake"}, Prestarted: "python"}}}); err != nil {
 		return
 	}
@@ -241,6 +255,20 @@ func (c *fakeContainer) Wait(ctx context.Context) (sandbox.State, error) {
 	}
 }
 func (c *fakeContainer) Remove(context.Context) error { c.kill(); return nil }
+
+func (c *fakeContainer) SetCPUShares(_ context.Context, shares int64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.shares = append(c.shares, shares)
+	return nil
+}
+
+// weights returns its CPU weights so far: its spec's, then each set.
+func (c *fakeContainer) weights() []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.shares)
+}
 
 func newTestPool(t *testing.T, d *fakeDriver, edit func(*Config)) *Pool {
 	t.Helper()

@@ -147,10 +147,11 @@ func (s *Sandbox) List(ctx context.Context, path string) (*runnerv1.FileList, er
 }
 
 // open starts a sandbox with the given memory limit and waits for its
-// runner. The start stays counted in its CPU set until the caller, holding
+// runner; a warm start (nobody waits for it) yields the CPU to runs until
+// then (see weight.go). The start stays counted in its CPU set until the caller, holding
 // p.mu, adds the sandbox to p.live or destroys it: it then calls
 // doneOpeningLocked(sb.lane). Another start in between must count it.
-func (p *Pool) open(ctx context.Context, memory int64) (_ *Sandbox, err error) {
+func (p *Pool) open(ctx context.Context, memory int64, warm bool) (_ *Sandbox, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
 	defer cancel()
 	spec := p.cfg.Spec
@@ -169,6 +170,9 @@ func (p *Pool) open(ctx context.Context, memory int64) (_ *Sandbox, err error) {
 	}()
 	if lane >= 0 {
 		spec.CPUSet = p.cfg.CPUSets[lane]
+	}
+	if warm {
+		spec.CPUShares = startShares
 	}
 	if probed {
 		// Every sandbox has the same image: one runner's answer serves
@@ -191,6 +195,17 @@ func (p *Pool) open(ctx context.Context, memory int64) (_ *Sandbox, err error) {
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
 	id.Store(sandbox.ShortID(c.ID()))
+	if warm {
+		stop := p.lowered(c)
+		defer func() {
+			stop()
+			if err != nil {
+				p.forget(c)
+			} else {
+				p.raise(c)
+			}
+		}()
+	}
 	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now(), image: c.Image(), lane: lane, p: p}
 	if sb.image != image {
 		// The first sandbox, or the name names another image by now.

@@ -204,6 +204,7 @@ func (d *Docker) config(spec *Spec) (*container.Config, *container.HostConfig) {
 			Memory:         spec.MemoryBytes,
 			MemorySwap:     spec.MemoryBytes, // no swap
 			NanoCPUs:       spec.NanoCPUs,
+			CPUShares:      spec.CPUShares,
 			CpusetCpus:     spec.CPUSet,
 			PidsLimit:      &pids,
 			OomKillDisable: &noOOMDisable,
@@ -279,6 +280,7 @@ func (c *dockerContainer) Inspect(ctx context.Context) (State, error) {
 	}
 	if info.HostConfig != nil {
 		st.Runtime = info.HostConfig.Runtime
+		st.CPUShares = info.HostConfig.CPUShares
 	}
 	return st, nil
 }
@@ -293,6 +295,14 @@ func (c *dockerContainer) Wait(ctx context.Context) (State, error) {
 		}
 	}
 	return c.Inspect(ctx)
+}
+
+func (c *dockerContainer) SetCPUShares(ctx context.Context, shares int64) error {
+	_, err := c.d.cli.ContainerUpdate(ctx, c.id, container.UpdateConfig{Resources: container.Resources{CPUShares: shares}})
+	if err != nil {
+		return fmt.Errorf("update container %s: %w", ShortID(c.id), classify(err))
+	}
+	return nil
 }
 
 func (c *dockerContainer) Remove(ctx context.Context) error {

@@ -70,6 +70,7 @@ read -r line
 echo "$line"
 exit 3`
 	spec := testSpec(t, "/bin/sh", "-c", script)
+	spec.CPUShares = 128
 	var (
 		mu     sync.Mutex
 		stderr []string
@@ -92,8 +93,15 @@ exit 3`
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.Running || st.Runtime != "runsc" {
-		t.Errorf("state = %+v, want running under runsc", st)
+	if !st.Running || st.Runtime != "runsc" || st.CPUShares != 128 {
+		t.Errorf("state = %+v, want running under runsc with CPU shares 128", st)
+	}
+	// Its CPU weight changes while it runs.
+	if err := c.SetCPUShares(ctx, 1024); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Inspect(ctx); err != nil || st.CPUShares != 1024 {
+		t.Errorf("CPU shares after SetCPUShares(1024) = %d, %v", st.CPUShares, err)
 	}
 	// The attach stream carries standard input to the entry process and its
 	// output back; the process then exits with status 3.

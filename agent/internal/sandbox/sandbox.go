@@ -62,6 +62,12 @@ type Spec struct {
 	// --cpuset-cpus syntax ("1", "2-3"); NanoCPUs still bounds it. Empty:
 	// any CPU.
 	CPUSet string
+	// CPUShares, if set, is the sandbox's CPU weight against other
+	// containers' (Docker's --cpu-shares; their default is 1024) from its
+	// start; Container.SetCPUShares changes it. A weight matters only
+	// while CPUs are contended: it never limits the sandbox otherwise.
+	// Zero: the engine's default.
+	CPUShares int64
 	// PidsLimit bounds the processes and threads in the sandbox.
 	PidsLimit int64
 	// Tmpfs maps writable paths to their tmpfs mount options, e.g.
@@ -94,6 +100,8 @@ func (s *Spec) Validate() error {
 		return errors.New("sandbox spec: cpu limit must be positive")
 	case s.PidsLimit <= 0:
 		return errors.New("sandbox spec: pids limit must be positive")
+	case s.CPUShares < 0:
+		return errors.New("sandbox spec: cpu shares must not be negative")
 	}
 	for path, opts := range s.Tmpfs {
 		if path == "" || path[0] != '/' {
@@ -154,6 +162,8 @@ type Container interface {
 	// Wait waits until the container is no longer running, then returns its
 	// state.
 	Wait(ctx context.Context) (State, error)
+	// SetCPUShares sets the container's CPU weight (see Spec.CPUShares).
+	SetCPUShares(ctx context.Context, shares int64) error
 	// Remove kills and removes the container and closes its streams. It may be
 	// called more than once.
 	Remove(ctx context.Context) error
@@ -168,4 +178,6 @@ type State struct {
 	Runtime string
 	// StartedAt is when the container started.
 	StartedAt time.Time
+	// CPUShares is the container's CPU weight; 0 for the engine's default.
+	CPUShares int64
 }
