@@ -61,7 +61,7 @@ func TestPoolWarmStartsYieldTheCPU(t *testing.T) {
 		t.Parallel()
 		d := newFakeDriver()
 		d.ready = make(chan struct{})
-		p := newTestPool(t, d, func(c *Config) { c.Max, c.yieldFor = 1, 100 * time.Millisecond })
+		p := newTestPool(t, d, func(c *Config) { c.Max, c.yieldFor = 1, 100*time.Millisecond })
 		testkit.WaitFor(t, 10*time.Second, "the start raised after yieldFor", func() bool {
 			return slices.Equal(weights(d, "c001"), lowThenDefault)
 		})
