@@ -148,9 +148,9 @@ func (s *Sandbox) List(ctx context.Context, path string) (*runnerv1.FileList, er
 
 // open starts a sandbox with the given memory limit and waits for its
 // runner; a warm start (nobody waits for it) yields the CPU to runs until
-// then (see weight.go). The start stays counted in its CPU set until the caller, holding
-// p.mu, adds the sandbox to p.live or destroys it: it then calls
-// doneOpeningLocked(sb.lane). Another start in between must count it.
+// then (see weight.go). The start stays counted in its CPU set until the
+// caller, holding p.mu, adds the sandbox to p.live or destroys it: it then
+// calls doneOpeningLocked(sb.lane). Another start in between must count it.
 func (p *Pool) open(ctx context.Context, memory int64, warm bool) (_ *Sandbox, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
 	defer cancel()
