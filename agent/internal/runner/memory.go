@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/codemode-go/codemode/agent/internal/runner/rawfile"
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 )
 
@@ -154,16 +155,17 @@ func (st stopped) diedOfMemory(ws syscall.WaitStatus) bool {
 		st.memLimit > 0 && st.memPeak >= st.memLimit/2
 }
 
-// preadUint reads the number in a control file from its start.
+// preadUint reads the number in a control file from its start, in one
+// system call (os.File.ReadAt would read again to reach the end).
 func preadUint(f *os.File) (uint64, bool) {
 	if f == nil {
 		return 0, false
 	}
 	var buf [32]byte
-	n, err := f.ReadAt(buf[:], 0)
-	if n == 0 && err != nil {
+	b, err := rawfile.Pread(int(f.Fd()), buf[:])
+	if err != nil {
 		return 0, false
 	}
-	v, err := strconv.ParseUint(string(bytes.TrimSpace(buf[:n])), 10, 64)
+	v, err := strconv.ParseUint(string(bytes.TrimSpace(b)), 10, 64)
 	return v, err == nil
 }

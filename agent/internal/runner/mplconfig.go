@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/codemode-go/codemode/agent/internal/runner/rawfile"
 )
 
 // MPLSeed is where the sandbox image keeps matplotlib's font list, written
@@ -100,7 +102,7 @@ func (c *mplConfig) intact() bool {
 	if st := fi.Sys().(*syscall.Stat_t); os.Geteuid() == 0 && int(st.Uid) != c.uid {
 		return false
 	}
-	names, err := readNames(c.dir)
+	names, err := rawfile.Names(c.dir)
 	if err != nil || len(names) != len(c.made) {
 		return false
 	}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+
+	"github.com/codemode-go/codemode/agent/internal/runner/rawfile"
 )
 
 func inode(t *testing.T, path string) uint64 {
@@ -111,7 +113,7 @@ func mplSeed(t *testing.T) string {
 
 // names are the files in c's directory, sorted.
 func (c *mplConfig) names() []string {
-	n, _ := readNames(c.dir)
+	n, _ := rawfile.Names(c.dir)
 	slices.Sort(n)
 	return n
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
+	"github.com/codemode-go/codemode/agent/internal/runner/rawfile"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/testkit"
@@ -579,7 +580,7 @@ sleep 0.3
 		t.Fatalf("after reset: user processes %v", ps)
 	}
 	for _, d := range []string{h.ws, h.tmp, h.shm} {
-		if names, _ := readNames(d); len(names) > 0 {
+		if names, _ := rawfile.Names(d); len(names) > 0 {
 			t.Fatalf("after reset: %s holds %v", d, names)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/codemode-go/codemode/agent/internal/runner/asuser"
 	"github.com/codemode-go/codemode/agent/internal/runner/ipc"
+	"github.com/codemode-go/codemode/agent/internal/runner/rawfile"
 )
 
 // prepareDirs gives the workspace to the user and makes the scratch
@@ -143,7 +144,7 @@ func (s *server) verifyClean(changed []string, queues int) error {
 	}
 	// No process of the user is left to write into a directory found empty.
 	for _, d := range changed {
-		names, err := readNames(d)
+		names, err := rawfile.Names(d)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
@@ -164,21 +165,12 @@ func (s *server) verifyClean(changed []string, queues int) error {
 	return nil
 }
 
-func readNames(dir string) ([]string, error) {
-	d, err := os.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer d.Close()
-	return d.Readdirnames(-1)
-}
-
 // emptyDir removes everything inside dir (a mount point, which stays) and
 // returns how many entries it found there. RemoveAll does not follow
 // symbolic links, and the runner can enter and remove directories whatever
 // their modes.
 func emptyDir(dir string) (int, error) {
-	names, err := readNames(dir)
+	names, err := rawfile.Names(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return 0, nil

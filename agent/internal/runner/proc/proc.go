@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/codemode-go/codemode/agent/internal/runner/rawfile"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 )
@@ -337,27 +338,23 @@ type UserProc struct {
 // saved or filesystem uid is the user's, except those in process group
 // keepPgid (0: none).
 func (p *Table) UserProcs(keepPgid int) ([]UserProc, error) {
-	d, err := os.Open("/proc")
-	if err != nil {
-		return nil, fmt.Errorf("list processes: %w", err)
-	}
-	defer d.Close()
-	names, err := d.Readdirnames(-1)
+	names, err := rawfile.Names("/proc")
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
 	self := os.Getpid()
 	var out []UserProc
+	var buf [2048]byte
 	for _, n := range names {
 		pid, err := strconv.Atoi(n)
 		if err != nil || pid == self || pid == 1 {
 			continue
 		}
-		st, ok := ReadStat(pid)
+		st, ok := readStat(pid, buf[:])
 		if !ok || st.State == 'Z' || st.State == 'X' {
 			continue
 		}
-		if !p.ownedByUser(pid) {
+		if !p.ownedByUser(pid, buf[:]) {
 			continue
 		}
 		if keepPgid != 0 && st.Pgid == keepPgid {
@@ -386,7 +383,15 @@ func Exited(pid int) bool {
 // command name may hold spaces and parentheses, so fields are counted after
 // the last ')'.
 func ReadStat(pid int) (Stat, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	var buf [1024]byte
+	return readStat(pid, buf[:])
+}
+
+// readStat is ReadStat with buf to read into: the line fits, since only
+// the command name (at most 15 bytes, escaped at most 4 each) varies in
+// length before the fields it parses.
+func readStat(pid int, buf []byte) (Stat, bool) {
+	b, err := rawfile.Read("/proc/"+strconv.Itoa(pid)+"/stat", buf)
 	if err != nil {
 		return Stat{}, false
 	}
@@ -405,8 +410,10 @@ func ReadStat(pid int) (Stat, bool) {
 	return Stat{State: f[0][0], Pgid: pgid}, true
 }
 
-func (p *Table) ownedByUser(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+// ownedByUser reads the Uid line of /proc/pid/status into buf, which holds
+// it: it comes within the first few hundred bytes.
+func (p *Table) ownedByUser(pid int, buf []byte) bool {
+	b, err := rawfile.Read("/proc/"+strconv.Itoa(pid)+"/status", buf)
 	if err != nil {
 		return false
 	}
