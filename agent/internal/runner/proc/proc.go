@@ -387,9 +387,9 @@ func ReadStat(pid int) (Stat, bool) {
 	return readStat(pid, buf[:])
 }
 
-// readStat is ReadStat with buf to read into: the line fits, since only
-// the command name (at most 15 bytes, escaped at most 4 each) varies in
-// length before the fields it parses.
+// readStat is ReadStat with buf to read into. The line fits in a few
+// hundred bytes: the command name (at most 15 bytes) is the only field of
+// any length, the rest are numbers.
 func readStat(pid int, buf []byte) (Stat, bool) {
 	b, err := rawfile.Read("/proc/"+strconv.Itoa(pid)+"/stat", buf)
 	if err != nil {
