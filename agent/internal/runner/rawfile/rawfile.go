@@ -24,7 +24,7 @@ func Read(path string, buf []byte) ([]byte, error) {
 		return nil, err
 	}
 	defer syscall.Close(fd)
-	n, err := read(fd, buf)
+	n, err := ignoringEINTR(func() (int, error) { return syscall.Read(fd, buf) })
 	if err != nil {
 		return nil, &fs.PathError{Op: "read", Path: path, Err: err}
 	}
@@ -33,16 +33,11 @@ func Read(path string, buf []byte) ([]byte, error) {
 
 // Pread is Read of an open file at offset 0: one system call.
 func Pread(fd int, buf []byte) ([]byte, error) {
-	for {
-		n, err := syscall.Pread(fd, buf, 0)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return buf[:n], nil
+	n, err := ignoringEINTR(func() (int, error) { return syscall.Pread(fd, buf, 0) })
+	if err != nil {
+		return nil, err
 	}
+	return buf[:n], nil
 }
 
 // Names returns the names in directory dir but "." and "..", in the order
@@ -56,10 +51,7 @@ func Names(dir string) ([]string, error) {
 	var names []string
 	buf := make([]byte, 8<<10)
 	for {
-		n, err := syscall.ReadDirent(fd, buf)
-		if err == syscall.EINTR {
-			continue
-		}
+		n, err := ignoringEINTR(func() (int, error) { return syscall.ReadDirent(fd, buf) })
 		if err != nil {
 			return nil, &fs.PathError{Op: "readdirent", Path: dir, Err: err}
 		}
@@ -71,24 +63,19 @@ func Names(dir string) ([]string, error) {
 }
 
 func open(path string, mode int) (int, error) {
-	for {
-		fd, err := syscall.Open(path, mode|syscall.O_CLOEXEC, 0)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return -1, &fs.PathError{Op: "open", Path: path, Err: err}
-		}
-		return fd, nil
+	fd, err := ignoringEINTR(func() (int, error) { return syscall.Open(path, mode|syscall.O_CLOEXEC, 0) })
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
+	return fd, nil
 }
 
-func read(fd int, buf []byte) (int, error) {
+// ignoringEINTR calls f until it is not interrupted by a signal.
+func ignoringEINTR(f func() (int, error)) (int, error) {
 	for {
-		n, err := syscall.Read(fd, buf)
-		if err == syscall.EINTR {
-			continue
+		n, err := f()
+		if err != syscall.EINTR {
+			return n, err
 		}
-		return n, err
 	}
 }
