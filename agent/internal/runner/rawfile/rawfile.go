@@ -5,9 +5,9 @@
 // os.Open adds four or five calls to every file it opens (non-blocking mode
 // set, an attempt to register with the poller, the mode cleared again, and
 // a stat for ReadFile), and os.File.ReadAt reads again to learn it reached
-// the end. Under gVisor each system call cost 0.05-0.3 ms on the hosts the
-// runner was measured on, and a run's path read a few such files per
-// process: see the runner's RATIONALE ("The runner's own system calls").
+// the end. Under gVisor every system call is costly, and a run's path read
+// a few such files per process: the figures are in the runner's RATIONALE
+// ("The runner's own system calls").
 package rawfile
 
 import (
