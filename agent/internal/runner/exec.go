@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"syscall"
 	"time"
@@ -155,25 +156,70 @@ func (s *server) runOnce(ctx context.Context, o *stdio.Output, lang language, pr
 	}
 	forked := time.Now()
 	std.Start(o)
-	st := s.supervise(ctx, p.Done(), p.Pid, p.Done(), lim, s.keepPgid())
+	// A forked interpreter reports its exit code as it exits, and the run
+	// ends on that (see preload.Parent's end reports); its sweep kills it
+	// with the rest, and the Reset waits for it.
+	ended := p.Done()
+	if p.Ending() != nil && sweep {
+		ended = firstClosed(p.Done(), p.Ending())
+	}
+	st := s.supervise(ctx, ended, p.Pid, p.Done(), lim, s.keepPgid())
 	exited := time.Now()
+	status, ending := runStatus(p)
 	exit := &runnerv1.Exit{
-		Code:      proc.ExitCode(p.Status()),
+		Code:      proc.ExitCode(status),
 		TimedOut:  st.timedOut,
-		OomKilled: st.oom || st.diedOfMemory(p.Status()),
+		OomKilled: st.oom || st.diedOfMemory(status),
 	}
 	if sweep && st.err == nil {
 		var keep []int
 		if k := s.keepPgid(); k != 0 {
 			keep = []int{k}
 		}
-		st.err = s.procs.KillUser(keep)
+		st.err = s.procs.KillUserEnding(keep, ending)
 	}
 	swept := time.Now()
+	if ending != 0 && s.cfg.log.Enabled(ctx, slog.LevelDebug) {
+		// What the run did not wait for.
+		go func() {
+			<-p.Done()
+			s.cfg.log.Debug("reported interpreter reaped", "pid", ending, "after", time.Since(exited))
+		}()
+	}
 	exit.Truncated = o.Finish(s.cfg.drainGrace)
 	exit.Duration = durationpb.New(time.Since(start))
-	s.cfg.log.Debug("run", "lang", lang.Name, "interpreter", how, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept), "runner_cpu", selfCPU()-cpu0)
+	s.cfg.log.Debug("run", "lang", lang.Name, "interpreter", how, "reported", ending != 0, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept), "runner_cpu", selfCPU()-cpu0)
 	return exit, st.err
+}
+
+// runStatus is the wait status of a run's interpreter p once the run has
+// ended: p's own if it has been reaped, else the exit code p reported, with
+// p's pid as the process still ending.
+func runStatus(p *proc.Proc) (status syscall.WaitStatus, ending int) {
+	select {
+	case <-p.Done():
+		return p.Status(), 0
+	default:
+	}
+	select {
+	case <-p.Ending():
+		return syscall.WaitStatus(p.Reported() << 8), p.Pid
+	default:
+		return p.Status(), 0
+	}
+}
+
+// firstClosed returns a channel closed when a or b is.
+func firstClosed(a, b <-chan struct{}) <-chan struct{} {
+	c := make(chan struct{})
+	go func() {
+		select {
+		case <-a:
+		case <-b:
+		}
+		close(c)
+	}()
+	return c
 }
 
 // startCold starts a fresh interpreter for code: as an argument, or on fd 3

@@ -349,6 +349,56 @@ func TestPreloadEndOfRun(t *testing.T) {
 	}
 }
 
+// endNameCode finds the name of the socket on which the run's interpreter
+// reports its end (zygote.py's _report_end), as code that means harm would,
+// and defines report(code), which sends a report as that interpreter does.
+const endNameCode = `import os, socket, sys, time, numpy
+f, name = sys._getframe(), None
+while f is not None and name is None:
+    v = f.f_locals.get("end")
+    name = v if isinstance(v, str) else None
+    f = f.f_back
+def report(code):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect("\0" + name)
+    s.send(bytes((code,)))
+`
+
+// A forked interpreter reports its own end, and the run ends on it, without
+// waiting for gVisor to tear the process down; only the run's interpreter
+// can report, and one that reports early only ends its own run, whose
+// processes are gone before the next run.
+func TestPreloadEndReport(t *testing.T) {
+	t.Parallel()
+	sb := startPreloaded(t, "-log-level=debug")
+	if r := sb.mustRun(t, "python", "import numpy, sys\nprint('a')\nsys.exit(3)"); r.exit.GetCode() != 3 || r.stdout != "a\n" {
+		t.Errorf("exit 3: code %d, stdout %q, stderr %q", r.exit.GetCode(), r.stdout, r.stderr)
+	}
+	sb.reset(t)
+	if !strings.Contains(sb.log.String(), "reported=true") {
+		t.Errorf("the run did not end on its report:\n%s", sb.log.String())
+	}
+
+	// A process of the run other than its interpreter reports code 5.
+	r := sb.mustRun(t, "python", endNameCode+"if os.fork() == 0:\n    report(5)\n    os._exit(0)\nos.wait()\ntime.sleep(0.3)\nprint('main', name is not None)")
+	if r.exit.GetCode() != 0 || r.stdout != "main True\n" {
+		t.Errorf("report by another process: code %d, stdout %q, stderr %q", r.exit.GetCode(), r.stdout, r.stderr)
+	}
+	sb.reset(t)
+
+	// The interpreter reports code 7 and carries on: its run ends, and it
+	// with it.
+	start := time.Now()
+	r = sb.run(t.Context(), &runnerv1.Run{Language: "python", Code: endNameCode + "open('outputs/early.txt', 'w').write('x')\nreport(7)\nwhile True:\n    open('late.txt', 'a').write('x')\n    time.sleep(0.01)", Timeout: durationpb.New(20 * time.Second)})
+	if r.err != nil || r.exit.GetCode() != 7 || r.exit.GetTimedOut() || time.Since(start) > 10*time.Second {
+		t.Errorf("early report: %v %v after %v, stderr %q", r.exit, r.err, time.Since(start), r.stderr)
+	}
+	sb.reset(t)
+	if r := sb.mustRun(t, "python", "import numpy, os\n"+countUserProcsButParent+"\nprint(sorted(os.listdir('.')))"); r.stdout != "0\n['outputs']\n" {
+		t.Errorf("after an early report: stdout %q, stderr %q", r.stdout, r.stderr)
+	}
+}
+
 // preloadWorkload is the code models send, as the benchmarks run it.
 var preloadWorkload = []struct{ name, lang, code string }{
 	{"print", "python", "print(1)"},

@@ -6,10 +6,12 @@
 package preload
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -60,6 +62,7 @@ type Parent struct {
 	forkTimeout time.Duration
 	proc        *proc.Proc
 	fd          int // the runner's end of the SOCK_SEQPACKET socket
+	ends        *net.UnixListener
 	modules     []string
 	forks       int
 
@@ -112,10 +115,24 @@ func Start(procs *proc.Table, lang languages.Language, modules []string, c Confi
 		return nil, fmt.Errorf("create socket: %w", err)
 	}
 	child := os.NewFile(uintptr(fds[1]), "parent-socket")
+	endName := "codemode-end-" + rand.Text()
+	ends, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + endName, Net: "unixpacket"})
+	if err != nil {
+		child.Close()
+		unix.Close(fds[0])
+		return nil, fmt.Errorf("listen for end reports: %w", err)
+	}
+	if err := passCred(ends); err != nil {
+		child.Close()
+		unix.Close(fds[0])
+		ends.Close()
+		return nil, fmt.Errorf("listen for end reports: %w", err)
+	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		child.Close()
 		unix.Close(fds[0])
+		ends.Close()
 		return nil, fmt.Errorf("create pipe: %w", err)
 	}
 	p, err := procs.Start(proc.Spec{Argv: lang.Parent, Env: c.Env, Files: []*os.File{nil, nil, errW, child}, Parent: true})
@@ -123,13 +140,16 @@ func Start(procs *proc.Table, lang languages.Language, modules []string, c Confi
 	if err != nil {
 		errR.Close()
 		unix.Close(fds[0])
+		ends.Close()
 		return nil, err
 	}
-	z := &Parent{lang: lang.Name, log: c.Log, forkTimeout: c.ForkTimeout, proc: p, fd: fds[0], kids: make(map[int]*proc.Proc), replies: make(chan parentReply, 1), ended: make(chan struct{})}
+	z := &Parent{lang: lang.Name, log: c.Log, forkTimeout: c.ForkTimeout, proc: p, fd: fds[0], ends: ends, kids: make(map[int]*proc.Proc), replies: make(chan parentReply, 1), ended: make(chan struct{})}
 	go z.logStderr(errR)
+	go z.serveEnds()
 	cfg, err := json.Marshal(map[string]any{
 		"uid": c.UID, "gid": c.GID, "parent_uid": wire.ParentUID,
 		"workspace": c.Workspace, "modules": modules, "prestart": lang.Prestart[len(lang.Prestart)-1], "kernel": KernelSource(lang),
+		"end": endName,
 	})
 	if err == nil {
 		err = z.send(cfg, nil)
@@ -243,6 +263,80 @@ func (z *Parent) read(ready chan<- parentMsg) {
 	}
 }
 
+// endReadTimeout bounds the wait for a child's report once it has
+// connected: it connects only to send it.
+const endReadTimeout = 200 * time.Millisecond
+
+// serveEnds takes the end reports of the parent's children until the
+// parent is killed. A prestarted interpreter's last act before it exits
+// (zygote.py's _report_end) is to connect to this socket (abstract, named
+// in the parent's settings) and send its exit code, one byte, after it has
+// closed its standard output and error. Under gVisor its parent learns
+// that it ended, and so the runner, tens of milliseconds later: the address
+// space it shares with the parent is released first (the runner's
+// RATIONALE, "What is left of a forked run's end"). Any process may
+// connect, but a report is taken only from one of the parent's children,
+// by the credentials the kernel attaches to it (SCM_CREDENTIALS). A report
+// a run's code sends itself ends only its own run early; the sweep then
+// kills it as it would have at the run's end.
+func (z *Parent) serveEnds() {
+	for {
+		c, err := z.ends.AcceptUnix()
+		if err != nil {
+			return
+		}
+		z.takeEnd(c)
+	}
+}
+
+// takeEnd reads one end report from c, with its sender's credentials: the
+// kernel's, not the sender's word (SO_PEERCRED would do without a message,
+// but gVisor answers it with the listener's own credentials).
+func (z *Parent) takeEnd(c *net.UnixConn) {
+	defer c.Close()
+	if err := passCred(c); err != nil {
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(endReadTimeout))
+	var b [1]byte
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
+	n, oobn, _, _, err := c.ReadMsgUnix(b[:], oob)
+	if err != nil || n != 1 {
+		return
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return
+	}
+	cred, err := unix.ParseUnixCredentials(&msgs[0])
+	if err != nil {
+		return
+	}
+	z.mu.Lock()
+	k := z.kids[int(cred.Pid)]
+	z.mu.Unlock()
+	if k != nil {
+		k.Report(int32(b[0]))
+	}
+}
+
+// passCred has the kernel attach their senders' credentials to the
+// messages c receives (SO_PASSCRED): set on the listener, before the
+// children connect, for gVisor to attach them.
+func passCred(c syscall.Conn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
 // ForkInterpreter has the parent fork a prestarted interpreter with files
 // as its fds 0-4.
 func (z *Parent) ForkInterpreter(files []*os.File) (*proc.Proc, error) {
@@ -303,6 +397,7 @@ func (z *Parent) Kill() {
 	unix.Shutdown(z.fd, unix.SHUT_RDWR)
 	<-z.ended
 	unix.Close(z.fd)
+	z.ends.Close()
 }
 
 // KernelSource is the source of lang's session kernel, "" if it has none.

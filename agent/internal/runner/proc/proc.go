@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,6 +82,12 @@ type Proc struct {
 	Pid    int
 	done   chan struct{} // closed when status is set
 	status syscall.WaitStatus
+
+	// A Forked process may report its exit code as it exits (Report),
+	// before it is reaped.
+	ending   chan struct{} // nil for other processes; closed by Report
+	endOnce  sync.Once
+	reported int32
 }
 
 type forkReq struct {
@@ -144,7 +151,29 @@ func newProc(pid int) *Proc { return &Proc{Pid: pid, done: make(chan struct{})} 
 // Forked is a process that another of the runner's processes forked (a
 // preloaded parent's child); that process reports how it ended, with
 // Finish.
-func Forked(pid int) *Proc { return newProc(pid) }
+func Forked(pid int) *Proc {
+	p := newProc(pid)
+	p.ending = make(chan struct{})
+	return p
+}
+
+// Report records the exit code a Forked process reported itself as it
+// exited, and closes Ending. Only the first report counts.
+func (p *Proc) Report(code int32) {
+	p.endOnce.Do(func() {
+		p.reported = code
+		close(p.ending)
+	})
+}
+
+// Ending is closed once a Forked process has reported its exit code
+// (Reported): it is exiting, but may not have been reaped. Nil (never
+// closed) for other processes.
+func (p *Proc) Ending() <-chan struct{} { return p.ending }
+
+// Reported is the exit code the process reported; it is set once Ending is
+// closed.
+func (p *Proc) Reported() int32 { return p.reported }
 
 // Finish records how a Forked process ended and closes Done.
 func (p *Proc) Finish(ws syscall.WaitStatus) {
@@ -445,7 +474,20 @@ func (p *Table) SetSparing(on bool) { p.sparing.Store(on) }
 // KillUser kills every process of the user, except the process groups in
 // keep, and waits until none is left. Processes that fork while they are
 // being killed are caught by the next round.
-func (p *Table) KillUser(keep []int) error {
+func (p *Table) KillUser(keep []int) error { return p.KillUserEnding(keep, 0) }
+
+// KillUserEnding is KillUser at the end of a run whose main process, pid
+// ending, has reported that it is exiting: it is killed with the rest but
+// not waited for. Under gVisor a process forked from the preloaded parent
+// takes tens of milliseconds to release its address space before it leaves
+// /proc; the Reset before the next run waits for it (KillUser). Ending 0 is
+// KillUser.
+func (p *Table) KillUserEnding(keep []int, ending int) error {
+	if ending > 0 {
+		if err := syscall.Kill(ending, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("kill process %d: %w", ending, err)
+		}
+	}
 	keepPgid := 0
 	if len(keep) > 0 {
 		keepPgid = keep[0]
@@ -477,6 +519,9 @@ func (p *Table) KillUser(keep []int) error {
 		ps, err := p.UserProcs(keepPgid)
 		if err != nil {
 			return err
+		}
+		if ending > 0 {
+			ps = slices.DeleteFunc(ps, func(up UserProc) bool { return up.Pid == ending })
 		}
 		if len(ps) == 0 {
 			return nil
