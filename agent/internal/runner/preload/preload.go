@@ -41,7 +41,9 @@ import (
 //     imports), and reads nothing but the runner's requests afterwards.
 //   - Each child serves one run and dies with it, as a prestarted
 //     interpreter does; the sweep and the scrub kill it like any process of
-//     the user. The parent's memory is the child's copy: what a run changes
+//     the user. The run ends when the child reports its exit code as it
+//     exits (serveEnds), or when it is reaped; the Reset waits until it is
+//     gone. The parent's memory is the child's copy: what a run changes
 //     (monkeypatches, module globals, atexit hooks, sys.path, rcParams)
 //     stays in that copy.
 //   - The parent is out of the user's reach: its real and saved uid are
