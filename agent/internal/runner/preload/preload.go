@@ -112,24 +112,16 @@ type Config struct {
 // Start starts lang's preloaded parent with procs, importing modules, and
 // waits until it is ready. Only in a clean sandbox (see Parent).
 func Start(procs *proc.Table, lang languages.Language, modules []string, c Config) (*Parent, error) {
+	ends, endName, err := listenEnds()
+	if err != nil {
+		return nil, err
+	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
+		ends.Close()
 		return nil, fmt.Errorf("create socket: %w", err)
 	}
 	child := os.NewFile(uintptr(fds[1]), "parent-socket")
-	endName := "codemode-end-" + rand.Text()
-	ends, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + endName, Net: "unixpacket"})
-	if err != nil {
-		child.Close()
-		unix.Close(fds[0])
-		return nil, fmt.Errorf("listen for end reports: %w", err)
-	}
-	if err := passCred(ends); err != nil {
-		child.Close()
-		unix.Close(fds[0])
-		ends.Close()
-		return nil, fmt.Errorf("listen for end reports: %w", err)
-	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		child.Close()
@@ -268,6 +260,22 @@ func (z *Parent) read(ready chan<- parentMsg) {
 // endReadTimeout bounds the wait for a child's report once it has
 // connected: it connects only to send it.
 const endReadTimeout = 200 * time.Millisecond
+
+// listenEnds listens on a new abstract socket for the children's end
+// reports (serveEnds), and returns it and its name without the leading NUL.
+func listenEnds() (*net.UnixListener, string, error) {
+	name := "codemode-end-" + rand.Text()
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + name, Net: "unixpacket"})
+	if err == nil {
+		if err = passCred(l); err != nil {
+			l.Close()
+		}
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("listen for end reports: %w", err)
+	}
+	return l, name, nil
+}
 
 // serveEnds takes the end reports of the parent's children until the
 // parent is killed. A prestarted interpreter's last act before it exits
