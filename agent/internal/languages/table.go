@@ -2,6 +2,7 @@ package languages
 
 import (
 	_ "embed"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -54,6 +55,13 @@ type Language struct {
 	// imports; an agent flag replaces the list or empties it. Needs
 	// Prestart and Parent.
 	Preload []string
+	// PreloadLight are the modules of Preload that a second, smaller
+	// parent holds alone, forked from the first once it has imported them:
+	// code that imports nothing else of Preload's, nor beyond the standard
+	// library (ImportsOnly), is forked from it, whose children fork and end
+	// at about half the cost (the runner's RATIONALE, "A smaller parent for
+	// numpy alone"). Imported first, in this order.
+	PreloadLight []string
 	// Parent is the argv of that preloaded parent (see zygote.py).
 	Parent []string
 	// PreloadProbe, given module names as further arguments, prints those
@@ -135,7 +143,8 @@ var table = []Language{
 		// What model-written code imports most; matplotlib.pyplot with the
 		// runner's backend (MPLBACKEND). Modules the image lacks are
 		// skipped, and said so in the log.
-		Preload: []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot", "requests", "scipy"},
+		Preload:      []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot", "requests", "scipy"},
+		PreloadLight: []string{"numpy"},
 		// -s: no user site directory in a process that starts as root.
 		Parent: []string{"python3", "-s", "-c", zygotePython},
 		// The top-level package only: finding matplotlib.pyplot's would
@@ -293,6 +302,55 @@ func NamesModule(code string, modules []string) bool {
 		}
 	}
 	return false
+}
+
+// LightList returns the modules of lang's PreloadLight that preload
+// holds, nil if a smaller parent would hold no fewer than preload's.
+func LightList(lang Language, preload []string) []string {
+	var out []string
+	for _, m := range lang.PreloadLight {
+		if slices.Contains(preload, m) {
+			out = append(out, m)
+		}
+	}
+	if len(out) == len(preload) {
+		return nil
+	}
+	return out
+}
+
+// importRE finds import statements: "from M import" (M in group 1) and
+// "import M [as A], ..." (the list in group 2). It reads comments and
+// strings too, which only finds more modules.
+var importRE = regexp.MustCompile(`(?:^|[^\w.])(?:from\s+(\.*[\w.]*)\s+import\b|import\s+([\w.]+(?:\s+as\s+\w+)?(?:[ \t]*,[ \t]*[\w.]+(?:\s+as\s+\w+)?)*))`)
+
+// ImportsOnly says whether every module that code's import statements name
+// has its top-level package among names, and code imports nothing
+// otherwise (__import__, importlib's import_module, a relative import): a
+// guess, made before the code runs, that a parent holding names holds what
+// code imports. Unlike NamesModule it errs towards false: a wrong true
+// costs the imports the guess was to save.
+func ImportsOnly(code string, names map[string]bool) bool {
+	if strings.Contains(code, "__import__") || strings.Contains(code, "import_module") {
+		return false
+	}
+	for _, m := range importRE.FindAllStringSubmatch(code, -1) {
+		mods := []string{m[1]}
+		if m[1] == "" {
+			mods = strings.Split(m[2], ",")
+		}
+		for _, mod := range mods {
+			f := strings.Fields(mod)
+			if len(f) == 0 {
+				return false
+			}
+			top, _, _ := strings.Cut(f[0], ".")
+			if !names[top] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func identByte(c byte) bool {

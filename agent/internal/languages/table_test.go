@@ -129,3 +129,46 @@ func TestNamesModule(t *testing.T) {
 		}
 	}
 }
+
+func TestImportsOnly(t *testing.T) {
+	names := map[string]bool{"numpy": true, "os": true, "json": true, "math": true}
+	for code, want := range map[string]bool{
+		"print(1)":                                         true,
+		"import numpy as np\nprint(np.pi)":                 true,
+		"import numpy as np, json\nimport os.path":         true,
+		"from numpy.linalg import eig, (norm)":             true,
+		"from numpy import (\n    linalg,\n    random,\n)": true,
+		"def f():\n    import math; import os\n":           true,
+		"import numpy as np\nimport pandas as pd":          false,
+		"import numpy, scipy":                              false,
+		"from scipy import stats":                          false,
+		"if True: import seaborn":                          false,
+		"import numpy\nfrom . import local":                false,
+		"from .local import thing":                         false,
+		"import numpy\nmod = __import__('pandas')":         false,
+		"import importlib\nimportlib.import_module('x')":   false,
+		"import numpy\n# import the data next":             false, // "the": erring towards false
+		"import numpyx":                                    false,
+	} {
+		if got := ImportsOnly(code, names); got != want {
+			t.Errorf("ImportsOnly(%q) = %v, want %v", code, got, want)
+		}
+	}
+}
+
+func TestLightList(t *testing.T) {
+	py, _ := Lookup("python")
+	for _, tc := range []struct {
+		preload, want []string
+	}{
+		{py.Preload, []string{"numpy"}},
+		{[]string{"numpy"}, nil},              // no smaller than the parent
+		{[]string{"pandas", "requests"}, nil}, // none of PreloadLight
+		{[]string{"requests", "numpy"}, []string{"numpy"}},
+		{nil, nil},
+	} {
+		if got := LightList(py, tc.preload); !slices.Equal(got, tc.want) {
+			t.Errorf("LightList(%q) = %q, want %q", tc.preload, got, tc.want)
+		}
+	}
+}

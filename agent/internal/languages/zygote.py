@@ -28,6 +28,14 @@
 # replies with the child's pid and, when it ends, with its wait status. A
 # prestarted child reports its exit code itself just before it exits, on the
 # abstract socket named "end" in the settings (_report_end).
+#
+# With "light" in the settings, it imports the light modules first and then
+# forks the light parent, which holds only those: it takes fd 4 for its
+# socket and light["end"] for its children's reports, sets
+# PR_SET_PDEATHSIG, and goes on as the parent does from the end of the
+# imports; the parent closes fd 4 and imports the rest. Its ready message
+# names what a run forked from it finds without importing more ("names"),
+# and the parent's gives the light parent's pid ("light").
 
 
 def _codemode_zygote():
@@ -63,13 +71,37 @@ def _codemode_zygote():
     # sys.path, the working directory), which the children get back.
     os.chdir("/")
     path0 = sys.path.pop(0) if sys.path and sys.path[0] == "" else None
-    loaded, skipped = [], {}
-    for name in cfg["modules"]:
+    # The light parent's modules first; once they are imported, the light
+    # parent is forked (see the top of this file).
+    light = cfg.get("light") or {}
+    first = [m for m in light.get("modules", ()) if m in cfg["modules"]]
+    loaded, skipped, light_pid, is_light = [], {}, 0, False
+    if light and not first:
+        os.close(4)
+    for name in first + [m for m in cfg["modules"] if m not in first]:
         try:
             __import__(name)
             loaded.append(name)
         except Exception as e:  # ImportError, or a module broken in the image
             skipped[name] = "%s: %s" % (type(e).__name__, e)
+        if first and len(loaded) + len(skipped) == len(first):
+            if loaded == first:
+                main_pid = os.getpid()
+                light_pid = os.fork()
+                if light_pid == 0:
+                    # The light parent: its own socket (fd 4) and end
+                    # socket, and nothing more imported.
+                    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                    if os.getppid() != main_pid:
+                        os._exit(1)
+                    is_light = True
+                    sock.close()
+                    sock = socket.socket(fileno=4)
+                    cfg["end"] = light["end"]
+                    skipped = {}
+                    break
+            os.close(4)
+            first = None
     _warm(sys.modules)
     if path0 is not None:
         sys.path.insert(0, path0)
@@ -91,7 +123,13 @@ def _codemode_zygote():
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     me = os.getpid()
-    sock.send(json.dumps({"ready": True, "modules": loaded, "skipped": skipped}).encode())
+    ready = {"ready": True, "modules": loaded, "skipped": skipped, "light": light_pid}
+    if is_light:
+        # What code forked from here finds without importing more (see the
+        # languages table's ImportsOnly).
+        top = {m.partition(".")[0] for m in sys.modules}
+        ready["names"] = sorted(top.union(getattr(sys, "stdlib_module_names", ())))
+    sock.send(json.dumps(ready).encode())
 
     while True:
         try:

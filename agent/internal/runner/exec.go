@@ -141,11 +141,11 @@ type limits struct {
 // of a fork bomb) would only weigh on the next run.
 func (s *server) runOnce(ctx context.Context, o *stdio.Output, lang language, pre *prestarted, code string, stdin []byte, lim limits, sweep bool) (*runnerv1.Exit, error) {
 	start, cpu0 := time.Now(), selfCPU()
-	how := "cold"
+	how, from := "cold", noParent
 	var p *proc.Proc
 	var std *stdio.Pipes
 	if pre != nil {
-		how = "prestarted"
+		how, from = "prestarted", pre.from
 		p, std = pre.proc, pre.std
 		pre.give(code, stdin)
 	} else {
@@ -188,7 +188,7 @@ func (s *server) runOnce(ctx context.Context, o *stdio.Output, lang language, pr
 	}
 	exit.Truncated = o.Finish(s.cfg.drainGrace)
 	exit.Duration = durationpb.New(time.Since(start))
-	s.cfg.log.Debug("run", "lang", lang.Name, "interpreter", how, "reported", ending != 0, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept), "runner_cpu", selfCPU()-cpu0)
+	s.cfg.log.Debug("run", "lang", lang.Name, "interpreter", how, "forked_from", from, "reported", ending != 0, "start", forked.Sub(start), "wait", exited.Sub(forked), "sweep", swept.Sub(exited), "drain", time.Since(swept), "runner_cpu", selfCPU()-cpu0)
 	return exit, st.err
 }
 

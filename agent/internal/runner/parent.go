@@ -2,6 +2,9 @@ package runner
 
 import (
 	"os"
+	"slices"
+
+	"github.com/codemode-go/codemode/agent/internal/languages"
 
 	"github.com/codemode-go/codemode/agent/internal/runner/preload"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
@@ -24,7 +27,11 @@ func (s *server) preloadedParent(lang language) *preload.Parent {
 		}
 		s.dropParent()
 	}
-	z, err := preload.Start(s.procs, lang.Language, s.cfg.preload, preload.Config{
+	var light []string
+	if s.cfg.lightParent {
+		light = languages.LightList(lang.Language, s.cfg.preload)
+	}
+	z, err := preload.Start(s.procs, lang.Language, s.cfg.preload, light, preload.Config{
 		UID: s.cfg.uid, GID: s.cfg.gid, Workspace: s.cfg.workspace, Env: s.env(lang),
 		ForkTimeout: prestartReadyTimeout, Log: s.cfg.log,
 	})
@@ -96,4 +103,76 @@ func (s *server) forkKernel(lang language, files []*os.File) (*proc.Proc, bool) 
 func (s *server) parentAlive(lang language) bool {
 	z := s.parent
 	return z != nil && z.Lang() == lang.Name && z.Alive() && z.Forks() < s.cfg.parentForks
+}
+
+// parentKind is what a prestarted interpreter is forked from, in the order
+// of what a run finds imported in it: nothing (a fresh interpreter), the
+// light parent's modules, all the parent's.
+type parentKind int8
+
+const (
+	noParent parentKind = iota
+	lightParent
+	mainParent
+)
+
+func (k parentKind) String() string {
+	return [...]string{"none", "light", "parent"}[k]
+}
+
+// wantedParent is what a stateless run of code in lang is best forked from:
+// the parent if code names one of its modules, its light parent if code
+// names none of the modules only the parent holds and imports nothing that
+// the light parent's children would not find (languages.ImportsOnly).
+// Called with prestartMu held.
+func (s *server) wantedParent(lang language, code string) parentKind {
+	if lang.Parent == nil || !languages.NamesModule(code, s.cfg.preload) {
+		return noParent
+	}
+	if l := s.lightOf(lang); l != nil {
+		mainOnly := slices.DeleteFunc(slices.Clone(s.cfg.preload), func(m string) bool { return slices.Contains(l.Modules(), m) })
+		if !languages.NamesModule(code, mainOnly) && languages.ImportsOnly(code, l.Names()) {
+			return lightParent
+		}
+	}
+	return mainParent
+}
+
+// lightOf is lang's light parent if it lives, else nil. Called with
+// prestartMu held.
+func (s *server) lightOf(lang language) *preload.Parent {
+	if !s.parentAlive(lang) {
+		return nil
+	}
+	if l := s.parent.Light(); l != nil && l.Alive() {
+		return l
+	}
+	return nil
+}
+
+// forkable is what an interpreter for a run that wants want would be
+// forked from now: the light parent if it is wanted and lives, else the
+// parent if either is wanted and it lives, else nothing. Called with
+// prestartMu held.
+func (s *server) forkable(lang language, want parentKind) parentKind {
+	switch {
+	case want == lightParent && s.lightOf(lang) != nil:
+		return lightParent
+	case want != noParent && s.parentAlive(lang):
+		return mainParent
+	}
+	return noParent
+}
+
+// parentLives says whether the parent of kind from, which a prestarted
+// interpreter was forked from, lives: the interpreter dies with it.
+// Called with prestartMu held.
+func (s *server) parentLives(from parentKind) bool {
+	switch from {
+	case mainParent:
+		return s.parent != nil && s.parent.Alive()
+	case lightParent:
+		return s.parent != nil && s.parent.Light() != nil && s.parent.Light().Alive()
+	}
+	return true
 }

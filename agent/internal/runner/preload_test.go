@@ -30,9 +30,10 @@ func (sb *sandbox) reset(t *testing.T) {
 }
 
 // A stateless run that names a preloaded module runs forked from the
-// parent, whether its interpreter was prestarted that way or not; other
-// code takes the interpreter prestarted, and the next prestart is of the
-// kind the last run wanted.
+// parent, or from the light parent if it imports nothing but numpy and the
+// standard library, whether its interpreter was prestarted that way or
+// not; other code takes the interpreter prestarted, and the next prestart
+// is of the kind the last run wanted.
 func TestPreloadChoosesInterpreter(t *testing.T) {
 	t.Parallel()
 	sb := startPreloaded(t)
@@ -45,14 +46,27 @@ func TestPreloadChoosesInterpreter(t *testing.T) {
 		}
 		return strings.TrimSpace(r.stdout)
 	}
-	parent := ppid("import os, sys, numpy; print(os.getppid())")
-	if parent == "1" {
-		t.Fatalf("a run naming numpy ran in a fresh interpreter")
+	// "panda" is no word of "pandas": the code names numpy alone.
+	light := ppid("import os, sys, numpy; print(os.getppid(), any(m.startswith('panda') for m in sys.modules))")
+	parent := ppid("import os, sys, numpy, pandas; print(os.getppid())")
+	if light == "1 False" || parent == "1" || !strings.HasSuffix(light, " False") {
+		t.Fatalf("runs naming numpy, and numpy and pandas: parents %q and %q, want the light parent (without pandas) and the parent", light, parent)
+	}
+	light, _, _ = strings.Cut(light, " ")
+	if light == parent {
+		t.Fatalf("both runs forked from %s", parent)
 	}
 	for i, tc := range []struct{ code, want string }{
 		{"import os; print(os.getppid())", parent},                                              // prestarted forked
 		{"import os; print(os.getppid())", "1"},                                                 // prestarted fresh
-		{"import os, sys; print(os.getppid() if 'pandas' in sys.modules else 'fresh')", parent}, // forked now
+		{"import os, numpy, json; print(os.getppid())", light},                                  // forked now
+		{"import os, numpy, json; print(os.getppid())", light},                                  // prestarted light
+		{"import os, numpy\nif 0: import seaborn\nprint(os.getppid())", parent},                 // forked now: imports beyond the light parent's
+		{"import os, numpy, json; print(os.getppid())", parent},                                 // prestarted forked: holds numpy too
+		{"import os, numpy; print(os.getppid())", light},                                        // prestarted light
+		{"import os, sys; print(os.getppid() if 'pandas' in sys.modules else 'fresh')", parent}, // forked now: the light one lacks pandas
+		{"import os, numpy; print(os.getppid())", parent},                                       // prestarted forked
+		{"import os, numpy, scipy; print(os.getppid())", parent},                                // forked now
 	} {
 		if got := ppid(tc.code); got != tc.want {
 			t.Errorf("run %d %q: parent %s, want %s", i, tc.code, got, tc.want)
@@ -88,8 +102,8 @@ func TestPreloadStartsOnDemand(t *testing.T) {
 	if got := run("import os, numpy; print(os.getppid())"); got == "1" {
 		t.Fatalf("second run naming numpy ran in a fresh interpreter")
 	}
-	if got := run(countUserProcs); got != "1" {
-		t.Fatalf("processes of the user beside a run that names no module, parent included: %s, want 1", got)
+	if got := run(countUserProcs); got != "2" {
+		t.Fatalf("processes of the user beside a run that names no module, parent and light parent included: %s, want 2", got)
 	}
 }
 
@@ -100,26 +114,28 @@ func TestPreloadStartsOnDemand(t *testing.T) {
 func TestPreloadIsolation(t *testing.T) {
 	t.Parallel()
 	sb := startPreloaded(t, "-parent-forks=1000")
-	// B runs before A too, and must print the same then.
+	// B runs before A too, and must print the same then. Each pair runs
+	// forked from the light parent where its code lets it (naming numpy
+	// and nothing beyond the standard library), and from the parent
+	// (naming pandas too; see languages.NamesModule and ImportsOnly).
 	ab := func(t *testing.T, a, b, want string) {
 		t.Helper()
-		r := sb.mustRun(t, "python", "import numpy\n"+b)
-		sb.reset(t)
-		if r.stdout != want || r.exit.GetCode() != 0 {
-			t.Fatalf("run B before A: code %d, stdout %q, stderr %q; want %q", r.exit.GetCode(), r.stdout, r.stderr, want)
+		for _, head := range []string{"import numpy\n", "import numpy, pandas\n"} {
+			r := sb.mustRun(t, "python", head+b)
+			sb.reset(t)
+			if r.stdout != want || r.exit.GetCode() != 0 {
+				t.Fatalf("%q: run B before A: code %d, stdout %q, stderr %q; want %q", head, r.exit.GetCode(), r.stdout, r.stderr, want)
+			}
+			if r := sb.mustRun(t, "python", head+a); r.exit.GetCode() != 0 {
+				t.Fatalf("%q: run A: code %d, stdout %q, stderr %q", head, r.exit.GetCode(), r.stdout, r.stderr)
+			}
+			sb.reset(t)
+			r = sb.mustRun(t, "python", head+b)
+			if r.stdout != want || r.exit.GetCode() != 0 {
+				t.Errorf("%q: run B: code %d, stdout %q, stderr %q; want %q", head, r.exit.GetCode(), r.stdout, r.stderr, want)
+			}
+			sb.reset(t)
 		}
-		// Naming numpy has the run forked from the parent (see
-		// languages.NamesModule).
-		a, b = "import numpy\n"+a, "import numpy\n"+b
-		if r := sb.mustRun(t, "python", a); r.exit.GetCode() != 0 {
-			t.Fatalf("run A: code %d, stdout %q, stderr %q", r.exit.GetCode(), r.stdout, r.stderr)
-		}
-		sb.reset(t)
-		r = sb.mustRun(t, "python", b)
-		if r.stdout != want || r.exit.GetCode() != 0 {
-			t.Errorf("run B: code %d, stdout %q, stderr %q; want %q", r.exit.GetCode(), r.stdout, r.stderr, want)
-		}
-		sb.reset(t)
 	}
 	t.Run("monkeypatches", func(t *testing.T) {
 		ab(t, `
@@ -195,10 +211,17 @@ func randomNumbersDiffer(t *testing.T, sb *sandbox) {
 	}
 }
 
-// parentOutOfReach is TestPreloadIsolation's "parent out of reach".
+// parentOutOfReach is TestPreloadIsolation's "parent out of reach": the
+// light parent's (the run names numpy alone) and the parent's.
 func parentOutOfReach(t *testing.T, sb *sandbox) {
+	for _, mods := range []string{"numpy", "numpy, pandas"} {
+		parentOutOfReachOf(t, sb, mods)
+	}
+}
+
+func parentOutOfReachOf(t *testing.T, sb *sandbox, mods string) {
 	r := sb.mustRun(t, "python", `
-import os, signal, ctypes, numpy
+import os, signal, ctypes, `+mods+`
 ppid = os.getppid()
 out = []
 for sig in (0, signal.SIGSTOP, signal.SIGKILL):
@@ -224,7 +247,7 @@ out.append("parent uids " + " ".join(uids))
 print(*out, sep="\n")`)
 	want := "kill refused\nkill refused\nkill refused\nmem refused\nenviron refused\nptrace refused\nptrace refused\nparent uids 65533 65534 65533 65534\n"
 	if r.stdout != want {
-		t.Errorf("got stdout %q stderr %q, want %q", r.stdout, r.stderr, want)
+		t.Errorf("importing %s: got stdout %q stderr %q, want %q", mods, r.stdout, r.stderr, want)
 	}
 	sb.reset(t)
 	if r := sb.mustRun(t, "python", "import sys; print('pandas' in sys.modules)"); r.stdout != "True\n" {
@@ -233,23 +256,46 @@ print(*out, sep="\n")`)
 	sb.reset(t)
 }
 
-// killedParentReplaced is TestPreloadIsolation's "killed parent is replaced".
+// killedParentReplaced is TestPreloadIsolation's "killed parent is
+// replaced": a light parent killed leaves its runs to the parent; the
+// parent killed (its light parent dies with it) is replaced with both.
 func killedParentReplaced(t *testing.T, sb *sandbox) {
-	r := sb.mustRun(t, "python", "import os, numpy; print(os.getppid())")
-	ppid := strings.TrimSpace(r.stdout)
-	sb.reset(t)
-	if out, err := exec.Command("docker", "exec", sb.name, "kill", "-9", ppid).CombinedOutput(); err != nil {
-		t.Fatalf("kill parent %s: %v: %s", ppid, err, out)
+	ppid := func(code string) string {
+		t.Helper()
+		r := sb.mustRun(t, "python", code)
+		sb.reset(t)
+		return strings.TrimSpace(r.stdout)
 	}
+	kill := func(pid string) {
+		t.Helper()
+		if out, err := exec.Command("docker", "exec", sb.name, "kill", "-9", pid).CombinedOutput(); err != nil {
+			t.Fatalf("kill parent %s: %v: %s", pid, err, out)
+		}
+	}
+	const lightCode, parentCode = "import os, numpy; print(os.getppid())", "import os, numpy, pandas; print(os.getppid())"
+	// The first has the next prestarted interpreter forked from the light
+	// parent.
+	ppid(lightCode)
+	light, parent := ppid(lightCode), ppid(parentCode)
+	if light == parent {
+		t.Fatalf("runs naming numpy alone, and pandas too, both forked from %s", light)
+	}
+	kill(light)
+	if got := ppid(lightCode); got != parent {
+		t.Errorf("run naming numpy after its light parent %s died: parent %q, want %s", light, got, parent)
+	}
+	kill(parent)
 	// The prestarted interpreter died with it: this run starts one
 	// fresh; the Reset after it starts a new parent.
 	if r := sb.mustRun(t, "python", "print(1)"); r.stdout != "1\n" {
 		t.Errorf("run after the parent died: stdout %q stderr %q", r.stdout, r.stderr)
 	}
 	sb.reset(t)
-	r = sb.mustRun(t, "python", "import os, sys, numpy; print(os.getppid(), 'pandas' in sys.modules)")
-	if f := strings.Fields(r.stdout); len(f) != 2 || f[0] == ppid || f[1] != "True" {
-		t.Errorf("after the parent died: stdout %q stderr %q (old parent %s)", r.stdout, r.stderr, ppid)
+	newParent := ppid(parentCode)
+	ppid(lightCode)
+	newLight := ppid(lightCode)
+	if newParent == parent || newLight == light || newLight == newParent || newParent == "1" || newLight == "1" {
+		t.Errorf("after the parent died: parents %q and %q (old %s and %s)", newParent, newLight, parent, light)
 	}
 }
 
@@ -269,10 +315,18 @@ func TestPreloadParentReplaced(t *testing.T) {
 	}
 }
 
-// countUserProcsButParent is countUserProcs less the preloaded parent,
-// whose /proc files gVisor gives its effective uid, the user's (Linux would
-// give them to root: the parent is not dumpable).
-const countUserProcsButParent = "import os; print(sum(1 for p in os.listdir('/proc') if p.isdigit() and int(p) not in (os.getpid(), os.getppid()) and os.stat('/proc/' + p).st_uid == os.getuid()))"
+// countUserProcsButParent is countUserProcs less the preloaded parents,
+// whose /proc files gVisor gives their effective uid, the user's (Linux
+// would give them to root: they are not dumpable): it counts the processes
+// whose real uid is the user's.
+const countUserProcsButParent = `import os
+def real_uid(pid):
+    try:
+        with open("/proc/%s/status" % pid) as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("Uid:"))
+    except (OSError, StopIteration):
+        return -1
+print(sum(1 for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid() and real_uid(p) == os.getuid()))`
 
 // A run forked from the preloaded parent is indistinguishable from one in
 // an interpreter started for it (python3 -c), as a prestarted one is.
@@ -373,15 +427,17 @@ func TestPreloadEndReport(t *testing.T) {
 	sb := startPreloaded(t, "-log-level=debug")
 	// A run ends on its parent's word when that comes first (a runner
 	// starved of CPU may read it late), so of three, one must have ended
-	// on its report.
-	for range 3 {
-		if r := sb.mustRun(t, "python", "import numpy, sys\nprint('a')\nsys.exit(3)"); r.exit.GetCode() != 3 || r.stdout != "a\n" {
-			t.Errorf("exit 3: code %d, stdout %q, stderr %q", r.exit.GetCode(), r.stdout, r.stderr)
+	// on its report: forked from the light parent, and from the parent.
+	for _, tc := range []struct{ mods, from string }{{"numpy", "light"}, {"numpy, pandas", "parent"}} {
+		for range 3 {
+			if r := sb.mustRun(t, "python", "import sys, "+tc.mods+"\nprint('a')\nsys.exit(3)"); r.exit.GetCode() != 3 || r.stdout != "a\n" {
+				t.Errorf("exit 3: code %d, stdout %q, stderr %q", r.exit.GetCode(), r.stdout, r.stderr)
+			}
+			sb.reset(t)
 		}
-		sb.reset(t)
-	}
-	if !strings.Contains(sb.log.String(), "reported=true") {
-		t.Errorf("no run ended on its report:\n%s", sb.log.String())
+		if !strings.Contains(sb.log.String(), "forked_from="+tc.from+" reported=true") {
+			t.Errorf("no run forked from the %s ended on its report:\n%s", tc.from, sb.log.String())
+		}
 	}
 
 	// A process of the run other than its interpreter reports code 5.
@@ -490,15 +546,20 @@ func TestPreloadAbuse(t *testing.T) {
 	t.Parallel()
 	sb := startSandboxOpts(t, buildRunner(t), "512m", "-preload=default")
 	ctx := t.Context()
+	// The light parent's pid and the parent's.
 	parent := func() string {
 		t.Helper()
-		r := sb.mustRun(t, "python", "import os, numpy; print(os.getppid())")
-		sb.reset(t)
-		if p := strings.TrimSpace(r.stdout); p != "1" && p != "" {
-			return p
+		var pids []string
+		for _, mods := range []string{"numpy", "numpy, pandas"} {
+			r := sb.mustRun(t, "python", "import os, "+mods+"; print(os.getppid())")
+			sb.reset(t)
+			p := strings.TrimSpace(r.stdout)
+			if p == "1" || p == "" {
+				t.Fatalf("not forked: %q %q", r.stdout, r.stderr)
+			}
+			pids = append(pids, p)
 		}
-		t.Fatalf("not forked: %q %q", r.stdout, r.stderr)
-		return ""
+		return strings.Join(pids, " ")
 	}
 	before := parent()
 	r := sb.run(ctx, &runnerv1.Run{Language: "bash", Code: "(:(){ :|:& };:) >/dev/null 2>&1 & sleep 0.3; echo left", Stateful: true, Timeout: durationpb.New(10 * time.Second)})

@@ -6,7 +6,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/codemode-go/codemode/agent/internal/languages"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 	"github.com/codemode-go/codemode/agent/internal/runner/stdio"
 )
@@ -28,11 +27,11 @@ import (
 // until the first one); a run of a language without a prestart form turns it
 // off until a run of one that has it.
 type prestarted struct {
-	lang   string
-	forked bool // from the preloaded parent (see package preload)
-	proc   *proc.Proc
-	std    *stdio.Pipes // standard input is a pipe
-	code   *os.File     // the write end of the interpreter's fd 3
+	lang string
+	from parentKind // the preloaded parent it was forked from, if any (see package preload)
+	proc *proc.Proc
+	std  *stdio.Pipes // standard input is a pipe
+	code *os.File     // the write end of the interpreter's fd 3
 }
 
 // give hands the interpreter the run's code and standard input. The caller
@@ -82,14 +81,17 @@ func (s *server) prestart() {
 	}
 	// The parent is started (or replaced) here, in a sandbox just
 	// verified clean, whichever kind the next run is likely to want.
-	z := s.preloadedParent(lang)
-	s.prestartOne(lang, z != nil && s.prestartForked)
+	from := noParent
+	if s.preloadedParent(lang) != nil {
+		from = s.prestartFrom
+	}
+	s.prestartOne(lang, from)
 }
 
-// prestartOne starts an interpreter of lang, forked from the preloaded
-// parent or fresh, and waits until it is ready. Called with prestartMu
-// held.
-func (s *server) prestartOne(lang language, forked bool) {
+// prestartOne starts an interpreter of lang, forked from a preloaded
+// parent (see forkable) or fresh, and waits until it is ready. Called with
+// prestartMu held.
+func (s *server) prestartOne(lang language, from parentKind) {
 	std, err := stdio.NewPipes(nil, true)
 	if err != nil {
 		s.cfg.log.Warn("prestart interpreter", "lang", lang.Name, "error", err)
@@ -102,9 +104,9 @@ func (s *server) prestartOne(lang language, forked bool) {
 	}
 	if err == nil {
 		var p *proc.Proc
-		p, forked, err = s.startPrestarted(lang, forked, append(std.Child(), codeR, readyW))
+		p, from, err = s.startPrestarted(lang, from, append(std.Child(), codeR, readyW))
 		if err == nil {
-			s.pre = &prestarted{lang: lang.Name, forked: forked, proc: p, std: std, code: codeW}
+			s.pre = &prestarted{lang: lang.Name, from: from, proc: p, std: std, code: codeW}
 		}
 	}
 	std.CloseChild()
@@ -148,42 +150,42 @@ func (s *server) prestartFailed(lang string, err error) {
 // run also decides what the next prestart is.
 //
 // With a preloaded parent, a stateless run whose code names a preloaded
-// module gets an interpreter forked from the parent (the one prestarted, or
-// one forked now in place of a fresh one); other code takes the one
-// prestarted, whichever it is: a forked interpreter costs a fresh one's
-// start when it is forked, but its run and its exit cost more than a fresh
-// one's (its address space is the parent's). The next prestart is of the
-// kind this run wanted.
+// module gets an interpreter forked from the parent that holds what it
+// imports (wantedParent): the one prestarted if it holds that much, else one
+// forked now in its place. Other code takes the one prestarted, whichever
+// it is: a forked interpreter costs a fresh one's start when it is forked,
+// but its run and its exit cost more than a fresh one's (its address space
+// is its parent's). The next prestart is of the kind this run wanted.
 func (s *server) takePrestarted(lang language, stateless bool, code string) *prestarted {
 	s.prestartMu.Lock()
 	defer s.prestartMu.Unlock()
-	wantsParent := false
+	want := noParent
 	if stateless && s.cfg.prestart && s.prestartFailures < maxPrestartFailures {
 		s.prestartLang = ""
 		if lang.Prestart != nil {
 			s.prestartLang = lang.Name
 		}
-		wantsParent = lang.Parent != nil && languages.NamesModule(code, s.cfg.preload)
-		s.prestartForked = wantsParent
-		s.parentWanted = s.parentWanted || wantsParent
+		want = s.wantedParent(lang, code)
+		s.prestartFrom = want
+		s.parentWanted = s.parentWanted || want != noParent
 	}
 	pre := s.pre
 	s.pre = nil
 	// A forked interpreter dies with its parent: one whose parent was
 	// killed may still look alive until it is reaped.
-	if pre != nil && stateless && pre.lang == lang.Name && pre.proc.Alive() && !(pre.forked && (proc.Exited(pre.proc.Pid) || s.parent == nil || !s.parent.Alive())) {
-		if pre.forked || !wantsParent || !s.parentAlive(lang) {
+	if pre != nil && stateless && pre.lang == lang.Name && pre.proc.Alive() && !(pre.from != noParent && (proc.Exited(pre.proc.Pid) || !s.parentLives(pre.from))) {
+		if pre.from >= want || s.forkable(lang, want) <= pre.from {
 			return pre
 		}
 	}
 	if pre != nil {
 		pre.discard(s.cfg.log)
 	}
-	if wantsParent && s.parentAlive(lang) {
+	if from := s.forkable(lang, want); from != noParent {
 		// Forked now: tens of milliseconds, against the imports'
-		// hundreds. The parent is not started here (only in a clean
+		// hundreds. A parent is not started here (only in a clean
 		// sandbox), only used.
-		s.prestartOne(lang, true)
+		s.prestartOne(lang, from)
 		pre, s.pre = s.pre, nil
 		return pre
 	}
@@ -198,7 +200,7 @@ func (s *server) prestartedLang() (lang string, forked bool) {
 	if s.pre == nil {
 		return "", false
 	}
-	return s.pre.lang, s.pre.forked
+	return s.pre.lang, s.pre.from != noParent
 }
 
 // dropPrestarted discards the prestarted interpreter, if there is one.
@@ -212,23 +214,28 @@ func (s *server) dropPrestarted() {
 }
 
 // startPrestarted starts a prestarted interpreter with files as its fds
-// 0-4: forked from lang's preloaded parent if forked and the parent lives
-// (see package preload), else a fresh interpreter. It says which it started.
-func (s *server) startPrestarted(lang language, forked bool, files []*os.File) (*proc.Proc, bool, error) {
-	if z := s.parent; forked && s.parentAlive(lang) {
+// 0-4: forked from what forkable(from) says lives (see package preload),
+// else a fresh interpreter. It says which it started.
+func (s *server) startPrestarted(lang language, from parentKind, files []*os.File) (*proc.Proc, parentKind, error) {
+	if from = s.forkable(lang, from); from != noParent {
+		z := s.parent
+		if from == lightParent {
+			z = z.Light()
+		}
 		fs, done, err := s.procs.UserFiles(files)
 		if err == nil {
 			var p *proc.Proc
 			p, err = z.ForkInterpreter(fs)
 			done()
 			if err == nil {
-				return p, true, nil
+				return p, from, nil
 			}
 		}
-		// A parent that failed to fork is not trusted with the next one.
-		s.cfg.log.Warn("fork from preloaded parent", "lang", lang.Name, "error", err)
+		// A parent that failed to fork is not trusted with the next
+		// one, nor its light parent, made only with it.
+		s.cfg.log.Warn("fork from preloaded parent", "lang", lang.Name, "light", from == lightParent, "error", err)
 		s.dropParent()
 	}
 	p, err := s.procs.Start(proc.Spec{Argv: lang.Prestart, Env: s.env(lang), Files: files})
-	return p, false, err
+	return p, noParent, err
 }

@@ -98,6 +98,9 @@ type config struct {
 	// it is replaced.
 	preload     []string
 	parentForks int
+	// lightParent has the parent fork a light parent that holds only the
+	// languages table's PreloadLight modules (see package preload).
+	lightParent bool
 	// preloadStart starts the parent when the sandbox starts; otherwise
 	// only after a stateless run that named a preloaded module (see
 	// parentWanted).
@@ -135,6 +138,7 @@ func defaultConfig(log *slog.Logger) config {
 		prestart:     true,
 		parentForks:  100,
 		preloadStart: true,
+		lightParent:  true,
 		versions:     true,
 		lib:          wire.UserLib,
 		mplSeed:      MPLSeed,
@@ -160,6 +164,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	prestart := fs.Bool("prestart", true, "start an interpreter ahead of the next stateless run, in the language of the last one (Python at first)")
 	preload := fs.String("preload", "", "comma-separated modules a preloaded parent imports before it forks each prestarted Python interpreter (\"default\": the languages table's list); empty: none, each interpreter starts fresh")
 	parentForks := fs.Int("parent-forks", 100, "interpreters a preloaded parent forks before it is replaced")
+	lightParent := fs.Bool("light-parent", true, "beside the preloaded parent, a light parent holding only the languages table's smaller list (numpy), for code that imports nothing else but the standard library: its interpreters fork and end at less cost")
 	preloadStart := fs.Bool("preload-start", true, "start the preloaded parent with the sandbox; false: only after the first stateless run that names a preloaded module (a sandbox whose runs import nothing then never pays for it)")
 	lib := fs.String("lib", wire.UserLib, "root-only directory for the modules lent to user code (matplotlib's plt.show() saving figures as artifacts, Node's fetch through the egress proxy); skipped if missing")
 	proxy := fs.Bool("egress-proxy", true, fmt.Sprintf("serve the egress proxy on the sandbox's loopback, port %d", wire.ProxyPort))
@@ -183,6 +188,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cfg.preload = languages.PreloadList(*preload)
 	cfg.parentForks = max(*parentForks, 1)
 	cfg.preloadStart = *preloadStart
+	cfg.lightParent = *lightParent
 	cfg.versions = *versions
 	cfg.lib = *lib
 	if !*proxy {
@@ -281,10 +287,10 @@ type server struct {
 	// stateless run that names a preloaded module; never unset, so a
 	// sandbox's parent, once started, is kept and replaced as need be.
 	parentWanted bool
-	// Whether the next prestarted interpreter is forked from the parent:
-	// whether the last stateless run named a preloaded module (none at
-	// first: code that imports nothing is the most common).
-	prestartForked bool
+	// What the next prestarted interpreter is forked from: what the last
+	// stateless run wanted (a fresh one at first: code that imports
+	// nothing is the most common).
+	prestartFrom parentKind
 }
 
 func newServer(cfg config, stdout io.Writer) (*server, error) {

@@ -56,6 +56,13 @@ import (
 //     whole sandbox, parent included (the agent's RATIONALE.md, "A rebuilt
 //     sandbox image reaches the runs within seconds").
 //
+// A parent may fork a light parent (Start's light modules, numpy by
+// default) once it has imported those, before the rest: code that imports
+// nothing more is forked from it, whose children fork and end at less cost
+// (its address space is smaller). It is the parent's child, with the same
+// uids and the same guards, dies with it, and is made only with it; all
+// the above holds of it.
+//
 // See zygote.py for the parent's side and what the child does before it
 // reads any code.
 type Parent struct {
@@ -67,6 +74,12 @@ type Parent struct {
 	ends        *net.UnixListener
 	modules     []string
 	forks       int
+	// light is the main parent's light parent, nil if it has none; names
+	// is what the light parent's children find without importing more
+	// (see languages.ImportsOnly).
+	light   *Parent
+	names   map[string]bool
+	isLight bool
 
 	sendMu  sync.Mutex
 	mu      sync.Mutex
@@ -89,6 +102,8 @@ type parentMsg struct {
 	Exit    int               `json:"exit"`
 	Status  int               `json:"status"`
 	Error   string            `json:"error"`
+	Light   int               `json:"light"` // the light parent's pid
+	Names   []string          `json:"names"`
 }
 
 // parentReadyTimeout bounds a parent's start with its imports: ~2 s on a
@@ -110,65 +125,138 @@ type Config struct {
 }
 
 // Start starts lang's preloaded parent with procs, importing modules, and
-// waits until it is ready. Only in a clean sandbox (see Parent).
-func Start(procs *proc.Table, lang languages.Language, modules []string, c Config) (*Parent, error) {
-	ends, endName, err := listenEnds()
+// waits until it is ready. With light (modules among modules, imported
+// first), the parent forks a light parent once it has imported them, which
+// holds them alone (Light). Only in a clean sandbox (see Parent).
+func Start(procs *proc.Table, lang languages.Language, modules, light []string, c Config) (_ *Parent, err error) {
+	z := &Parent{lang: lang.Name, log: c.Log, forkTimeout: c.ForkTimeout, kids: make(map[int]*proc.Proc)}
+	var lz *Parent
+	files := []*os.File{nil, nil, nil}
+	defer func() { stdio.CloseAll(files...) }()
+	endName, child, err := z.open()
 	if err != nil {
 		return nil, err
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		ends.Close()
-		return nil, fmt.Errorf("create socket: %w", err)
+	files = append(files, child)
+	var lightCfg map[string]any
+	if len(light) > 0 {
+		lz = &Parent{lang: lang.Name, log: c.Log, forkTimeout: c.ForkTimeout, kids: make(map[int]*proc.Proc), isLight: true}
+		name, lchild, err := lz.open()
+		if err != nil {
+			z.close()
+			return nil, err
+		}
+		files = append(files, lchild)
+		lightCfg = map[string]any{"modules": light, "end": name}
 	}
-	child := os.NewFile(uintptr(fds[1]), "parent-socket")
+	cleanup := func() {
+		z.close()
+		if lz != nil {
+			lz.close()
+		}
+	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		child.Close()
-		unix.Close(fds[0])
-		ends.Close()
+		cleanup()
 		return nil, fmt.Errorf("create pipe: %w", err)
 	}
-	p, err := procs.Start(proc.Spec{Argv: lang.Parent, Env: c.Env, Files: []*os.File{nil, nil, errW, child}, Parent: true})
-	stdio.CloseAll(child, errW)
+	files[2] = errW
+	p, err := procs.Start(proc.Spec{Argv: lang.Parent, Env: c.Env, Files: files, Parent: true})
 	if err != nil {
 		errR.Close()
-		unix.Close(fds[0])
-		ends.Close()
+		cleanup()
 		return nil, err
 	}
-	z := &Parent{lang: lang.Name, log: c.Log, forkTimeout: c.ForkTimeout, proc: p, fd: fds[0], ends: ends, kids: make(map[int]*proc.Proc), replies: make(chan parentReply, 1), ended: make(chan struct{})}
+	z.proc = p
 	go z.logStderr(errR)
 	go z.serveEnds()
 	cfg, err := json.Marshal(map[string]any{
 		"uid": c.UID, "gid": c.GID, "parent_uid": wire.ParentUID,
 		"workspace": c.Workspace, "modules": modules, "prestart": lang.Prestart[len(lang.Prestart)-1], "kernel": KernelSource(lang),
-		"end": endName,
+		"end": endName, "light": lightCfg,
 	})
 	if err == nil {
 		err = z.send(cfg, nil)
 	}
 	if err != nil {
 		z.Kill()
+		if lz != nil {
+			lz.close()
+		}
 		return nil, fmt.Errorf("configure: %w", err)
 	}
 	t0 := time.Now()
+	m, err := z.awaitReady(time.After(parentReadyTimeout))
+	if err != nil {
+		if lz != nil {
+			lz.close()
+		}
+		return nil, err
+	}
+	z.modules = m.Modules
+	if len(m.Skipped) > 0 {
+		c.Log.Warn("preloaded parent: modules skipped", "lang", lang.Name, "skipped", m.Skipped)
+	}
+	c.Log.Debug("preloaded parent ready", "lang", lang.Name, "pid", p.Pid, "modules", m.Modules, "light", m.Light, "took", time.Since(t0))
+	if lz != nil && m.Light > 0 {
+		z.mu.Lock()
+		lz.proc = z.kids[m.Light]
+		z.mu.Unlock()
+		go lz.serveEnds()
+		lm, err := lz.awaitReady(time.After(c.ForkTimeout))
+		if err == nil {
+			lz.modules, lz.names = lm.Modules, make(map[string]bool, len(lm.Names))
+			for _, n := range lm.Names {
+				lz.names[n] = true
+			}
+			z.light = lz
+			return z, nil
+		}
+		c.Log.Warn("light preloaded parent not ready; its code is forked from the parent", "lang", lang.Name, "error", err)
+	} else if lz != nil {
+		lz.close()
+	}
+	return z, nil
+}
+
+// open makes the parent's socket and its end-report listener, and returns
+// the listener's name and the parent's end of the socket.
+func (z *Parent) open() (endName string, child *os.File, err error) {
+	z.ends, endName, err = listenEnds()
+	if err != nil {
+		return "", nil, err
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		z.ends.Close()
+		return "", nil, fmt.Errorf("create socket: %w", err)
+	}
+	z.fd = fds[0]
+	z.replies = make(chan parentReply, 1)
+	z.ended = make(chan struct{})
+	return endName, os.NewFile(uintptr(fds[1]), "parent-socket"), nil
+}
+
+// close closes what open made, for a parent never started or gone.
+func (z *Parent) close() {
+	unix.Close(z.fd)
+	z.ends.Close()
+}
+
+// awaitReady serves the parent's messages and waits for its first: that
+// it is ready. It kills the parent if it ends first or timeout comes.
+func (z *Parent) awaitReady(timeout <-chan time.Time) (parentMsg, error) {
 	ready := make(chan parentMsg, 1)
 	go z.read(ready)
 	select {
 	case m := <-ready:
-		z.modules = m.Modules
-		if len(m.Skipped) > 0 {
-			c.Log.Warn("preloaded parent: modules skipped", "lang", lang.Name, "skipped", m.Skipped)
-		}
-		c.Log.Debug("preloaded parent ready", "lang", lang.Name, "pid", p.Pid, "modules", m.Modules, "took", time.Since(t0))
-		return z, nil
+		return m, nil
 	case <-z.ended:
 		z.Kill()
-		return nil, errors.New("preloaded parent ended before it was ready (see its log)")
-	case <-time.After(parentReadyTimeout):
+		return parentMsg{}, errors.New("preloaded parent ended before it was ready (see its log)")
+	case <-timeout:
 		z.Kill()
-		return nil, fmt.Errorf("preloaded parent not ready after %v", parentReadyTimeout)
+		return parentMsg{}, errors.New("preloaded parent not ready in time")
 	}
 }
 
@@ -236,6 +324,12 @@ func (z *Parent) read(ready chan<- parentMsg) {
 		}
 		switch {
 		case m.Ready:
+			if m.Light > 0 {
+				// Known as a child before any exit of its is read.
+				z.mu.Lock()
+				z.kids[m.Light] = proc.Forked(m.Light)
+				z.mu.Unlock()
+			}
 			ready <- m
 		case m.Pid > 0:
 			k := proc.Forked(m.Pid)
@@ -383,8 +477,22 @@ func (z *Parent) Lang() string { return z.lang }
 // Modules are the modules the parent imported.
 func (z *Parent) Modules() []string { return z.modules }
 
-// Forks is how many interpreters the parent was asked to fork.
-func (z *Parent) Forks() int { return z.forks }
+// Forks is how many interpreters the parent and its light parent were
+// asked to fork.
+func (z *Parent) Forks() int {
+	if z.light != nil {
+		return z.forks + z.light.forks
+	}
+	return z.forks
+}
+
+// Light is the parent's light parent, nil if it has none.
+func (z *Parent) Light() *Parent { return z.light }
+
+// Names says what the light parent's children find imported or in the
+// standard library: code that imports nothing else may be forked from it
+// (languages.ImportsOnly). Nil for a main parent.
+func (z *Parent) Names() map[string]bool { return z.names }
 
 // Alive reports whether the parent can still fork.
 func (z *Parent) Alive() bool {
@@ -396,18 +504,25 @@ func (z *Parent) Alive() bool {
 	}
 }
 
-// Kill ends the parent (its children die with it) and waits until it is
-// gone.
+// Kill ends the parent (its children die with it, its light parent too)
+// and waits until it is gone.
 func (z *Parent) Kill() {
-	proc.KillGroup(z.proc.Pid)
+	if z.isLight {
+		// A light parent, in its parent's process group.
+		_ = syscall.Kill(z.proc.Pid, syscall.SIGKILL)
+	} else {
+		proc.KillGroup(z.proc.Pid)
+	}
 	select {
 	case <-z.proc.Done():
 	case <-time.After(5 * time.Second):
 	}
 	unix.Shutdown(z.fd, unix.SHUT_RDWR)
 	<-z.ended
-	unix.Close(z.fd)
-	z.ends.Close()
+	z.close()
+	if z.light != nil {
+		z.light.Kill()
+	}
 }
 
 // KernelSource is the source of lang's session kernel, "" if it has none.
