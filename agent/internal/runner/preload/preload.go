@@ -508,8 +508,12 @@ func (z *Parent) Alive() bool {
 // and waits until it is gone.
 func (z *Parent) Kill() {
 	if z.isLight {
-		// A light parent, in its parent's process group.
-		_ = syscall.Kill(z.proc.Pid, syscall.SIGKILL)
+		// A light parent, in its parent's process group; once its end is
+		// known (reaped by the parent, or the parent gone) its pid is
+		// not signalled again.
+		if z.proc.Alive() {
+			_ = syscall.Kill(z.proc.Pid, syscall.SIGKILL)
+		}
 	} else {
 		proc.KillGroup(z.proc.Pid)
 	}
