@@ -562,6 +562,41 @@ func TestImageWithoutAPreloadedModule(t *testing.T) {
 	}
 }
 
+// TestImageWithoutNumpy runs a preloading agent on images derived from the
+// sandbox image without numpy, and with a broken one (its pure-Python part
+// removed: numpy imports as a bare namespace package, without
+// numpy.random). pandas, matplotlib and scipy, which need numpy, fail to
+// import in the parent. Without numpy the parent forks no light parent;
+// with the broken one its children find no numpy.random to reseed. Either
+// way runs are forked from the parent as before.
+func TestImageWithoutNumpy(t *testing.T) {
+	t.Parallel()
+	dockertest.Need(t)
+	for _, tc := range []struct{ name, script, want string }{
+		{"absent", "rm -rf /usr/lib/python3/dist-packages/numpy /usr/lib/python3.11/dist-packages/numpy", "no numpy True\n"},
+		{"broken", "rm -rf /usr/lib/python3/dist-packages/numpy", "False True\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			a, _ := startOnDerivedImage(t, "test-no-numpy", tc.script, func(c *Config) {
+				c.Preload = "default"
+				c.MinActive, c.MaxSandboxes, c.MaxSessions = 1, 1, 0
+			})
+			a.waitWarm(t, 1)
+			for range 2 {
+				r := a.exec(t, &executionv1.Execution{Language: "python", Code: "import os, requests\nprint(os.getppid() != 1)"})
+				if r.GetStdout() != "True\n" {
+					t.Errorf("a run importing requests, forked: %v", r)
+				}
+				r = a.exec(t, &executionv1.Execution{Language: "python", Code: "import os\ntry:\n    import numpy\n    print(hasattr(numpy, 'ndarray'), os.getppid() != 1)\nexcept ImportError:\n    print('no numpy', os.getppid() != 1)"})
+				if r.GetStdout() != tc.want {
+					t.Errorf("a run importing numpy: %v, want stdout %q", r, tc.want)
+				}
+			}
+		})
+	}
+}
+
 // TestRunnerLogsAtDebug runs an agent that logs at debug level: its runners
 // then log at debug too, and each run's split of its time (see runOnce)
 // reaches the agent's log.

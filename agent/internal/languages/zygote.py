@@ -331,13 +331,15 @@ def _copy_ahead(modules):
 
 def _reseed(modules):
     # random reseeds itself in a forked child (os.register_at_fork); numpy's
-    # global RandomState does not.
+    # global RandomState does not. A numpy without numpy.random (an image's
+    # broken copy, imported as a bare namespace package) has no state to
+    # reseed; one whose seed() fails ends the child.
     import random
 
     random.seed()
-    np = modules.get("numpy")
-    if np is not None:
-        np.random.seed()
+    rnd = getattr(modules.get("numpy"), "random", None)
+    if rnd is not None:
+        rnd.seed()
 
 
 _codemode_zygote()

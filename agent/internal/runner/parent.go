@@ -18,7 +18,7 @@ import (
 // (see server.parentWanted). Called with prestartMu held, in a clean
 // sandbox.
 func (s *server) preloadedParent(lang language) *preload.Parent {
-	if lang.Parent == nil || lang.Prestart == nil || len(s.cfg.preload) == 0 || !s.parentWanted || s.parentFailures >= maxPrestartFailures {
+	if lang.Parent == nil || lang.Prestart == nil || len(s.cfg.preload) == 0 || !s.parentWanted || s.parentFailures >= maxPrestartFailures || s.forkFailures >= maxPrestartFailures {
 		return nil
 	}
 	if z := s.parent; z != nil {

@@ -122,12 +122,27 @@ func (s *server) prestartOne(lang language, from parentKind) {
 		s.cfg.log.Warn("prestart interpreter: set deadline", "error", err)
 	}
 	if _, err := readyR.Read(make([]byte, 1)); err != nil {
+		forked := s.pre.from != noParent
 		s.pre.discard(s.cfg.log)
 		s.pre = nil
+		if forked {
+			// A parent whose child did not get ready is not trusted
+			// with the next one; after maxPrestartFailures such in a
+			// row the sandbox has none, and runs take fresh
+			// interpreters, as this one does now.
+			s.forkFailures++
+			s.cfg.log.Warn("interpreter forked from preloaded parent not ready; parent dropped", "lang", lang.Name, "failures", s.forkFailures, "error", err)
+			s.dropParent()
+			s.prestartOne(lang, noParent)
+			return
+		}
 		s.prestartFailed(lang.Name, fmt.Errorf("not ready: %w", err))
 		return
 	}
 	s.prestartFailures = 0
+	if from != noParent {
+		s.forkFailures = 0
+	}
 }
 
 // maxPrestartFailures is how many prestarts in a row may fail before the

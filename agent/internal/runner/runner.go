@@ -282,6 +282,9 @@ type server struct {
 	// parent starts that failed in a row.
 	parent         *preload.Parent
 	parentFailures int
+	// Interpreters forked from a parent that did not get ready, in a row
+	// (see prestartOne); at maxPrestartFailures no parent is started.
+	forkFailures int
 	// parentWanted: a parent is started (or replaced) at the next Reset.
 	// Set from the start with config.preloadStart, else by the first
 	// stateless run that names a preloaded module; never unset, so a
