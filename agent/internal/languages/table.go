@@ -59,8 +59,8 @@ type Language struct {
 	// parent holds alone, forked from the first once it has imported them:
 	// code that imports nothing else of Preload's, nor beyond the standard
 	// library (ImportsOnly), is forked from it, whose children fork and end
-	// at about half the cost (the runner's RATIONALE, "A smaller parent for
-	// numpy alone"). Imported first, in this order.
+	// at less cost (the runner's RATIONALE, "A smaller parent for numpy
+	// alone"). Imported first, in this order.
 	PreloadLight []string
 	// Parent is the argv of that preloaded parent (see zygote.py).
 	Parent []string

@@ -5,7 +5,6 @@ import (
 	"slices"
 
 	"github.com/codemode-go/codemode/agent/internal/languages"
-
 	"github.com/codemode-go/codemode/agent/internal/runner/preload"
 	"github.com/codemode-go/codemode/agent/internal/runner/proc"
 )

@@ -164,7 +164,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	prestart := fs.Bool("prestart", true, "start an interpreter ahead of the next stateless run, in the language of the last one (Python at first)")
 	preload := fs.String("preload", "", "comma-separated modules a preloaded parent imports before it forks each prestarted Python interpreter (\"default\": the languages table's list); empty: none, each interpreter starts fresh")
 	parentForks := fs.Int("parent-forks", 100, "interpreters a preloaded parent forks before it is replaced")
-	lightParent := fs.Bool("light-parent", true, "beside the preloaded parent, a light parent holding only the languages table's smaller list (numpy), for code that imports nothing else but the standard library: its interpreters fork and end at less cost")
+	lightParent := fs.Bool("light-parent", true, "beside the preloaded parent, a light parent holding only the languages table's PreloadLight modules, for code that imports nothing else but the standard library: its interpreters fork and end at less cost")
 	preloadStart := fs.Bool("preload-start", true, "start the preloaded parent with the sandbox; false: only after the first stateless run that names a preloaded module (a sandbox whose runs import nothing then never pays for it)")
 	lib := fs.String("lib", wire.UserLib, "root-only directory for the modules lent to user code (matplotlib's plt.show() saving figures as artifacts, Node's fetch through the egress proxy); skipped if missing")
 	proxy := fs.Bool("egress-proxy", true, fmt.Sprintf("serve the egress proxy on the sandbox's loopback, port %d", wire.ProxyPort))

@@ -128,7 +128,7 @@ type Config struct {
 // waits until it is ready. With light (modules among modules, imported
 // first), the parent forks a light parent once it has imported them, which
 // holds them alone (Light). Only in a clean sandbox (see Parent).
-func Start(procs *proc.Table, lang languages.Language, modules, light []string, c Config) (_ *Parent, err error) {
+func Start(procs *proc.Table, lang languages.Language, modules, light []string, c Config) (*Parent, error) {
 	z := &Parent{lang: lang.Name, log: c.Log, forkTimeout: c.ForkTimeout, kids: make(map[int]*proc.Proc)}
 	var lz *Parent
 	files := []*os.File{nil, nil, nil}
