@@ -36,7 +36,7 @@ func (b *bench) removeContainers() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, label := range []string{baselineLabel + "=" + b.name, "codemode.agent=" + b.name, "codemode.agent=" + b.name + "-" + stackFresh,
+	for _, label := range []string{baselineLabel + "=" + b.name, "codemode.agent=" + b.name, "codemode.agent=" + b.name + "-" + stackPreload, "codemode.agent=" + b.name + "-" + stackFresh,
 		"codemode.agent=" + b.name + "-" + stackPlain, "codemode.agent=" + b.name + "-" + stackTLS} {
 		list, err := b.docker.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", label))})
 		if err != nil {

@@ -70,7 +70,7 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	var phases []func(context.Context, *results) error
 	if b.o.doors() {
-		phases = append(phases, b.measureBaselines, b.measureDoors, b.measurePolicies, b.measureMixed)
+		phases = append(phases, b.measureBaselines, b.measureDoors, b.measurePolicies, b.measureMixed, b.downDoors)
 	}
 	if b.o.workload() {
 		phases = append(phases, b.measureWorkload)
@@ -203,6 +203,16 @@ func (b *bench) measureMixed(ctx context.Context, res *results) error {
 		res.add(&measurement{target: m.target, conc: m.conc, mode: m.mode, samples: sub}, "mixed: "+j.kind)
 	}
 	res.stackUp = res.stackUp && b.running()
+	return nil
+}
+
+// downDoors stops the doors' stack once its parts are measured: the
+// parts after it start stacks of their own, and an idle pool that shrinks
+// back to its warm sandboxes would spend CPU during their turns.
+func (b *bench) downDoors(context.Context, *results) error {
+	b.stopStack(&stack{edg: b.policyEdge})
+	b.stopStack(&stack{edg: b.edge, cp: b.cp, agent: b.agent})
+	b.policyEdge, b.edge, b.cp, b.agent = nil, nil, nil, nil
 	return nil
 }
 

@@ -43,9 +43,10 @@ func (b *bench) start(ctx context.Context, name string, env []string, args ...st
 	return p, nil
 }
 
-// up builds the binaries and the example policies, and starts an agent,
-// a control plane in front of it, and two edges in front of that: one
-// plain, one with the example policy chain. Both edges have one API key.
+// up builds the binaries and the example policies, and, for the doors'
+// parts, starts an agent, a control plane in front of it, and two edges
+// in front of that: one plain, one with the example policy chain. Both
+// edges have one API key.
 func (b *bench) up(ctx context.Context) error {
 	var err error
 	if b.dir, err = os.MkdirTemp("", "stackbench-"); err != nil {
@@ -82,8 +83,8 @@ func (b *bench) up(ctx context.Context) error {
 	env := []string{"CODEMODE_CLUSTER_SECRET=" + b.secret}
 
 	b.name = fmt.Sprintf("stackbench-%d", os.Getpid())
-	if !b.o.doors() && !b.o.workload() {
-		return nil // the TLS part starts stacks of its own
+	if !b.o.doors() {
+		return nil // the workload and the TLS part start stacks of their own
 	}
 	if b.agent, err = b.start(ctx, "agent", env, b.agentArgs(b.name, "--preload=default")...); err != nil {
 		return err

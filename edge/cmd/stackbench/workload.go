@@ -82,26 +82,34 @@ type stackMemory struct {
 	loadWarm    string
 }
 
-// measureWorkload runs workloadItems through the edge of the main stack,
-// whose agent preloads (--preload=default), and of a second stack whose
-// agent does not (--preload=), started for it and stopped after. Each
-// item, step by step, goes to both stacks in turns, so that both see the
-// same host.
+// measureWorkload runs workloadItems through the edges of two stacks
+// started for it and stopped after: one whose agent preloads
+// (--preload=default) and one whose agent does not (--preload=). Both
+// begin alike, with their warm sandboxes and nothing run, so neither
+// carries what the doors' parts left in a pool (sandboxes near their
+// --max-reuse runs, a pool grown by concurrency 16). Each item, step by
+// step, goes to both stacks in turns, so that both see the same host.
 func (b *bench) measureWorkload(ctx context.Context, res *results) error {
-	fresh, err := b.upStack(ctx, b.name+"-"+stackFresh, "--preload=")
-	if err != nil {
-		return err
+	var stacks []*stack
+	defer func() {
+		for _, s := range stacks {
+			b.stopStack(s)
+		}
+	}()
+	for _, st := range []struct{ name, preload string }{{stackPreload, "--preload=default"}, {stackFresh, "--preload="}} {
+		s, err := b.upStack(ctx, b.name+"-"+st.name, st.preload)
+		if s != nil {
+			stacks = append(stacks, s)
+		}
+		if err != nil {
+			return err
+		}
 	}
-	defer b.stopStack(fresh)
-	main := &stack{name: b.name, agent: b.agent, cp: b.cp, edg: b.edge}
-	if main.metrics, err = metricsURL(b.agent); err != nil {
-		return err
-	}
-	stacks := []*stack{main, fresh}
+	pre, fresh := stacks[0], stacks[1]
 	for i, s := range stacks {
 		res.memory = append(res.memory, stackMemory{stack: []string{stackPreload, stackFresh}[i], warm: b.memoryOf(ctx, s), loadWarm: loadAvg()})
 	}
-	targets := []target{b.workloadTarget(stackPreload, main), b.workloadTarget(stackFresh, fresh)}
+	targets := []target{b.workloadTarget(stackPreload, pre), b.workloadTarget(stackFresh, fresh)}
 	for _, step := range workloadSteps {
 		for _, it := range workloadItems {
 			n, rounds := b.o.workloadN, workloadRounds
@@ -114,7 +122,10 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 			for r := range rounds {
 				share := total/rounds + boolInt(r < total%rounds)
 				for _, i := range rotation(len(targets), r) {
-					var m *measurement
+					var (
+						m   *measurement
+						err error
+					)
 					if step.mode == "paced" {
 						m, err = paced(ctx, targets[i], repeat(it, share))
 					} else {
@@ -251,7 +262,7 @@ func (b *bench) upStack(ctx context.Context, name string, extra ...string) (*sta
 // stopStack stops s's services, the agent last (it removes its
 // sandboxes).
 func (b *bench) stopStack(s *stack) {
-	ps := []*launch.Process{s.edg, s.cp, s.agent}
+	ps := slices.DeleteFunc([]*launch.Process{s.edg, s.cp, s.agent}, func(p *launch.Process) bool { return p == nil })
 	for _, p := range ps {
 		if err := p.Stop(stopTimeout); err != nil {
 			b.logf("stop %s: %v", p.Name, err)
