@@ -18,18 +18,22 @@ import (
 // as before.
 //
 // A start is lowered only while nobody needs it: it gets the default weight
-// once its runner is ready (before it is warm), at once when a caller waits
-// for a sandbox (it may be the one the caller gets), and after
-// Config.yieldFor at the latest, so that a host whose CPUs stay busy
-// delays a start by that much and not past its timeouts. A start for a
-// caller that waits for it (startDirectLocked) is never lowered.
+// once its runner is ready (with a preloaded parent, after its imports;
+// before it is warm), at once when a caller waits for a sandbox (it may be
+// the one the caller gets), and after Config.yieldFor at the latest, so
+// that a host whose CPUs stay busy delays a start by that much and not past
+// its timeouts. A start for a caller that waits for it (startDirectLocked)
+// is never lowered.
 const (
 	// startShares is a warm start's CPU weight against the default.
 	startShares = 128
 	// defaultShares is Docker's default CPU weight.
 	defaultShares = 1024
-	// defaultYieldFor bounds how long a start keeps startShares.
-	defaultYieldFor = 3 * time.Second
+	// defaultYieldFor bounds how long a start keeps startShares: long
+	// enough for gVisor's boot and a parent's imports (~5 s of CPU), which
+	// a bound of 3 s raised halfway, and short enough that a start on a
+	// CPU that stays busy still ends within DefaultStartTimeout.
+	defaultYieldFor = 10 * time.Second
 )
 
 // lowered records c, started at startShares, until raise. If a caller
