@@ -90,14 +90,15 @@ type stackMemory struct {
 // --max-reuse runs, a pool grown by concurrency 16). Each item, step by
 // step, goes to both stacks in turns, so that both see the same host.
 func (b *bench) measureWorkload(ctx context.Context, res *results) error {
+	kinds := []struct{ name, preload string }{{stackPreload, "--preload=default"}, {stackFresh, "--preload="}}
 	var stacks []*stack
 	defer func() {
 		for _, s := range stacks {
 			b.stopStack(s)
 		}
 	}()
-	for _, st := range []struct{ name, preload string }{{stackPreload, "--preload=default"}, {stackFresh, "--preload="}} {
-		s, err := b.upStack(ctx, b.name+"-"+st.name, st.preload)
+	for _, k := range kinds {
+		s, err := b.upStack(ctx, b.name+"-"+k.name, k.preload)
 		if s != nil {
 			stacks = append(stacks, s)
 		}
@@ -105,11 +106,11 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 			return err
 		}
 	}
-	pre, fresh := stacks[0], stacks[1]
+	var targets []target
 	for i, s := range stacks {
-		res.memory = append(res.memory, stackMemory{stack: []string{stackPreload, stackFresh}[i], warm: b.memoryOf(ctx, s), loadWarm: loadAvg()})
+		res.memory = append(res.memory, stackMemory{stack: kinds[i].name, warm: b.memoryOf(ctx, s), loadWarm: loadAvg()})
+		targets = append(targets, b.workloadTarget(kinds[i].name, s))
 	}
-	targets := []target{b.workloadTarget(stackPreload, pre), b.workloadTarget(stackFresh, fresh)}
 	for _, step := range workloadSteps {
 		for _, it := range workloadItems {
 			n, rounds := b.o.workloadN, workloadRounds
