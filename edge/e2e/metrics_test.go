@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"testing"
 	"time"
 
@@ -359,6 +360,19 @@ func checkAgentMetrics(t *testing.T, agent map[string]*dto.MetricFamily) {
 	}
 	if agent["codemode_agent_sandboxes"] == nil || agent["codemode_agent_sessions"] == nil {
 		t.Errorf("agent /metrics lacks pool gauges")
+	}
+	// On a host of two CPUs or more the agent pins its sandboxes (one CPU
+	// each by default) and measures every set it pins to.
+	if runtime.NumCPU() >= 2 {
+		sets := agent["codemode_agent_cpu_set_speed_seconds"].GetMetric()
+		if len(sets) < 2 {
+			t.Errorf("agent codemode_agent_cpu_set_speed_seconds has %d sets, want one per CPU set (at least 2)", len(sets))
+		}
+		for _, m := range sets {
+			if v := m.GetGauge().GetValue(); v <= 0 || v > 0.5 {
+				t.Errorf("agent codemode_agent_cpu_set_speed_seconds%v = %v, want a few milliseconds", m.GetLabel(), v)
+			}
+		}
 	}
 	// Every run gave its slot to its sandbox's scrub, and every scrub has
 	// ended: no slot is left taken.

@@ -22,6 +22,9 @@ import (
 //   - codemode_agent_sandbox_scrub_seconds: each scrub;
 //   - codemode_agent_sandboxes_destroyed_total{reason}: sandboxes removed,
 //     by why (see the reason constants);
+//   - codemode_agent_cpu_set_speed_seconds{set}: the CPU time a fixed loop
+//     last took on each CPU set sandboxes are pinned to (see
+//     cpuset.Speed), the same on every set of an even host;
 //   - codemode_agent_sessions_opened_total, and
 //     codemode_agent_sessions_closed_total{reason}: closed on request
 //     (closed), idle past their timeout (expired), or lost with their
@@ -40,6 +43,7 @@ type Metrics struct {
 	destroyed      *prometheus.CounterVec
 	sessionsOpened prometheus.Counter
 	sessionsClosed *prometheus.CounterVec
+	setSpeed       *prometheus.GaugeVec
 }
 
 var _ prometheus.Collector = (*Metrics)(nil)
@@ -104,6 +108,10 @@ func NewMetrics() *Metrics {
 			Name: "codemode_agent_sessions_closed_total",
 			Help: "Sessions ended, by reason (closed, expired, lost).",
 		}, []string{"reason"}),
+		setSpeed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "codemode_agent_cpu_set_speed_seconds",
+			Help: "CPU time a fixed loop last took on each CPU set sandboxes are pinned to; runs favour the fastest.",
+		}, []string{"set"}),
 	}
 	// Every series from the start, so that a rate is defined before the
 	// first event.
@@ -128,7 +136,7 @@ func NewMetrics() *Metrics {
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.starts, m.startSeconds, m.takes, m.scrubs, m.scrubSeconds, m.destroyed, m.sessionsOpened, m.sessionsClosed}
+	return []prometheus.Collector{m.starts, m.startSeconds, m.takes, m.scrubs, m.scrubSeconds, m.destroyed, m.sessionsOpened, m.sessionsClosed, m.setSpeed}
 }
 
 // Describe implements [prometheus.Collector].
@@ -202,4 +210,11 @@ func (m *Metrics) sessionClosed(r EndReason) {
 		return
 	}
 	m.sessionsClosed.WithLabelValues(r.String()).Inc()
+}
+
+func (m *Metrics) measured(set string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.setSpeed.WithLabelValues(set).Set(d.Seconds())
 }

@@ -84,6 +84,9 @@ type Config struct {
 	// yieldFor bounds a warm start's low CPU weight (see weight.go);
 	// defaultYieldFor, or shorter in tests.
 	yieldFor time.Duration
+	// measureSet measures a CPU set's speed (see cpusets.go);
+	// measureSpeed, or another in tests.
+	measureSet func(set string) (time.Duration, error)
 }
 
 // Defaults.
@@ -140,10 +143,14 @@ type Pool struct {
 	// versionsImage is the image versions were reported in; image the one
 	// Spec.Image named when last checked (see checkImage), "" before.
 	versionsImage, image string
-	preloadMissing       []string      // see Stats.PreloadMissing
-	opening              []int         // sandboxes being started, per CPU set
-	changed              chan struct{} // closed and replaced on every change
-	nextFill             time.Time     // no warm start before this (back-off after failures)
+	preloadMissing       []string        // see Stats.PreloadMissing
+	opening              []int           // sandboxes being started, per CPU set
+	speed                []time.Duration // each CPU set's last measure (see cpusets.go), 0 before
+	measuredAt           []time.Time     // when each was taken
+	laneIdle             chan struct{}   // a sandbox is back from its run (see speedLoop); nil if nothing is pinned
+	lastTake             time.Time       // when a run last asked for a warm sandbox
+	changed              chan struct{}   // closed and replaced on every change
+	nextFill             time.Time       // no warm start before this (back-off after failures)
 	failures             int
 	demand               preloadDemand
 	low                  map[sandbox.Container]struct{} // warm starts at startShares (see weight.go)
@@ -201,20 +208,25 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.yieldFor == 0 {
 		cfg.yieldFor = defaultYieldFor
 	}
+	if cfg.measureSet == nil {
+		cfg.measureSet = measureSpeed
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg.Labels = maps.Clone(cfg.Labels)
 	cfg.Spec.Labels = maps.Clone(cfg.Labels)
 	return &Pool{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		live:    map[string]*Sandbox{},
-		low:     map[sandbox.Container]struct{}{},
-		opening: make([]int, len(cfg.CPUSets)),
-		changed: make(chan struct{}),
-		kick:    make(chan struct{}, 1),
-		check:   make(chan struct{}, 1),
+		cfg:        cfg,
+		log:        cfg.Logger,
+		live:       map[string]*Sandbox{},
+		low:        map[sandbox.Container]struct{}{},
+		opening:    make([]int, len(cfg.CPUSets)),
+		speed:      make([]time.Duration, len(cfg.CPUSets)),
+		measuredAt: make([]time.Time, len(cfg.CPUSets)),
+		changed:    make(chan struct{}),
+		kick:       make(chan struct{}, 1),
+		check:      make(chan struct{}, 1),
 	}, nil
 }
 
@@ -228,6 +240,13 @@ func (p *Pool) Start(ctx context.Context) {
 	p.wg.Add(2)
 	go p.fillLoop(ctx)
 	go p.watchLoop(ctx)
+	if len(p.cfg.CPUSets) > 0 {
+		p.mu.Lock()
+		p.laneIdle = make(chan struct{}, 1)
+		p.mu.Unlock()
+		p.wg.Add(1)
+		go p.speedLoop(ctx)
+	}
 }
 
 // Close stops the pool and removes every sandbox it holds, including those
@@ -380,6 +399,7 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language, code stri
 // prestarted (see AcquireFor), replacing any it finds dead; nil if there is
 // none. p.mu is held.
 func (p *Pool) takeWarmLocked(want wire.Prestart) *Sandbox {
+	p.lastTake = time.Now()
 	for len(p.warm) > 0 {
 		i := p.pickWarmLocked(want)
 		sb := p.warm[i]
@@ -482,6 +502,7 @@ func (p *Pool) Release(ctx context.Context, sb *Sandbox, reusable bool) {
 			p.warm = append(p.warm, sb)
 			p.moveLocked(recycling, warm)
 			p.noteWarmLocked()
+			p.noteLaneIdleLocked()
 		}
 	})
 }

@@ -503,7 +503,10 @@ func TestPoolPrefersPrestartedKind(t *testing.T) {
 func TestPoolSpreadsOverCPUSets(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
-	p := newTestPool(t, d, func(c *Config) { c.MinWarm, c.Max, c.CPUSets = 4, 4, []string{"0", "1"} })
+	p := newTestPool(t, d, func(c *Config) {
+		c.MinWarm, c.Max, c.CPUSets = 4, 4, []string{"0", "1"}
+		c.measureSet = func(string) (time.Duration, error) { return 5 * time.Millisecond, nil } // an even host
+	})
 	testkit.WaitFor(t, 10*time.Second, "four warm sandboxes", func() bool { return p.Stats().Warm == 4 })
 	set := func(sb *Sandbox) string { return d.get(sb.ID()).cpuSet }
 	even := func(when string) {
@@ -572,6 +575,76 @@ func TestPoolSpreadsOverCPUSets(t *testing.T) {
 		return p.Stats().Warm == 4 && n == 4
 	})
 	even("after a session ended")
+}
+
+// Among warm sandboxes on CPU sets with as little work under way, a run
+// takes one on a set that is not slow before the most recently used; a
+// set's work still comes first. The speeds are given: a slow virtual CPU
+// is the hypervisor's, not something a test can make (cpuset's TestSpeed
+// measures real ones).
+func TestPoolFavoursFastCPUSets(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	m := NewMetrics()
+	var mu sync.Mutex
+	speed := map[string]time.Duration{"0": 8 * time.Millisecond, "1": 5 * time.Millisecond}
+	p := newTestPool(t, d, func(c *Config) {
+		c.MinWarm, c.Max, c.CPUSets, c.Metrics = 2, 2, []string{"0", "1"}, m
+		c.measureSet = func(set string) (time.Duration, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return speed[set], nil
+		}
+	})
+	testkit.WaitFor(t, 10*time.Second, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
+	slow := func(lane int) bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.slowLocked(lane)
+	}
+	testkit.WaitFor(t, 10*time.Second, "set 0 measured slow", func() bool { return slow(0) && !slow(1) })
+	set := func(sb *Sandbox) string { return d.get(sb.ID()).cpuSet }
+
+	// Given back so that the most recently used is on the slow set.
+	a, _ := p.Acquire(t.Context(), 0)
+	b, _ := p.Acquire(t.Context(), 0)
+	if set(a) == "0" {
+		a, b = b, a
+	}
+	p.Release(t.Context(), a, true)
+	testkit.WaitFor(t, 10*time.Second, "it back", func() bool { return p.Stats().Warm == 1 })
+	p.Release(t.Context(), b, true)
+	testkit.WaitFor(t, 10*time.Second, "it back", func() bool { return p.Stats().Warm == 2 })
+
+	first, err := p.Acquire(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set(first) != "1" {
+		t.Errorf("an idle host's run took a sandbox on CPU set %s, want the fast set 1", set(first))
+	}
+	// Set 1 has work under way now: the next run goes to the slow set.
+	second, err := p.Acquire(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set(second) != "0" {
+		t.Errorf("with set 1 at work, a run took a sandbox on CPU set %s, want 0", set(second))
+	}
+	p.Release(t.Context(), first, true)
+	p.Release(t.Context(), second, true)
+	testkit.WaitFor(t, 10*time.Second, "both back", func() bool { return p.Stats().Warm == 2 })
+
+	// Measured again while runs come (at most every speedEvery), within
+	// slowerBy of each other: neither is slow.
+	mu.Lock()
+	speed["0"] = 5200 * time.Microsecond
+	mu.Unlock()
+	testkit.WaitFor(t, 10*time.Second, "set 0 measured again, not slow", func() bool { return !slow(0) && !slow(1) })
+	var g dto.Metric
+	if err := m.setSpeed.WithLabelValues("0").Write(&g); err != nil || g.GetGauge().GetValue() != 0.0052 {
+		t.Errorf("codemode_agent_cpu_set_speed_seconds{set=0} = %v (%v), want 0.0052", g.GetGauge().GetValue(), err)
+	}
 }
 
 func TestPoolDestroysOnAbnormal(t *testing.T) {

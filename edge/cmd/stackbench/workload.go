@@ -138,10 +138,10 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 					ms[i] = ms[i].merge(m)
 				}
 			}
-			load := loadAvg()
+			load, spread := loadAvg(), cpuSpread(ctx, stacks[0].metrics)
 			for _, m := range ms {
 				res.work = append(res.work, workRow{row: row{target: m.target, workload: it.kind, mode: m.mode, conc: m.conc,
-					stats: summarize(m.samples, m.elapsed), cpu: m.cpu.per(len(m.samples))}, load: load, newSandboxes: m.newSandboxes})
+					stats: summarize(m.samples, m.elapsed), cpu: m.cpu.per(len(m.samples))}, load: load, cpuSpread: spread, newSandboxes: m.newSandboxes})
 			}
 		}
 	}
@@ -156,7 +156,33 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 type workRow struct {
 	row
 	load         string
-	newSandboxes int // sandboxes the agent started during the row's runs
+	cpuSpread    string // see cpuSpread
+	newSandboxes int    // sandboxes the agent started during the row's runs
+}
+
+// cpuSpread reads the agent's /metrics at url and returns its slowest CPU
+// set's last measure over its fastest one's (codemode_agent_cpu_set_speed_seconds),
+// as "1.04x"; "-" if it measures none (pins nothing).
+func cpuSpread(ctx context.Context, url string) string {
+	fams, err := promtext.Scrape(ctx, url)
+	if err != nil {
+		return "?"
+	}
+	var lo, hi float64
+	for _, m := range fams["codemode_agent_cpu_set_speed_seconds"].GetMetric() {
+		v := m.GetGauge().GetValue()
+		if v <= 0 {
+			continue
+		}
+		if lo == 0 || v < lo {
+			lo = v
+		}
+		hi = max(hi, v)
+	}
+	if lo == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", hi/lo)
 }
 
 // workloadTarget is the Connect JSON door of s's edge, its CPU metered

@@ -82,7 +82,7 @@ func workloadChecks(res *results) []check {
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
 
-var workHeader = []string{"item", "stack", "mode", "conc", "n", "p50 ms", "p95 ms", "p99 ms", "runs/s", "host CPU/run ms", "sandbox CPU/run ms", "agent CPU/run ms", "new sandboxes", "errors", "load (1 min)"}
+var workHeader = []string{"item", "stack", "mode", "conc", "n", "p50 ms", "p95 ms", "p99 ms", "runs/s", "host CPU/run ms", "sandbox CPU/run ms", "agent CPU/run ms", "new sandboxes", "errors", "load (1 min)", "CPU sets' spread"}
 
 // workCells is the workload's table as text.
 func workCells(rows []workRow) [][]string {
@@ -90,7 +90,7 @@ func workCells(rows []workRow) [][]string {
 	f := func(d time.Duration) string { return fmt.Sprintf("%.1f", ms(d)) }
 	for _, r := range rows {
 		out = append(out, []string{r.workload, r.target, r.mode, fmt.Sprint(r.conc), fmt.Sprint(r.n), f(r.p50), f(r.p95), f(r.p99),
-			fmt.Sprintf("%.2f", r.rate), f(r.cpu.host), f(r.cpu.sandbox), f(r.cpu.agent), fmt.Sprint(r.newSandboxes), errText(r.errs), r.load})
+			fmt.Sprintf("%.2f", r.rate), f(r.cpu.host), f(r.cpu.sandbox), f(r.cpu.agent), fmt.Sprint(r.newSandboxes), errText(r.errs), r.load, r.cpuSpread})
 	}
 	return out
 }
@@ -127,7 +127,10 @@ busy time per run (other tenants included); sandbox CPU: the agent's sandboxes' 
 kernels and everything in them, a replaced sandbox's start included); agent CPU: the agent
 process's own; new sandboxes: those the agent started during the row's runs (replacing one
 that served --max-reuse runs, or growing its pool). The matplotlib item fails (artifact_missing) unless its figure comes back as
-an artifact. load: the 1-minute load average when the row was measured.
+an artifact. load: the 1-minute load average when the row was measured. CPU sets' spread: the
+CPU time a fixed loop took on the slowest CPU set the preloaded stack's agent pins sandboxes to,
+over the fastest one's, as it last measured them (every 2 s at most) when the row ended; a virtual
+machine's CPUs do not always deliver alike, and a run pinned to a slow one is that much slower.
 `
 
 const memLegend = `
