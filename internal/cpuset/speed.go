@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -144,12 +145,13 @@ func timeSteps(buf []uint32, p *uint32) (time.Duration, error) {
 	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &b); err != nil {
 		return 0, fmt.Errorf("speed: read the thread's CPU time: %w", err)
 	}
-	sink = *p
+	sink.Store(*p)
 	return time.Duration(b.Nano() - a.Nano()), nil
 }
 
-// sink keeps walk's result alive, so that the compiler keeps the loop.
-var sink uint32
+// sink keeps walk's result alive, so that the compiler keeps the loop; it
+// is stored atomically, since pools measure at once.
+var sink atomic.Uint32
 
 // walk takes n steps through c from p and returns where it ends. Each step
 // waits for the one before it.

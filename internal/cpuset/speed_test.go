@@ -3,6 +3,7 @@ package cpuset
 import (
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -65,4 +66,22 @@ func TestSpeed(t *testing.T) {
 	if after.Count() != len(cpus) {
 		t.Errorf("after Speed, the thread may use %d CPUs, want %d", after.Count(), len(cpus))
 	}
+}
+
+// Pools of one process measure at once (under -race, a shared write
+// shows).
+func TestSpeedConcurrent(t *testing.T) {
+	cpus, err := Host()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if _, err := Speed(cpus); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
 }
