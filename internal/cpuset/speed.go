@@ -41,7 +41,7 @@ func Parse(list string) ([]int, error) {
 // speedChase is how many entries (4 bytes each) the buffer Speed walks
 // holds: 1 MiB, more than a core's own L2 cache of the CPUs codemode is
 // measured on (0.5 MiB), so that the walk waits on the cache they share
-// with other cores; speedSteps is how many steps one round times (~0.5 ms
+// with other cores; speedSteps is how many steps one round times (~1 ms
 // of a CPU of this kind).
 const (
 	speedChase = 1 << 18

@@ -216,7 +216,12 @@ func New(cfg Config) (*Pool, error) {
 	}
 	cfg.Labels = maps.Clone(cfg.Labels)
 	cfg.Spec.Labels = maps.Clone(cfg.Labels)
+	var laneIdle chan struct{}
+	if len(cfg.CPUSets) > 0 {
+		laneIdle = make(chan struct{}, 1)
+	}
 	return &Pool{
+		laneIdle:   laneIdle,
 		cfg:        cfg,
 		log:        cfg.Logger,
 		live:       map[string]*Sandbox{},
@@ -241,9 +246,6 @@ func (p *Pool) Start(ctx context.Context) {
 	go p.fillLoop(ctx)
 	go p.watchLoop(ctx)
 	if len(p.cfg.CPUSets) > 0 {
-		p.mu.Lock()
-		p.laneIdle = make(chan struct{}, 1)
-		p.mu.Unlock()
 		p.wg.Add(1)
 		go p.speedLoop(ctx)
 	}
