@@ -26,6 +26,7 @@ import (
 	"github.com/codemode-go/codemode/internal/server"
 	"github.com/codemode-go/codemode/internal/testkit"
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
+	"github.com/codemode-go/codemode/internal/testkit/promtext"
 	"github.com/codemode-go/codemode/internal/testkit/testenv"
 )
 
@@ -107,7 +108,7 @@ func TestMakeUpCluster(t *testing.T) {
 	runOnEveryAgent(t, ctx, client, agents, logs)
 
 	t.Run("an agent killed is reported and restarted", func(t *testing.T) {
-		checkAgentRestarted(t, pgid, logPath, client, agents, logs)
+		checkAgentRestarted(t, pgid, logPath, client, agents, metrics["AGENTS"], logs)
 	})
 
 	sessionAcrossEdges(t, ctx, client, logs)
@@ -127,14 +128,25 @@ func sessionAcrossEdges(t *testing.T, ctx context.Context, client func(i int) ed
 }
 
 // makeUpClusterLogs returns the tail of make up-cluster's output in logPath,
-// for failures.
+// for failures, without the line each service logs per run: those would
+// fill the tail and hide what the services said of themselves.
 func makeUpClusterLogs(logPath string) func() string {
 	return func() string {
 		b, _ := os.ReadFile(logPath)
-		if len(b) > 16<<10 {
-			b = b[len(b)-16<<10:]
+		var kept []string
+		runs := 0
+		for line := range strings.Lines(string(b)) {
+			if strings.Contains(line, " msg=execution ") {
+				runs++
+				continue
+			}
+			kept = append(kept, line)
 		}
-		return "--- make up-cluster output (tail) ---\n" + string(b)
+		out := strings.Join(kept, "")
+		if len(out) > 16<<10 {
+			out = out[len(out)-16<<10:]
+		}
+		return fmt.Sprintf("--- make up-cluster output (tail, without its %d lines logging a run) ---\n%s", runs, out)
 	}
 }
 
@@ -332,7 +344,7 @@ func redisSays(t *testing.T, addr, cmds string) string {
 // checkAgentRestarted kills one agent of make up-cluster (make's group
 // pgid) with SIGKILL: make up-cluster says so, the cluster goes on serving
 // runs through both edges, and the agent is started again and takes runs.
-func checkAgentRestarted(t *testing.T, pgid int, logPath string, client func(i int) edgev1connect.ExecutionServiceClient, agents []string, logs func() string) {
+func checkAgentRestarted(t *testing.T, pgid int, logPath string, client func(i int) edgev1connect.ExecutionServiceClient, agents, metrics []string, logs func() string) {
 	agentPIDs := func() []int {
 		pids, err := descendantPIDs(pgid)
 		if err != nil {
@@ -365,5 +377,30 @@ func checkAgentRestarted(t *testing.T, pgid int, logPath string, client func(i i
 		now := agentPIDs()
 		return len(now) == len(agents) && !slices.Contains(now, before[0])
 	})
+	// The new agent joins routing once its pool has warmed, which on a
+	// loaded host takes a while; wait for that apart from the runs, so
+	// that a failure says which of the two did not happen.
+	waitAgentsReady(t, metrics, logs)
 	runOnEveryAgent(t, t.Context(), client, agents, logs)
+}
+
+// waitAgentsReady waits, bounded, until every agent whose metrics are
+// served at one of addrs reports codemode_agent_ready 1.
+func waitAgentsReady(t *testing.T, addrs []string, logs func() string) {
+	t.Helper()
+	notReady := func() []string {
+		var out []string
+		for _, addr := range addrs {
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			fams, err := promtext.Scrape(ctx, "http://"+addr+"/metrics")
+			cancel()
+			if err != nil || promtext.Sample(fams, "codemode_agent_ready", nil) != 1 {
+				out = append(out, addr)
+			}
+		}
+		return out
+	}
+	if !testkit.Until(3*time.Minute, func() bool { return len(notReady()) == 0 }) {
+		t.Fatalf("the agents with metrics at %v are not ready 3 minutes after the restart\n%s", notReady(), logs())
+	}
 }
