@@ -379,11 +379,14 @@ func (p *Table) UserProcs(keepPgid int) ([]UserProc, error) {
 		if err != nil || pid == self || pid == 1 {
 			continue
 		}
-		st, ok := readStat(pid, buf[:])
-		if !ok || st.State == 'Z' || st.State == 'X' {
+		// status first: its state and uids settle most processes that
+		// are not the user's (a preloaded parent, whose files cost more
+		// to read than most, for they sum its memory) in one read.
+		if !p.liveOfUser(pid, buf[:]) {
 			continue
 		}
-		if !p.ownedByUser(pid, buf[:]) {
+		st, ok := readStat(pid, buf[:])
+		if !ok || st.State == 'Z' || st.State == 'X' {
 			continue
 		}
 		if keepPgid != 0 && st.Pgid == keepPgid {
@@ -439,14 +442,25 @@ func readStat(pid int, buf []byte) (Stat, bool) {
 	return Stat{State: f[0][0], Pgid: pgid}, true
 }
 
-// ownedByUser reads the Uid line of /proc/pid/status into buf, which holds
-// it: it comes within the first few hundred bytes.
-func (p *Table) ownedByUser(pid int, buf []byte) bool {
+// liveOfUser reads /proc/pid/status into buf, which holds its State and
+// Uid lines (they come within the first few hundred bytes), and reports
+// whether the process is neither a zombie nor dead and is the user's: its
+// real, effective, saved or filesystem uid is the user's, and its real uid
+// not the preloaded parent's.
+func (p *Table) liveOfUser(pid int, buf []byte) bool {
 	b, err := rawfile.Read("/proc/"+strconv.Itoa(pid)+"/status", buf)
 	if err != nil {
 		return false
 	}
 	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		if rest, ok := bytes.CutPrefix(line, []byte("State:")); ok {
+			// Only a state read as ended settles it: anything else is
+			// left to the uids, and stat's state after.
+			if f := bytes.Fields(rest); len(f) > 0 && (string(f[0]) == "Z" || string(f[0]) == "X") {
+				return false
+			}
+			continue
+		}
 		rest, ok := bytes.CutPrefix(line, []byte("Uid:"))
 		if !ok {
 			continue
