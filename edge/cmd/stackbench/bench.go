@@ -152,7 +152,7 @@ func (b *bench) measureDoors(ctx context.Context, res *results) error {
 				if step.mode == "paced" {
 					m, err = paced(ctx, targets[i], repeat(jobPrint, share))
 				} else {
-					m, err = closed(ctx, targets[i], step.conc, repeat(jobPrint, share))
+					m, err = closed(ctx, targets[i], step.conc, 1, repeat(jobPrint, share))
 				}
 				if err != nil {
 					return err
@@ -173,7 +173,7 @@ func (b *bench) measurePolicies(ctx context.Context, res *results) error {
 	for _, t := range b.edgeTargets(b.policyEdge) {
 		t.name += "+policies"
 		b.logf("%s, closed, concurrency 16", t.name)
-		m, err := closed(ctx, t, 16, repeat(jobPrint, max(b.o.n, 32)))
+		m, err := closed(ctx, t, 16, 1, repeat(jobPrint, max(b.o.n, 32)))
 		if err != nil {
 			return err
 		}
@@ -188,7 +188,7 @@ func (b *bench) measurePolicies(ctx context.Context, res *results) error {
 func (b *bench) measureMixed(ctx context.Context, res *results) error {
 	b.logf("mixed workload through connect-json, concurrency 4")
 	connectJSON := b.edgeTargets(b.edge)[0]
-	m, err := closed(ctx, connectJSON, 4, mixedJobs(b.o.n, b.o.seed))
+	m, err := closed(ctx, connectJSON, 4, 1, mixedJobs(b.o.n, b.o.seed))
 	if err != nil {
 		return err
 	}

@@ -77,10 +77,11 @@ type measurement struct {
 }
 
 // closed runs jobs through t with conc workers, each taking the next job
-// as soon as its last one ended. Each worker first makes one warm-up call
-// of the first job, not measured. A worker that cannot dial counts its
-// share of the jobs as failures of kind transport.
-func closed(ctx context.Context, t target, conc int, jobs []job) (*measurement, error) {
+// as soon as its last one ended. Each worker first makes warmups (at least
+// one) warm-up calls of the first job, one after the other, not measured.
+// A worker that cannot dial counts its share of the jobs as failures of
+// kind transport.
+func closed(ctx context.Context, t target, conc, warmups int, jobs []job) (*measurement, error) {
 	next := make(chan job, len(jobs))
 	for _, j := range jobs {
 		next <- j
@@ -103,7 +104,11 @@ func closed(ctx context.Context, t target, conc int, jobs []job) (*measurement, 
 	}
 	var wg sync.WaitGroup
 	for _, c := range callers { // warm-up, in parallel
-		wg.Go(func() { timed(ctx, c, jobs[0]) })
+		wg.Go(func() {
+			for range max(warmups, 1) {
+				timed(ctx, c, jobs[0])
+			}
+		})
 	}
 	wg.Wait()
 	var (

@@ -55,6 +55,16 @@ var workloadSteps = []struct {
 // their rounds, so that the host's drift falls on both stacks alike.
 const noRegressionRuns = 3
 
+// noRegressionClosedWarmups is how many unmeasured runs each worker makes
+// before a turn of workloadNoRegression's items in a closed loop. The
+// first two or three runs after a pause find the stack's sandboxes warm;
+// the runs after them wait for those sandboxes' Resets, each of which
+// prestarts the next interpreter (two to three times a run of print(1)).
+// With one warm-up, a turn's six measured runs fell on both sides, and
+// its p50 moved from one to the other from run to run (print(1): 0.91x to
+// 1.84x the fresh stack's); after three it is the loop's steady state.
+const noRegressionClosedWarmups = 3
+
 // workloadRounds is how many shares of its runs each stack gets per item
 // and step, the stacks taking turns.
 const workloadRounds = 2
@@ -130,7 +140,11 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 					if step.mode == "paced" {
 						m, err = paced(ctx, targets[i], repeat(it, share))
 					} else {
-						m, err = closed(ctx, targets[i], step.conc, repeat(it, share))
+						warmups := 1
+						if slices.Contains(workloadNoRegression, it.kind) {
+							warmups = noRegressionClosedWarmups
+						}
+						m, err = closed(ctx, targets[i], step.conc, warmups, repeat(it, share))
 					}
 					if err != nil {
 						return err
