@@ -529,6 +529,22 @@ func startOnDerivedImage(t *testing.T, prefix, script string, edit func(*Config)
 	return a, logs
 }
 
+// waitWarmLogged is waitWarm for the agents of startOnDerivedImage, whose
+// sandboxes each import a preloaded parent's modules: on a host loaded by
+// the package's other tests that can take minutes, so it waits longer, and
+// a failure shows the pool and the tail of the agent's log (a start that
+// failed, and why).
+func waitWarmLogged(t *testing.T, a *testAgent, n int, logs *testlog.Buffer) {
+	t.Helper()
+	if !testkit.Until(4*time.Minute, func() bool { return a.pool.Stats().Warm >= n }) {
+		l := logs.String()
+		if len(l) > 8<<10 {
+			l = l[len(l)-8<<10:]
+		}
+		t.Fatalf("after 4m: pool %+v, want %d warm\nagent log (tail):\n%s", a.pool.Stats(), n, l)
+	}
+}
+
 // removeImages removes an image name and image ids.
 func removeImages(name string, ids ...string) {
 	exec.Command("docker", append([]string{"rmi", "-f", name}, ids...)...).Run()
@@ -546,7 +562,7 @@ func TestImageWithoutAPreloadedModule(t *testing.T) {
 		c.Preload = "default"
 		c.MinActive, c.MaxSandboxes, c.MaxSessions = 2, 2, 0
 	})
-	a.waitWarm(t, 2)
+	waitWarmLogged(t, a, 2, logs)
 	if n := strings.Count(logs.String(), "lacks modules to preload"); n != 1 || !strings.Contains(logs.String(), "missing=[scipy]") {
 		t.Errorf("%d warnings about modules to preload, want one naming scipy:\n%s", n, logs.String())
 	}
@@ -578,11 +594,11 @@ func TestImageWithoutNumpy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			a, _ := startOnDerivedImage(t, "test-no-numpy", tc.script, func(c *Config) {
+			a, logs := startOnDerivedImage(t, "test-no-numpy", tc.script, func(c *Config) {
 				c.Preload = "default"
 				c.MinActive, c.MaxSandboxes, c.MaxSessions = 1, 1, 0
 			})
-			a.waitWarm(t, 1)
+			waitWarmLogged(t, a, 1, logs)
 			for range 2 {
 				r := a.exec(t, &executionv1.Execution{Language: "python", Code: "import os, requests\nprint(os.getppid() != 1)"})
 				if r.GetStdout() != "True\n" {
