@@ -28,6 +28,7 @@ import (
 	"github.com/codemode-go/codemode/internal/testkit/dockertest"
 	"github.com/codemode-go/codemode/internal/testkit/promtext"
 	"github.com/codemode-go/codemode/internal/testkit/testenv"
+	"github.com/codemode-go/codemode/internal/testkit/testlog"
 )
 
 // TestMakeUpCluster runs the real `make up-cluster` on loopback ports the
@@ -142,11 +143,7 @@ func makeUpClusterLogs(logPath string) func() string {
 			}
 			kept = append(kept, line)
 		}
-		out := strings.Join(kept, "")
-		if len(out) > 16<<10 {
-			out = out[len(out)-16<<10:]
-		}
-		return fmt.Sprintf("--- make up-cluster output (tail, without its %d lines logging a run) ---\n%s", runs, out)
+		return fmt.Sprintf("--- make up-cluster output (tail, without its %d lines logging a run) ---\n%s", runs, testlog.Tail(strings.Join(kept, ""), 16<<10))
 	}
 }
 
@@ -343,7 +340,8 @@ func redisSays(t *testing.T, addr, cmds string) string {
 
 // checkAgentRestarted kills one agent of make up-cluster (make's group
 // pgid) with SIGKILL: make up-cluster says so, the cluster goes on serving
-// runs through both edges, and the agent is started again and takes runs.
+// runs through both edges, and the agent is started again, reports itself
+// ready at its metrics (one of metrics), and takes runs.
 func checkAgentRestarted(t *testing.T, pgid int, logPath string, client func(i int) edgev1connect.ExecutionServiceClient, agents, metrics []string, logs func() string) {
 	agentPIDs := func() []int {
 		pids, err := descendantPIDs(pgid)

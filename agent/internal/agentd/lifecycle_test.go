@@ -537,11 +537,7 @@ func startOnDerivedImage(t *testing.T, prefix, script string, edit func(*Config)
 func waitWarmLogged(t *testing.T, a *testAgent, n int, logs *testlog.Buffer) {
 	t.Helper()
 	if !testkit.Until(4*time.Minute, func() bool { return a.pool.Stats().Warm >= n }) {
-		l := logs.String()
-		if len(l) > 8<<10 {
-			l = l[len(l)-8<<10:]
-		}
-		t.Fatalf("after 4m: pool %+v, want %d warm\nagent log (tail):\n%s", a.pool.Stats(), n, l)
+		t.Fatalf("after 4m: pool %+v, want %d warm\nagent log (tail):\n%s", a.pool.Stats(), n, testlog.Tail(logs.String(), 8<<10))
 	}
 }
 

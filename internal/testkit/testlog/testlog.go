@@ -28,3 +28,12 @@ func (b *Buffer) String() string {
 	defer b.mu.Unlock()
 	return b.b.String()
 }
+
+// Tail returns the last n bytes of s, or s if it is shorter: the end of a
+// log, which says what happened last, for a failure's message.
+func Tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}

@@ -33,3 +33,15 @@ func TestBuffer(t *testing.T) {
 		}
 	}
 }
+
+func TestTail(t *testing.T) {
+	for _, c := range []struct {
+		s    string
+		n    int
+		want string
+	}{{"abcdef", 3, "def"}, {"abc", 3, "abc"}, {"ab", 3, "ab"}, {"", 3, ""}} {
+		if got := Tail(c.s, c.n); got != c.want {
+			t.Errorf("Tail(%q, %d) = %q, want %q", c.s, c.n, got, c.want)
+		}
+	}
+}
