@@ -578,9 +578,10 @@ func TestImageWithoutAPreloadedModule(t *testing.T) {
 // sandbox image without numpy, and with a broken one (its pure-Python part
 // removed: numpy imports as a bare namespace package, without
 // numpy.random). pandas, matplotlib and scipy, which need numpy, fail to
-// import in the parent. Without numpy the parent forks no light parent;
-// with the broken one its children find no numpy.random to reseed. Either
-// way runs are forked from the parent as before.
+// import in the parent. Without numpy the light parent holds requests
+// alone, and runs naming numpy are forked from the parent; with the broken
+// one its children find no numpy.random to reseed. Either way runs are
+// forked.
 func TestImageWithoutNumpy(t *testing.T) {
 	t.Parallel()
 	dockertest.Need(t)

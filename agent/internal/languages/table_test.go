@@ -161,10 +161,12 @@ func TestLightList(t *testing.T) {
 	for _, tc := range []struct {
 		preload, want []string
 	}{
-		{py.Preload, []string{"numpy"}},
-		{[]string{"numpy"}, nil},              // no smaller than the parent
-		{[]string{"pandas", "requests"}, nil}, // none of PreloadLight
-		{[]string{"requests", "numpy"}, []string{"numpy"}},
+		{py.Preload, []string{"requests", "numpy"}},
+		{[]string{"numpy"}, nil},             // no smaller than the parent
+		{[]string{"requests", "numpy"}, nil}, // no smaller either
+		{[]string{"pandas", "scipy"}, nil},   // none of PreloadLight
+		{[]string{"requests", "pandas"}, []string{"requests"}},
+		{[]string{"pandas", "numpy", "requests"}, []string{"requests", "numpy"}}, // in PreloadLight's order
 		{nil, nil},
 	} {
 		if got := LightList(py, tc.preload); !slices.Equal(got, tc.want) {

@@ -30,7 +30,8 @@
 # abstract socket named "end" in the settings (_report_end).
 #
 # With "light" in the settings, it imports the light modules first and then
-# forks the light parent, which holds only those: it takes fd 4 for its
+# forks the light parent, which holds only those (the ones that imported;
+# none if none did): it takes fd 4 for its
 # socket and light["end"] for its children's reports, sets
 # PR_SET_PDEATHSIG, and goes on as the parent does from the end of the
 # imports; the parent closes fd 4 and imports the rest. Its ready message
@@ -85,7 +86,7 @@ def _codemode_zygote():
         except Exception as e:  # ImportError, or a module broken in the image
             skipped[name] = "%s: %s" % (type(e).__name__, e)
         if first and len(loaded) + len(skipped) == len(first):
-            if loaded == first:
+            if loaded:
                 main_pid = os.getpid()
                 light_pid = os.fork()
                 if light_pid == 0:

@@ -30,8 +30,8 @@ func (sb *sandbox) reset(t *testing.T) {
 }
 
 // A stateless run that names a preloaded module runs forked from the
-// parent, or from the light parent if it imports nothing but numpy and the
-// standard library, whether its interpreter was prestarted that way or
+// parent, or from the light parent if it imports nothing but the light
+// parent's modules (requests, numpy) and the standard library, whether its interpreter was prestarted that way or
 // not; other code takes the interpreter prestarted, and the next prestart
 // is of the kind the last run wanted.
 func TestPreloadChoosesInterpreter(t *testing.T) {
@@ -67,6 +67,8 @@ func TestPreloadChoosesInterpreter(t *testing.T) {
 		{"import os, sys; print(os.getppid() if 'pandas' in sys.modules else 'fresh')", parent}, // forked now: the light one lacks pandas
 		{"import os, numpy; print(os.getppid())", parent},                                       // prestarted forked
 		{"import os, numpy, scipy; print(os.getppid())", parent},                                // forked now
+		{"import os, requests; print(os.getppid())", parent},                                    // prestarted forked: holds requests too
+		{"import os, requests, json; print(os.getppid())", light},                               // prestarted light: holds requests
 	} {
 		if got := ppid(tc.code); got != tc.want {
 			t.Errorf("run %d %q: parent %s, want %s", i, tc.code, got, tc.want)
@@ -115,9 +117,10 @@ func TestPreloadIsolation(t *testing.T) {
 	t.Parallel()
 	sb := startPreloaded(t, "-parent-forks=1000")
 	// B runs before A too, and must print the same then. Each pair runs
-	// forked from the light parent where its code lets it (naming numpy
-	// and nothing beyond the standard library), and from the parent
-	// (naming pandas too; see languages.NamesModule and ImportsOnly).
+	// forked from the light parent where its code lets it (naming nothing
+	// beyond the light parent's modules and the standard library), and
+	// from the parent (naming pandas too; see languages.NamesModule and
+	// ImportsOnly).
 	ab := func(t *testing.T, a, b, want string) {
 		t.Helper()
 		for _, head := range []string{"import numpy\n", "import numpy, pandas\n"} {
@@ -149,6 +152,19 @@ numpy.pi = 3`,
 import pandas, requests, numpy, json
 print(pandas.DataFrame({"a": [1, 2]}).sum()["a"], callable(requests.get), hasattr(json, "leftover"), numpy.pi > 3.1)`,
 			"3 True False True\n")
+	})
+	t.Run("monkeypatches of the light parent's modules", func(t *testing.T) {
+		ab(t, `
+import requests, numpy, json
+requests.get = None
+requests.Session.request = None
+requests.adapters.DEFAULT_RETRIES = 7
+numpy.random.seed(0)
+json.leftover = 1`,
+			`
+import requests, numpy, json
+print(callable(requests.get), callable(requests.Session.request), requests.adapters.DEFAULT_RETRIES, hasattr(json, "leftover"))`,
+			"True True 0 False\n")
 	})
 	t.Run("interpreter state", func(t *testing.T) {
 		ab(t, `
