@@ -91,7 +91,14 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultStartTimeout = 30 * time.Second
+	// DefaultStartTimeout leaves room for gVisor's boot and a preloaded
+	// parent's imports, which the runner does before it says it is ready:
+	// 6-13 s together on a 2-CPU host beside one client's runs, and the
+	// imports alone have a bound of 20 s (parentReadyTimeout in the
+	// runner's package preload). A start given up is work thrown away
+	// that the pool then begins again, so this bound is for a sandbox that
+	// will not get ready at all, not for a slow one on a busy host.
+	DefaultStartTimeout = 60 * time.Second
 	// DefaultResetTimeout leaves room for the runner to start a preloaded
 	// parent on a loaded host (its own bound, parentReadyTimeout in the
 	// runner's package preload) after the scrub itself (tens of

@@ -111,7 +111,8 @@ type parentMsg struct {
 // sandboxes (the imports cost 4-7 s of CPU under runsc). A parent given up
 // is work thrown away that the next Reset starts again, so the bound is
 // for a parent that will not get ready at all, not a slow one; within the
-// agent's bound on a whole Reset (pool.DefaultResetTimeout).
+// agent's bounds on a whole Reset and on a sandbox's start
+// (pool.DefaultResetTimeout, pool.DefaultStartTimeout).
 const parentReadyTimeout = 20 * time.Second
 
 // Config says how a parent is started.
