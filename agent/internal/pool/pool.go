@@ -376,8 +376,8 @@ func (p *Pool) AcquireFor(ctx context.Context, memory int64, language, code stri
 			if !inLine {
 				inLine = true
 				p.waiting++
-				p.raiseAllLocked()
 			}
+			p.raiseForWaitersLocked()
 		}
 		// Start one for this caller if it is past the sandboxes on their
 		// way to the warm list (each promised to an earlier caller), or

@@ -170,6 +170,8 @@ type fakeContainer struct {
 
 	mu     sync.Mutex
 	shares []int64 // its spec's CPU weight, then each SetCPUShares
+	// holdReset, if set, holds each Reset until it is closed.
+	holdReset chan struct{}
 }
 
 func newFakeContainer(id string, ready chan struct{}) *fakeContainer {
@@ -210,6 +212,16 @@ func (c *fakeContainer) serve() {
 			wire.WriteFrame(c.outW, &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Stdout{Stdout: []byte(k.Run.GetCode())}})
 			ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Exit{Exit: &runnerv1.Exit{}}}
 		case *runnerv1.Request_Reset_:
+			c.mu.Lock()
+			hold := c.holdReset
+			c.mu.Unlock()
+			if hold != nil {
+				select {
+				case <-hold:
+				case <-c.done:
+					return
+				}
+			}
 			c.resets.Add(1)
 			if c.failNext.Swap(false) {
 				ev = &runnerv1.Event{Id: req.GetId(), Kind: &runnerv1.Event_Error{Error: &runnerv1.Error{Message: "dirty"}}}

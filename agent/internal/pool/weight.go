@@ -19,8 +19,9 @@ import (
 //
 // A start is lowered only while nobody needs it: it gets the default weight
 // once its runner is ready (with a preloaded parent, after its imports;
-// before it is warm), at once when a caller waits for a sandbox (it may be
-// the one the caller gets), and after Config.yieldFor at the latest, so
+// before it is warm), at once when more callers wait for a sandbox than
+// are being scrubbed (one of them may get the start), and after
+// Config.yieldFor at the latest, so
 // that a host whose CPUs stay busy delays a start by that much and not past
 // its timeouts. A start for a caller that waits for it (startDirectLocked)
 // is never lowered.
@@ -42,7 +43,7 @@ const (
 func (p *Pool) lowered(c sandbox.Container) (stop func() bool) {
 	p.mu.Lock()
 	p.low[c] = struct{}{}
-	waiting := p.waiting > 0
+	waiting := p.waiting > p.n[recycling]
 	p.mu.Unlock()
 	if waiting {
 		go p.raise(c)
@@ -78,7 +79,18 @@ func (p *Pool) forget(c sandbox.Container) {
 	p.mu.Unlock()
 }
 
-// raiseAllLocked raises every lowered start: a caller waits. p.mu is held.
+// raiseForWaitersLocked raises every lowered start if more callers wait
+// than sandboxes are being scrubbed: one of them may get a start. While
+// the scrubs under way can serve them all (each in tens to hundreds of
+// milliseconds, against a start's seconds), the starts keep yielding. p.mu
+// is held.
+func (p *Pool) raiseForWaitersLocked() {
+	if p.waiting > p.n[recycling] {
+		p.raiseAllLocked()
+	}
+}
+
+// raiseAllLocked raises every lowered start. p.mu is held.
 func (p *Pool) raiseAllLocked() {
 	for c := range p.low {
 		go p.raise(c)

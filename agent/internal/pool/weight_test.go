@@ -57,6 +57,62 @@ func TestPoolWarmStartsYieldTheCPU(t *testing.T) {
 			t.Errorf("weights once ready: %v, want %v", got, lowThenDefault)
 		}
 	})
+	t.Run("a caller waits for a scrub", func(t *testing.T) {
+		// One caller waits while one sandbox is being scrubbed: the
+		// scrub serves it, and the start keeps yielding.
+		t.Parallel()
+		d := newFakeDriver()
+		p := newTestPool(t, d, func(c *Config) { c.Max, c.yieldFor = 2, time.Hour })
+		testkit.WaitFor(t, 10*time.Second, "a warm sandbox", func() bool { return p.Stats().Warm == 1 })
+		d.mu.Lock()
+		d.ready = make(chan struct{}) // the next start stays under way
+		d.mu.Unlock()
+		sb, err := p.Acquire(t.Context(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testkit.WaitFor(t, 10*time.Second, "a warm start beside the run, lowered", func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return len(p.low) == 1
+		})
+		hold := make(chan struct{})
+		c := d.get(sb.ID())
+		c.mu.Lock()
+		c.holdReset = hold
+		c.mu.Unlock()
+		p.Release(t.Context(), sb, true)
+		took := make(chan *Sandbox, 1)
+		go func() {
+			sb, err := p.Acquire(t.Context(), 0)
+			if err != nil {
+				t.Error(err)
+			}
+			took <- sb
+		}()
+		testkit.WaitFor(t, 10*time.Second, "the caller waiting", func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return p.waiting == 1
+		})
+		time.Sleep(100 * time.Millisecond) // a raise's goroutine would run by now
+		if got := weights(d, "c002"); !slices.Equal(got, lowThenDefault[:1]) {
+			t.Errorf("weights of the start while a scrub can serve the caller: %v, want %v", got, lowThenDefault[:1])
+		}
+		close(hold)
+		if got := <-took; got == nil || got.ID() != sb.ID() {
+			t.Errorf("the caller took %v, want the scrubbed %s", got, sb.ID())
+		} else {
+			p.Release(t.Context(), got, true)
+		}
+		if got := weights(d, "c002"); !slices.Equal(got, lowThenDefault[:1]) {
+			t.Errorf("weights of the start after the scrub served the caller: %v, want %v", got, lowThenDefault[:1])
+		}
+		close(d.ready)
+		testkit.WaitFor(t, 10*time.Second, "the start raised once ready", func() bool {
+			return slices.Equal(weights(d, "c002"), lowThenDefault)
+		})
+	})
 	t.Run("bounded", func(t *testing.T) {
 		t.Parallel()
 		d := newFakeDriver()
