@@ -49,7 +49,8 @@ type Config struct {
 	// recycling and held by sessions.
 	Max int
 	// MaxReuse bounds how many runs a sandbox serves (scrubbed between runs)
-	// before it is destroyed.
+	// before it is destroyed; each retires somewhat earlier, at random, so
+	// that sandboxes made together are not replaced together (wear.go).
 	MaxReuse int
 	// StartTimeout bounds creating a sandbox until its runner is ready.
 	StartTimeout time.Duration
@@ -530,7 +531,7 @@ func (p *Pool) unfitLocked(sb *Sandbox, reusable bool) string {
 		return destroyDedicated
 	case !reusable:
 		return destroyNotReusable
-	case sb.uses >= p.cfg.MaxReuse:
+	case sb.uses >= sb.retireAt:
 		return destroyMaxReuse
 	case p.staleLocked(sb):
 		return destroyImageChanged

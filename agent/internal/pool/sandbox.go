@@ -26,6 +26,9 @@ type Sandbox struct {
 
 	// uses counts the runs served; only the holder touches it.
 	uses int
+	// retireAt is the runs it serves before it is destroyed, at most
+	// Config.MaxReuse (see wear.go); set when it is made.
+	retireAt int
 	// idleSince is when it last joined the warm list; guarded by the pool.
 	idleSince time.Time
 	// dedicated sandboxes (made for a non-default memory limit) are never
@@ -206,7 +209,7 @@ func (p *Pool) open(ctx context.Context, memory int64, warm bool) (_ *Sandbox, e
 			}
 		}()
 	}
-	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now(), image: c.Image(), lane: lane, p: p}
+	sb := &Sandbox{c: c, rc: wire.NewClient(c.Stdout(), c.Stdin()), memory: memory, created: time.Now(), image: c.Image(), lane: lane, retireAt: p.drawRetireAt(), p: p}
 	if sb.image != image {
 		// The first sandbox, or the name names another image by now.
 		p.checkImage(ctx)
