@@ -15,8 +15,12 @@ import "math/rand/v2"
 // CPUs, a closed loop of a requests call had two of its three sandboxes
 // replaced together twice in 150 runs; for 6-8 s each time its runs took
 // p50 360-735 ms, against 135-190 ms between. Drawn bounds spread the
-// replacements out. No sandbox serves more than MaxReuse runs; a pool
-// whose MaxReuse is below retireSpread draws none.
+// replacements of sandboxes made together. They do not keep two sandboxes
+// made at other times from retiring close together: at --max-reuse 30,
+// with eight values to draw from, two sandboxes still retired within 2 s
+// of each other in each of four such loops. At the default 100 there are
+// 26 values. No sandbox serves more than
+// MaxReuse runs; a pool whose MaxReuse is below retireSpread draws none.
 const retireSpread = 4
 
 // drawRetireAt returns the number of runs a new sandbox serves before it
