@@ -126,7 +126,7 @@ scrubs, the last one's included, and nothing of the row before. host CPU: the wh
 busy time per run (other tenants included); sandbox CPU: the agent's sandboxes' cgroups (their gVisor
 kernels and everything in them, a replaced sandbox's start included); agent CPU: the agent
 process's own; new sandboxes: those the agent started during the row's runs (replacing one
-that served --max-reuse runs, or growing its pool). The matplotlib item fails (artifact_missing) unless its figure comes back as
+that served its runs (at most --max-reuse), or growing its pool). The matplotlib item fails (artifact_missing) unless its figure comes back as
 an artifact. load: the 1-minute load average when the row was measured. CPU sets' spread: the
 CPU time a fixed loop took on the slowest CPU set the preloaded stack's agent pins sandboxes to,
 over the fastest one's, as it last measured them (every 2 s at most) when the row ended; a virtual
