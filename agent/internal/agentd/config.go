@@ -299,7 +299,7 @@ func (cfg *Config) poolFlags(f *cli.Flags) {
 	f.Env("min-active", "MIN_ACTIVE")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", cfg.MaxSandboxes, "most sandboxes held at once (warm, busy and sessions)")
 	f.Env("max-sandboxes", "MAX_SANDBOXES")
-	f.IntVar(&cfg.MaxReuse, "max-reuse", cfg.MaxReuse, "stateless runs one sandbox serves at most, scrubbed between runs, before it is destroyed (each retires after its own number, between three quarters of this and all of it)")
+	f.IntVar(&cfg.MaxReuse, "max-reuse", cfg.MaxReuse, "stateless runs one sandbox serves at most, scrubbed between runs, before it is destroyed (each retires after its own number, between nine tenths of this and all of it)")
 	f.Env("max-reuse", "MAX_REUSE")
 	f.BoolVar(&cfg.Prestart, "prestart", cfg.Prestart, "start the interpreter of a sandbox's next stateless run when it is scrubbed, so that the run does not wait for it")
 	f.Env("prestart", "PRESTART")

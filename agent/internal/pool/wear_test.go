@@ -5,12 +5,12 @@ import (
 	"testing"
 )
 
-// Sandboxes retire after between MaxReuse less a quarter and MaxReuse
-// runs, not all after the same number.
+// Sandboxes retire after between MaxReuse less a tenth and MaxReuse runs,
+// not all after the same number.
 func TestPoolSpreadsRetirement(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
-	p := newTestPool(t, d, func(c *Config) { c.MinWarm, c.Max, c.MaxReuse = 1, 1, 8 })
+	p := newTestPool(t, d, func(c *Config) { c.MinWarm, c.Max, c.MaxReuse = 1, 1, 20 })
 	served := map[string]int{}
 	var order []string
 	for len(order) < 17 { // the 17th is still serving
@@ -30,8 +30,8 @@ func TestPoolSpreadsRetirement(t *testing.T) {
 	var counts []int
 	for _, id := range order[:16] {
 		n := served[id]
-		if n < 6 || n > 8 {
-			t.Errorf("sandbox %s served %d runs, want 6 to 8 (MaxReuse 8, less at most a quarter)", id, n)
+		if n < 18 || n > 20 {
+			t.Errorf("sandbox %s served %d runs, want 18 to 20 (MaxReuse 20, less at most a tenth)", id, n)
 		}
 		counts = append(counts, n)
 	}
