@@ -727,6 +727,27 @@ next:
 	return sum
 }
 
+// acquireWaiting calls p.Acquire with ctx in the background and waits
+// until it is the one caller in line (what says so in a failure); its
+// sandbox comes on the channel, nil if it failed (an error of t).
+func acquireWaiting(t *testing.T, ctx context.Context, p *Pool, what string) <-chan *Sandbox {
+	t.Helper()
+	got := make(chan *Sandbox, 1)
+	go func() {
+		sb, err := p.Acquire(ctx, 0)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- sb
+	}()
+	testkit.WaitFor(t, 10*time.Second, what, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.waiting == 1
+	})
+	return got
+}
+
 func isDone(c *fakeContainer) bool {
 	select {
 	case <-c.done:
@@ -748,19 +769,7 @@ func TestPoolWaitsAtCapacity(t *testing.T) {
 	if _, err := p.Acquire(ctx, 0); !errors.Is(err, ErrExhausted) {
 		t.Errorf("third Acquire at capacity: %v, want ErrExhausted", err)
 	}
-	got := make(chan *Sandbox, 1)
-	go func() {
-		sb, err := p.Acquire(context.Background(), 0)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- sb
-	}()
-	testkit.WaitFor(t, 10*time.Second, "the third Acquire to wait", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.waiting == 1
-	})
+	got := acquireWaiting(t, context.Background(), p, "the third Acquire to wait")
 	p.Release(t.Context(), a, true)
 	select {
 	case sb := <-got:

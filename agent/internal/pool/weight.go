@@ -37,15 +37,15 @@ const (
 	defaultYieldFor = 10 * time.Second
 )
 
-// lowered records c, started at startShares, until raise. If a caller
-// already waits, it is raised at once. The returned stop ends the bound's
-// timer.
+// lowered records c, started at startShares, until raise. If callers
+// already need it (startsNeededLocked), it is raised at once. The returned
+// stop ends the bound's timer.
 func (p *Pool) lowered(c sandbox.Container) (stop func() bool) {
 	p.mu.Lock()
 	p.low[c] = struct{}{}
-	waiting := p.waiting > p.n[recycling]
+	needed := p.startsNeededLocked()
 	p.mu.Unlock()
-	if waiting {
+	if needed {
 		go p.raise(c)
 	}
 	return time.AfterFunc(p.cfg.yieldFor, func() { p.raise(c) }).Stop
@@ -79,13 +79,16 @@ func (p *Pool) forget(c sandbox.Container) {
 	p.mu.Unlock()
 }
 
-// raiseForWaitersLocked raises every lowered start if more callers wait
-// than sandboxes are being scrubbed: one of them may get a start. While
-// the scrubs under way can serve them all (each in tens to hundreds of
-// milliseconds, against a start's seconds), the starts keep yielding. p.mu
-// is held.
+// startsNeededLocked reports whether more callers wait than sandboxes are
+// being scrubbed: one of them may get a start. While the scrubs under way
+// can serve them all (each in tens to hundreds of milliseconds, against a
+// start's seconds), the starts keep yielding. p.mu is held.
+func (p *Pool) startsNeededLocked() bool { return p.waiting > p.n[recycling] }
+
+// raiseForWaitersLocked raises every lowered start if startsNeededLocked.
+// p.mu is held.
 func (p *Pool) raiseForWaitersLocked() {
-	if p.waiting > p.n[recycling] {
+	if p.startsNeededLocked() {
 		p.raiseAllLocked()
 	}
 }

@@ -82,19 +82,7 @@ func TestPoolWarmStartsYieldTheCPU(t *testing.T) {
 		c.holdReset = hold
 		c.mu.Unlock()
 		p.Release(t.Context(), sb, true)
-		took := make(chan *Sandbox, 1)
-		go func() {
-			sb, err := p.Acquire(t.Context(), 0)
-			if err != nil {
-				t.Error(err)
-			}
-			took <- sb
-		}()
-		testkit.WaitFor(t, 10*time.Second, "the caller waiting", func() bool {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return p.waiting == 1
-		})
+		took := acquireWaiting(t, t.Context(), p, "the caller waiting")
 		time.Sleep(100 * time.Millisecond) // a raise's goroutine would run by now
 		if got := weights(d, "c002"); !slices.Equal(got, lowThenDefault[:1]) {
 			t.Errorf("weights of the start while a scrub can serve the caller: %v, want %v", got, lowThenDefault[:1])
