@@ -295,7 +295,7 @@ func (cfg *Config) sandboxFlags(f *cli.Flags) {
 
 // poolFlags defines the flags of the pool of sandboxes and the queue for them.
 func (cfg *Config) poolFlags(f *cli.Flags) {
-	f.IntVar(&cfg.MinActive, "min-active", cfg.MinActive, "warm sandboxes kept ready")
+	f.IntVar(&cfg.MinActive, "min-active", cfg.MinActive, "warm sandboxes kept ready beside those at work; while runs wait for the CPUs (--run-slots), this many in all")
 	f.Env("min-active", "MIN_ACTIVE")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", cfg.MaxSandboxes, "most sandboxes held at once (warm, busy and sessions)")
 	f.Env("max-sandboxes", "MAX_SANDBOXES")

@@ -42,9 +42,10 @@ type Gate struct {
 	slots int
 	hold  time.Duration
 
-	mu      sync.Mutex
-	used    int
-	waiting []*waiter // in arrival order
+	mu       sync.Mutex
+	used     int
+	waiting  []*waiter // in arrival order
+	lastWait time.Time // when a caller of Enter last found no slot free
 }
 
 type waiter struct {
@@ -83,6 +84,18 @@ func (g *Gate) Stats() Stats {
 	return Stats{Admitted: g.used, Waiting: len(g.waiting)}
 }
 
+// WaitedWithin reports whether a caller of Enter found no slot free within
+// the last d: the host's CPUs were all at work. It is false for a gate
+// without a limit.
+func (g *Gate) WaitedWithin(d time.Duration) bool {
+	if g.unbounded() {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.lastWait.IsZero() && time.Since(g.lastWait) < d
+}
+
 // Enter waits until a slot is free and no earlier caller is still waiting,
 // and takes it. If ctx ends first it returns ErrSaturated, wrapped with the
 // context's error.
@@ -98,6 +111,7 @@ func (g *Gate) Enter(ctx context.Context) (*Ticket, error) {
 	}
 	w := &waiter{ready: make(chan struct{})}
 	g.waiting = append(g.waiting, w)
+	g.lastWait = time.Now()
 	g.mu.Unlock()
 	select {
 	case <-w.ready:

@@ -146,6 +146,29 @@ func TestLeaveOnce(t *testing.T) {
 	<-fourth
 }
 
+// TestWaitedWithin: only a caller of Enter that finds no slot free counts
+// as a wait; Take beyond the limit does not, and the wait ages out.
+func TestWaitedWithin(t *testing.T) {
+	t.Parallel()
+	g := New(1, time.Hour)
+	run, _ := g.Enter(t.Context())
+	g.Take().Leave()
+	if g.WaitedWithin(time.Hour) {
+		t.Fatal("a wait counted where every Enter found a slot")
+	}
+	next := enterAsync(t, t.Context(), g)
+	waitWaiting(t, g, 1)
+	run.Leave()
+	(<-next).Leave()
+	if !g.WaitedWithin(time.Hour) {
+		t.Fatal("a caller waited, and WaitedWithin says not")
+	}
+	time.Sleep(20 * time.Millisecond)
+	if g.WaitedWithin(10 * time.Millisecond) {
+		t.Fatal("WaitedWithin(10ms) 20 ms after the wait")
+	}
+}
+
 func TestTakeCountsButDoesNotWait(t *testing.T) {
 	t.Parallel()
 	g := New(1, time.Hour)
@@ -242,6 +265,9 @@ func TestNoLimit(t *testing.T) {
 			tk.Leave()
 		}
 		g.Take().Leave()
+		if g.WaitedWithin(time.Hour) {
+			t.Fatal("WaitedWithin of a gate without limit")
+		}
 		if st := g.Stats(); st != (Stats{}) || g.Slots() != 0 {
 			t.Fatalf("Stats = %+v, Slots = %d of a gate without limit", st, g.Slots())
 		}

@@ -43,7 +43,9 @@ type Config struct {
 	// the default memory limit; runs asking for another limit get a
 	// dedicated sandbox.
 	Spec sandbox.Spec
-	// MinWarm sandboxes are kept started and ready.
+	// MinWarm sandboxes are kept started and ready (warm, or being
+	// scrubbed) beside those at work; while runs wait for the CPUs (Gate),
+	// only MinWarm in all (see spareQuiet).
 	MinWarm int
 	// Max bounds the sandboxes held at once: warm, busy, starting,
 	// recycling and held by sessions.
@@ -70,7 +72,9 @@ type Config struct {
 	Metrics *Metrics
 	// Gate, if set, is the agent's admission to the CPUs: a scrub takes a
 	// slot of it (without waiting) for as long as it works, so that runs
-	// are admitted beside scrubs only while CPUs are free.
+	// are admitted beside scrubs only while CPUs are free; and the pool
+	// grows past MinWarm sandboxes in all only while no run has waited
+	// for a slot lately (spareQuiet).
 	Gate *cpuslots.Gate
 	// CPUSets, if set, are the host CPUs sandboxes are pinned to (see
 	// sandbox.Spec.CPUSet), each sandbox to one set: the pool spreads them
@@ -613,6 +617,32 @@ func (p *Pool) checkEngine() {
 	}
 }
 
+// spareQuiet is how long no run may have waited for a CPU slot
+// (Config.Gate) before the pool starts sandboxes past MinWarm in all.
+//
+// The pool keeps MinWarm sandboxes idle beside those at work, so that a
+// caller finds one ready rather than waiting for a scrub; under a steady
+// load that means MinWarm more than the load keeps busy. Where runs wait
+// for the CPUs, such a sandbox only waits too: a caller that takes it
+// waits for a slot instead of a scrub, and the scrubs are what the slots
+// serve anyway. Each costs a start, seconds of CPU (a preloaded parent's
+// imports: ~4 s under gVisor) taken from the runs, and its memory. On a
+// 2-CPU host, four callers of the numpy item against an agent with
+// --min-active 4 grew its pool from 5 to 7 sandboxes, and two such starts
+// in a row of 12 runs cut its runs/s from 6.2-6.6 to 4.0 (the runner's
+// RATIONALE, "Three make bench runs of one build"). While runs wait, the
+// pool keeps MinWarm in all, and callers beyond them wait for a scrub or
+// start their own (Acquire): it grows with the callers, not ahead of them.
+const spareQuiet = 10 * time.Second
+
+// spareRoomLocked reports whether fill may start another warm sandbox:
+// the pool has fewer than MinWarm in all for stateless runs, or no run
+// has waited for a CPU slot within spareQuiet. p.mu is held.
+func (p *Pool) spareRoomLocked() bool {
+	inUse := len(p.warm) + p.n[starting] + p.n[direct] + p.n[busy] + p.n[recycling]
+	return inUse < p.cfg.MinWarm || !p.cfg.Gate.WaitedWithin(spareQuiet)
+}
+
 // fillLoop keeps MinWarm sandboxes warm.
 func (p *Pool) fillLoop(ctx context.Context) {
 	defer p.wg.Done()
@@ -641,7 +671,7 @@ func (p *Pool) fill(ctx context.Context) {
 		p.destroyLocked(sb, destroyIdle)
 	}
 	for p.ready && !p.closed &&
-		len(p.warm)+p.incomingLocked() < p.cfg.MinWarm &&
+		len(p.warm)+p.incomingLocked() < p.cfg.MinWarm && p.spareRoomLocked() &&
 		p.totalLocked() < p.cfg.Max &&
 		p.n[starting] < maxStarting &&
 		!time.Now().Before(p.nextFill) {

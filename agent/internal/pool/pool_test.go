@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/codemode-go/codemode/agent/internal/cpuslots"
 	"github.com/codemode-go/codemode/agent/internal/sandbox"
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
@@ -1213,4 +1214,61 @@ func (p *Pool) warmIDs() []string {
 		ids = append(ids, sb.ID())
 	}
 	return ids
+}
+
+// TestPoolGrowsPastMinWarmOnlyWithCPUsToSpare: the pool keeps MinWarm
+// sandboxes idle beside those at work while no run waits for a CPU slot,
+// and only MinWarm in all once one has (spareQuiet).
+func TestPoolGrowsPastMinWarmOnlyWithCPUsToSpare(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	gate := cpuslots.New(1, time.Hour)
+	p := newTestPool(t, d, func(c *Config) { c.MinWarm, c.Max, c.Gate = 2, 6, gate })
+	testkit.WaitFor(t, 10*time.Second, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
+
+	// No run has waited: a sandbox at work is replaced on the warm list.
+	first, err := p.Acquire(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 10*time.Second, "two warm beside the one at work", func() bool {
+		st := p.Stats()
+		return st.Warm == 2 && st.Busy == 1 && st.Starting == 0
+	})
+
+	// A run waits for the one slot.
+	tk, err := gate.Enter(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		tk, err := gate.Enter(t.Context())
+		tk.Leave()
+		waited <- err
+	}()
+	testkit.WaitFor(t, 10*time.Second, "a run waiting for a slot", func() bool { return gate.Stats().Waiting == 1 })
+	tk.Leave()
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+
+	// Now the two warm ones taken leave three at work and none idle: past
+	// MinWarm in all, so none is started.
+	var taken []*Sandbox
+	for range 2 {
+		sb, err := p.Acquire(t.Context(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		taken = append(taken, sb)
+	}
+	if testkit.Until(time.Second, func() bool { st := p.Stats(); return st.Starting > 0 || st.Warm > 0 }) {
+		t.Fatalf("the pool grew while runs waited for the CPUs: %+v", p.Stats())
+	}
+	// They come back after their scrubs, and serve the next callers.
+	for _, sb := range append(taken, first) {
+		p.Release(t.Context(), sb, true)
+	}
+	testkit.WaitFor(t, 10*time.Second, "three warm again", func() bool { st := p.Stats(); return st.Warm == 3 && st.Busy == 0 })
 }
