@@ -639,8 +639,8 @@ const spareQuiet = 10 * time.Second
 // the pool has fewer than MinWarm in all for stateless runs, or no run
 // has waited for a CPU slot within spareQuiet. p.mu is held.
 func (p *Pool) spareRoomLocked() bool {
-	inUse := len(p.warm) + p.n[starting] + p.n[direct] + p.n[busy] + p.n[recycling]
-	return inUse < p.cfg.MinWarm || !p.cfg.Gate.WaitedWithin(spareQuiet)
+	stateless := p.totalLocked() - p.n[held]
+	return stateless < p.cfg.MinWarm || !p.cfg.Gate.WaitedWithin(spareQuiet)
 }
 
 // fillLoop keeps MinWarm sandboxes warm.
