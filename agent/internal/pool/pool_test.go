@@ -332,9 +332,11 @@ func TestPoolRecyclesBoundedTimes(t *testing.T) {
 	if ids[0] != ids[1] || ids[1] != ids[2] || ids[3] == ids[2] {
 		t.Errorf("sandboxes used: %v", ids)
 	}
-	if got := d.get("c001"); got != nil && !isDone(got) {
-		t.Errorf("worn-out sandbox still live")
-	}
+	// Removal runs beside the rest (destroyLocked).
+	testkit.WaitFor(t, 10*time.Second, "the worn-out sandbox removed", func() bool {
+		got := d.get("c001")
+		return got == nil || isDone(got)
+	})
 	// The first and the fourth run took a new sandbox (warm, or started
 	// for the run if the pool had not started one yet), the second and
 	// the third the first one scrubbed; all but the third were scrubbed.
@@ -1174,11 +1176,16 @@ func TestPoolReplacesOldImage(t *testing.T) {
 		}
 		return n == 2 && len(p.warm) == 2
 	})
-	for _, id := range old {
-		if c := d.get(id); c != nil && !isDone(c) {
-			t.Errorf("warm sandbox %s of the old image still live", id)
+	// Removal runs beside the starts (destroyLocked), so the new image's
+	// sandboxes may be warm a moment before the old ones are gone.
+	testkit.WaitFor(t, 10*time.Second, "the old image's warm sandboxes removed", func() bool {
+		for _, id := range old {
+			if c := d.get(id); c != nil && !isDone(c) {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	c := d.get(busy.ID())
 	p.Release(t.Context(), busy, true)
 	testkit.WaitFor(t, 10*time.Second, "the old image's busy sandbox removed", func() bool { return isDone(c) })
