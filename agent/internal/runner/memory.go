@@ -21,8 +21,9 @@ const memoryPoll = 10 * time.Millisecond
 // memoryNearThreshold of the threshold, where an allocator faster than a
 // few GiB/s (one Python loop of bytearray(16 << 20)) could otherwise cross
 // the rest of the headroom between two polls, or while the watchdog waits
-// for a CPU on a loaded host. Each look costs ~0.1 ms under gVisor, so it is
-// paid only near the limit.
+// for a CPU on a loaded host. A look and the wake-up before it cost the
+// sandbox 0.5-0.8 ms of CPU pinned, more unpinned (the RATIONALE's "Where a forked
+// run's cost is"), so the fast polling is paid only near the limit.
 const (
 	memoryPollNear      = time.Millisecond
 	memoryNearThreshold = 128 << 20
