@@ -64,6 +64,12 @@ type Language struct {
 	PreloadLight []string
 	// Parent is the argv of that preloaded parent (see zygote.py).
 	Parent []string
+	// ParentEnv is added to the environment the preloaded parent starts
+	// with, and only to it: settings read once at an interpreter's start
+	// (its memory allocator's), which the interpreters forked from it
+	// inherit with its memory. The parent removes them from its environment
+	// before it imports or forks anything, so that runs see Env alone.
+	ParentEnv []string
 	// PreloadProbe, given module names as further arguments, prints those
 	// the image has, one per line: the runner that probes the versions
 	// reports the others, which the parent will skip.
@@ -149,6 +155,12 @@ var table = []Language{
 		PreloadLight: []string{"requests", "numpy"},
 		// -s: no user site directory in a process that starts as root.
 		Parent: []string{"python3", "-s", "-c", zygotePython},
+		// Objects in glibc's heap rather than in pymalloc's 1 MiB arenas,
+		// and the heap grown 64 MiB at a time: under gVisor a forked child
+		// then copies fewer and larger pieces of its parent, and code that
+		// allocates much makes fewer system calls (the runner's RATIONALE,
+		// "The parent's memory allocator").
+		ParentEnv: []string{"PYTHONMALLOC=malloc", "MALLOC_TOP_PAD_=67108864"},
 		// The top-level package only: finding matplotlib.pyplot's would
 		// import matplotlib.
 		PreloadProbe: []string{"python3", "-I", "-c", "import importlib.util as u, sys\nfor m in sys.argv[1:]:\n    if u.find_spec(m.partition('.')[0]) is not None:\n        print(m)"},

@@ -49,6 +49,10 @@ def _codemode_zygote():
 
     sock = socket.socket(fileno=3)
     cfg = json.loads(sock.recv(1 << 20))
+    # The settings the runner gave this process alone (the languages
+    # table's ParentEnv), read when it started: not for its children's eyes.
+    for name in cfg.get("unset", ()):
+        os.environ.pop(name, None)
     uid, gid, own = cfg["uid"], cfg["gid"], cfg["parent_uid"]
     os.setresgid(gid, gid, gid)
     # While it imports, its real uid is the user's too, so that the modules'

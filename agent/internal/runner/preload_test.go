@@ -76,6 +76,50 @@ func TestPreloadChoosesInterpreter(t *testing.T) {
 	}
 }
 
+// allocatorProbe prints whether the interpreter allocates through pymalloc
+// and which of the parent's own settings (the languages table's ParentEnv)
+// its environment shows.
+const allocatorProbe = `import os, sys, tempfile
+with tempfile.TemporaryFile() as f:
+    saved = os.dup(2)
+    os.dup2(f.fileno(), 2)
+    sys._debugmallocstats()
+    os.dup2(saved, 2)
+    f.seek(0)
+    pymalloc = b"Small block threshold" in f.read()
+print(pymalloc, sorted(k for k in os.environ if k.startswith(("PYTHONMALLOC", "MALLOC_"))))
+`
+
+// Interpreters forked from either parent, and a session's kernel, allocate
+// as the parent does, through glibc's malloc (ParentEnv), without seeing the
+// settings that made it so; a fresh interpreter, and one a run starts,
+// keep pymalloc.
+func TestPreloadAllocator(t *testing.T) {
+	t.Parallel()
+	sb := startPreloaded(t)
+	const forked, fresh = "False []\n", "True []\n"
+	for _, tc := range []struct{ name, code, want string }{
+		{"light parent", "import numpy\n" + allocatorProbe, forked},
+		{"parent", "import pandas\n" + allocatorProbe, forked},
+		{"light parent again", "import numpy\n" + allocatorProbe, forked},
+		{"parent again", "import pandas\n" + allocatorProbe, forked},
+		{"started by a run", "import subprocess, sys\nsys.stdout.flush()\nsubprocess.run([sys.executable, '-c', " + strconv.Quote(allocatorProbe) + "])", fresh},
+	} {
+		if r := sb.mustRun(t, "python", tc.code); r.stdout != tc.want {
+			t.Errorf("%s: stdout %q, want %q; stderr %q", tc.name, r.stdout, tc.want, r.stderr)
+		}
+		sb.reset(t)
+	}
+	if r := sb.run(t.Context(), &runnerv1.Run{Language: "python", Code: allocatorProbe, Stateful: true}); r.err != nil || r.stdout != forked {
+		t.Errorf("session: stdout %q, want %q; stderr %q, %v", r.stdout, forked, r.stderr, r.err)
+	}
+	sb.reset(t)
+	cold := startSandboxOpts(t, buildRunner(t), "256m")
+	if r := cold.mustRun(t, "python", "import numpy\n"+allocatorProbe); r.stdout != fresh {
+		t.Errorf("without preloading: stdout %q, want %q; stderr %q", r.stdout, fresh, r.stderr)
+	}
+}
+
 // With -preload-start=false a sandbox whose runs name no preloaded module
 // never starts a parent; the first run that names one starts in a fresh
 // interpreter, and the Reset after it starts the parent, which forks the

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -115,6 +116,16 @@ type parentMsg struct {
 // (pool.DefaultResetTimeout, pool.DefaultStartTimeout).
 const parentReadyTimeout = 20 * time.Second
 
+// envNames returns the names of env's NAME=value entries.
+func envNames(env []string) []string {
+	names := make([]string, 0, len(env))
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		names = append(names, name)
+	}
+	return names
+}
+
 // Config says how a parent is started.
 type Config struct {
 	UID, GID  int    // the user's
@@ -162,7 +173,7 @@ func Start(procs *proc.Table, lang languages.Language, modules, light []string, 
 		return nil, fmt.Errorf("create pipe: %w", err)
 	}
 	files[2] = errW
-	p, err := procs.Start(proc.Spec{Argv: lang.Parent, Env: c.Env, Files: files, Parent: true})
+	p, err := procs.Start(proc.Spec{Argv: lang.Parent, Env: slices.Concat(c.Env, lang.ParentEnv), Files: files, Parent: true})
 	if err != nil {
 		errR.Close()
 		cleanup()
@@ -174,7 +185,7 @@ func Start(procs *proc.Table, lang languages.Language, modules, light []string, 
 	cfg, err := json.Marshal(map[string]any{
 		"uid": c.UID, "gid": c.GID, "parent_uid": wire.ParentUID,
 		"workspace": c.Workspace, "modules": modules, "prestart": lang.Prestart[len(lang.Prestart)-1], "kernel": KernelSource(lang),
-		"end": endName, "light": lightCfg,
+		"end": endName, "light": lightCfg, "unset": envNames(lang.ParentEnv),
 	})
 	if err == nil {
 		err = z.send(cfg, nil)
