@@ -68,7 +68,7 @@ type Language struct {
 	// with, and only to it: settings read once at an interpreter's start
 	// (its memory allocator's), which the interpreters forked from it
 	// inherit with its memory. The parent removes them from its environment
-	// before it imports or forks anything, so that runs see Env alone.
+	// before its imports and its first fork, so that runs see Env alone.
 	ParentEnv []string
 	// PreloadProbe, given module names as further arguments, prints those
 	// the image has, one per line: the runner that probes the versions
