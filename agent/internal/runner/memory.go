@@ -22,8 +22,9 @@ const memoryPoll = 10 * time.Millisecond
 // few GiB/s (one Python loop of bytearray(16 << 20)) could otherwise cross
 // the rest of the headroom between two polls, or while the watchdog waits
 // for a CPU on a loaded host. A look and the wake-up before it cost the
-// sandbox 0.5-0.8 ms of CPU pinned, more unpinned (the RATIONALE's "Where a forked
-// run's cost is"), so the fast polling is paid only near the limit.
+// sandbox 0.5-0.8 ms of CPU pinned, more unpinned (the RATIONALE's "Where
+// a forked run's cost is"), so the fast polling is paid only near the
+// limit.
 const (
 	memoryPollNear      = time.Millisecond
 	memoryNearThreshold = 128 << 20
