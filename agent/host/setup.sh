@@ -16,6 +16,7 @@ set -euo pipefail
 
 IMAGE="${DOCKER_IMAGE_NAME:-codemode-sandbox:bookworm}"
 PACKAGES_FILE="$(dirname "$0")/sandbox-packages"
+PYARENA_SRC="$(dirname "$0")/pyarena.c"
 RUNSC_VERSION="${RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}"
 STATE_DIR="${CODEMODE_STATE_DIR:-/var/lib/codemode}"
 DOCKERD_LOG="$STATE_DIR/dockerd.log"
@@ -151,7 +152,7 @@ docker info --format '{{json .Runtimes}}' | grep -q runsc || { log "dockerd has 
 # build step, and $IMAGE points at it: a changed list builds a new image, an
 # unchanged one is kept.
 packages=$(grep -vE '^\s*(#|$)' "$PACKAGES_FILE" | tr -s ' \n' ' ')
-build_digest=$(printf '%s\n%s\n' "$packages" "$(sed -n '/^# --- 4. sandbox image/,/^# --- end of 4/p' "$0")" | sha256sum | cut -c1-12)
+build_digest=$(printf '%s\n%s\n%s\n' "$packages" "$(sed -n '/^# --- 4. sandbox image/,/^# --- end of 4/p' "$0")" "$(cat "$PYARENA_SRC")" | sha256sum | cut -c1-12)
 case "$IMAGE" in
 codemode-sandbox:*)
   built="${IMAGE%%:*}:${IMAGE#*:}-$build_digest"
@@ -200,6 +201,14 @@ codemode-sandbox:*)
     # plotting run under gVisor (2.0 s against 1.7 s). Without it
     # mpl_toolkits is a namespace package Python finds itself.
     rm -f "$root"/usr/lib/python3/dist-packages/mpl_toolkits/__init__.py "$root"/usr/lib/python3/dist-packages/mpl_toolkits/__pycache__/__init__.*
+    # pymalloc's arenas from glibc's heap, for the preloaded Python parent
+    # (pyarena.c says why; the languages table's ParentEnv loads it):
+    # built with the image's own compiler, and checked to load.
+    mkdir -p "$root/usr/lib/codemode" && cp "$PYARENA_SRC" "$root/tmp/pyarena.c" &&
+      chroot "$root" gcc -O2 -Wall -Wextra -Werror -shared -fPIC -o /usr/lib/codemode/pyarena.so /tmp/pyarena.c >>"$STATE_DIR/debootstrap.log" 2>&1 &&
+      rm -f "$root/tmp/pyarena.c" && chmod 0755 "$root/usr/lib/codemode" && chmod 0644 "$root/usr/lib/codemode/pyarena.so" &&
+      chroot "$root" env LD_PRELOAD=/usr/lib/codemode/pyarena.so MALLOC_MMAP_THRESHOLD_=4194304 python3 -c 'import json; json.loads(json.dumps([{"k": i} for i in range(200000)]))' >>"$STATE_DIR/debootstrap.log" 2>&1 ||
+      { log "building /usr/lib/codemode/pyarena.so failed; see $STATE_DIR/debootstrap.log"; rm -rf "$root"; exit 1; }
     # The image must keep its contract (docs/sandbox.md): check the modules import.
     # The import also writes matplotlib's font list, which the image keeps
     # in /usr/share/codemode/matplotlib: the runner copies it into each

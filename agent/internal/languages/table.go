@@ -134,6 +134,11 @@ func build(file, compile string, fromFD bool) []string {
 // Default is the language of a run or session that names none.
 const Default = "python"
 
+// PyArenaLib is where the sandbox image keeps the library that puts
+// pymalloc's arenas in glibc's heap (agent/host/pyarena.c), which the
+// Python parent's ParentEnv preloads.
+const PyArenaLib = "/usr/lib/codemode/pyarena.so"
+
 // languages is the table, in the order languages are listed to users.
 // Treat its entries as constants.
 var table = []Language{
@@ -155,12 +160,14 @@ var table = []Language{
 		PreloadLight: []string{"requests", "numpy"},
 		// -s: no user site directory in a process that starts as root.
 		Parent: []string{"python3", "-s", "-c", zygotePython},
-		// Objects in glibc's heap rather than in pymalloc's 1 MiB arenas,
-		// and the heap grown 64 MiB at a time: under gVisor a forked child
-		// then copies fewer and larger pieces of its parent, and code that
-		// allocates much makes fewer system calls (the runner's RATIONALE,
-		// "The parent's memory allocator").
-		ParentEnv: []string{"PYTHONMALLOC=malloc", "MALLOC_TOP_PAD_=67108864"},
+		// pymalloc's arenas in glibc's heap (the image's pyarena.so, built
+		// from agent/host/pyarena.c) rather than each its own mapping, no
+		// arena mapped by glibc on its own, and the heap grown 64 MiB at a
+		// time: under gVisor a forked child then copies fewer and larger
+		// pieces of its parent, and code that allocates much makes fewer
+		// system calls (the runner's RATIONALE, "The parent's memory
+		// allocator"). An image without the library keeps mapped arenas.
+		ParentEnv: []string{"LD_PRELOAD=" + PyArenaLib, "MALLOC_MMAP_THRESHOLD_=4194304", "MALLOC_TOP_PAD_=67108864"},
 		// The top-level package only: finding matplotlib.pyplot's would
 		// import matplotlib.
 		PreloadProbe: []string{"python3", "-I", "-c", "import importlib.util as u, sys\nfor m in sys.argv[1:]:\n    if u.find_spec(m.partition('.')[0]) is not None:\n        print(m)"},

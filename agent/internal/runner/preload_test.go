@@ -76,28 +76,32 @@ func TestPreloadChoosesInterpreter(t *testing.T) {
 	}
 }
 
-// allocatorProbe prints whether the interpreter allocates through pymalloc
-// and which of the parent's own settings (the languages table's ParentEnv)
-// its environment shows.
-const allocatorProbe = `import os, sys, tempfile
-with tempfile.TemporaryFile() as f:
-    saved = os.dup(2)
-    os.dup2(f.fileno(), 2)
-    sys._debugmallocstats()
-    os.dup2(saved, 2)
-    f.seek(0)
-    pymalloc = b"Small block threshold" in f.read()
-print(pymalloc, sorted(k for k in os.environ if k.startswith(("PYTHONMALLOC", "MALLOC_"))))
+// allocatorProbe fills and empties pymalloc's arenas, then prints the file
+// of the function its arenas come from (pyarena.so: glibc's heap, the
+// languages table's ParentEnv; python3: their own mappings) and which of
+// the parent's own settings its environment shows.
+const allocatorProbe = `import ctypes, os
+for _ in range(3):
+    x = [str(i) for i in range(300000)]
+    del x
+class Arenas(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p)]
+class DlInfo(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p), ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+a, info = Arenas(), DlInfo()
+ctypes.pythonapi.PyObject_GetArenaAllocator(ctypes.byref(a))
+ctypes.CDLL(None).dladdr(ctypes.c_void_p(a.alloc), ctypes.byref(info))
+print(os.path.basename(info.fname.decode()), sorted(k for k in os.environ if k.startswith(("PYTHONMALLOC", "MALLOC_", "LD_"))))
 `
 
-// Interpreters forked from either parent, and a session's kernel, allocate
-// as the parent does, through glibc's malloc (ParentEnv), without seeing the
-// settings that made it so; a fresh interpreter, and one a run starts,
-// keep pymalloc.
+// Interpreters forked from either parent, and a session's kernel, take
+// pymalloc's arenas from glibc's heap as the parent does (ParentEnv's
+// pyarena.so), and free them there, without seeing the settings that made
+// it so; a fresh interpreter, and one a run starts, map their arenas.
 func TestPreloadAllocator(t *testing.T) {
 	t.Parallel()
 	sb := startPreloaded(t)
-	const forked, fresh = "False []\n", "True []\n"
+	const forked, fresh = "pyarena.so []\n", "python3 []\n"
 	for _, tc := range []struct{ name, code, want string }{
 		{"light parent", "import numpy\n" + allocatorProbe, forked},
 		{"parent", "import pandas\n" + allocatorProbe, forked},

@@ -126,6 +126,24 @@ func envNames(env []string) []string {
 	return names
 }
 
+// parentEnv is lang's ParentEnv less an LD_PRELOAD of a library the image
+// lacks (one not built by agent/host/setup.sh), which the dynamic linker
+// would only complain of: the parent then starts without it, and the log
+// says so.
+func parentEnv(lang languages.Language, log *slog.Logger) []string {
+	return slices.DeleteFunc(slices.Clone(lang.ParentEnv), func(kv string) bool {
+		lib, ok := strings.CutPrefix(kv, "LD_PRELOAD=")
+		if !ok {
+			return false
+		}
+		if _, err := os.Stat(lib); err != nil {
+			log.Warn("preloaded parent: the image lacks a library of its settings; started without it", "lang", lang.Name, "library", lib, "error", err)
+			return true
+		}
+		return false
+	})
+}
+
 // Config says how a parent is started.
 type Config struct {
 	UID, GID  int    // the user's
@@ -173,7 +191,7 @@ func Start(procs *proc.Table, lang languages.Language, modules, light []string, 
 		return nil, fmt.Errorf("create pipe: %w", err)
 	}
 	files[2] = errW
-	p, err := procs.Start(proc.Spec{Argv: lang.Parent, Env: slices.Concat(c.Env, lang.ParentEnv), Files: files, Parent: true})
+	p, err := procs.Start(proc.Spec{Argv: lang.Parent, Env: slices.Concat(c.Env, parentEnv(lang, c.Log)), Files: files, Parent: true})
 	if err != nil {
 		errR.Close()
 		cleanup()
