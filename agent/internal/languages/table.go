@@ -161,13 +161,15 @@ var table = []Language{
 		// -s: no user site directory in a process that starts as root.
 		Parent: []string{"python3", "-s", "-c", zygotePython},
 		// pymalloc's arenas in glibc's heap (the image's pyarena.so, built
-		// from agent/host/pyarena.c) rather than each its own mapping, no
-		// arena mapped by glibc on its own, and the heap grown 64 MiB at a
-		// time: under gVisor a forked child then copies fewer and larger
-		// pieces of its parent, and code that allocates much makes fewer
-		// system calls (the runner's RATIONALE, "The parent's memory
-		// allocator"). An image without the library keeps mapped arenas.
-		ParentEnv: []string{"LD_PRELOAD=" + PyArenaLib, "MALLOC_MMAP_THRESHOLD_=4194304", "MALLOC_TOP_PAD_=67108864"},
+		// from agent/host/pyarena.c) rather than each its own mapping;
+		// glibc mapping nothing under 32 MiB on its own (where its own
+		// threshold ends up once such blocks are freed), so neither an
+		// arena nor numpy's arrays; and the heap grown 64 MiB at a time.
+		// Under gVisor a forked child then copies fewer and larger pieces
+		// of its parent, and code that allocates much makes fewer system
+		// calls (the runner's RATIONALE, "The parent's memory allocator").
+		// An image without the library keeps mapped arenas.
+		ParentEnv: []string{"LD_PRELOAD=" + PyArenaLib, "MALLOC_MMAP_THRESHOLD_=33554432", "MALLOC_TOP_PAD_=67108864"},
 		// The top-level package only: finding matplotlib.pyplot's would
 		// import matplotlib.
 		PreloadProbe: []string{"python3", "-I", "-c", "import importlib.util as u, sys\nfor m in sys.argv[1:]:\n    if u.find_spec(m.partition('.')[0]) is not None:\n        print(m)"},
