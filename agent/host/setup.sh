@@ -9,7 +9,8 @@
 #      (CODEMODE_HOST_HUGEPAGES=0 leaves them alone);
 #   3. the sandbox image (agent/host/sandbox-packages: python with numpy,
 #      pandas, matplotlib, requests; node; curl, git, jq, ...), built locally
-#      with debootstrap from this machine's own apt mirror.
+#      with debootstrap from this machine's own apt mirror, with
+#      agent/host/pyarena.c compiled into it.
 # Every step is skipped when its result is already there. Safe to run after an
 # unclean stop: stale pid files and a dead containerd are cleared first.
 set -euo pipefail
