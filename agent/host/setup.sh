@@ -208,7 +208,7 @@ codemode-sandbox:*)
     mkdir -p "$root/usr/lib/codemode" && cp "$PYARENA_SRC" "$root/tmp/pyarena.c" &&
       chroot "$root" gcc -O2 -Wall -Wextra -Werror -shared -fPIC -o /usr/lib/codemode/pyarena.so /tmp/pyarena.c >>"$STATE_DIR/debootstrap.log" 2>&1 &&
       rm -f "$root/tmp/pyarena.c" && chmod 0755 "$root/usr/lib/codemode" && chmod 0644 "$root/usr/lib/codemode/pyarena.so" &&
-      chroot "$root" env LD_PRELOAD=/usr/lib/codemode/pyarena.so MALLOC_MMAP_THRESHOLD_=33554432 python3 -c 'import json; json.loads(json.dumps([{"k": i} for i in range(200000)]))' >>"$STATE_DIR/debootstrap.log" 2>&1 ||
+      chroot "$root" env LD_PRELOAD=/usr/lib/codemode/pyarena.so python3 -c 'import json; json.loads(json.dumps([{"k": i} for i in range(200000)]))' >>"$STATE_DIR/debootstrap.log" 2>&1 ||
       { log "building /usr/lib/codemode/pyarena.so failed; see $STATE_DIR/debootstrap.log"; rm -rf "$root"; exit 1; }
     # The image must keep its contract (docs/sandbox.md): check the modules import.
     # The import also writes matplotlib's font list, which the image keeps
