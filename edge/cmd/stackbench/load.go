@@ -79,39 +79,21 @@ type measurement struct {
 // closed runs jobs through t with conc workers, each taking the next job
 // as soon as its last one ended. Each worker first makes warmups (at least
 // one) warm-up calls of the first job, one after the other, not measured.
-// A worker that cannot dial counts its share of the jobs as failures of
-// kind transport.
+// It fails if a worker cannot dial.
 func closed(ctx context.Context, t target, conc, warmups int, jobs []job) (*measurement, error) {
 	next := make(chan job, len(jobs))
 	for _, j := range jobs {
 		next <- j
 	}
 	close(next)
-	callers := make([]caller, conc)
-	defer func() {
-		for _, c := range callers {
-			if c != nil {
-				c.close()
-			}
-		}
-	}()
-	for i := range callers {
-		c, err := t.dial(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", t.name, err)
-		}
-		callers[i] = c
+	callers, err := dialAll(ctx, t, conc)
+	defer closeAll(callers)
+	if err != nil {
+		return nil, err
 	}
-	var wg sync.WaitGroup
-	for _, c := range callers { // warm-up, in parallel
-		wg.Go(func() {
-			for range max(warmups, 1) {
-				timed(ctx, c, jobs[0])
-			}
-		})
-	}
-	wg.Wait()
+	warmUp(ctx, callers, max(warmups, 1), jobs[0])
 	var (
+		wg      sync.WaitGroup
 		mu      sync.Mutex
 		samples []sample
 	)
@@ -136,6 +118,58 @@ func closed(ctx context.Context, t target, conc, warmups int, jobs []job) (*meas
 	elapsed := time.Since(t0)
 	cpu, added := meter()
 	return &measurement{target: t.name, conc: conc, mode: "closed", samples: samples, elapsed: elapsed, cpu: cpu, newSandboxes: added}, nil
+}
+
+// dialAll dials n callers of t. On an error it returns those dialled so
+// far with it, for closeAll.
+func dialAll(ctx context.Context, t target, n int) ([]caller, error) {
+	callers := make([]caller, 0, n)
+	for range n {
+		c, err := t.dial(ctx)
+		if err != nil {
+			return callers, fmt.Errorf("%s: %w", t.name, err)
+		}
+		callers = append(callers, c)
+	}
+	return callers, nil
+}
+
+func closeAll(callers []caller) {
+	for _, c := range callers {
+		c.close()
+	}
+}
+
+// warmUp makes n calls of j through each of callers, the callers at once
+// and each one's calls one after the other, and measures none.
+func warmUp(ctx context.Context, callers []caller, n int, j job) {
+	var wg sync.WaitGroup
+	for _, c := range callers {
+		wg.Go(func() {
+			for range n {
+				timed(ctx, c, j)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// spread makes n calls of j through t at once, measures none, and waits
+// for them: the runs take n warm sandboxes, on as many CPU sets as the
+// agent has up to n (a run takes one on the set with the least work under
+// way), and each sandbox then prestarts j's interpreter (a sandbox
+// prestarts its last run's). A paced stream after it finds j's
+// interpreter on every set, and the pool sends each run to one that is
+// not slow; after a single warm-up the stream has it in one sandbox only,
+// on whichever set that is.
+func spread(ctx context.Context, t target, n int, j job) error {
+	callers, err := dialAll(ctx, t, n)
+	defer closeAll(callers)
+	if err != nil {
+		return err
+	}
+	warmUp(ctx, callers, 1, j)
+	return ctx.Err()
 }
 
 // paced runs jobs through t one at a time, each pace after the end of the

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -511,5 +512,52 @@ func TestMeterReadsWhenQuiet(t *testing.T) {
 	want := []string{"quiet", "cpu", "sandboxes", "runs", "quiet", "cpu", "sandboxes"}
 	if !slices.Equal(events, want) {
 		t.Fatalf("events %v, want %v", events, want)
+	}
+}
+
+// gateCaller is a caller whose calls each wait until n calls are under way
+// at once, or until their context ends.
+type gateCaller struct {
+	n       int
+	mu      *sync.Mutex
+	cond    *sync.Cond
+	inCall  *int
+	maxSeen *int
+	closed  *int
+}
+
+func (c gateCaller) call(ctx context.Context, j job) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	*c.inCall++
+	*c.maxSeen = max(*c.maxSeen, *c.inCall)
+	c.cond.Broadcast()
+	stop := context.AfterFunc(ctx, func() { c.mu.Lock(); c.cond.Broadcast(); c.mu.Unlock() })
+	defer stop()
+	for *c.maxSeen < c.n && ctx.Err() == nil {
+		c.cond.Wait()
+	}
+	*c.inCall--
+	return nil
+}
+
+func (c gateCaller) close() { c.mu.Lock(); *c.closed++; c.mu.Unlock() }
+
+// TestSpread checks that spread's calls are under way at once (each call
+// here returns only once all are), on callers of their own, all closed
+// after.
+func TestSpread(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var inCall, maxSeen, closed, dialled int
+	c := gateCaller{n: 3, mu: &mu, cond: sync.NewCond(&mu), inCall: &inCall, maxSeen: &maxSeen, closed: &closed}
+	tg := target{name: "t", dial: func(context.Context) (caller, error) { dialled++; return c, nil }}
+	if err := spread(ctx, tg, 3, jobPrint); err != nil {
+		t.Fatal(err)
+	}
+	if maxSeen != 3 || dialled != 3 || closed != 3 {
+		t.Fatalf("calls at once %d, dialled %d, closed %d; want 3 of each", maxSeen, dialled, closed)
 	}
 }

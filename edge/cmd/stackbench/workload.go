@@ -56,13 +56,16 @@ var workloadSteps = []struct {
 const noRegressionRuns = 3
 
 // noRegressionClosedWarmups is how many unmeasured runs each worker makes
-// before a turn of workloadNoRegression's items in a closed loop. The
-// first two or three runs after a pause find the stack's sandboxes warm;
-// the runs after them wait for those sandboxes' Resets, each of which
-// prestarts the next interpreter (two to three times a run of print(1)).
-// With one warm-up, a turn's six measured runs fell on both sides, and
-// its p50 moved from one to the other from run to run (print(1): 0.91x to
-// 1.84x the fresh stack's); after three it is the loop's steady state.
+// before a turn of workloadNoRegression's items in a closed loop: three
+// sandboxes then hold the item's interpreter prestarted. The turn's CPU
+// reading waits for the agent to be quiet after them (target.startMeter),
+// so its measured runs begin on an idle agent: the first ones find warm
+// sandboxes, the next ones wait for the Resets of those before them (each
+// prestarts the next interpreter, two to three times a run of print(1),
+// and keeps its run's CPU slot). With one warm-up, a turn's six measured
+// runs moved its p50 from one mode to the other from run to run (print(1):
+// 0.91x to 1.84x the fresh stack's). RATIONALE.md says what else was
+// tried.
 const noRegressionClosedWarmups = 3
 
 // workloadRounds is how many shares of its runs each stack gets per item
@@ -121,6 +124,13 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 		res.memory = append(res.memory, stackMemory{stack: kinds[i].name, warm: b.memoryOf(ctx, s), loadWarm: loadAvg()})
 		targets = append(targets, b.workloadTarget(kinds[i].name, s))
 	}
+	// A paced turn begins with as many runs at once as the agent has CPU
+	// sets (see spread); both agents have the same.
+	speeds, err := setSpeeds(ctx, stacks[0].metrics)
+	if err != nil {
+		return err
+	}
+	spreadN := min(max(len(speeds), 1), b.o.warm)
 	for _, step := range workloadSteps {
 		for _, it := range workloadItems {
 			n, rounds := b.o.workloadN, workloadRounds
@@ -138,6 +148,9 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 						err error
 					)
 					if step.mode == "paced" {
+						if err = spread(ctx, targets[i], spreadN, it); err != nil {
+							return err
+						}
 						m, err = paced(ctx, targets[i], repeat(it, share))
 					} else {
 						warmups := 1
@@ -178,16 +191,12 @@ type workRow struct {
 // set's last measure over its fastest one's (codemode_agent_cpu_set_speed_seconds),
 // as "1.04x"; "-" if it measures none (pins nothing).
 func cpuSpread(ctx context.Context, url string) string {
-	fams, err := promtext.Scrape(ctx, url)
+	speeds, err := setSpeeds(ctx, url)
 	if err != nil {
 		return "?"
 	}
 	var lo, hi float64
-	for _, m := range fams["codemode_agent_cpu_set_speed_seconds"].GetMetric() {
-		v := m.GetGauge().GetValue()
-		if v <= 0 {
-			continue
-		}
+	for _, v := range speeds {
 		if lo == 0 || v < lo {
 			lo = v
 		}
@@ -197,6 +206,24 @@ func cpuSpread(ctx context.Context, url string) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2fx", hi/lo)
+}
+
+// setSpeeds reads the agent's /metrics at url and returns the last
+// measure of each CPU set it pins sandboxes to
+// (codemode_agent_cpu_set_speed_seconds), those not yet measured left
+// out: none if it pins nothing.
+func setSpeeds(ctx context.Context, url string) ([]float64, error) {
+	fams, err := promtext.Scrape(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	var speeds []float64
+	for _, m := range fams["codemode_agent_cpu_set_speed_seconds"].GetMetric() {
+		if v := m.GetGauge().GetValue(); v > 0 {
+			speeds = append(speeds, v)
+		}
+	}
+	return speeds, nil
 }
 
 // workloadTarget is the Connect JSON door of s's edge, its CPU metered
