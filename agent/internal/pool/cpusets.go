@@ -41,9 +41,17 @@ const (
 )
 
 // laneLocked picks the CPU set for a sandbox about to be started: the one
-// with the fewest sandboxes, live or starting, and counts the start in it
-// until the sandbox is live or destroyed (see open). -1 if the pool pins
-// nothing. p.mu is held.
+// with the fewest sandboxes, live or starting, the first of those that
+// tie, and counts the start in it until the sandbox is live or destroyed
+// (see open). -1 if the pool pins nothing. p.mu is held.
+//
+// A tie does not go to a set that is not slow: a slow spell lasts seconds
+// and a sandbox stays on its set for up to MaxReuse runs, so the spell at
+// its start says little about its life, and the layout it left was
+// chance. Two agents alike on one host then held their sandboxes on the
+// sets differently (three on the first and two on the second, or the
+// other way), and the same runs through them cost up to 1.59x the sandbox
+// CPU per run of one in the other (the agent's RATIONALE, "A slow CPU").
 func (p *Pool) laneLocked() int {
 	if len(p.cfg.CPUSets) == 0 {
 		return -1
@@ -51,7 +59,7 @@ func (p *Pool) laneLocked() int {
 	n, _ := p.laneLoadLocked()
 	best := 0
 	for i := range n {
-		if n[i] < n[best] || (n[i] == n[best] && p.slowLocked(best) && !p.slowLocked(i)) {
+		if n[i] < n[best] {
 			best = i
 		}
 	}

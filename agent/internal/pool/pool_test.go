@@ -662,6 +662,47 @@ func TestPoolFavoursFastCPUSets(t *testing.T) {
 	}
 }
 
+// A sandbox started while its CPU sets hold as many each goes to the
+// first of them, slow or not: a slow spell at its start says little about
+// its life, and agents alike on one host then lay their sandboxes out
+// alike (see laneLocked).
+func TestPoolStartsTiesOnFirstCPUSet(t *testing.T) {
+	t.Parallel()
+	d := newFakeDriver()
+	p := newTestPool(t, d, func(c *Config) {
+		c.MinWarm, c.Max, c.CPUSets = 2, 3, []string{"0", "1"}
+		c.measureSet = func(set string) (time.Duration, error) {
+			if set == "0" {
+				return 8 * time.Millisecond, nil
+			}
+			return 5 * time.Millisecond, nil
+		}
+	})
+	testkit.WaitFor(t, 10*time.Second, "two warm sandboxes", func() bool { return p.Stats().Warm == 2 })
+	testkit.WaitFor(t, 10*time.Second, "set 0 measured slow", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.slowLocked(0)
+	})
+	// One at work: the pool starts a third to keep two warm, with one
+	// sandbox on each set.
+	sb, err := p.Acquire(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(t.Context(), sb, true)
+	testkit.WaitFor(t, 10*time.Second, "a third sandbox", func() bool { return p.Stats().Warm == 2 })
+	count := map[string]int{}
+	d.mu.Lock()
+	for _, c := range d.live {
+		count[c.cpuSet]++
+	}
+	d.mu.Unlock()
+	if count["0"] != 2 || count["1"] != 1 {
+		t.Errorf("sandboxes per CPU set %v, want 2 on set 0 and 1 on set 1", count)
+	}
+}
+
 func TestPoolDestroysOnAbnormal(t *testing.T) {
 	t.Parallel()
 	d := newFakeDriver()
