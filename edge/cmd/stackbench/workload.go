@@ -122,7 +122,7 @@ func (b *bench) measureWorkload(ctx context.Context, res *results) error {
 	var targets []target
 	for i, s := range stacks {
 		res.memory = append(res.memory, stackMemory{stack: kinds[i].name, warm: b.memoryOf(ctx, s), loadWarm: loadAvg()})
-		targets = append(targets, b.workloadTarget(kinds[i].name, s))
+		targets = append(targets, b.workloadTarget(kinds[i].name, s, stacks))
 	}
 	// A paced turn begins with as many runs at once as the agent has CPU
 	// sets (see spread); both agents have the same.
@@ -227,14 +227,20 @@ func setSpeeds(ctx context.Context, url string) ([]float64, error) {
 }
 
 // workloadTarget is the Connect JSON door of s's edge, its CPU metered
-// with its sandboxes'.
-func (b *bench) workloadTarget(name string, s *stack) target {
+// with its sandboxes'. Its meter reads when every stack of all is quiet,
+// s's included: a turn then begins with no Reset or sandbox start of
+// the other stack's turn before it still using the CPUs.
+func (b *bench) workloadTarget(name string, s *stack, all []*stack) target {
 	c := edgev1connect.NewExecutionServiceClient(b.authClient(b.key), s.edg.URL(), connect.WithProtoJSON())
 	return target{name: name,
 		dial:      func(context.Context) (caller, error) { return edgeCaller{c}, nil },
 		cpu:       cpuMeterOf(s.agent, s.cp, s.edg),
 		sandboxes: func() map[string]time.Duration { return b.sandboxCPU(s.name) },
-		quiet:     func() { b.waitQuiet(s) },
+		quiet: func() {
+			for _, o := range all {
+				b.waitQuiet(o)
+			}
+		},
 	}
 }
 
