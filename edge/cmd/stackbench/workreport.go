@@ -121,9 +121,10 @@ Each item stateless through the Connect JSON door of an edge: preload, the stack
 has --preload=default; fresh, a second stack whose agent has --preload= (each run's
 interpreter started fresh), measured in turns with it. paced: one run every 500 ms, each
 turn after as many runs at once as the agent has CPU sets, so that a sandbox on each holds
-the item's interpreter; closed: each worker starts its next run when its last one ends. CPU is read with the agent quiet (no
-run, scrub or sandbox start under way) before and after each turn, so a row holds its runs'
-scrubs, the last one's included, and nothing of the row before. host CPU: the whole host's
+the item's interpreter; closed: each worker starts its next run when its last one ends.
+CPU is read with both stacks' agents quiet (no run, scrub or sandbox start under way) before
+and after each turn, so a row holds its runs' scrubs, the last one's included, and nothing
+of the row before or of the other stack's. host CPU: the whole host's
 busy time per run (other tenants included); sandbox CPU: the agent's sandboxes' cgroups (their gVisor
 kernels and everything in them, a replaced sandbox's start included); agent CPU: the agent
 process's own; new sandboxes: those the agent started during the row's runs (replacing one
