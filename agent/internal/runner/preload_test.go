@@ -330,10 +330,20 @@ func killedParentReplaced(t *testing.T, sb *sandbox) {
 		sb.reset(t)
 		return strings.TrimSpace(r.stdout)
 	}
+	// kill kills a parent and waits until it has exited (a zombie or
+	// gone). kill(1) returns once the signal is sent; a run that came in
+	// the moment after, while the parent still lived, would get the
+	// interpreter forked from it and die with it (its children die with
+	// their parent), a failed run, not one that shows whether the parent
+	// is replaced.
 	kill := func(pid string) {
 		t.Helper()
 		if out, err := exec.Command("docker", "exec", sb.name, "kill", "-9", pid).CombinedOutput(); err != nil {
 			t.Fatalf("kill parent %s: %v: %s", pid, err, out)
+		}
+		wait := `for i in $(seq 500); do s=$(cat /proc/` + pid + `/stat 2>/dev/null) || exit 0; case "${s##*) }" in Z*|X*) exit 0;; esac; sleep 0.01; done; exit 1`
+		if out, err := exec.Command("docker", "exec", sb.name, "sh", "-c", wait).CombinedOutput(); err != nil {
+			t.Fatalf("parent %s still running 5 s after SIGKILL: %v: %s", pid, err, out)
 		}
 	}
 	const lightCode, parentCode = "import os, numpy; print(os.getppid())", "import os, numpy, pandas; print(os.getppid())"
