@@ -226,6 +226,7 @@ func repeat(j job, n int) []job {
 // the latency a caller sees), and failures by kind.
 type stats struct {
 	n             int
+	lat           []time.Duration // each call's, failed ones included
 	p50, p95, p99 time.Duration
 	rate          float64 // calls per second of elapsed time
 	errs          map[string]int
@@ -240,6 +241,7 @@ func summarize(samples []sample, elapsed time.Duration) stats {
 			s.errs[x.fail]++
 		}
 	}
+	s.lat = lat
 	s.p50, s.p95, s.p99 = benchbase.Percentile(lat, 50), benchbase.Percentile(lat, 95), benchbase.Percentile(lat, 99)
 	if elapsed > 0 {
 		s.rate = float64(len(samples)) / elapsed.Seconds()

@@ -346,8 +346,12 @@ func workResults() *results {
 						}
 					}
 				}
+				var lat []time.Duration // 8 runs whose p50 is p50
+				for _, f := range []float64{0.8, 0.9, 0.95, 1, 1.05, 1.1, 1.2, 2} {
+					lat = append(lat, time.Duration(f*float64(p50)))
+				}
 				res.work = append(res.work, workRow{row: row{target: stack, workload: it.kind, mode: step.mode, conc: step.conc,
-					stats: stats{n: 8, p50: p50, p95: p50 * 2, p99: p50 * 2, rate: rate, errs: map[string]int{}}, cpu: cpu}, load: "1.00"})
+					stats: stats{n: 8, lat: lat, p50: p50, p95: p50 * 2, p99: p50 * 2, rate: rate, errs: map[string]int{}}, cpu: cpu}, load: "1.00"})
 			}
 		}
 	}
@@ -387,6 +391,16 @@ func TestWorkloadChecks(t *testing.T) {
 	if c := got["pandas: 10,000 rows, groupby, describe: p50 preload / fresh, c1 paced"]; c.bound != 0.15 || c.value != 0.1 {
 		t.Errorf("pandas check %+v", c)
 	}
+	for name, c := range got {
+		switch {
+		case strings.Contains(name, ": p50 preload / fresh"):
+			if !(0 < c.lo && c.lo < c.value && c.value < c.hi) {
+				t.Errorf("check %q: value %.2f outside its interval %.2f-%.2f", name, c.value, c.lo, c.hi)
+			}
+		case c.hi != 0:
+			t.Errorf("check %q has an interval; only p50 ratios have one", name)
+		}
+	}
 	// Without the fresh stack's rows there is nothing to compare.
 	res := workResults()
 	res.work = slices.DeleteFunc(res.work, func(r workRow) bool { return r.target == stackFresh })
@@ -397,11 +411,53 @@ func TestWorkloadChecks(t *testing.T) {
 	}
 }
 
+func TestP50RatioInterval(t *testing.T) {
+	t.Parallel()
+	ms := func(fs ...float64) []time.Duration {
+		var d []time.Duration
+		for _, f := range fs {
+			d = append(d, time.Duration(f*float64(time.Millisecond)))
+		}
+		return d
+	}
+	if lo, hi := p50RatioInterval(ms(20, 20, 20), ms(10, 10)); lo != 2 || hi != 2 {
+		t.Errorf("runs that never vary: interval %.2f-%.2f, want 2-2", lo, hi)
+	}
+	if lo, hi := p50RatioInterval(ms(20), ms(10, 10)); lo != 0 || hi != 0 {
+		t.Errorf("one run: interval %.2f-%.2f, want none", lo, hi)
+	}
+	// Runs spread over 30-90 ms, as in a closed loop whose runs find a
+	// free CPU or wait for a scrub: the interval is wide, and narrows with
+	// more runs.
+	spread := func(n int) []time.Duration {
+		var d []time.Duration
+		for i := range n {
+			d = append(d, ms(30+float64(i*37%61))...)
+		}
+		return d
+	}
+	lo36, hi36 := p50RatioInterval(spread(36), spread(36))
+	lo360, hi360 := p50RatioInterval(spread(360), spread(360))
+	if !(lo36 < 0.9 && hi36 > 1.1) {
+		t.Errorf("36 runs of 30-90 ms: interval %.2f-%.2f, want wider than 0.9-1.1", lo36, hi36)
+	}
+	if !(lo36 < lo360 && lo360 < 1 && 1 < hi360 && hi360 < hi36) || hi360-lo360 > (hi36-lo36)/2 {
+		t.Errorf("interval %.2f-%.2f from 360 runs, %.2f-%.2f from 36: want it half as wide or less, around 1", lo360, hi360, lo36, hi36)
+	}
+	t.Logf("36 runs: %.2f-%.2f; 360 runs: %.2f-%.2f", lo36, hi36, lo360, hi360)
+	if lo, hi := p50RatioInterval(spread(36), spread(36)); lo != lo36 || hi != hi36 {
+		t.Errorf("the same runs gave %.2f-%.2f, then %.2f-%.2f", lo36, hi36, lo, hi)
+	}
+}
+
 func TestWorkloadReports(t *testing.T) {
 	t.Parallel()
 	res := workResults()
 	text := renderText(res)
 	md := renderMarkdown(res, "go run ./edge/cmd/stackbench", "BENCHMARKS.png")
+	if !strings.Contains(md, "| measure | value | 90% interval | bound | verdict |") || !strings.Contains(md, "90% interval: of a p50 ratio") {
+		t.Errorf("the Targets lack the interval's column or legend:\n%s", md)
+	}
 	for _, want := range []string{"pandas: 10,000 rows, groupby, describe", "sandbox CPU/run ms", "agent RSS MiB (warm / after)", "150 / 175", "40 / 50"} {
 		if !strings.Contains(text, want) || !strings.Contains(md, want) {
 			t.Errorf("reports lack %q:\n%s", want, md)

@@ -147,6 +147,9 @@ type check struct {
 	bound  float64
 	unit   string
 	passed bool
+	// lo and hi, if hi > 0, are a 90% interval of value from its runs
+	// (p50RatioInterval); the verdict is value's.
+	lo, hi float64
 }
 
 func newCheck(name string, value float64, op string, bound float64, unit string) check {
@@ -162,8 +165,23 @@ func (c check) String() string {
 	if !c.passed {
 		verdict = "MISSED"
 	}
-	return fmt.Sprintf("%-66s %9.2f%-2s bound %s %.2f%s  %s", c.name, c.value, c.unit, c.op, c.bound, c.unit, verdict)
+	return fmt.Sprintf("%-66s %9.2f%-2s %-13s bound %s %.2f%s  %s", c.name, c.value, c.unit, c.interval(), c.op, c.bound, c.unit, verdict)
 }
+
+// interval is c's 90% interval as text, "-" if it has none.
+func (c check) interval() string {
+	if c.hi <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f-%.2f%s", c.lo, c.hi, c.unit)
+}
+
+const targetsLegend = `
+90% interval: of a p50 ratio, from the two rows' own runs, the 5th and 95th percentiles of
+the ratio over 2,000 resamples of those runs (a bootstrap). It says how far the runs pin
+the ratio down, not how the host differs from one run of the benchmark to the next; a bound
+inside the interval is met or missed by the draw of the runs.
+`
 
 // Bounds of the Targets section.
 const (
@@ -366,13 +384,14 @@ func renderMarkdown(res *results, cmdline, plot string) string {
 	}
 	writeWorkMarkdown(&b, res)
 	writeTLSMarkdown(&b, res)
-	b.WriteString("\n## Targets\n\nRatios of this run.\n\n| measure | value | bound | verdict |\n| --- | --- | --- | --- |\n")
+	b.WriteString("\n## Targets\n\nRatios of this run.\n\n| measure | value | 90% interval | bound | verdict |\n| --- | --- | --- | --- | --- |\n")
 	for _, c := range checks(res) {
 		verdict := "met"
 		if !c.passed {
 			verdict = "MISSED"
 		}
-		fmt.Fprintf(&b, "| %s | %.2f%s | %s %.2f%s | %s |\n", c.name, c.value, c.unit, c.op, c.bound, c.unit, verdict)
+		fmt.Fprintf(&b, "| %s | %.2f%s | %s | %s %.2f%s | %s |\n", c.name, c.value, c.unit, c.interval(), c.op, c.bound, c.unit, verdict)
 	}
+	b.WriteString(targetsLegend)
 	return b.String()
 }

@@ -2,8 +2,12 @@ package main
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 )
 
 // Bounds of the realistic workload, preloaded stack against fresh.
@@ -53,7 +57,7 @@ func workloadChecks(res *results) []check {
 		}
 		for _, mode := range []string{"paced", "closed"} {
 			if p, f, ok := pair(it.kind, mode, 1); ok {
-				cs = append(cs, newCheck(fmt.Sprintf("%s: p50 preload / fresh, c1 %s", it.kind, mode), float64(p.p50)/float64(f.p50), "<=", bound, "x"))
+				cs = append(cs, p50Check(fmt.Sprintf("%s: p50 preload / fresh, c1 %s", it.kind, mode), p, f, bound))
 			}
 		}
 		if p, f, ok := pair(it.kind, "closed", 4); ok && f.rate > 0 {
@@ -65,7 +69,7 @@ func workloadChecks(res *results) []check {
 	for _, item := range workloadNoRegression {
 		for _, mode := range []string{"paced", "closed"} {
 			if p, f, ok := pair(item, mode, 1); ok {
-				cs = append(cs, newCheck(fmt.Sprintf("%s: p50 preload / fresh, c1 %s", item, mode), float64(p.p50)/float64(f.p50), "<=", noRegression, "x"))
+				cs = append(cs, p50Check(fmt.Sprintf("%s: p50 preload / fresh, c1 %s", item, mode), p, f, noRegression))
 			}
 		}
 		if p, f, ok := pair(item, "closed", 1); ok && f.cpu.sandbox > 0 {
@@ -78,6 +82,50 @@ func workloadChecks(res *results) []check {
 		}
 	}
 	return cs
+}
+
+// p50Check is the check that p's p50 is at most bound times f's, with the
+// ratio's 90% interval from their runs.
+func p50Check(name string, p, f workRow, bound float64) check {
+	c := newCheck(name, float64(p.p50)/float64(f.p50), "<=", bound, "x")
+	c.lo, c.hi = p50RatioInterval(p.lat, f.lat)
+	return c
+}
+
+// bootstrapResamples is how many resamples p50RatioInterval draws.
+const bootstrapResamples = 2000
+
+// p50RatioInterval returns a 90% interval of p50(a) / p50(b), the 5th and
+// 95th percentiles of the ratio over bootstrapResamples resamples (each
+// of a and b drawn again, as many runs, with replacement): how far the
+// runs measured bound the ratio, had they been other runs alike. It says
+// nothing of what changes between runs of the benchmark (the host's load,
+// a slow CPU). 0, 0 if either has fewer than two runs. The draws are
+// seeded, so the same runs give the same interval.
+func p50RatioInterval(a, b []time.Duration) (lo, hi float64) {
+	if len(a) < 2 || len(b) < 2 {
+		return 0, 0
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	draw := func(dst, src []time.Duration) time.Duration {
+		for i := range dst {
+			dst[i] = src[rng.IntN(len(src))]
+		}
+		return benchbase.Percentile(dst, 50)
+	}
+	ra, rb := make([]time.Duration, len(a)), make([]time.Duration, len(b))
+	ratios := make([]float64, 0, bootstrapResamples)
+	for range bootstrapResamples {
+		pa, pb := draw(ra, a), draw(rb, b)
+		if pb > 0 {
+			ratios = append(ratios, float64(pa)/float64(pb))
+		}
+	}
+	if len(ratios) == 0 {
+		return 0, 0
+	}
+	slices.Sort(ratios)
+	return ratios[len(ratios)*5/100], ratios[(len(ratios)*95-1)/100]
 }
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
