@@ -176,9 +176,11 @@ func (c check) interval() string {
 	return fmt.Sprintf("%.2f-%.2f%s", c.lo, c.hi, c.unit)
 }
 
+// targetsLegend explains the Targets' intervals; its %d is
+// bootstrapResamples.
 const targetsLegend = `
-90% interval: of a p50 ratio, from the two rows' own runs, the 5th and 95th percentiles of
-the ratio over 2,000 resamples of those runs (a bootstrap). It says how far the runs pin
+90%% interval: of a p50 ratio, from the two rows' own runs, the 5th and 95th percentiles of
+the ratio over %d resamples of those runs (a bootstrap). It says how far the runs pin
 the ratio down, not how the host differs from one run of the benchmark to the next; a bound
 inside the interval is met or missed by the draw of the runs.
 `
@@ -385,13 +387,17 @@ func renderMarkdown(res *results, cmdline, plot string) string {
 	writeWorkMarkdown(&b, res)
 	writeTLSMarkdown(&b, res)
 	b.WriteString("\n## Targets\n\nRatios of this run.\n\n| measure | value | 90% interval | bound | verdict |\n| --- | --- | --- | --- | --- |\n")
+	intervals := false
 	for _, c := range checks(res) {
 		verdict := "met"
 		if !c.passed {
 			verdict = "MISSED"
 		}
 		fmt.Fprintf(&b, "| %s | %.2f%s | %s | %s %.2f%s | %s |\n", c.name, c.value, c.unit, c.interval(), c.op, c.bound, c.unit, verdict)
+		intervals = intervals || c.hi > 0
 	}
-	b.WriteString(targetsLegend)
+	if intervals {
+		fmt.Fprintf(&b, targetsLegend, bootstrapResamples)
+	}
 	return b.String()
 }
