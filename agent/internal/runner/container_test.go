@@ -608,6 +608,11 @@ func TestSandboxAbuse(t *testing.T) {
 		}
 	})
 	t.Run("memory bomb", func(t *testing.T) {
+		// Under gVisor /proc/meminfo tells the cgroup's usage, and the
+		// watchdog reads it near the limit (memoryFiles).
+		if strings.Contains(sb.log.String(), meminfoUnusable) {
+			t.Errorf("the runner warned %q\n%s", meminfoUnusable, sb.log.String())
+		}
 		r := sb.run(ctx, &runnerv1.Run{Language: "python", Code: "x = []\nwhile True:\n    x.append(bytearray(16 << 20))", Timeout: durationpb.New(30 * time.Second)})
 		if r.err != nil {
 			t.Fatal(r.err)

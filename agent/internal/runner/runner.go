@@ -75,6 +75,10 @@ type config struct {
 	// cgroupMemory is the sandbox's memory cgroup directory (gVisor mounts
 	// cgroup v1); "" disables the memory watchdog.
 	cgroupMemory string
+	// meminfo is /proc/meminfo, which the memory watchdog reads between
+	// its reads of the cgroup where the two agree (see memoryFiles); "":
+	// only the cgroup.
+	meminfo string
 	// cgroupCPU is the sandbox's cpu cgroup directory, whose quota sizes
 	// the numerical libraries' threads (see threadEnv).
 	cgroupCPU string
@@ -131,6 +135,7 @@ func defaultConfig(log *slog.Logger) config {
 		gid:          wire.UserGID,
 		reapAll:      os.Getpid() == 1,
 		cgroupMemory: "/sys/fs/cgroup/memory",
+		meminfo:      "/proc/meminfo",
 		cgroupCPU:    "/sys/fs/cgroup/cpu",
 		path:         "/usr/local/bin:/usr/bin:/bin",
 		log:          log,
@@ -322,13 +327,16 @@ func newServer(cfg config, stdout io.Writer) (*server, error) {
 		files:      ws,
 		fileThread: thread,
 		shells:     make(map[string]*shellState),
-		memory:     openMemoryFiles(cfg.cgroupMemory),
+		memory:     openMemoryFiles(cfg.cgroupMemory, cfg.meminfo),
 		userEnv:    userEnv,
 
 		mqueues: mq,
 		mqErr:   mqErr,
 
 		parentWanted: cfg.preloadStart,
+	}
+	if s.memory.usage != nil && s.memory.meminfo == nil && cfg.meminfo != "" {
+		cfg.log.Warn(meminfoUnusable, "meminfo", cfg.meminfo)
 	}
 	if cfg.prestart {
 		s.prestartLang = languages.Default
