@@ -17,13 +17,14 @@ import (
 // while a run is going, at most.
 const memoryPoll = 10 * time.Millisecond
 
-// memoryPollNear is how often it looks at the least: while usage grows
-// fast enough to reach the threshold within a few looks, where an
-// allocator of a few GiB/s (one Python loop of bytearray(16 << 20)) could
-// otherwise cross the rest of the headroom between two, or while the
-// watchdog waits for a CPU on a loaded host. Its looks between two reads
-// of the cgroup's usage (at most memoryPoll apart) read /proc/meminfo,
-// which gVisor answers at a twentieth of the cost (see memoryFiles).
+// memoryPollNear is the shortest wait between two looks, which the
+// watchdog keeps while usage grows fast enough to reach the threshold
+// within a few looks: an allocator of a few GiB/s (one Python loop of
+// bytearray(16 << 20)) could otherwise cross the rest of the headroom
+// between two, or while the watchdog waits for a CPU on a loaded host. Its
+// looks between two reads of the cgroup's usage (at most memoryPoll apart)
+// read /proc/meminfo, which gVisor answers at a twentieth of the cost (see
+// memoryFiles).
 //
 // Each look wakes the watchdog, and under gVisor the wake-up, not the
 // read, is what the run pays: a loop in node beside the preloaded parents
@@ -32,9 +33,9 @@ const memoryPoll = 10 * time.Millisecond
 // grow is looked at every memoryPoll however near the threshold it sits.
 const memoryPollNear = time.Millisecond
 
-// memoryNearThreshold is how far below the threshold a run's first look
-// comes every memoryPollNear, before the watchdog has seen how fast usage
-// grows.
+// memoryNearThreshold is how near the threshold a run's first look must
+// find usage for the next to come after memoryPollNear: the watchdog has
+// not seen usage grow yet.
 const memoryNearThreshold = 128 << 20
 
 // memoryPollMargin is how many looks at least the watchdog plans before
