@@ -2,7 +2,6 @@ package runner
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/codemode-go/codemode/agent/internal/wire"
 	runnerv1 "github.com/codemode-go/codemode/gen/codemode/runner/v1"
 	"github.com/codemode-go/codemode/internal/testkit"
+	"github.com/codemode-go/codemode/internal/testkit/benchbase"
 )
 
 // nearLimitCode is a fixed loop in each language that first takes the
@@ -93,9 +93,9 @@ func BenchmarkSandboxNearMemoryLimit(b *testing.B) {
 			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / n }
 			b.ReportMetric(ms(farCPU), "far-cpu-ms")
 			b.ReportMetric(ms(nearCPU), "near-cpu-ms")
-			p50 := func(d []time.Duration) time.Duration { d = slices.Clone(d); slices.Sort(d); return d[len(d)/2] }
-			b.ReportMetric(float64(p50(far).Microseconds())/1000, "far-p50-ms")
-			b.ReportMetric(float64(p50(near))/float64(p50(far)), "near/far-p50")
+			farP50, nearP50 := benchbase.Percentile(far, 50), benchbase.Percentile(near, 50)
+			b.ReportMetric(float64(farP50.Microseconds())/1000, "far-p50-ms")
+			b.ReportMetric(float64(nearP50)/float64(farP50), "near/far-p50")
 			testkit.ReportPercentiles(b, near, time.Millisecond)
 		})
 	}
